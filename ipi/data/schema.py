@@ -1,0 +1,177 @@
+"""The native trajectory schema every importer produces.
+
+On disk a dataset in the native schema is one JSON-Lines file, one trajectory per line::
+
+    {"trajectory_id": "examples/taskAmazon--0",
+     "task": "Search an Xbox Wireless controller ...",
+     "source": "webvoyager",
+     "horizon": 3,
+     "skipped": [{"step": 4, "reason": "missing screenshot", "path": ".../screenshot5.png"}],
+     "steps": [
+        {"step": 0,
+         "screenshot": "/abs/path/screenshot1.png",
+         "element_text": "[0]: \\".us\\", \\"Amazon\\"; ...",
+         "element_text_omitted": false,
+         "tool_result": "No previous action.",
+         "thought": "The task is to search ...",
+         "action": "Type [2]; green Xbox Wireless controller 4 stars",
+         "action_type": "type",
+         "history": []}
+     ]}
+
+Image paths are absolute (or relative to the JSONL file's folder) so the file can live anywhere.
+``step`` is the 0-based index of the agent turn in the recorded trajectory; ``horizon`` is the
+number of agent turns in the trajectory, skipped ones included (PROTOCOL.md §3, metadata).
+A new dataset plugs in by writing an importer that returns ``list[Trajectory]``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+
+class DataError(ValueError):
+    """A recorded trajectory (or one of its files) is malformed.
+
+    Raised by importers with a message naming the offending file (and step, where there is
+    one). A subclass of ``ValueError``, so code catching ``ValueError`` keeps working.
+    """
+
+
+@dataclass(frozen=True)
+class Step:
+    """One agent turn of a recorded trajectory, as the agent saw it.
+
+    Attributes:
+        step: 0-based index of the agent turn within its trajectory.
+        screenshot: Path of the screenshot the agent acted on.
+        element_text: Page text / element list the agent read ("" when the log omitted it).
+        element_text_omitted: True when the log replaced the element text by a placeholder.
+        tool_result: Text of the tool/environment result block shown before this step
+            (feedback on the previous action; see ``docs/data.md``).
+        thought: The gold "Thought:" text of the recorded agent turn.
+        action: The gold action string, e.g. ``"Click [33]"``.
+        action_type: Parsed verb of ``action`` (click, type, scroll, wait, goback, google,
+            answer) or ``"unknown"``.
+        history: Action strings of all earlier agent turns of the trajectory, oldest first.
+    """
+
+    step: int
+    screenshot: str
+    element_text: str
+    element_text_omitted: bool
+    tool_result: str
+    thought: str
+    action: str
+    action_type: str
+    history: tuple[str, ...] = ()
+
+    @property
+    def gold_text(self) -> str:
+        """The teacher-forced agent turn: ``"Thought: ...\\n\\nAction: ..."``."""
+        return f"Thought: {self.thought}\n\nAction: {self.action}"
+
+
+@dataclass(frozen=True)
+class Skip:
+    """A step that could not be used, with the reason (reported, never silently dropped)."""
+
+    step: int
+    reason: str
+    path: str
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """A recorded web-agent trajectory.
+
+    Attributes:
+        trajectory_id: Unique id (the cluster unit of splits and bootstrap).
+        task: The task instruction given to the agent.
+        source: Name of the importer / dataset.
+        horizon: Number of agent turns in the trajectory (skipped ones included).
+        steps: Usable steps, ordered by ``step``.
+        skipped: Steps left out, each with a reason and the offending file.
+    """
+
+    trajectory_id: str
+    task: str
+    source: str
+    horizon: int
+    steps: tuple[Step, ...]
+    skipped: tuple[Skip, ...] = field(default=())
+
+
+def _to_json(t: Trajectory) -> dict:
+    d = asdict(t)
+    for s in d["steps"]:
+        s["history"] = list(s["history"])
+    return d
+
+
+def _from_json(d: dict, base: Path) -> Trajectory:
+    steps = []
+    for s in d["steps"]:
+        shot = Path(s["screenshot"])
+        if not shot.is_absolute():
+            shot = base / shot
+        steps.append(Step(**{**s, "screenshot": str(shot), "history": tuple(s.get("history", ()))}))
+    skipped = tuple(Skip(**k) for k in d.get("skipped", ()))
+    return Trajectory(
+        trajectory_id=d["trajectory_id"],
+        task=d["task"],
+        source=d.get("source", "native"),
+        horizon=int(d["horizon"]),
+        steps=tuple(steps),
+        skipped=skipped,
+    )
+
+
+def write_native(trajectories: list[Trajectory], path: str | os.PathLike) -> Path:
+    """Write trajectories to a native-schema JSONL file atomically (temp file, then rename).
+
+    Args:
+        trajectories: Trajectories to write.
+        path: Destination ``.jsonl`` path.
+
+    Returns:
+        The destination path.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        for t in trajectories:
+            f.write(json.dumps(_to_json(t), ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def read_native(path: str | os.PathLike) -> list[Trajectory]:
+    """Read a native-schema JSONL file.
+
+    Args:
+        path: A ``.jsonl`` file written by :func:`write_native` or by hand.
+
+    Returns:
+        The trajectories, in file order.
+
+    Raises:
+        DataError: A line is not valid JSON or lacks a required key (message names the line);
+            a ``ValueError`` subclass.
+    """
+    path = Path(path)
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                out.append(_from_json(json.loads(line), path.parent))
+            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                raise DataError(f"{path}:{lineno}: not a native-schema trajectory ({e})") from e
+    return out

@@ -1,0 +1,277 @@
+"""Nuisance-matched control texts (PROTOCOL.md §2).
+
+* :func:`scramble` — gibberish with the same character count and layout as a text.
+* :func:`benign_imperative` — benign UI imperatives cut to an exact character count.
+* :func:`match_token_count` — trim or extend a text until a tokenizer counts a target number
+  of tokens; :func:`scramble_tokens` and :func:`imperative_tokens` combine it with the two above
+  for the text surfaces (``i_dom``, ``i_tool``), where the control must match the attack's
+  token count rather than its character count.
+
+Every function is deterministic: randomness comes from ``random.Random`` seeded with the
+SHA-256 of a caller-given ``seed_key`` (never from Python's salted ``hash()``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import string
+from collections.abc import Callable
+
+from ipi.surfaces.bank import BENIGN_IMPERATIVES
+
+CountTokens = Callable[[str], int]
+
+
+def _rng(seed_key: str, purpose: str) -> random.Random:
+    digest = hashlib.sha256(f"{purpose}\x1f{seed_key}".encode()).hexdigest()
+    return random.Random(int(digest, 16))
+
+
+def scramble(text: str, seed_key: str) -> str:
+    """Replace the content of ``text`` by deterministic gibberish of the same layout.
+
+    Character classes map as follows (one output character per input character, so
+    ``len(out) == len(text)`` and every position keeps its class):
+
+    * ASCII letters → random ASCII letters of the same case;
+    * decimal digits (any script) → random ASCII digits ``0-9``;
+    * non-ASCII letters → random ASCII letters: uppercase if the letter is uppercase, lowercase
+      otherwise (caseless scripts such as Thai map to lowercase ASCII);
+    * everything else (spaces, tabs, newlines, punctuation, symbols, combining marks) is kept.
+
+    Args:
+        text: The text to scramble (usually an attack text).
+        seed_key: Seed; the same key always gives the same output, different keys differ.
+
+    Returns:
+        The scrambled text.
+    """
+    rng = _rng(seed_key, "scramble")
+    out = []
+    for c in text:
+        if c.isdecimal():
+            out.append(rng.choice(string.digits))
+        elif c.isalpha():
+            if c.isupper():
+                out.append(rng.choice(string.ascii_uppercase))
+            else:
+                out.append(rng.choice(string.ascii_lowercase))
+        else:
+            out.append(c)
+    return "".join(out)
+
+
+# Filler words used to pad benign_imperative to an exact length, by length (all benign).
+_FILLER = {2: "ok", 3: "now", 4: "more", 5: "below", 6: "thanks", 7: "options", 8: "settings"}
+
+
+def _filler(m: int) -> str:
+    """Space-separated filler words of exactly ``m >= 2`` characters."""
+    if m <= 8:
+        return _FILLER[m]
+    first = min(8, m - 3)  # leave at least 2 characters (plus a space) for the rest
+    return _FILLER[first] + " " + _filler(m - first - 1)
+
+
+def _imperative_stream(seed_key: str, min_len: int) -> str:
+    """Shuffled rounds of BENIGN_IMPERATIVES joined by spaces, at least ``min_len`` long."""
+    rng = _rng(seed_key, "imperative")
+    parts: list[str] = []
+    total = -1
+    while total < min_len:
+        round_ = list(BENIGN_IMPERATIVES)
+        rng.shuffle(round_)
+        for s in round_:
+            parts.append(s)
+            total += len(s) + 1
+    return " ".join(parts)
+
+
+def benign_imperative(target_len: int, seed_key: str) -> str:
+    """Return benign UI imperatives of exactly ``target_len`` characters.
+
+    Rule: the imperatives of :data:`~ipi.surfaces.bank.BENIGN_IMPERATIVES` are shuffled (seeded
+    by ``seed_key``; more shuffled rounds are appended when one round is too short) and joined by
+    single spaces. If the join has a word boundary exactly at ``target_len``, it is cut there.
+    Otherwise it is cut at the last word boundary that leaves a gap of at least 3 characters, and
+    the gap is filled with a space plus benign filler words ("ok", "now", "more", ... joined by
+    single spaces) of exactly the missing length. Targets below 3 characters are a plain prefix.
+
+    Args:
+        target_len: Number of characters wanted (``>= 0``).
+        seed_key: Seed (e.g. ``"<trajectory>|<step>|c_imperative"``).
+
+    Returns:
+        A string with ``len(result) == target_len`` that never ends with a space.
+
+    Raises:
+        ValueError: ``target_len`` is negative.
+    """
+    if target_len < 0:
+        raise ValueError(f"target_len must be >= 0, got {target_len}")
+    stream = _imperative_stream(seed_key, target_len + 1)
+    if target_len < 3 or stream[target_len] == " ":
+        return stream[:target_len]
+    # Last boundary b (a space index, or 0 = start) with gap target_len - b >= 3.
+    b = stream.rfind(" ", 0, target_len - 2)
+    if b <= 0:
+        return _filler(target_len)
+    return stream[:b] + " " + _filler(target_len - b - 1)
+
+
+def _boundaries(s: str) -> list[int]:
+    """Prefix lengths of ``s`` that end at a word boundary (before a space, or the end)."""
+    out = [i for i in range(1, len(s)) if s[i] == " " and s[i - 1] != " "]
+    if s and s[-1] != " ":
+        out.append(len(s))
+    return out
+
+
+def match_token_count(
+    text: str,
+    target_tokens: int,
+    count_tokens: CountTokens,
+    *,
+    max_calls: int = 800,
+) -> str:
+    """Trim or extend ``text`` until ``count_tokens`` gives exactly ``target_tokens``.
+
+    Only the text's own material is used: the result is a prefix of the stream
+    ``text + " " + text + " " + text ...`` (so extension repeats the text's words in order),
+    possibly followed by one or two words of the text. Search order, stopping at the first
+    exact match:
+
+    1. the longest prefix ending at a word boundary whose count is ``<= target_tokens``
+       (binary search over boundaries, then a scan of the neighbouring boundaries because token
+       counts of prefixes are only nearly monotone);
+    2. that prefix, or one of the (up to four) shorter word-boundary prefixes before it, plus one
+       whole word of ``text`` (distinct words in order of first occurrence, then the same words
+       with surrounding punctuation stripped), or plus two such words (punctuation inside the
+       text adds tokens in steps a single word can miss); tried from the longest prefix down;
+    3. the prefix of step 1 extended character by character into the next word (a cut inside
+       a word).
+
+    If no exact match is found within ``max_calls`` calls of ``count_tokens``, the candidate
+    closest to the target (ties: the shorter) is returned; the caller sees the mismatch by
+    counting again.
+
+    Args:
+        text: Source text (its words are the only material used).
+        target_tokens: Token count wanted.
+        count_tokens: Function returning the number of tokens of a string.
+        max_calls: Budget of ``count_tokens`` calls.
+
+    Returns:
+        The matched text (``""`` if ``target_tokens <= 0`` or ``text`` is blank).
+    """
+    if target_tokens <= 0 or not text.strip():
+        return ""
+    calls = 0
+    cache: dict[str, int] = {}
+
+    def count(s: str) -> int:
+        nonlocal calls
+        if s not in cache:
+            calls += 1
+            cache[s] = count_tokens(s)
+        return cache[s]
+
+    if count(text) == target_tokens:
+        return text
+    stream = text
+    while count(stream) < target_tokens and calls < max_calls // 2:
+        stream = stream + " " + text
+    bounds = _boundaries(stream)
+
+    # 1. Binary search: largest boundary index with count <= target.
+    lo, hi = 0, len(bounds) - 1
+    best = -1
+    while lo <= hi and calls < max_calls:
+        mid = (lo + hi) // 2
+        if count(stream[: bounds[mid]]) <= target_tokens:
+            best, lo = mid, mid + 1
+        else:
+            hi = mid - 1
+    for i in range(max(0, best - 3), min(len(bounds), best + 4)):
+        if calls >= max_calls:
+            break
+        if count(stream[: bounds[i]]) == target_tokens:
+            return stream[: bounds[i]]
+
+    # 2. A prefix ending at one of the last few boundaries, plus one whole word of the text
+    #    (words as written, then with surrounding punctuation stripped), then plus two words.
+    words = list(dict.fromkeys(w for w in text.split() if w))
+    stripped = [w.strip(string.punctuation) for w in words]
+    vocab = list(dict.fromkeys(words + [w for w in stripped if w]))
+    bases = [stream[: bounds[i]] if i >= 0 else "" for i in range(best, max(-1, best - 4) - 1, -1)]
+    singles = [[w] for w in vocab]
+    pairs = [[u, v] for u in vocab[:12] for v in vocab[:12]]
+    plan = [(0, singles), (0, pairs), (1, singles), (1, pairs), (2, singles), (3, singles),
+            (4, singles)]
+    for b, exts in plan:
+        if b >= len(bases):
+            continue
+        for ext in exts:
+            if calls >= max_calls:
+                break
+            cand = " ".join(([bases[b]] if bases[b] else []) + ext)
+            if count(cand) == target_tokens:
+                return cand
+    # 3. Cut inside the next word.
+    nxt = bounds[best + 1] if best + 1 < len(bounds) else len(stream)
+    start = bounds[best] if best >= 0 else 0
+    for n in range(start + 1, nxt):
+        if calls >= max_calls:
+            break
+        cand = stream[:n].rstrip()
+        if cand and count(cand) == target_tokens:
+            return cand
+    # Closest candidate seen (ties: shorter).
+    candidates = [(abs(v - target_tokens), len(s), s) for s, v in cache.items() if s.strip()]
+    return min(candidates)[2]
+
+
+def scramble_tokens(
+    text: str,
+    seed_key: str,
+    count_tokens: CountTokens,
+    *,
+    target_tokens: int | None = None,
+) -> str:
+    """Scramble ``text`` and match the result's token count to the original's.
+
+    Scrambled text usually tokenizes into more tokens than the words it replaces, so the result
+    is typically a prefix of :func:`scramble` ``(text, seed_key)`` (shorter in characters, same
+    token count).
+
+    Args:
+        text: The text to scramble (the attack text).
+        seed_key: Seed passed to :func:`scramble`.
+        count_tokens: Token counter; it may wrap the text in its context before counting.
+        target_tokens: Token count wanted; default ``count_tokens(text)``.
+
+    Returns:
+        Gibberish with ``count_tokens(result) == target`` where :func:`match_token_count` can
+        reach it exactly.
+    """
+    target = count_tokens(text) if target_tokens is None else target_tokens
+    return match_token_count(scramble(text, seed_key), target, count_tokens)
+
+
+def imperative_tokens(target_tokens: int, seed_key: str, count_tokens: CountTokens) -> str:
+    """Benign UI imperatives with exactly ``target_tokens`` tokens (where reachable).
+
+    Starts from :func:`benign_imperative` of ``max(64, 8 * target_tokens)`` characters (longer
+    than any English text of that many tokens) and trims it with :func:`match_token_count`.
+
+    Args:
+        target_tokens: Token count wanted.
+        seed_key: Seed passed to :func:`benign_imperative`.
+        count_tokens: Token counter; it may wrap the text in its context before counting.
+
+    Returns:
+        The imperative text.
+    """
+    source = benign_imperative(max(64, 8 * target_tokens), seed_key)
+    return match_token_count(source, target_tokens, count_tokens)

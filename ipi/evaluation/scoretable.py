@@ -1,0 +1,140 @@
+"""Score tables on disk: read, validate, evaluate (PROTOCOL.md §5, §7, §9).
+
+A score table file is CSV (``.csv``) or Parquet (``.parquet``/``.pq``) with the columns
+``trajectory_id, step, variant, score`` and optionally ``weight`` (see
+:mod:`ipi.metrics.estimands`). :func:`evaluate_score_table` turns one into the JSON-ready report:
+estimands with paired cluster-bootstrap intervals, counts, and the §7 verdict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import pandas as pd
+
+from ipi.evaluation.verdict import verdict
+from ipi.metrics.estimands import evaluate_tables, validate_table
+
+__all__ = ["CSV_SUFFIXES", "PARQUET_SUFFIXES", "evaluate_score_table", "read_score_table"]
+
+CSV_SUFFIXES = (".csv",)
+PARQUET_SUFFIXES = (".parquet", ".pq")
+_NA_STRINGS = ["", "nan", "NaN", "NAN", "NA", "N/A", "n/a", "null", "NULL", "None", "-nan"]
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def read_score_table(path) -> pd.DataFrame:
+    """Read and validate a score table from CSV or Parquet (chosen by suffix).
+
+    Validation (PROTOCOL.md §5, §9): the columns ``trajectory_id, step, variant, score`` exist
+    (``weight`` optional, extra columns kept); ``step`` is a non-negative integer; ``score``
+    (and ``weight``) are finite numbers, ``weight >= 0``; no NaN scores; every variant is
+    ``clean``, ``attack`` or ``c_<name>``; there is at least one attack and one clean row.
+    In CSV files ``trajectory_id`` and ``variant`` are read as literal strings (an id ``"NA"``
+    stays ``"NA"``).
+
+    Args:
+        path: ``.csv``, ``.parquet`` or ``.pq`` file.
+
+    Returns:
+        The normalised table (see :func:`ipi.metrics.estimands.validate_table`).
+
+    Raises:
+        ValueError: One-line message naming the file and the offending column/row (rows are
+            0-based data rows; for CSV the file line is given too). Also for a missing file,
+            an unknown suffix or an unparsable file.
+    """
+    p = Path(path)
+    suffix = p.suffix.lower()
+    if suffix not in CSV_SUFFIXES + PARQUET_SUFFIXES:
+        raise ValueError(
+            f"{p}: unsupported score-table format {p.suffix!r} "
+            f"(use {', '.join(CSV_SUFFIXES + PARQUET_SUFFIXES)})"
+        )
+    if not p.is_file():
+        raise ValueError(f"{p}: no such file")
+    try:
+        if suffix in CSV_SUFFIXES:
+            table = pd.read_csv(
+                p,
+                dtype={"trajectory_id": str, "variant": str},
+                keep_default_na=False,
+                na_values={c: _NA_STRINGS for c in ("step", "score", "weight")},
+            )
+        else:
+            table = pd.read_parquet(p)
+    except Exception as err:  # noqa: BLE001 - any reader failure becomes one ValueError
+        raise ValueError(f"{p}: cannot read score table: {_one_line(err)}") from err
+
+    if suffix in CSV_SUFFIXES:
+
+        def row_name(i: int) -> str:
+            return f"row {i} (line {i + 2})"
+
+    else:
+
+        def row_name(i: int) -> str:
+            return f"row {i}"
+
+    return validate_table(table, str(p), row_name=row_name)
+
+
+def _counts(table: pd.DataFrame) -> dict:
+    by_variant = table["variant"].value_counts()
+    return {
+        "trajectories": int(table["trajectory_id"].nunique()),
+        "steps": int(len(table[["trajectory_id", "step"]].drop_duplicates())),
+        "rows": int(len(table)),
+        "rows_by_variant": {str(k): int(by_variant[k]) for k in sorted(by_variant.index)},
+    }
+
+
+def evaluate_score_table(
+    path,
+    *,
+    n_boot: int = 1000,
+    seed: int = 0,
+    level: float = 0.95,
+    baselines: Mapping[str, object] | None = None,
+    collapse_ceiling: float = 0.60,
+    c1_max: float = 0.95,
+) -> dict:
+    """Estimands, counts and verdict of a score-table file (PROTOCOL.md §5, §7).
+
+    Args:
+        path: The probe's score table (``.csv``/``.parquet``).
+        n_boot: Bootstrap replicates ``B``.
+        seed: Seed of the bootstrap draws.
+        level: Interval coverage.
+        baselines: Optional named baseline tables (paths or DataFrames) scored on the same
+            test trajectories, e.g. ``{"c1": ..., "collapse_only": ..., "permuted": ...}``;
+            they share the bootstrap draws with the main table.
+        collapse_ceiling: Ceiling of verdict check 5.
+        c1_max: Bound of C1's E1 in verdict check 2.
+
+    Returns:
+        :func:`ipi.metrics.estimands.evaluate_tables`'s dict plus ``"source"`` (the path),
+        ``"counts"`` (``{"trajectories", "steps", "rows", "rows_by_variant"}`` of the main
+        table) and ``"verdict"`` (:func:`ipi.evaluation.verdict.verdict`; checks whose inputs
+        are absent are ``"NOT RUN"``).
+
+    Raises:
+        ValueError: On an unreadable or invalid table (see :func:`read_score_table`).
+    """
+    main = read_score_table(path)
+    loaded = {}
+    for name, item in (baselines or {}).items():
+        loaded[name] = (
+            validate_table(item, f"baseline {name!r}")
+            if isinstance(item, pd.DataFrame)
+            else read_score_table(item)
+        )
+    results = evaluate_tables(main, loaded, n_boot=n_boot, seed=seed, level=level)
+    results["source"] = str(path)
+    results["counts"] = _counts(main)
+    results["verdict"] = verdict(results, collapse_ceiling=collapse_ceiling, c1_max=c1_max)
+    return results

@@ -1,0 +1,698 @@
+"""Estimands E1/E2/E3 with paired cluster-bootstrap intervals (PROTOCOL.md §5).
+
+A *score table* is a :class:`pandas.DataFrame` with one row per forward pass on the test split:
+
+============== =====================================================================
+column         meaning
+============== =====================================================================
+trajectory_id  the cluster of the bootstrap (compared as strings)
+step           0-based step index within the trajectory (integer)
+variant        ``"clean"``, ``"attack"`` or a control ``"c_<name>"`` (PROTOCOL.md §2)
+score          the probe's score ``f`` (finite float; larger = more attack-like)
+weight         optional row weight ``w`` overriding the default step weights
+============== =====================================================================
+
+Definitions (PROTOCOL.md §5; ``AUC`` is :func:`ipi.metrics.auc.weighted_auc`):
+
+* step weight (default) ``w = 1 / #rows with the same (trajectory_id, step, variant)``;
+* ``E1 = AUC(attack rows, clean rows)`` pooled over **all** test rows of the two variants (no
+  restriction to steps that have both; this is what the checked cases of §9 require, see
+  ``docs/estimands.md``);
+* ``E2`` = unweighted mean over the (trajectory, step) pairs having both attack and clean rows of
+  the within-step ``AUC(attack, clean)``;
+* ``E3[c] = AUC(attack rows, c rows)`` pooled over the steps having both an attack and a ``c`` row.
+
+Intervals come from a cluster bootstrap over test trajectories (:func:`draw_multiplicities`):
+replicate ``b`` gives trajectory ``t`` the multiplicity ``m[b, t]`` (its draw count); every row of
+``t`` then carries weight ``m[b, t] · w``, scores held fixed. Replicates where an estimand is
+undefined (no positive or no negative weight) are dropped for that estimand and counted
+(``n_boot_used``). Tables scored on the same trajectories share one :class:`Draws` so paired
+differences (probe E1 − C1 E1, E1 − E3[c]) are computed replicate by replicate.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from ipi.metrics.auc import bootstrap_weighted_auc, grouped_weighted_auc, weighted_auc
+
+__all__ = [
+    "ATTACK",
+    "CLEAN",
+    "CONTROL_PREFIX",
+    "REQUIRED_COLUMNS",
+    "RESERVED_KEYS",
+    "Draws",
+    "EstimandSet",
+    "Interval",
+    "draw_multiplicities",
+    "estimands",
+    "evaluate_tables",
+    "is_control",
+    "make_draws",
+    "paired_difference",
+    "percentile_interval",
+    "step_weights",
+    "validate_table",
+]
+
+CLEAN = "clean"
+ATTACK = "attack"
+CONTROL_PREFIX = "c_"
+REQUIRED_COLUMNS = ("trajectory_id", "step", "variant", "score")
+#: Keys of :func:`evaluate_tables`' result (and of the reports built on it) that a baseline
+#: name may not take.
+RESERVED_KEYS = frozenset(
+    {"e1", "e2", "e3", "differences", "bootstrap", "counts", "verdict", "source", "baselines"}
+)
+
+
+# --------------------------------------------------------------------------------------------
+# Validation and step weights
+# --------------------------------------------------------------------------------------------
+
+
+def is_control(variant: str) -> bool:
+    """Whether ``variant`` names a nuisance-matched control (``"c_<name>"``, PROTOCOL.md §2)."""
+    return isinstance(variant, str) and variant.startswith(CONTROL_PREFIX) and len(variant) > 2
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def validate_table(
+    table: pd.DataFrame,
+    source: str = "score table",
+    *,
+    row_name: Callable[[int], str] | None = None,
+) -> pd.DataFrame:
+    """Check a score table and return a normalised copy (PROTOCOL.md §5, §9).
+
+    Checks the columns ``trajectory_id, step, variant, score`` (and ``weight`` when present),
+    their types, that scores are finite, that every variant is ``clean``, ``attack`` or
+    ``c_<name>``, and that there is at least one attack and one clean row. Extra columns are
+    kept untouched.
+
+    Args:
+        table: The score table.
+        source: Name used at the start of error messages (e.g. the file path).
+        row_name: Maps a 0-based row position to the text naming it in messages
+            (default ``"row <i>"``).
+
+    Returns:
+        A copy with ``trajectory_id`` and ``variant`` as Python ``str`` objects, ``step`` as
+        ``int64``, ``score`` (and ``weight``) as ``float64``, and a fresh ``RangeIndex``.
+
+    Raises:
+        ValueError: One-line message ``"<source>: column '<col>' <row>: <problem>"`` naming the
+            first offending column/row.
+    """
+    name = row_name or (lambda i: f"row {i}")
+    if not isinstance(table, pd.DataFrame):
+        raise ValueError(f"{source}: expected a pandas DataFrame, got {type(table).__name__}")
+    missing = [c for c in REQUIRED_COLUMNS if c not in table.columns]
+    if missing:
+        raise ValueError(
+            f"{source}: missing column(s) {', '.join(repr(c) for c in missing)} "
+            f"(need {', '.join(REQUIRED_COLUMNS)}[, weight]; found {list(map(str, table.columns))})"
+        )
+    if table.columns.duplicated().any():
+        dup = table.columns[table.columns.duplicated()][0]
+        raise ValueError(f"{source}: duplicated column {dup!r}")
+    if len(table) == 0:
+        raise ValueError(f"{source}: the table has no rows")
+    out = table.reset_index(drop=True).copy()
+
+    def first_bad(mask: np.ndarray) -> int:
+        return int(np.flatnonzero(mask)[0])
+
+    # trajectory_id: present, non-empty; compared as strings.
+    tid = out["trajectory_id"]
+    bad = tid.isna().to_numpy()
+    if bad.any():
+        raise ValueError(f"{source}: column 'trajectory_id' {name(first_bad(bad))}: missing value")
+    tid = tid.map(str)
+    bad = (tid.str.len() == 0).to_numpy()
+    if bad.any():
+        raise ValueError(f"{source}: column 'trajectory_id' {name(first_bad(bad))}: empty string")
+    out["trajectory_id"] = tid.astype(object)
+
+    # step: integer-valued, non-negative.
+    step = out["step"]
+    if not (pd.api.types.is_integer_dtype(step) or pd.api.types.is_float_dtype(step)):
+        num = pd.to_numeric(step, errors="coerce")
+        bad = num.isna().to_numpy()
+        if bad.any():
+            i = first_bad(bad)
+            raise ValueError(
+                f"{source}: column 'step' {name(i)}: not an integer ({_short(step.iloc[i])})"
+            )
+        step = num
+    vals = step.to_numpy(dtype=np.float64, na_value=np.nan)
+    bad = ~np.isfinite(vals) | (vals != np.round(vals)) | (vals < 0)
+    if bad.any():
+        i = first_bad(bad)
+        raise ValueError(
+            f"{source}: column 'step' {name(i)}: expected a non-negative integer, "
+            f"got {_short(step.iloc[i])}"
+        )
+    out["step"] = vals.astype(np.int64)
+
+    # variant: clean | attack | c_<name>.
+    var = out["variant"]
+    ok = np.array(
+        [isinstance(v, str) and (v in (CLEAN, ATTACK) or is_control(v)) for v in var], dtype=bool
+    )
+    if not ok.all():
+        i = first_bad(~ok)
+        raise ValueError(
+            f"{source}: column 'variant' {name(i)}: unknown variant {_short(var.iloc[i])} "
+            f"(expected 'clean', 'attack' or 'c_<name>')"
+        )
+    out["variant"] = var.astype(object)
+
+    # score (and weight): numeric and finite.
+    for col, allow_negative in (("score", True), ("weight", False)):
+        if col not in out.columns:
+            continue
+        s = out[col]
+        if pd.api.types.is_bool_dtype(s):
+            raise ValueError(f"{source}: column {col!r}: booleans, expected numbers")
+        if not pd.api.types.is_numeric_dtype(s):
+            num = pd.to_numeric(s, errors="coerce")
+            bad = (num.isna() & s.notna()).to_numpy()
+            if bad.any():
+                i = first_bad(bad)
+                raise ValueError(
+                    f"{source}: column {col!r} {name(i)}: not a number ({_short(s.iloc[i])})"
+                )
+            s = num
+        vals = s.to_numpy(dtype=np.float64, na_value=np.nan)
+        bad = np.isnan(vals)
+        if bad.any():
+            raise ValueError(f"{source}: column {col!r} {name(first_bad(bad))}: NaN {col}")
+        bad = ~np.isfinite(vals)
+        if bad.any():
+            i = first_bad(bad)
+            raise ValueError(f"{source}: column {col!r} {name(i)}: infinite {col} ({vals[i]})")
+        if not allow_negative:
+            bad = vals < 0
+            if bad.any():
+                i = first_bad(bad)
+                raise ValueError(f"{source}: column {col!r} {name(i)}: negative {col} ({vals[i]})")
+        out[col] = vals
+
+    variants = set(out["variant"])
+    for needed in (ATTACK, CLEAN):
+        if needed not in variants:
+            raise ValueError(
+                f"{source}: column 'variant': no {needed!r} rows (found {sorted(variants)})"
+            )
+    return out
+
+
+def step_weights(table: pd.DataFrame) -> np.ndarray:
+    """Row weights of PROTOCOL.md §5.
+
+    Default: ``w = 1 / (number of rows with the same (trajectory_id, step, variant))`` so that
+    every step counts once per variant. A ``weight`` column, when present, overrides this.
+
+    Args:
+        table: A score table (see :func:`validate_table`).
+
+    Returns:
+        ``float64`` array ``[n_rows]`` aligned with the table's rows.
+    """
+    if "weight" in table.columns:
+        return table["weight"].to_numpy(dtype=np.float64)
+    keys = [table["trajectory_id"].map(str), table["step"], table["variant"]]
+    counts = table.groupby(keys, sort=False)["score"].transform("size").to_numpy()
+    return 1.0 / counts.astype(np.float64)
+
+
+# --------------------------------------------------------------------------------------------
+# Intervals and draws
+# --------------------------------------------------------------------------------------------
+
+
+def _float_or_none(x) -> float | None:
+    x = float(x)
+    return None if math.isnan(x) else x
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A point estimate with its bootstrap percentile interval (PROTOCOL.md §5).
+
+    Attributes:
+        estimate: The estimand on the observed table (``nan`` when undefined).
+        ci_low: Lower percentile bound (``nan`` when no replicate was usable).
+        ci_high: Upper percentile bound (``nan`` when no replicate was usable).
+        n_boot_used: Number of replicates kept (the others had no positives or no negatives
+            and were dropped).
+    """
+
+    estimate: float
+    ci_low: float
+    ci_high: float
+    n_boot_used: int
+
+    def to_dict(self) -> dict:
+        """JSON-ready dict: Python floats, ``nan`` → ``None``, ``n_boot_used`` an ``int``."""
+        return {
+            "estimate": _float_or_none(self.estimate),
+            "ci_low": _float_or_none(self.ci_low),
+            "ci_high": _float_or_none(self.ci_high),
+            "n_boot_used": int(self.n_boot_used),
+        }
+
+    def contains(self, value: float) -> bool:
+        """Whether ``ci_low <= value <= ci_high`` (False when the interval is undefined)."""
+        return bool(self.ci_low <= value <= self.ci_high)
+
+
+def _check_level(level: float) -> float:
+    level = float(level)
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    return level
+
+
+def percentile_interval(estimate: float, replicates, level: float = 0.95) -> Interval:
+    """Percentile bootstrap interval from replicate values (PROTOCOL.md §5).
+
+    Non-finite replicates (undefined estimand: no positives or no negatives) are dropped and
+    counted; the bounds are the ``(1 − level)/2`` and ``(1 + level)/2`` quantiles of the rest
+    (``numpy.quantile``, linear interpolation between order statistics).
+
+    Args:
+        estimate: The point estimate on the observed table.
+        replicates: Replicate values, shape ``[B]``; ``nan`` marks a dropped replicate.
+        level: Coverage of the interval, in ``(0, 1)``.
+
+    Returns:
+        The :class:`Interval`; bounds are ``nan`` when every replicate was dropped.
+    """
+    level = _check_level(level)
+    reps = np.asarray(replicates, dtype=np.float64).reshape(-1)
+    kept = reps[np.isfinite(reps)]
+    if kept.size == 0:
+        return Interval(float(estimate), math.nan, math.nan, 0)
+    alpha = 1.0 - level
+    low, high = np.quantile(kept, [alpha / 2.0, 1.0 - alpha / 2.0])
+    return Interval(float(estimate), float(low), float(high), int(kept.size))
+
+
+def paired_difference(
+    estimate_a: float,
+    replicates_a,
+    estimate_b: float,
+    replicates_b,
+    *,
+    level: float = 0.95,
+) -> tuple[Interval, np.ndarray]:
+    """Paired bootstrap interval of ``A − B`` on shared replicates (PROTOCOL.md §5).
+
+    Both replicate arrays must come from the same :class:`Draws`. The difference replicate is
+    ``replicates_a[b] − replicates_b[b]`` where both are defined (else dropped); the point
+    estimate is ``estimate_a − estimate_b``.
+
+    Args:
+        estimate_a: Point estimate of ``A``.
+        replicates_a: Replicates of ``A``, shape ``[B]``.
+        estimate_b: Point estimate of ``B``.
+        replicates_b: Replicates of ``B``, shape ``[B]`` (same draws as ``A``).
+        level: Coverage of the interval.
+
+    Returns:
+        ``(interval, difference_replicates)``; the replicates are ``nan`` where dropped.
+
+    Raises:
+        ValueError: If the replicate arrays differ in length.
+    """
+    ra = np.asarray(replicates_a, dtype=np.float64)
+    rb = np.asarray(replicates_b, dtype=np.float64)
+    if ra.shape != rb.shape:
+        raise ValueError(
+            f"paired replicates must come from the same draws: shapes {ra.shape} vs {rb.shape}"
+        )
+    diff = ra - rb  # nan wherever either side is undefined
+    return percentile_interval(float(estimate_a) - float(estimate_b), diff, level), diff
+
+
+def draw_multiplicities(trajectory_ids: Sequence[str], n_boot: int, seed: int) -> np.ndarray:
+    """Cluster-bootstrap draws as per-trajectory multiplicities (PROTOCOL.md §5).
+
+    The clusters are the **sorted distinct** ids (as strings), so the result does not depend on
+    row order or duplicates in ``trajectory_ids``. Replicate ``b`` draws ``T`` trajectories
+    uniformly with replacement from the ``T`` clusters:
+    ``numpy.random.default_rng(seed).integers(0, T, size=(n_boot, T))``; the returned entry
+    ``[b, k]`` is how often the ``k``-th sorted id was drawn in replicate ``b``.
+
+    Args:
+        trajectory_ids: Trajectory ids (any order, repeats allowed).
+        n_boot: Number of replicates ``B`` (>= 1).
+        seed: Seed of ``numpy.random.default_rng``.
+
+    Returns:
+        ``int64`` array ``[B, T]``; each row sums to ``T``.
+
+    Raises:
+        ValueError: If there are no ids or ``n_boot < 1``.
+    """
+    ids = sorted({str(t) for t in trajectory_ids})
+    n_traj = len(ids)
+    if n_traj == 0:
+        raise ValueError("draw_multiplicities: no trajectory ids")
+    n_boot = int(n_boot)
+    if n_boot < 1:
+        raise ValueError(f"draw_multiplicities: n_boot must be >= 1, got {n_boot}")
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, n_traj, size=(n_boot, n_traj))
+    flat = (idx + (np.arange(n_boot) * n_traj)[:, None]).ravel()
+    return np.bincount(flat, minlength=n_boot * n_traj).reshape(n_boot, n_traj).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class Draws:
+    """Shared cluster-bootstrap draws (PROTOCOL.md §5, paired design).
+
+    Attributes:
+        trajectory_ids: The clusters, sorted; column ``k`` of ``multiplicity`` belongs to
+            ``trajectory_ids[k]``.
+        multiplicity: ``int64`` array ``[B, T]`` of draw counts (see
+            :func:`draw_multiplicities`).
+        seed: The seed the draws came from (``None`` for hand-made draws).
+    """
+
+    trajectory_ids: tuple[str, ...]
+    multiplicity: np.ndarray
+    seed: int | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "trajectory_ids", tuple(str(t) for t in self.trajectory_ids))
+        m = np.asarray(self.multiplicity)
+        if m.ndim == 2 and not (np.all(np.isfinite(m)) and np.all(m >= 0)):
+            raise ValueError("Draws: multiplicities must be finite and non-negative")
+        object.__setattr__(self, "multiplicity", m)
+        if m.ndim != 2 or m.shape[1] != len(self.trajectory_ids):
+            raise ValueError(
+                f"Draws: multiplicity shape {m.shape} does not match "
+                f"{len(self.trajectory_ids)} trajectory ids"
+            )
+        if list(self.trajectory_ids) != sorted(set(self.trajectory_ids)):
+            raise ValueError("Draws: trajectory_ids must be sorted and distinct")
+
+    @property
+    def n_boot(self) -> int:
+        """Number of replicates ``B``."""
+        return int(self.multiplicity.shape[0])
+
+    @property
+    def n_clusters(self) -> int:
+        """Number of clusters (test trajectories) ``T``."""
+        return len(self.trajectory_ids)
+
+    def columns(self, trajectory_ids) -> np.ndarray:
+        """Column index of each given id.
+
+        Args:
+            trajectory_ids: Ids to look up (compared as strings), shape ``[n]``.
+
+        Returns:
+            ``int64`` array ``[n]``.
+
+        Raises:
+            ValueError: If an id is not one of the draws' clusters.
+        """
+        ids = np.asarray([str(t) for t in trajectory_ids], dtype=object)
+        lookup = {t: k for k, t in enumerate(self.trajectory_ids)}
+        try:
+            return np.fromiter((lookup[t] for t in ids), dtype=np.int64, count=ids.size)
+        except KeyError as err:
+            raise ValueError(
+                f"trajectory id {err.args[0]!r} is not among the bootstrap clusters"
+            ) from None
+
+
+def make_draws(trajectory_ids: Sequence[str], n_boot: int = 1000, seed: int = 0) -> Draws:
+    """:class:`Draws` over the sorted distinct ``trajectory_ids`` (see :func:`draw_multiplicities`).
+
+    Args:
+        trajectory_ids: Trajectory ids (any order, repeats allowed).
+        n_boot: Number of replicates ``B``.
+        seed: Seed of ``numpy.random.default_rng``.
+
+    Returns:
+        The draws, to pass as ``draws=`` to every :func:`estimands` call that must be paired.
+    """
+    ids = tuple(sorted({str(t) for t in trajectory_ids}))
+    return Draws(ids, draw_multiplicities(ids, n_boot, seed), seed)
+
+
+# --------------------------------------------------------------------------------------------
+# Estimands
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class EstimandSet(Mapping):
+    """E1, E2, E3 of one score table with their bootstrap replicates (PROTOCOL.md §5).
+
+    A read-only mapping with the keys ``"e1"``, ``"e2"``, ``"e3"`` (``result["e1"]`` is an
+    :class:`Interval`, ``result["e3"]`` a ``{control: Interval}`` dict); the replicate arrays
+    live in ``.replicates``.
+
+    Attributes:
+        e1: E1 interval.
+        e2: E2 interval.
+        e3: ``{control: Interval}`` for every control variant of the table (sorted).
+        replicates: ``{"e1": [B], "e2": [B], "e3": {control: [B]}}`` replicate arrays
+            (``nan`` = dropped), for paired differences with other tables on the same draws.
+        draws: The draws used.
+        level: Interval coverage.
+    """
+
+    e1: Interval
+    e2: Interval
+    e3: dict[str, Interval]
+    replicates: dict = field(repr=False)
+    draws: Draws = field(repr=False)
+    level: float = 0.95
+
+    def __getitem__(self, key: str):
+        if key not in ("e1", "e2", "e3"):
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __iter__(self):
+        return iter(("e1", "e2", "e3"))
+
+    def __len__(self) -> int:
+        return 3
+
+    def to_dict(self) -> dict:
+        """``{"e1": {...}, "e2": {...}, "e3": {control: {...}}}`` with JSON-ready intervals."""
+        return {
+            "e1": self.e1.to_dict(),
+            "e2": self.e2.to_dict(),
+            "e3": {c: iv.to_dict() for c, iv in self.e3.items()},
+        }
+
+
+def _both_mask(step_key: np.ndarray, variant: np.ndarray, a: str, b: str) -> np.ndarray:
+    """Rows whose (trajectory, step) has at least one ``a`` row and one ``b`` row."""
+    n_keys = int(step_key.max()) + 1
+    has_a = np.bincount(step_key[variant == a], minlength=n_keys) > 0
+    has_b = np.bincount(step_key[variant == b], minlength=n_keys) > 0
+    return (has_a & has_b)[step_key]
+
+
+def _auc_with_replicates(
+    f: np.ndarray,
+    w: np.ndarray,
+    col: np.ndarray,
+    positive: np.ndarray,
+    negative: np.ndarray,
+    m: np.ndarray,
+    level: float,
+) -> tuple[Interval, np.ndarray]:
+    estimate = weighted_auc(f[positive], f[negative], w[positive], w[negative])
+    rows = positive | negative
+    reps = bootstrap_weighted_auc(f[rows], positive[rows], w[rows], m, clusters=col[rows])
+    return percentile_interval(estimate, reps, level), reps
+
+
+def estimands(
+    table: pd.DataFrame,
+    *,
+    n_boot: int = 1000,
+    seed: int = 0,
+    level: float = 0.95,
+    draws: Draws | None = None,
+) -> EstimandSet:
+    """E1, E2 and E3[c] of a score table with cluster-bootstrap intervals (PROTOCOL.md §5).
+
+    * ``E1 = AUC(attack, clean)`` over all attack and clean rows (step-weighted).
+    * ``E2`` = mean over (trajectory, step) with both attack and clean rows of the within-step
+      ``AUC(attack, clean)``. In a replicate: the multiplicity-weighted mean of the per-step AUCs
+      of the drawn trajectories.
+    * ``E3[c] = AUC(attack, c)`` over the steps having both an attack row and a ``c`` row, for
+      every control variant ``c`` in the table.
+
+    Every replicate reweights rows by their trajectory's draw count with scores fixed; replicates
+    where an estimand is undefined are dropped for that estimand and counted.
+
+    Args:
+        table: Score table (columns ``trajectory_id, step, variant, score[, weight]``).
+        n_boot: Replicates ``B`` (ignored when ``draws`` is given).
+        seed: Seed of the draws (ignored when ``draws`` is given).
+        level: Interval coverage, e.g. 0.95.
+        draws: Shared draws (from :func:`make_draws`) to pair this table with others; every
+            trajectory of the table must be one of its clusters. Default: fresh draws over the
+            table's own trajectories.
+
+    Returns:
+        An :class:`EstimandSet` (intervals plus the raw replicate arrays in ``.replicates``).
+
+    Raises:
+        ValueError: On an invalid table (see :func:`validate_table`), a bad ``level``, or a
+            trajectory missing from ``draws``.
+    """
+    level = _check_level(level)
+    t = validate_table(table)
+    if draws is None:
+        draws = make_draws(t["trajectory_id"], n_boot=n_boot, seed=seed)
+    col = draws.columns(t["trajectory_id"])
+    m = np.asarray(draws.multiplicity, dtype=np.float64)
+    f = t["score"].to_numpy(dtype=np.float64)
+    w = step_weights(t)
+    variant = t["variant"].to_numpy(dtype=object)
+    _, step_key = np.unique(
+        np.stack([col, t["step"].to_numpy(dtype=np.int64)], axis=1), axis=0, return_inverse=True
+    )
+    step_key = step_key.reshape(-1).astype(np.int64)
+    is_attack = variant == ATTACK
+    is_clean = variant == CLEAN
+
+    replicates: dict = {}
+    # E1: pooled over all attack and clean rows.
+    e1, replicates["e1"] = _auc_with_replicates(f, w, col, is_attack, is_clean, m, level)
+
+    # E2: within-step AUCs (fixed under the cluster bootstrap), averaged per replicate with the
+    # trajectories' multiplicities as weights.
+    sel = (is_attack | is_clean) & _both_mask(step_key, variant, ATTACK, CLEAN)
+    step_auc = grouped_weighted_auc(step_key[sel], f[sel], is_attack[sel], w[sel])
+    n_keys = int(step_key.max()) + 1
+    step_auc = np.concatenate([step_auc, np.full(n_keys - step_auc.size, np.nan)])
+    step_col = np.zeros(n_keys, dtype=np.int64)
+    step_col[step_key] = col
+    defined = np.isfinite(step_auc)
+    e2_estimate = float(np.mean(step_auc[defined])) if defined.any() else math.nan
+    auc_sum = np.bincount(step_col[defined], weights=step_auc[defined], minlength=draws.n_clusters)
+    n_steps = np.bincount(step_col[defined], minlength=draws.n_clusters).astype(np.float64)
+    numer = m @ auc_sum
+    denom = m @ n_steps
+    e2_reps = np.full(draws.n_boot, np.nan)
+    ok = denom > 0
+    e2_reps[ok] = numer[ok] / denom[ok]
+    replicates["e2"] = e2_reps
+    e2 = percentile_interval(e2_estimate, e2_reps, level)
+
+    # E3[c]: attack vs control c over the steps having both.
+    e3: dict[str, Interval] = {}
+    replicates["e3"] = {}
+    for control in sorted({v for v in variant if is_control(v)}):
+        both = _both_mask(step_key, variant, ATTACK, control)
+        e3[control], replicates["e3"][control] = _auc_with_replicates(
+            f, w, col, is_attack & both, (variant == control) & both, m, level
+        )
+    return EstimandSet(e1=e1, e2=e2, e3=e3, replicates=replicates, draws=draws, level=level)
+
+
+def evaluate_tables(
+    main: pd.DataFrame,
+    baselines: Mapping[str, pd.DataFrame] | None = None,
+    *,
+    n_boot: int = 1000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> dict:
+    """Estimands of the probe and its baselines on shared draws, with paired differences.
+
+    All tables are bootstrapped with the same :class:`Draws`, drawn over the sorted union of
+    their trajectory ids (PROTOCOL.md §5: "paired differences … use the same replicates"). A
+    trajectory a table lacks contributes nothing to that table's replicates.
+
+    Args:
+        main: The probe's score table.
+        baselines: Named baseline score tables on the same test trajectories, e.g.
+            ``{"c1": ..., "collapse_only": ..., "permuted": ...}`` (PROTOCOL.md §5, §6).
+        n_boot: Replicates ``B``.
+        seed: Seed of ``numpy.random.default_rng`` for the draws.
+        level: Interval coverage.
+
+    Returns:
+        JSON-ready dict::
+
+            {"e1": {...}, "e2": {...}, "e3": {control: {...}},
+             "<baseline>": {"e1": {...}, "e2": {...}},            # per baseline
+             "differences": {"e1_minus_<baseline>_e1": {...},      # per baseline, e.g. c1
+                             "e1_minus_e3": {control: {...}}},
+             "bootstrap": {"n_boot": B, "seed": seed, "level": level, "n_clusters": T}}
+
+        where each ``{...}`` is ``{"estimate", "ci_low", "ci_high", "n_boot_used"}`` with
+        Python floats (``None`` for undefined values).
+
+    Raises:
+        ValueError: On an invalid table, or a baseline name that collides with a result key.
+    """
+    level = _check_level(level)
+    baselines = dict(baselines or {})
+    for name in baselines:
+        if not isinstance(name, str) or not name or name in RESERVED_KEYS:
+            raise ValueError(
+                f"baseline name {name!r} is not allowed (reserved: {sorted(RESERVED_KEYS)})"
+            )
+    main_v = validate_table(main, "main score table")
+    base_v = {k: validate_table(v, f"baseline {k!r} score table") for k, v in baselines.items()}
+    ids = set(main_v["trajectory_id"])
+    for v in base_v.values():
+        ids |= set(v["trajectory_id"])
+    draws = make_draws(ids, n_boot=n_boot, seed=seed)
+
+    res = estimands(main_v, level=level, draws=draws)
+    out: dict = res.to_dict()
+    differences: dict = {}
+    for name, tbl in base_v.items():
+        b = estimands(tbl, level=level, draws=draws)
+        out[name] = {"e1": b.e1.to_dict(), "e2": b.e2.to_dict()}
+        iv, _ = paired_difference(
+            res.e1.estimate, res.replicates["e1"], b.e1.estimate, b.replicates["e1"], level=level
+        )
+        differences[f"e1_minus_{name}_e1"] = iv.to_dict()
+    differences["e1_minus_e3"] = {}
+    for control, e3 in res.e3.items():
+        iv, _ = paired_difference(
+            res.e1.estimate,
+            res.replicates["e1"],
+            e3.estimate,
+            res.replicates["e3"][control],
+            level=level,
+        )
+        differences["e1_minus_e3"][control] = iv.to_dict()
+    out["differences"] = differences
+    out["bootstrap"] = {
+        "n_boot": int(draws.n_boot),
+        "seed": int(seed),
+        "level": float(level),
+        "n_clusters": int(draws.n_clusters),
+    }
+    return out

@@ -1,0 +1,310 @@
+"""The linear probe as a LightningModule (PROTOCOL.md §4).
+
+``LinearProbe`` minimises exactly the objective of scikit-learn's::
+
+    make_pipeline(StandardScaler(),
+                  LogisticRegression(C=l2, class_weight="balanced"))   # penalty="l2", lbfgs
+
+that is, on standardised features ``z = (x - mean) / std`` (mean/std of the TRAIN rows, ``ddof=0``,
+zero std replaced by 1)::
+
+    J(w, b) = sum_i c_{y_i} * BCE(z_i . w + b, y_i) + 0.5 * ||w||^2 / C,   c_k = n / (2 n_k)
+
+with the intercept ``b`` not penalised. The module minimises ``J / n`` (same minimiser, better
+conditioned; scikit-learn scales the same way), full batch, with ``torch.optim.LBFGS`` and a
+strong-Wolfe line search, in float64.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from lightning import LightningModule
+from torch import Tensor, nn
+from torchmetrics.classification import BinaryAUROC
+
+__all__ = ["LinearProbe", "auroc_inputs"]
+
+_DTYPE = torch.float64
+
+
+def auroc_inputs(logits: Tensor) -> Tensor:
+    """Map logits to ``(0, 1)`` for ``BinaryAUROC`` without creating ties.
+
+    ``BinaryAUROC`` applies a sigmoid to inputs outside ``[0, 1]``; in float64 the sigmoid
+    rounds every logit above ~37 to exactly 1.0, turning distinct scores into ties and biasing
+    the AUROC. ``0.5 + atan(logit) / pi`` is strictly increasing (AUROC only depends on the
+    order) and stays distinguishable in float64 far beyond that range.
+
+    Args:
+        logits: Scores of any shape.
+
+    Returns:
+        Tensor of the same shape with values in ``(0, 1)``, float64.
+    """
+    return 0.5 + torch.atan(logits.to(_DTYPE)) / math.pi
+
+
+class _BinaryAUROC64(BinaryAUROC):
+    """``BinaryAUROC`` whose ROC curve is computed in float64.
+
+    torchmetrics builds the cumulative TP/FP counts in the *default* dtype (float32), so the
+    AUROC would only be accurate to ~1e-7. ``compute`` here runs with float64 as the default
+    dtype (restored afterwards), so the value equals ``sklearn.metrics.roc_auc_score``.
+    """
+
+    def compute(self) -> Tensor:  # noqa: D102
+        previous = torch.get_default_dtype()
+        torch.set_default_dtype(_DTYPE)
+        try:
+            return super().compute()
+        finally:
+            torch.set_default_dtype(previous)
+
+
+def _split_batch(batch) -> tuple[Tensor, Tensor | None]:
+    if isinstance(batch, Tensor):
+        return batch, None
+    if isinstance(batch, (tuple, list)):
+        return batch[0], (batch[1] if len(batch) > 1 else None)
+    raise TypeError(f"unsupported batch type {type(batch).__name__}; expected (x, y) or x")
+
+
+class LinearProbe(LightningModule):
+    """L2-regularised, class-balanced logistic regression on standardised features.
+
+    Standardisation statistics and class weights are buffers set from the training rows by
+    :meth:`set_train_statistics` (``ipi.probe.fit.fit_probe`` does this); if they are unset
+    when training starts, :meth:`on_train_start` computes them from the (single, full-batch)
+    training dataloader. Never fit them on test rows. PROTOCOL.md §4.
+
+    The weights start at zero (as scikit-learn's lbfgs does), so the fit is deterministic and
+    does not depend on a random initialisation.
+
+    Args:
+        n_features: Width ``d`` of the feature vectors.
+        l2: scikit-learn's ``C``: inverse L2 regularisation strength (> 0). Larger = weaker
+            penalty.
+        max_iter: LBFGS iterations per optimiser step (one step per epoch, full batch).
+        tol: LBFGS ``tolerance_grad``: stop when the max-abs gradient of ``J / n`` is
+            ``<= tol`` (scikit-learn's lbfgs ``gtol`` on the same scaled objective).
+        history_size: LBFGS memory (scipy's default ``maxcor`` is 10). Memory cost is
+            ``2 * history_size * d`` float64 values.
+
+    Shapes:
+        ``forward(x)``: ``x`` ``[n, d]`` (any float dtype) -> logits ``[n]`` float64.
+
+    Logged metrics:
+        ``train/loss`` (``J / n`` after the LBFGS step), ``train/auroc`` (torchmetrics
+        ``BinaryAUROC`` of the training rows after the step), ``val/auroc`` (separate
+        ``BinaryAUROC`` instance, only when a validation dataloader is given).
+    """
+
+    def __init__(
+        self,
+        n_features: int,
+        l2: float = 1.0,
+        max_iter: int = 500,
+        tol: float = 1e-8,
+        history_size: int = 10,
+    ) -> None:
+        super().__init__()
+        if int(n_features) < 1:
+            raise ValueError(f"n_features must be >= 1, got {n_features}")
+        if not (float(l2) > 0.0 and math.isfinite(float(l2))):
+            raise ValueError(f"l2 (sklearn's C) must be a finite positive number, got {l2}")
+        if int(max_iter) < 1:
+            raise ValueError(f"max_iter must be >= 1, got {max_iter}")
+        self.save_hyperparameters()
+        d = int(n_features)
+        self.linear = nn.Linear(d, 1, dtype=_DTYPE)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+        self.register_buffer("mean", torch.zeros(d, dtype=_DTYPE))
+        self.register_buffer("std", torch.ones(d, dtype=_DTYPE))
+        self.register_buffer("class_weight", torch.ones(2, dtype=_DTYPE))
+        self.register_buffer("n_train", torch.zeros((), dtype=_DTYPE))
+        self.train_auroc = _BinaryAUROC64()
+        self.val_auroc = _BinaryAUROC64()
+
+    # ------------------------------------------------------------------ statistics
+    @property
+    def is_prepared(self) -> bool:
+        """True once standardisation statistics and class weights have been set."""
+        return bool(self.n_train.item() > 0)
+
+    @torch.no_grad()
+    def set_train_statistics(
+        self, x: np.ndarray | Tensor, y: np.ndarray | Tensor, chunk_rows: int = 1024
+    ) -> None:
+        """Set mean/std (``ddof=0``, zero std -> 1) and balanced class weights from TRAIN rows.
+
+        Computed in float64 in row chunks, so no extra ``[n, d]`` float64 copy is made.
+
+        Args:
+            x: Training features ``[n, d]``.
+            y: Training labels ``[n]`` in ``{0, 1}``; both classes must be present.
+            chunk_rows: Rows per chunk of the two-pass mean/variance computation.
+
+        Raises:
+            ValueError: On a shape mismatch or if a class is missing.
+        """
+        x_np = x.detach().cpu().numpy() if isinstance(x, Tensor) else np.asarray(x)
+        y_np = y.detach().cpu().numpy() if isinstance(y, Tensor) else np.asarray(y)
+        y_np = y_np.reshape(-1)
+        if x_np.ndim != 2 or x_np.shape[1] != self.hparams.n_features:
+            raise ValueError(
+                f"x must have shape [n, {self.hparams.n_features}], got {tuple(x_np.shape)}"
+            )
+        n = x_np.shape[0]
+        if y_np.shape[0] != n:
+            raise ValueError(f"x has {n} rows but y has {y_np.shape[0]}")
+        n_pos = int((y_np == 1).sum())
+        n_neg = int((y_np == 0).sum())
+        if n_pos == 0 or n_neg == 0 or n_pos + n_neg != n:
+            raise ValueError(
+                f"labels must be in {{0, 1}} with both classes present; got {n_neg} zeros, "
+                f"{n_pos} ones, {n - n_pos - n_neg} other values"
+            )
+        total = np.zeros(x_np.shape[1], dtype=np.float64)
+        for s in range(0, n, chunk_rows):
+            total += x_np[s : s + chunk_rows].sum(axis=0, dtype=np.float64)
+        mean = total / n
+        sq = np.zeros_like(mean)
+        for s in range(0, n, chunk_rows):
+            dev = x_np[s : s + chunk_rows].astype(np.float64) - mean
+            sq += np.einsum("ij,ij->j", dev, dev)
+        var = sq / n
+        # StandardScaler's rule: a feature indistinguishable from a constant gets scale 1.
+        eps = np.finfo(np.float64).eps
+        constant = var <= n * eps * var + (n * mean * eps) ** 2
+        std = np.sqrt(var)
+        std[constant] = 1.0
+        self.mean.copy_(torch.from_numpy(mean))
+        self.std.copy_(torch.from_numpy(std))
+        self.class_weight.copy_(
+            torch.tensor([n / (2.0 * n_neg), n / (2.0 * n_pos)], dtype=_DTYPE)
+        )
+        self.n_train.fill_(float(n))
+
+    # ------------------------------------------------------------------ model
+    def effective_weights(self) -> tuple[Tensor, Tensor]:
+        """Weights in raw feature space: ``logit = x @ w_raw + b_raw``.
+
+        Standardisation is folded into the linear layer (``w_raw = w / std``,
+        ``b_raw = b - mean . w_raw``), so no standardised copy of ``x`` is materialised.
+
+        Returns:
+            ``(w_raw [d], b_raw [])``, float64.
+        """
+        w = self.linear.weight.reshape(-1) / self.std
+        b = self.linear.bias.reshape(()) - torch.dot(self.mean, w)
+        return w, b
+
+    @property
+    def coef_(self) -> np.ndarray:
+        """Coefficients on standardised features, ``[d]`` (comparable to sklearn's ``coef_[0]``)."""
+        return self.linear.weight.detach().reshape(-1).cpu().numpy().copy()
+
+    @property
+    def intercept_(self) -> float:
+        """Intercept on standardised features (comparable to sklearn's ``intercept_[0]``)."""
+        return float(self.linear.bias.detach().reshape(()).item())
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Logits of the rows of ``x``.
+
+        Args:
+            x: Features ``[n, d]``; cast to float64.
+
+        Returns:
+            Logits ``[n]``, float64.
+        """
+        w, b = self.effective_weights()
+        return x.to(_DTYPE) @ w + b
+
+    def objective(self, logits: Tensor, y: Tensor) -> Tensor:
+        """``J / n``: balanced weighted BCE summed over rows plus ``0.5 ||w||^2 / C``, over n.
+
+        ``n`` is the number of training rows (``n_train``); with the full batch this is exactly
+        scikit-learn's scaled objective.
+
+        Args:
+            logits: ``[m]`` float64.
+            y: ``[m]`` labels in ``{0, 1}``.
+
+        Returns:
+            Scalar loss.
+        """
+        y = y.to(_DTYPE).reshape(-1)
+        weights = self.class_weight[y.long()]
+        data = F.binary_cross_entropy_with_logits(logits, y, weight=weights, reduction="sum")
+        penalty = 0.5 * self.linear.weight.pow(2).sum() / self.hparams.l2
+        return (data + penalty) / self.n_train
+
+    # ------------------------------------------------------------------ lightning hooks
+    def configure_optimizers(self):
+        """Full-batch LBFGS with strong-Wolfe line search (one ``step`` per epoch)."""
+        return torch.optim.LBFGS(
+            self.linear.parameters(),
+            lr=1.0,
+            max_iter=int(self.hparams.max_iter),
+            max_eval=int(self.hparams.max_iter) * 5 // 4,
+            tolerance_grad=float(self.hparams.tol),
+            tolerance_change=1e-15,
+            history_size=int(self.hparams.history_size),
+            line_search_fn="strong_wolfe",
+        )
+
+    def on_train_start(self) -> None:
+        """Compute train statistics from the training dataloader if they were not set."""
+        if self.is_prepared:
+            return
+        loader = self.trainer.train_dataloader
+        xs, ys = [], []
+        for batch in loader:
+            x, y = _split_batch(batch)
+            if y is None:
+                raise ValueError("the training dataloader must yield (x, y) batches")
+            xs.append(x)
+            ys.append(y)
+        self.set_train_statistics(torch.cat(xs), torch.cat(ys))
+
+    def training_step(self, batch, batch_idx: int) -> Tensor:
+        """Return ``J / n`` on the (full) batch; LBFGS calls this through Lightning's closure.
+
+        Nothing is logged here: LBFGS evaluates the closure many times per step, so metrics
+        are logged once, after the step, in :meth:`on_train_batch_end`.
+        """
+        x, y = _split_batch(batch)
+        return self.objective(self(x), y)
+
+    @torch.no_grad()
+    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
+        """Log ``train/loss`` and ``train/auroc`` at the parameters after the LBFGS step."""
+        x, y = _split_batch(batch)
+        logits = self(x)
+        loss = self.objective(logits, y)
+        self.train_auroc.update(auroc_inputs(logits), y.long().reshape(-1))
+        bs = int(x.shape[0])
+        self.log("train/loss", loss, on_step=False, on_epoch=True, batch_size=bs)
+        self.log("train/auroc", self.train_auroc, on_step=False, on_epoch=True, batch_size=bs)
+
+    def validation_step(self, batch, batch_idx: int) -> None:
+        """Accumulate validation logits into ``val_auroc`` and log ``val/auroc`` per epoch."""
+        x, y = _split_batch(batch)
+        if y is None:
+            raise ValueError("the validation dataloader must yield (x, y) batches")
+        logits = self(x)
+        self.val_auroc.update(auroc_inputs(logits), y.long().reshape(-1))
+        self.log(
+            "val/auroc", self.val_auroc, on_step=False, on_epoch=True, batch_size=int(x.shape[0])
+        )
+
+    def predict_step(self, batch, batch_idx: int, dataloader_idx: int = 0) -> Tensor:
+        """Logits ``[m]`` (float64) of the batch's features; labels, if present, are ignored."""
+        x, _ = _split_batch(batch)
+        return self(x)

@@ -1,0 +1,19 @@
+"""Entry point: `python evaluate.py [overrides]` (see README). A thin wrapper around ipi.tasks.evaluate."""
+
+import hydra
+from omegaconf import DictConfig
+
+from ipi.config import register_configs
+
+register_configs()
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="evaluate")
+def main(cfg: DictConfig) -> None:
+    from ipi.tasks import evaluate
+
+    evaluate(cfg)
+
+
+if __name__ == "__main__":
+    main()

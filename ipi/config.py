@@ -1,0 +1,283 @@
+"""Structured-config schemas: a typo or an unknown option fails when Hydra composes the config.
+
+Every config group (``backbone, surface, control, layers, token_group, data, probe, split,
+evaluation, extract``) is typed by a dataclass below and registered in Hydra's ConfigStore as
+``<group>/schema``; each YAML option lists that schema first in its defaults. Enum-typed fields
+make OmegaConf reject unknown surfaces, controls, token groups and split kinds with a message
+naming the key and the allowed values. Cross-field rules (a control that does not apply to the
+surface, a text-only backbone with the ``image`` token group, layer fractions outside (0, 1])
+are checked by :func:`validate` before anything runs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+class Surface(str, Enum):
+    """Injection surfaces (PROTOCOL.md §2)."""
+
+    i_vis = "i_vis"
+    i_dom = "i_dom"
+    i_tool = "i_tool"
+
+
+class Control(str, Enum):
+    """Nuisance-matched controls (PROTOCOL.md §2)."""
+
+    c_scrambled = "c_scrambled"
+    c_imperative = "c_imperative"
+    c_occlusion = "c_occlusion"
+
+
+class TokenGroup(str, Enum):
+    """Token groups pooled per layer (PROTOCOL.md §3)."""
+
+    last_prompt = "last_prompt"
+    image = "image"
+    task = "task"
+    observation = "observation"
+    action = "action"
+
+
+class SplitKind(str, Enum):
+    """Trajectory split designs (PROTOCOL.md §4)."""
+
+    holdout = "holdout"
+
+
+class OnBadStep(str, Enum):
+    """What the importer does with an unusable step: a counted skip, or an error."""
+
+    skip = "skip"
+    error = "error"
+
+
+@dataclass
+class SurfaceConf:
+    """Where the injection lands."""
+
+    name: Surface = MISSING
+    n_attacks: int = 1  # attack rows per step (templates drawn per (trajectory, step, k))
+
+
+@dataclass
+class ControlConf:
+    """Which controls run. ``names: null`` means every control that applies to the surface."""
+
+    name: str = "all"
+    names: Optional[list[Control]] = None
+
+
+@dataclass
+class LayersConf:
+    """Decoder layers as fractions of depth in (0, 1] (floats) or block indices (ints)."""
+
+    name: str = MISSING
+    spec: list[Any] = MISSING
+
+
+@dataclass
+class TokenGroupConf:
+    """Token groups the probe reads (all five are always extracted and cached)."""
+
+    name: str = MISSING
+    names: list[TokenGroup] = MISSING
+
+
+@dataclass
+class DataConf:
+    """Trajectory source."""
+
+    kind: str = "webvoyager"  # importer: webvoyager | native
+    root: str = MISSING  # folder searched recursively for task folders (or a .jsonl for native)
+    on_bad_step: OnBadStep = OnBadStep.skip
+    max_element_chars: Optional[int] = 3000  # truncate page text (keeps prompts bounded)
+    max_trajectories: Optional[int] = None  # first N trajectories by id (quick runs)
+
+
+@dataclass
+class BackboneConf:
+    """A frozen backbone: ``loader`` is a ``_target_`` node that returns an ``ipi.backbone.Backbone``."""
+
+    name: str = MISSING
+    n_layers: int = MISSING  # decoder blocks; checked against the loaded model
+    hidden_size: int = MISSING
+    multimodal: bool = True
+    tokenizer_path: str = MISSING  # where the tokenizer lives (used without loading the model)
+    image_size: Optional[dict[str, int]] = None  # {shortest_edge, longest_edge} in total pixels
+    batch_size: int = 1  # rows per forward pass (not part of the cache key)
+    cache_dtype: str = "float32"
+    system_prompt: str = MISSING
+    loader: Any = MISSING
+
+
+@dataclass
+class ProbeConf:
+    """Linear probe (PROTOCOL.md §4): standardised, L2 logistic regression, balanced classes."""
+
+    l2: float = 1.0  # scikit-learn's C (inverse regularisation strength)
+    max_iter: int = 500
+    tol: float = 1e-8
+
+
+@dataclass
+class SplitConf:
+    """Trajectory-disjoint split."""
+
+    kind: SplitKind = SplitKind.holdout
+    test_fraction: float = 0.3
+    seed: int = 0
+
+
+@dataclass
+class EvaluationConf:
+    """Estimands, bootstrap and verdict (PROTOCOL.md §5–§7)."""
+
+    n_boot: int = 1000
+    seed: int = 0
+    level: float = 0.95
+    collapse_ceiling: float = 0.60
+    c1_max: float = 0.95
+    permuted: bool = True  # run the permuted-label check
+    collapse_only: bool = True  # run the collapse-only baseline (C2)
+
+
+@dataclass
+class ExtractConf:
+    """Extraction runtime (none of it enters the cache key)."""
+
+    cache_dir: str = MISSING
+    num_workers: int = 0
+    shard_rows: int = 256
+    accelerator: str = "auto"
+    devices: Any = 1
+    strategy: str = "auto"
+    precision: str = "32-true"
+    force: bool = False  # ignore an existing cache entry and extract again
+
+
+@dataclass
+class PathsConf:
+    root_dir: str = MISSING
+    shared_dir: str = MISSING
+    output_dir: str = MISSING
+
+
+@dataclass
+class TrainConf:
+    """Top-level config of ``train.py``."""
+
+    task_name: str = "train"
+    seed: int = 0
+    quiet: bool = False
+    paths: PathsConf = field(default_factory=PathsConf)
+    data: DataConf = field(default_factory=DataConf)
+    backbone: BackboneConf = field(default_factory=BackboneConf)
+    surface: SurfaceConf = field(default_factory=SurfaceConf)
+    control: ControlConf = field(default_factory=ControlConf)
+    layers: LayersConf = field(default_factory=LayersConf)
+    token_group: TokenGroupConf = field(default_factory=TokenGroupConf)
+    probe: ProbeConf = field(default_factory=ProbeConf)
+    split: SplitConf = field(default_factory=SplitConf)
+    evaluation: EvaluationConf = field(default_factory=EvaluationConf)
+    extract: ExtractConf = field(default_factory=ExtractConf)
+    logger: Any = None
+
+
+@dataclass
+class EvaluateConf:
+    """Top-level config of ``evaluate.py``: a score table in, results out."""
+
+    task_name: str = "evaluate"
+    scores: str = MISSING
+    paths: PathsConf = field(default_factory=PathsConf)
+    evaluation: EvaluationConf = field(default_factory=EvaluationConf)
+
+
+CONTROLS_BY_SURFACE = {
+    "i_vis": ("c_scrambled", "c_imperative", "c_occlusion"),
+    "i_dom": ("c_scrambled", "c_imperative"),
+    "i_tool": ("c_scrambled", "c_imperative"),
+}
+
+
+def register_configs() -> None:
+    """Register the schemas in Hydra's ConfigStore (idempotent)."""
+    cs = ConfigStore.instance()
+    cs.store(name="train_schema", node=TrainConf)
+    cs.store(name="evaluate_schema", node=EvaluateConf)
+    if not OmegaConf.has_resolver("ipi_repo"):
+        OmegaConf.register_new_resolver("ipi_repo", lambda: str(REPO_ROOT))
+    if not OmegaConf.has_resolver("replay_system_prompt"):
+        from ipi.replay import DEFAULT_SYSTEM_PROMPT
+
+        OmegaConf.register_new_resolver("replay_system_prompt", lambda: DEFAULT_SYSTEM_PROMPT)
+
+
+def _value(x) -> str:
+    return x.value if isinstance(x, Enum) else str(x)
+
+
+def resolved_controls(cfg: DictConfig) -> list[str]:
+    """The controls a run builds: the configured list, or all that apply to the surface.
+
+    Raises:
+        ValueError: A configured control does not apply to the surface (one line naming both).
+    """
+    surface = _value(cfg.surface.name)
+    allowed = CONTROLS_BY_SURFACE[surface]
+    if cfg.control.names is None:
+        return list(allowed)
+    names = [_value(c) for c in cfg.control.names]
+    for c in names:
+        if c not in allowed:
+            raise ValueError(
+                f"control={c} does not apply to surface={surface}; allowed: {', '.join(allowed)}"
+            )
+    return names
+
+
+def validate(cfg: DictConfig) -> None:
+    """Cross-field checks that a schema cannot express; each error is one line.
+
+    Raises:
+        ValueError: Inapplicable control, layer fraction outside (0, 1], ``image`` token group on
+            a text-only backbone, or a non-positive bootstrap count.
+    """
+    resolved_controls(cfg)
+    for v in cfg.layers.spec:
+        if v == "all":
+            continue
+        if isinstance(v, float) and not (0.0 < v <= 1.0 and not math.isnan(v)):
+            raise ValueError(f"layers.spec: fraction {v} outside (0, 1]")
+        if not isinstance(v, (int, float)) or isinstance(v, bool):
+            raise ValueError(f"layers.spec: {v!r} is neither a fraction in (0, 1] nor an integer index")
+    groups = [_value(g) for g in cfg.token_group.names]
+    if not cfg.backbone.multimodal and "image" in groups:
+        raise ValueError(
+            f"token_group: 'image' is unavailable with the text-only backbone={cfg.backbone.name}; "
+            "choose one of last_prompt, task, observation, action"
+        )
+    if not cfg.backbone.multimodal and _value(cfg.surface.name) == "i_vis":
+        raise ValueError(f"surface=i_vis needs a multimodal backbone; backbone={cfg.backbone.name} is text-only")
+    if cfg.evaluation.n_boot < 1:
+        raise ValueError("evaluation.n_boot must be >= 1")
+    if not 0.0 < cfg.split.test_fraction < 1.0:
+        raise ValueError("split.test_fraction must be in (0, 1)")
+
+
+def to_container(node) -> Any:
+    """Resolve an OmegaConf node to plain Python (enums as their values)."""
+    if isinstance(node, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(node, resolve=True, enum_to_str=True)
+    return node

@@ -1,0 +1,111 @@
+"""Lightning callbacks that turn probe scores into estimands, a verdict and logged metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import pandas as pd
+
+from ipi.evaluation.report import write_report, write_results
+from ipi.evaluation.verdict import verdict
+from ipi.metrics.estimands import evaluate_tables
+
+
+def _flat_metrics(results: dict, prefix: str = "test") -> dict[str, float]:
+    out: dict[str, float] = {}
+
+    def add(name, iv):
+        if isinstance(iv, dict) and iv.get("estimate") is not None:
+            out[f"{prefix}/{name}"] = float(iv["estimate"])
+            if iv.get("ci_low") is not None:
+                out[f"{prefix}/{name}_ci_low"] = float(iv["ci_low"])
+                out[f"{prefix}/{name}_ci_high"] = float(iv["ci_high"])
+
+    add("e1", results.get("e1"))
+    add("e2", results.get("e2"))
+    for c, iv in (results.get("e3") or {}).items():
+        add(f"e3_{c}", iv)
+    for base in ("c1", "collapse_only", "permuted", "transfer"):
+        if isinstance(results.get(base), dict):
+            add(f"{base}_e1", results[base].get("e1"))
+            add(f"{base}_e2", results[base].get("e2"))
+    return out
+
+
+class EstimandsCallback(L.Callback):
+    """Collects the probe's test-row scores during ``Trainer.predict`` and computes the estimands.
+
+    At the end of the predict epoch it builds the probe's score table (one row per test row:
+    ``trajectory_id, step, variant, score``), evaluates it together with the baseline tables on
+    shared bootstrap draws (E1, E2, E3 per control, C1, C2 = collapse-only, permuted labels,
+    paired differences; PROTOCOL.md §5–§6), runs the verdict (§7), logs every estimand and CI
+    bound to the trainer's loggers (``test/e1``, ``test/e1_ci_low`` …) and keeps ``results``.
+
+    Args:
+        rows: Metadata of the scored rows (``trajectory_id, step, variant``), in predict order.
+        baselines: Baseline score tables on the same test rows, by name (``c1``, ``collapse_only``,
+            ``permuted``).
+        n_boot: Bootstrap replicates.
+        seed: Bootstrap seed.
+        level: Interval coverage.
+        collapse_ceiling: Ceiling of verdict check 5.
+        c1_max: Bound of verdict check 2.
+    """
+
+    def __init__(self, rows: pd.DataFrame, baselines: Mapping[str, pd.DataFrame], *, n_boot: int = 1000,
+                 seed: int = 0, level: float = 0.95, collapse_ceiling: float = 0.60, c1_max: float = 0.95):
+        self.rows = rows.reset_index(drop=True)
+        self.baselines = dict(baselines)
+        self.n_boot, self.seed, self.level = n_boot, seed, level
+        self.collapse_ceiling, self.c1_max = collapse_ceiling, c1_max
+        self._scores: list[np.ndarray] = []
+        self.results: dict | None = None
+        self.scores: pd.DataFrame | None = None
+
+    def on_predict_epoch_start(self, trainer, pl_module) -> None:
+        self._scores = []
+
+    def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        self._scores.append(outputs.detach().double().cpu().numpy().reshape(-1))
+
+    def on_predict_epoch_end(self, trainer, pl_module) -> None:
+        scores = np.concatenate(self._scores) if self._scores else np.zeros(0)
+        if len(scores) != len(self.rows):
+            raise RuntimeError(f"EstimandsCallback: {len(scores)} scores for {len(self.rows)} rows")
+        table = self.rows[["trajectory_id", "step", "variant"]].copy()
+        table["score"] = scores
+        self.scores = table
+        results = evaluate_tables(table, self.baselines, n_boot=self.n_boot, seed=self.seed, level=self.level)
+        results["verdict"] = verdict(results, collapse_ceiling=self.collapse_ceiling, c1_max=self.c1_max)
+        self.results = results
+        metrics = _flat_metrics(results)
+        for lg in trainer.loggers:
+            lg.log_metrics(metrics, step=0)
+            lg.save()
+
+
+class ReportCallback(L.Callback):
+    """Writes ``results.json`` and ``report.md`` once the estimands exist (atomic writes).
+
+    Args:
+        estimands: The :class:`EstimandsCallback` of the same trainer (must run first).
+        out_dir: Run directory.
+        extra: Entries merged into the results (counts, run description, cache info).
+    """
+
+    def __init__(self, estimands: EstimandsCallback, out_dir: str | Path, extra: Mapping):
+        self.estimands = estimands
+        self.out_dir = Path(out_dir)
+        self.extra = dict(extra)
+        self.results: dict | None = None
+
+    def on_predict_epoch_end(self, trainer, pl_module) -> None:
+        if self.estimands.results is None:
+            raise RuntimeError("ReportCallback: EstimandsCallback must come first in the callback list")
+        self.results = {**self.estimands.results, **self.extra}
+        if trainer.is_global_zero:
+            write_results(self.results, self.out_dir)
+            write_report(self.results, self.out_dir)

@@ -1,0 +1,241 @@
+"""Content-addressed activation cache (safetensors shards + a manifest).
+
+Layout of one cache entry ``<cache_dir>/<key>/``::
+
+    shard-r<rank>-<seq>.safetensors   features [n, L, G, H], collapse [n, L], prompt_len [n],
+                                      seq_len [n]; row ids in the safetensors metadata
+    manifest.json                     written last: key, versions, dtype, layers, token groups,
+                                      row count, shard names with byte sizes and sha256
+
+The key is a hash of everything that changes the numbers (backbone identity, layers, token
+groups, cache dtype, the system prompt, and every row's content: prompt texts, screenshot bytes,
+banner geometry) and nothing that does not (device, batch size, workers). Shards are written to a
+temporary name and renamed, so a killed run leaves only whole shards; rerunning the same command
+skips rows that finished shards already hold. Only safetensors is ever read: no pickle.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+CACHE_FORMAT = 1
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+MANIFEST = "manifest.json"
+
+
+class CacheError(RuntimeError):
+    """A cache entry is inconsistent (manifest and shards disagree)."""
+
+
+def stable_hash(obj) -> str:
+    """SHA-256 hex digest of a JSON-serialisable object (sorted keys)."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, ensure_ascii=False, default=str).encode()).hexdigest()
+
+
+def file_sha256(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    """SHA-256 hex digest of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while b := f.read(chunk):
+            h.update(b)
+    return h.hexdigest()
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write text to ``path`` via a temporary file in the same folder and ``os.replace``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, 0o666 & ~_UMASK)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@dataclass
+class FeatureSet:
+    """Features of all rows of one cache entry, ordered by ``row_ids``.
+
+    Attributes:
+        row_ids: Row ids, length N.
+        features: ``[N, L, G, H]`` float tensor (layers × token groups × hidden).
+        collapse: ``[N, L]`` collapse statistic per row and extracted layer.
+        prompt_len: ``[N]`` prompt length in tokens.
+        layers: Extracted decoder-block indices (length L).
+        token_groups: Token-group names (length G).
+    """
+
+    row_ids: list[str]
+    features: torch.Tensor
+    collapse: torch.Tensor
+    prompt_len: torch.Tensor
+    layers: list[int]
+    token_groups: list[str]
+
+
+class ActivationCache:
+    """One cache entry, addressed by a key.
+
+    Args:
+        root: Cache folder holding all entries.
+        key: Hex key of this entry (see module docstring).
+        spec: JSON-able description stored in the manifest (layers, groups, dtype, ...).
+    """
+
+    def __init__(self, root: str | os.PathLike, key: str, spec: dict):
+        self.root = Path(root)
+        self.key = key
+        self.spec = spec
+        self.dir = self.root / key[:24]
+
+    @property
+    def manifest_path(self) -> Path:
+        """Path of the manifest (exists only for a complete entry)."""
+        return self.dir / MANIFEST
+
+    def is_complete(self) -> bool:
+        """Whether a manifest for this key exists."""
+        return self.manifest_path.exists()
+
+    def shard_paths(self) -> list[Path]:
+        """Finished shards present in the entry folder (any rank), sorted by name."""
+        return sorted(self.dir.glob("shard-*.safetensors")) if self.dir.exists() else []
+
+    def finished_row_ids(self) -> set[str]:
+        """Row ids held by finished shards (for resuming an interrupted extraction)."""
+        done: set[str] = set()
+        for p in self.shard_paths():
+            with safe_open(str(p), framework="pt") as f:
+                done.update(json.loads(f.metadata()["row_ids"]))
+        return done
+
+    def write_shard(self, name: str, tensors: dict[str, torch.Tensor], row_ids: list[str]) -> Path:
+        """Write one shard atomically (temporary name, then rename).
+
+        Args:
+            name: Shard stem, e.g. ``shard-r0-00003``.
+            tensors: ``features`` [n, L, G, H], ``collapse`` [n, L], ``prompt_len`` [n], ``seq_len`` [n].
+            row_ids: The n row ids, in tensor order.
+
+        Returns:
+            Path of the written shard.
+        """
+        self.dir.mkdir(parents=True, exist_ok=True)
+        path = self.dir / f"{name}.safetensors"
+        tmp = self.dir / f".{name}.safetensors.tmp"
+        save_file({k: v.contiguous().cpu() for k, v in tensors.items()}, str(tmp),
+                  metadata={"row_ids": json.dumps(row_ids), "key": self.key})
+        os.replace(tmp, path)
+        return path
+
+    def finalize(self, expected_row_ids: list[str]) -> dict:
+        """Check the shards hold every expected row exactly once and write the manifest.
+
+        Duplicate rows (e.g. DistributedSampler's padding repeats) are allowed across shards
+        only if identical in id; they are counted and ignored when loading.
+
+        Args:
+            expected_row_ids: All row ids the entry must hold.
+
+        Returns:
+            The manifest dict.
+
+        Raises:
+            CacheError: Rows are missing or unexpected rows are present.
+        """
+        seen: dict[str, int] = {}
+        shards = []
+        for p in self.shard_paths():
+            with safe_open(str(p), framework="pt") as f:
+                ids = json.loads(f.metadata()["row_ids"])
+            for r in ids:
+                seen[r] = seen.get(r, 0) + 1
+            shards.append({"name": p.name, "rows": len(ids), "bytes": p.stat().st_size, "sha256": file_sha256(p)})
+        expected = set(expected_row_ids)
+        missing = expected - seen.keys()
+        extra = seen.keys() - expected
+        if missing or extra:
+            raise CacheError(
+                f"cache {self.dir}: {len(missing)} rows missing, {len(extra)} unexpected rows "
+                f"(e.g. {sorted(missing or extra)[:3]})"
+            )
+        manifest = {
+            "format": CACHE_FORMAT,
+            "key": self.key,
+            "n_rows": len(expected),
+            "duplicates_ignored": sum(v - 1 for v in seen.values()),
+            "shards": shards,
+            **self.spec,
+        }
+        atomic_write_text(self.manifest_path, json.dumps(manifest, indent=1, sort_keys=True))
+        return manifest
+
+    def read_manifest(self) -> dict:
+        """Read and check the manifest against the shards on disk.
+
+        Raises:
+            CacheError: Key mismatch, a shard missing, or a shard whose size differs.
+        """
+        try:
+            manifest = json.loads(self.manifest_path.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise CacheError(f"cache manifest {self.manifest_path} unreadable: {e}") from e
+        if manifest.get("key") != self.key:
+            raise CacheError(f"cache manifest {self.manifest_path} is for another key; refusing to read")
+        on_disk = {p.name: p for p in self.shard_paths()}
+        for s in manifest["shards"]:
+            p = on_disk.get(s["name"])
+            if p is None or p.stat().st_size != s["bytes"]:
+                raise CacheError(
+                    f"cache {self.dir}: shard {s['name']} missing or changed since the manifest was "
+                    "written; delete the entry (python -m ipi.cache prune) and rerun"
+                )
+        if set(on_disk) != {s["name"] for s in manifest["shards"]}:
+            raise CacheError(f"cache {self.dir}: shards on disk do not match the manifest; refusing to read")
+        return manifest
+
+    def load(self, row_ids: list[str]) -> FeatureSet:
+        """Load the features of ``row_ids`` (in that order) from a complete entry.
+
+        Raises:
+            CacheError: The entry is incomplete or inconsistent, or a row is absent.
+        """
+        manifest = self.read_manifest()
+        index = {r: i for i, r in enumerate(row_ids)}
+        feats = collapse = plen = None
+        filled = np.zeros(len(row_ids), dtype=bool)
+        for s in manifest["shards"]:
+            with safe_open(str(self.dir / s["name"]), framework="pt") as f:
+                ids = json.loads(f.metadata()["row_ids"])
+                t = {k: f.get_tensor(k) for k in ("features", "collapse", "prompt_len")}
+            if feats is None:
+                feats = torch.empty((len(row_ids), *t["features"].shape[1:]), dtype=t["features"].dtype)
+                collapse = torch.empty((len(row_ids), t["collapse"].shape[1]), dtype=t["collapse"].dtype)
+                plen = torch.empty(len(row_ids), dtype=torch.long)
+            for j, r in enumerate(ids):
+                i = index.get(r)
+                if i is None or filled[i]:
+                    continue
+                feats[i] = t["features"][j]
+                collapse[i] = t["collapse"][j]
+                plen[i] = t["prompt_len"][j]
+                filled[i] = True
+        if feats is None or not filled.all():
+            raise CacheError(f"cache {self.dir}: {int((~filled).sum())} requested rows absent")
+        return FeatureSet(row_ids=list(row_ids), features=feats, collapse=collapse, prompt_len=plen,
+                          layers=list(manifest["layers"]), token_groups=list(manifest["token_groups"]))

@@ -1,0 +1,239 @@
+"""Task functions behind the entry scripts (``train.py``, ``extract.py``, ``evaluate.py``).
+
+Each task takes a composed config and returns ``(metrics, objects)``; the scripts are thin
+``@hydra.main`` wrappers around them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import pandas as pd
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+from torch.utils.data import DataLoader, TensorDataset
+
+from ipi.backbone import resolve_layers
+from ipi.config import resolved_controls, to_container, validate
+from ipi.data import load_trajectories
+from ipi.evaluation.callbacks import EstimandsCallback, ReportCallback
+from ipi.evaluation.report import write_report, write_results
+from ipi.evaluation.scoretable import evaluate_score_table
+from ipi.extraction.cache import atomic_write_text
+from ipi.extraction.rows import build_rows
+from ipi.extraction.run import extract_features
+from ipi.probe.fit import ProbeConfig, fit_probe, fit_sklearn_reference, score
+from ipi.probe.split import assert_trajectory_disjoint, holdout_split
+from ipi.replay import TOKEN_GROUPS
+
+log = logging.getLogger(__name__)
+
+
+def _value(x):
+    return getattr(x, "value", x)
+
+
+def quiet_lightning() -> None:
+    """Silence Lightning's per-Trainer banners (GPU/TPU availability, tips); warnings still show."""
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.pytorch.accelerators.cuda",
+                 "lightning.fabric.utilities.rank_zero"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def load_data(cfg: DictConfig):
+    """Import trajectories and collect every skip (trajectory-level and step-level).
+
+    Returns:
+        ``(trajectories, skipped_trajectories, skipped_steps)``.
+    """
+    kwargs = {"on_bad_step": _value(cfg.data.on_bad_step)} if cfg.data.kind == "webvoyager" else {}
+    if cfg.data.kind == "webvoyager":
+        kwargs["max_element_chars"] = cfg.data.max_element_chars
+    trajs, traj_skips = load_trajectories(cfg.data.kind, cfg.data.root, **kwargs)
+    if cfg.data.max_trajectories is not None:
+        trajs = trajs[: cfg.data.max_trajectories]
+    step_skips = [
+        {"trajectory_id": t.trajectory_id, "step": s.step, "reason": s.reason, "path": s.path}
+        for t in trajs for s in t.skipped
+    ]
+    if not trajs:
+        raise ValueError(f"data.root={cfg.data.root}: no trajectories found")
+    return trajs, traj_skips, step_skips
+
+
+def make_rows(cfg: DictConfig, trajectories, surface: str):
+    """Replay rows of one surface with the configured controls."""
+    count_tokens = None
+    if surface != "i_vis":
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(cfg.backbone.tokenizer_path)
+        count_tokens = lambda s: len(tok(s, add_special_tokens=False)["input_ids"])  # noqa: E731
+    controls = resolved_controls(cfg) if _value(cfg.surface.name) == surface else None
+    return build_rows(trajectories, surface, controls, n_attacks=cfg.surface.n_attacks, count_tokens=count_tokens)
+
+
+def layer_indices(cfg: DictConfig) -> list[int]:
+    """Resolved decoder-block indices of ``cfg.layers`` for ``cfg.backbone``."""
+    spec = list(cfg.layers.spec)
+    n = cfg.backbone.n_layers
+    if spec == ["all"]:
+        return list(range(n))
+    return resolve_layers(spec, n)
+
+
+def row_table(rows, features) -> pd.DataFrame:
+    """Row metadata (PROTOCOL.md §3): step, horizon, prompt length, Δprompt length vs clean."""
+    df = pd.DataFrame([r.metadata() for r in rows])
+    df["prompt_len"] = features.prompt_len.numpy()
+    clean = df[df.variant == "clean"].set_index(["trajectory_id", "step", "surface"])["prompt_len"]
+    key = pd.MultiIndex.from_frame(df[["trajectory_id", "step", "surface"]])
+    df["delta_prompt_len"] = df["prompt_len"].to_numpy() - clean.reindex(key).to_numpy()
+    return df
+
+
+def select_features(features, layers: list[int], groups: list[str]) -> np.ndarray:
+    """Concatenate features over layers × token groups: ``[N, len(layers) * len(groups) * H]``."""
+    li = [features.layers.index(i) for i in layers]
+    gi = [features.token_groups.index(g) for g in groups]
+    x = features.features[:, li][:, :, gi]
+    return x.reshape(x.shape[0], -1).float().numpy()
+
+
+def _score_table(meta: pd.DataFrame, scores: np.ndarray) -> pd.DataFrame:
+    t = meta[["trajectory_id", "step", "variant"]].copy()
+    t["score"] = np.asarray(scores, dtype=np.float64)
+    return t
+
+
+def train(cfg: DictConfig) -> tuple[dict, dict]:
+    """Run the main job: replay, extract (cached), probe, estimands, verdict, report.
+
+    Args:
+        cfg: Composed ``train`` config.
+
+    Returns:
+        ``(results, objects)`` where results is what ``results.json`` holds and objects has the
+        probe, the score table and the extraction info.
+    """
+    t0 = time.perf_counter()
+    validate(cfg)
+    quiet_lightning()
+    out_dir = Path(cfg.paths.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    surface = _value(cfg.surface.name)
+    groups = [_value(g) for g in cfg.token_group.names]
+    layers = layer_indices(cfg)
+
+    trajs, traj_skips, step_skips = load_data(cfg)
+    rows = make_rows(cfg, trajs, surface)
+    features, info = extract_features(cfg, rows, layers, list(TOKEN_GROUPS))
+    if features is None:  # a non-zero DDP rank: rank 0 evaluates
+        return {}, {"extraction": info}
+    meta = row_table(rows, features)
+    x = select_features(features, layers, groups)
+
+    # Trajectory-disjoint split (PROTOCOL.md §4).
+    train_ids, test_ids = holdout_split(sorted({t.trajectory_id for t in trajs}), cfg.split.test_fraction, cfg.split.seed)
+    assert_trajectory_disjoint(train_ids, test_ids)
+    is_train = meta.trajectory_id.isin(train_ids).to_numpy()
+    is_test = meta.trajectory_id.isin(test_ids).to_numpy()
+    labelled = meta.variant.isin(["clean", "attack"]).to_numpy()
+    tr = is_train & labelled
+    y_tr = (meta.variant[tr] == "attack").to_numpy().astype(np.int64)
+    te_meta = meta[is_test].reset_index(drop=True)
+
+    pcfg = ProbeConfig(l2=cfg.probe.l2, max_iter=cfg.probe.max_iter, tol=cfg.probe.tol, seed=cfg.seed)
+    loggers = [lg for lg in (instantiate(n) for n in (cfg.logger or {}).values()) if lg is not None]
+    probe = fit_probe(x[tr], y_tr, pcfg, logger=loggers[0] if loggers else None, default_root_dir=str(out_dir))
+
+    # Baselines on the same split (PROTOCOL.md §5 C1; §6 permuted labels and collapse only).
+    baselines: dict[str, pd.DataFrame] = {}
+    md_cols = ["step", "horizon", "prompt_len", "delta_prompt_len"]
+    md = meta[md_cols].to_numpy(dtype=np.float64)
+    c1 = fit_sklearn_reference(md[tr], y_tr, l2=cfg.probe.l2)
+    baselines["c1"] = _score_table(te_meta, c1.decision_function(md[is_test]))
+    if cfg.evaluation.collapse_only:
+        li = [features.layers.index(i) for i in layers]
+        col = features.collapse[:, li].double().numpy()
+        c2 = fit_sklearn_reference(col[tr], y_tr, l2=cfg.probe.l2)
+        baselines["collapse_only"] = _score_table(te_meta, c2.decision_function(col[is_test]))
+    if cfg.evaluation.permuted:
+        y_perm = np.random.default_rng(cfg.seed).permutation(y_tr)
+        perm = fit_probe(x[tr], y_perm, pcfg)
+        baselines["permuted"] = _score_table(te_meta, score(perm, x[is_test]))
+
+    counts = {
+        "trajectories": len(trajs),
+        "trajectories_train": len(train_ids),
+        "trajectories_test": len(test_ids),
+        "steps": sum(len(t.steps) for t in trajs),
+        "rows": len(meta),
+        "rows_train_labelled": int(tr.sum()),
+        "rows_test": int(is_test.sum()),
+        "rows_by_variant": {k: int(v) for k, v in meta.variant.value_counts().sort_index().items()},
+        "skipped_steps": step_skips,
+        "skipped_trajectories": traj_skips,
+    }
+    run = {
+        "surface": surface,
+        "controls": resolved_controls(cfg),
+        "backbone": cfg.backbone.name,
+        "layers": layers,
+        "layers_config": cfg.layers.name,
+        "token_groups": groups,
+        "n_features": int(x.shape[1]),
+        "split": f"{_value(cfg.split.kind)} test_fraction={cfg.split.test_fraction} seed={cfg.split.seed}",
+        "cache_key": info["cache_key"],
+        "data_root": str(Path(cfg.data.root).resolve()),
+    }
+
+    # Score the test rows with the probe through Lightning; the callbacks compute and write.
+    est = EstimandsCallback(te_meta, baselines, n_boot=cfg.evaluation.n_boot, seed=cfg.evaluation.seed,
+                            level=cfg.evaluation.level, collapse_ceiling=cfg.evaluation.collapse_ceiling,
+                            c1_max=cfg.evaluation.c1_max)
+    rep = ReportCallback(est, out_dir, {"counts": counts, "run": run})
+    trainer = L.Trainer(accelerator="cpu", devices=1, logger=loggers or False, callbacks=[est, rep],
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    x_te = torch.from_numpy(np.ascontiguousarray(x[is_test], dtype=np.float64))
+    trainer.predict(probe, DataLoader(TensorDataset(x_te), batch_size=4096), return_predictions=False)
+
+    est.scores.to_csv(out_dir / "scores.csv", index=False)
+    elapsed = time.perf_counter() - t0
+    atomic_write_text(out_dir / "run_info.json", __import__("json").dumps(
+        {"extraction": info, "elapsed_s": round(elapsed, 2)}, indent=2))
+    log.info("extraction: cache %s (%d rows forwarded); total %.1f s",
+             "hit" if info["cache_hit"] else "miss", info["rows_forwarded"], elapsed)
+    for lg in loggers:
+        lg.finalize("success")
+    return rep.results, {"probe": probe, "scores": est.scores, "extraction": info, "elapsed_s": elapsed}
+
+
+def extract(cfg: DictConfig) -> tuple[dict, dict]:
+    """Extract (or reuse) the features of the configured surface without training a probe."""
+    validate(cfg)
+    quiet_lightning()
+    surface = _value(cfg.surface.name)
+    trajs, _, _ = load_data(cfg)
+    rows = make_rows(cfg, trajs, surface)
+    features, info = extract_features(cfg, rows, layer_indices(cfg), list(TOKEN_GROUPS))
+    return info, {"features": features}
+
+
+def evaluate(cfg: DictConfig) -> tuple[dict, dict]:
+    """Evaluate a score table (CSV/Parquet) into ``results.json`` and ``report.md``."""
+    results = evaluate_score_table(cfg.scores, n_boot=cfg.evaluation.n_boot, seed=cfg.evaluation.seed,
+                                   level=cfg.evaluation.level)
+    out_dir = Path(cfg.paths.output_dir)
+    write_results(results, out_dir)
+    write_report(results, out_dir)
+    return results, {}
+
+
+__all__ = ["train", "extract", "evaluate", "to_container"]

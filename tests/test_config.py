@@ -1,0 +1,78 @@
+"""Hydra composition: groups compose, typos and invalid combinations fail with a clear message."""
+
+from __future__ import annotations
+
+import pytest
+from hydra.errors import ConfigCompositionException
+from omegaconf.errors import ValidationError
+
+from ipi.config import resolved_controls, validate
+from tests.conftest import compose_train
+
+
+def test_default_composition(tmp_path):
+    cfg = compose_train(tmp_path, small=False)
+    assert cfg.surface.name.value == "i_vis"
+    assert resolved_controls(cfg) == ["c_scrambled", "c_imperative", "c_occlusion"]
+    assert cfg.backbone.name == "tiny_qwen2_5_vl" and cfg.backbone.n_layers == 8
+    assert [g.value for g in cfg.token_group.names] == ["last_prompt", "image", "task", "observation", "action"]
+    assert len(cfg.layers.spec) == 6
+    assert cfg.evaluation.n_boot == 1000
+    validate(cfg)
+
+
+@pytest.mark.parametrize("surface,controls", [
+    ("i_vis", ["c_scrambled", "c_imperative", "c_occlusion"]),
+    ("i_dom", ["c_scrambled", "c_imperative"]),
+    ("i_tool", ["c_scrambled", "c_imperative"]),
+])
+def test_all_controls_that_apply(tmp_path, surface, controls):
+    cfg = compose_train(tmp_path, [f"surface={surface}"])
+    assert resolved_controls(cfg) == controls
+
+
+def test_unknown_surface_fails_at_composition(tmp_path):
+    with pytest.raises(ConfigCompositionException):
+        compose_train(tmp_path, ["surface=i_audio"])
+    with pytest.raises(ConfigCompositionException) as e:
+        compose_train(tmp_path, ["surface.name=i_audio"])
+    assert "i_vis" in _chain(e.value) and "i_audio" in _chain(e.value)
+
+
+def _chain(exc: BaseException) -> str:
+    """Messages of an exception and its causes (Hydra wraps OmegaConf's validation error)."""
+    out = []
+    while exc is not None:
+        out.append(str(exc))
+        exc = exc.__cause__
+    return "\n".join(out)
+
+
+def test_typo_in_key_fails_at_composition(tmp_path):
+    with pytest.raises(ConfigCompositionException):
+        compose_train(tmp_path, ["evaluation.n_bot=10"])
+
+
+def test_unknown_token_group_fails(tmp_path):
+    with pytest.raises((ValidationError, ConfigCompositionException)) as e:
+        compose_train(tmp_path, ["token_group.names=[pixels]"])
+    assert "last_prompt" in _chain(e.value)
+
+
+def test_control_that_does_not_apply(tmp_path):
+    cfg = compose_train(tmp_path, ["surface=i_dom", "control=occlusion"])
+    with pytest.raises(ValueError, match="control=c_occlusion does not apply to surface=i_dom"):
+        validate(cfg)
+
+
+@pytest.mark.parametrize("bad", ["[0.0]", "[1.5]", "[-0.1]"])
+def test_layer_fraction_outside_unit_interval(tmp_path, bad):
+    cfg = compose_train(tmp_path, [f"layers.spec={bad}"])
+    with pytest.raises(ValueError, match=r"outside \(0, 1\]"):
+        validate(cfg)
+
+
+def test_text_only_backbone_rejects_image_group(tmp_path):
+    cfg = compose_train(tmp_path, ["surface=i_dom", "backbone.multimodal=false"])
+    with pytest.raises(ValueError, match="'image' is unavailable"):
+        validate(cfg)

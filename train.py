@@ -1,0 +1,19 @@
+"""Entry point: `python train.py [overrides]` (see README). A thin wrapper around ipi.tasks.train."""
+
+import hydra
+from omegaconf import DictConfig
+
+from ipi.config import register_configs
+
+register_configs()
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="train")
+def main(cfg: DictConfig) -> None:
+    from ipi.tasks import train
+
+    train(cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -8,7 +8,7 @@ from ipi.config import register_configs
 register_configs()
 
 
-@hydra.main(version_base="1.3", config_path="conf", config_name="train")
+@hydra.main(version_base="1.3", config_path="conf", config_name="extract")
 def main(cfg: DictConfig) -> None:
     from ipi.tasks import extract
 

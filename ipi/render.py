@@ -16,13 +16,13 @@ import argparse
 import os
 import re
 import sys
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from PIL import Image, ImageDraw, ImageFont
 
 from ipi.data.schema import Step
+from ipi.io import atomic_path
 from ipi.surfaces import CONTROLS_BY_SURFACE, SURFACES, Variant, make_variants
 
 CELL_W = 520
@@ -286,17 +286,9 @@ def save_png_atomic(image: Image.Image, path: str | os.PathLike) -> Path:
     Returns:
         The destination path.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            image.save(f, format="PNG")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    with atomic_path(path) as tmp:
+        image.save(tmp, format="PNG")
+    return Path(path)
 
 
 def _parser() -> argparse.ArgumentParser:

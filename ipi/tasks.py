@@ -24,9 +24,9 @@ from ipi.data import load_trajectories
 from ipi.evaluation.callbacks import EstimandsCallback, ReportCallback
 from ipi.evaluation.report import write_report, write_results
 from ipi.evaluation.scoretable import evaluate_score_table
-from ipi.extraction.cache import atomic_write_text
 from ipi.extraction.rows import build_rows
 from ipi.extraction.run import extract_features
+from ipi.io import atomic_write_text
 from ipi.probe.fit import ProbeConfig, fit_probe, fit_sklearn_reference, score
 from ipi.probe.split import assert_trajectory_disjoint, holdout_split
 from ipi.replay import TOKEN_GROUPS

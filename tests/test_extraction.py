@@ -83,7 +83,7 @@ def test_cache_reuse_and_invalidation(tmp_path, monkeypatch):
     from ipi.extraction import run
 
     cfg = compose_train(tmp_path, ["data.max_trajectories=2", "layers=six"])
-    f1, info1 = tasks.extract(cfg)[0], None
+    f1, _info1 = tasks.extract(cfg)[0], None
     assert f1["cache_hit"] is False and f1["rows_forwarded"] > 0
     manifest = json.loads((tmp_path / "cache" / f1["cache_key"][:24] / "manifest.json").read_text())
     assert manifest["n_rows"] == f1["rows_forwarded"]

@@ -24,8 +24,6 @@ from ipi.surfaces import (
     ATTACK_GOALS,
     ATTACK_TEMPLATES,
     BENIGN_IMPERATIVES,
-    CONTROLS_BY_SURFACE,
-    SURFACES,
     attack_text,
     banner_spec,
     benign_imperative,

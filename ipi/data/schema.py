@@ -29,9 +29,10 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from ipi.io import atomic_write_text
 
 
 class DataError(ValueError):
@@ -141,14 +142,8 @@ def write_native(trajectories: list[Trajectory], path: str | os.PathLike) -> Pat
     Returns:
         The destination path.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        for t in trajectories:
-            f.write(json.dumps(_to_json(t), ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
-    return path
+    text = "".join(json.dumps(_to_json(t), ensure_ascii=False) + "\n" for t in trajectories)
+    return atomic_write_text(path, text)
 
 
 def read_native(path: str | os.PathLike) -> list[Trajectory]:

@@ -6,7 +6,7 @@ import json
 import math
 from pathlib import Path
 
-from ipi.extraction.cache import atomic_write_text
+from ipi.io import atomic_write_text
 
 
 def _clean(obj):

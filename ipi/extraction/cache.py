@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,9 +27,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from ipi.io import atomic_path, atomic_write_text  # noqa: F401  (re-exported)
+
 CACHE_FORMAT = 1
-_UMASK = os.umask(0)
-os.umask(_UMASK)
 MANIFEST = "manifest.json"
 
 
@@ -50,21 +49,6 @@ def file_sha256(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
         while b := f.read(chunk):
             h.update(b)
     return h.hexdigest()
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write text to ``path`` via a temporary file in the same folder and ``os.replace``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o666 & ~_UMASK)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 @dataclass
@@ -137,10 +121,9 @@ class ActivationCache:
         """
         self.dir.mkdir(parents=True, exist_ok=True)
         path = self.dir / f"{name}.safetensors"
-        tmp = self.dir / f".{name}.safetensors.tmp"
-        save_file({k: v.contiguous().cpu() for k, v in tensors.items()}, str(tmp),
-                  metadata={"row_ids": json.dumps(row_ids), "key": self.key})
-        os.replace(tmp, path)
+        with atomic_path(path) as tmp:
+            save_file({k: v.contiguous().cpu() for k, v in tensors.items()}, str(tmp),
+                      metadata={"row_ids": json.dumps(row_ids), "key": self.key})
         return path
 
     def finalize(self, expected_row_ids: list[str]) -> dict:

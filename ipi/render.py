@@ -2,7 +2,7 @@
 
 Usage (from the repository root)::
 
-    python -m ipi.render --data-root ../shared/data/webvoyager \\
+    python -m ipi.render [--data-root ../shared/data/webvoyager] \\
         --trajectory examples/taskAmazon--0 --step 0 --out docs/img/gallery.png
 
 Row 1 shows the ``i_vis`` variants (downscaled screenshot plus an enlarged crop of the banner
@@ -45,15 +45,24 @@ SURFACE_TITLES = {
 }
 
 
+def _shared_dir() -> Path:
+    shared = os.environ.get("IPI_SHARED")
+    return Path(shared) if shared else Path(__file__).resolve().parents[1].parent / "shared"
+
+
 def default_tokenizer_path() -> Path:
     """Default Qwen2.5-VL tokenizer: ``$IPI_SHARED/models/...`` or ``<repo>/../shared/models/...``.
 
     Returns:
         Path of the tokenizer folder.
     """
-    shared = os.environ.get("IPI_SHARED")
-    base = Path(shared) if shared else Path(__file__).resolve().parents[1].parent / "shared"
-    return base / "models" / "qwen2_5_vl_processor"
+    return _shared_dir() / "models" / "qwen2_5_vl_processor"
+
+
+def default_data_root() -> Path:
+    """Default WebVoyager root, as in ``conf/data/webvoyager.yaml``: ``$IPI_DATA_DIR`` or ``../shared/data/webvoyager``."""
+    env = os.environ.get("IPI_DATA_DIR")
+    return Path(env) if env else _shared_dir() / "data" / "webvoyager"
 
 
 def token_counter(path: str | os.PathLike) -> Callable[[str], int]:
@@ -297,7 +306,8 @@ def _parser() -> argparse.ArgumentParser:
         description="Write one PNG showing every surface and variant (attack and controls) "
         "of one recorded step.",
     )
-    p.add_argument("--data-root", required=True, help="WebVoyager results folder to import.")
+    p.add_argument("--data-root", default=str(default_data_root()),
+                   help="WebVoyager results folder to import (default: $IPI_DATA_DIR or ../shared/data/webvoyager).")
     p.add_argument("--trajectory", required=True,
                    help="Trajectory id, e.g. examples/taskAmazon--0 (folder relative to root).")
     p.add_argument("--step", type=int, default=0, help="0-based step index (default 0).")

@@ -62,6 +62,14 @@ class OnBadStep(str, Enum):
     error = "error"
 
 
+class UnknownAction(str, Enum):
+    """What the importer does with a step whose action it does not know (docs/reliability.md)."""
+
+    keep = "keep"
+    skip = "skip"
+    error = "error"
+
+
 @dataclass
 class SurfaceConf:
     """Where the injection lands."""
@@ -101,6 +109,7 @@ class DataConf:
     kind: str = "webvoyager"  # importer: webvoyager | native
     root: str = MISSING  # folder searched recursively for task folders (or a .jsonl for native)
     on_bad_step: OnBadStep = OnBadStep.skip
+    unknown_action: UnknownAction = UnknownAction.keep  # keep (action_type "unknown") | skip | error
     max_element_chars: Optional[int] = 3000  # truncate page text (keeps prompts bounded)
     max_trajectories: Optional[int] = None  # first N trajectories by id (quick runs)
 

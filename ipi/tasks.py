@@ -51,7 +51,7 @@ def load_data(cfg: DictConfig):
     Returns:
         ``(trajectories, skipped_trajectories, skipped_steps)``.
     """
-    kwargs = {"on_bad_step": _value(cfg.data.on_bad_step)} if cfg.data.kind == "webvoyager" else {}
+    kwargs = {"on_bad_step": _value(cfg.data.on_bad_step), "unknown_action": _value(cfg.data.unknown_action)}
     if cfg.data.kind == "webvoyager":
         kwargs["max_element_chars"] = cfg.data.max_element_chars
     trajs, traj_skips = load_trajectories(cfg.data.kind, cfg.data.root, **kwargs)

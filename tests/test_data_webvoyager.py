@@ -251,7 +251,7 @@ def test_max_element_chars(real):
 # ---------------------------------------------------------------- synthetic inputs
 
 
-def _png(path: Path, size: tuple[int, int] = (8, 8)) -> bytes:
+def _png(path: Path, size: tuple[int, int] = (48, 48)) -> bytes:
     buf = io.BytesIO()
     Image.new("RGB", size, (200, 30, 30)).save(buf, format="PNG")
     path.write_bytes(buf.getvalue())

@@ -40,6 +40,7 @@ __all__ = [
     "ACTION_TYPES",
     "LOG_NAME",
     "MAX_SCREENSHOT_PIXELS",
+    "MIN_SCREENSHOT_SIDE",
     "SOURCE",
     "UNKNOWN_ACTION_POLICIES",
     "screenshot_problem",
@@ -60,6 +61,9 @@ UNKNOWN_ACTION_POLICIES = ("keep", "skip", "error")
 #: (``PIL.Image.MAX_IMAGE_PIXELS``, 89,478,485 by default). Checked from the header, before any
 #: pixel is decoded; Pillow itself only warns between 1× and 2× this limit.
 MAX_SCREENSHOT_PIXELS = Image.MAX_IMAGE_PIXELS or 89_478_485
+#: Smallest screenshot side the importer accepts (an ``i_vis`` banner needs 32 x 32 pixels;
+#: ``ipi.surfaces.render.banner_spec``). Real screenshots are hundreds of pixels wide.
+MIN_SCREENSHOT_SIDE = 32
 
 NO_PREVIOUS_ACTION = "No previous action."
 MISSING_SCREENSHOT = "missing screenshot"
@@ -217,7 +221,7 @@ def screenshot_problem(path: str | os.PathLike, max_pixels: int | None = None) -
     Reads the header and walks the file's chunks (``PIL.Image.verify``: structure and CRCs),
     so an empty, truncated, bit-flipped or non-image file is caught, and an image whose header
     claims more than ``max_pixels`` pixels is refused before anything is decoded (a
-    decompression bomb). A file that passes can still fail to decode if its compressed stream
+    decompression bomb), as is one with a side under :data:`MIN_SCREENSHOT_SIDE` pixels. A file that passes can still fail to decode if its compressed stream
     was forged with valid checksums; :meth:`ipi.surfaces.variants.Variant.image` then raises
     :class:`DataError` naming the file and step.
 
@@ -240,8 +244,8 @@ def screenshot_problem(path: str | os.PathLike, max_pixels: int | None = None) -
                 w, h = im.size
                 if w * h > limit:
                     return f"image too large ({w}x{h} = {w * h} pixels > {limit})"
-                if w == 0 or h == 0:
-                    return f"image has no pixels ({w}x{h})"
+                if min(w, h) < MIN_SCREENSHOT_SIDE:
+                    return f"image too small ({w}x{h}; at least {MIN_SCREENSHOT_SIDE}x{MIN_SCREENSHOT_SIDE})"
                 im.verify()
     except Image.DecompressionBombError as e:
         return f"image too large ({e})"

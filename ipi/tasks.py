@@ -28,7 +28,7 @@ from ipi.extraction.rows import build_rows
 from ipi.extraction.run import extract_features
 from ipi.io import atomic_write_text
 from ipi.probe.fit import ProbeConfig, fit_probe, fit_sklearn_reference, score
-from ipi.probe.split import assert_trajectory_disjoint, holdout_split
+from ipi.probe.split import assert_rows_disjoint, assert_trajectory_disjoint, holdout_split
 from ipi.replay import TOKEN_GROUPS
 
 log = logging.getLogger(__name__)
@@ -148,6 +148,7 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
     tr = is_train & labelled
     y_tr = (meta.variant[tr] == "attack").to_numpy().astype(np.int64)
     te_meta = meta[is_test].reset_index(drop=True)
+    assert_rows_disjoint(meta.trajectory_id[tr], te_meta.trajectory_id)  # the rows actually used
 
     pcfg = ProbeConfig(l2=cfg.probe.l2, max_iter=cfg.probe.max_iter, tol=cfg.probe.tol, seed=cfg.seed)
     loggers = [lg for lg in (instantiate(n) for n in (cfg.logger or {}).values()) if lg is not None]

@@ -209,8 +209,8 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
     elapsed = time.perf_counter() - t0
     atomic_write_text(out_dir / "run_info.json", __import__("json").dumps(
         {"extraction": info, "elapsed_s": round(elapsed, 2)}, indent=2))
-    log.info("extraction: cache %s (%d rows forwarded); total %.1f s",
-             "hit" if info["cache_hit"] else "miss", info["rows_forwarded"], elapsed)
+    log.info("extraction: cache %s (%d rows forwarded), %.1f MB on disk (python -m ipi.cache list); total %.1f s",
+             "hit" if info["cache_hit"] else "miss", info["rows_forwarded"], info["cache_bytes"] / 2**20, elapsed)
     for lg in loggers:
         lg.finalize("success")
     return rep.results, {"probe": probe, "scores": est.scores, "extraction": info, "elapsed_s": elapsed}

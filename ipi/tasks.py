@@ -205,7 +205,7 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
     x_te = torch.from_numpy(np.ascontiguousarray(x[is_test], dtype=np.float64))
     trainer.predict(probe, DataLoader(TensorDataset(x_te), batch_size=4096), return_predictions=False)
 
-    est.scores.to_csv(out_dir / "scores.csv", index=False)
+    atomic_write_text(out_dir / "scores.csv", est.scores.to_csv(index=False))
     elapsed = time.perf_counter() - t0
     atomic_write_text(out_dir / "run_info.json", __import__("json").dumps(
         {"extraction": info, "elapsed_s": round(elapsed, 2)}, indent=2))

@@ -363,9 +363,20 @@ def test_cache_whose_manifest_does_not_match_is_refused(tmp_path, syn_root, refe
         assert found.status.startswith("invalid: "), found.status
 
 
-def _cli_cache(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([PY, "-m", "ipi.cache", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=120, env=_env())
+def _cli_cache(*args, subprocess_run: bool = False) -> subprocess.CompletedProcess:
+    """``python -m ipi.cache ARGS``: in a subprocess, or in-process (same ``main``) to save imports."""
+    if subprocess_run:
+        return subprocess.run([PY, "-m", "ipi.cache", *args], cwd=REPO, capture_output=True, text=True,
+                              timeout=120, env=_env())
+    import contextlib
+    import io
+
+    from ipi.cache import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(list(args))
+    return subprocess.CompletedProcess(["ipi.cache", *args], rc, out.getvalue(), err.getvalue())
 
 
 @pytest.mark.needs_shared
@@ -390,7 +401,7 @@ def test_cache_cli_lists_and_prunes(tmp_path, reference):
     os.utime(old / "manifest.json", (ten_days, ten_days))
     (cache / "not-an-entry").mkdir()
 
-    proc = _cli_cache("--cache-dir", str(cache), "list", "--verify")
+    proc = _cli_cache("--cache-dir", str(cache), "list", "--verify", subprocess_run=True)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0] == f"cache: {cache}"

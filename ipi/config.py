@@ -6,7 +6,8 @@ evaluation, extract``) is typed by a dataclass below and registered in Hydra's C
 make OmegaConf reject unknown surfaces, controls, token groups and split kinds with a message
 naming the key and the allowed values. Cross-field rules (a control that does not apply to the
 surface, a text-only backbone with the ``image`` token group, layer fractions outside (0, 1])
-are checked by :func:`validate` before anything runs.
+are checked by :func:`validate`, which the Hydra callback :class:`ipi.hydra_callbacks.ConfigCheck`
+runs on every job's composed config before any job starts (one line, no torch imported).
 """
 
 from __future__ import annotations
@@ -62,6 +63,14 @@ class OnBadStep(str, Enum):
     error = "error"
 
 
+class UnknownAction(str, Enum):
+    """What the importer does with a step whose action it does not know (docs/reliability.md)."""
+
+    keep = "keep"
+    skip = "skip"
+    error = "error"
+
+
 @dataclass
 class SurfaceConf:
     """Where the injection lands."""
@@ -101,6 +110,7 @@ class DataConf:
     kind: str = "webvoyager"  # importer: webvoyager | native
     root: str = MISSING  # folder searched recursively for task folders (or a .jsonl for native)
     on_bad_step: OnBadStep = OnBadStep.skip
+    unknown_action: UnknownAction = UnknownAction.keep  # keep (action_type "unknown") | skip | error
     max_element_chars: Optional[int] = 3000  # truncate page text (keeps prompts bounded)
     max_trajectories: Optional[int] = None  # first N trajectories by id (quick runs)
 
@@ -219,9 +229,15 @@ def register_configs() -> None:
     if not OmegaConf.has_resolver("ipi_repo"):
         OmegaConf.register_new_resolver("ipi_repo", lambda: str(REPO_ROOT))
     if not OmegaConf.has_resolver("replay_system_prompt"):
-        from ipi.replay import DEFAULT_SYSTEM_PROMPT
+        OmegaConf.register_new_resolver("replay_system_prompt", _default_system_prompt)
 
-        OmegaConf.register_new_resolver("replay_system_prompt", lambda: DEFAULT_SYSTEM_PROMPT)
+
+def _default_system_prompt() -> str:
+    # Imported when the value is resolved, not at composition: ipi.replay imports torch, and a
+    # config error must be reported before any heavy import (ipi.hydra_callbacks).
+    from ipi.replay import DEFAULT_SYSTEM_PROMPT
+
+    return DEFAULT_SYSTEM_PROMPT
 
 
 def _value(x) -> str:

@@ -28,7 +28,7 @@ from ipi.extraction.rows import build_rows
 from ipi.extraction.run import extract_features
 from ipi.io import atomic_write_text
 from ipi.probe.fit import ProbeConfig, fit_probe, fit_sklearn_reference, score
-from ipi.probe.split import assert_trajectory_disjoint, holdout_split
+from ipi.probe.split import assert_rows_disjoint, assert_trajectory_disjoint, holdout_split
 from ipi.replay import TOKEN_GROUPS
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ def load_data(cfg: DictConfig):
     Returns:
         ``(trajectories, skipped_trajectories, skipped_steps)``.
     """
-    kwargs = {"on_bad_step": _value(cfg.data.on_bad_step)} if cfg.data.kind == "webvoyager" else {}
+    kwargs = {"on_bad_step": _value(cfg.data.on_bad_step), "unknown_action": _value(cfg.data.unknown_action)}
     if cfg.data.kind == "webvoyager":
         kwargs["max_element_chars"] = cfg.data.max_element_chars
     trajs, traj_skips = load_trajectories(cfg.data.kind, cfg.data.root, **kwargs)
@@ -148,6 +148,7 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
     tr = is_train & labelled
     y_tr = (meta.variant[tr] == "attack").to_numpy().astype(np.int64)
     te_meta = meta[is_test].reset_index(drop=True)
+    assert_rows_disjoint(meta.trajectory_id[tr], te_meta.trajectory_id)  # the rows actually used
 
     pcfg = ProbeConfig(l2=cfg.probe.l2, max_iter=cfg.probe.max_iter, tol=cfg.probe.tol, seed=cfg.seed)
     loggers = [lg for lg in (instantiate(n) for n in (cfg.logger or {}).values()) if lg is not None]
@@ -204,12 +205,12 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
     x_te = torch.from_numpy(np.ascontiguousarray(x[is_test], dtype=np.float64))
     trainer.predict(probe, DataLoader(TensorDataset(x_te), batch_size=4096), return_predictions=False)
 
-    est.scores.to_csv(out_dir / "scores.csv", index=False)
+    atomic_write_text(out_dir / "scores.csv", est.scores.to_csv(index=False))
     elapsed = time.perf_counter() - t0
     atomic_write_text(out_dir / "run_info.json", __import__("json").dumps(
         {"extraction": info, "elapsed_s": round(elapsed, 2)}, indent=2))
-    log.info("extraction: cache %s (%d rows forwarded); total %.1f s",
-             "hit" if info["cache_hit"] else "miss", info["rows_forwarded"], elapsed)
+    log.info("extraction: cache %s (%d rows forwarded), %.1f MB on disk (python -m ipi.cache list); total %.1f s",
+             "hit" if info["cache_hit"] else "miss", info["rows_forwarded"], info["cache_bytes"] / 2**20, elapsed)
     for lg in loggers:
         lg.finalize("success")
     return rep.results, {"probe": probe, "scores": est.scores, "extraction": info, "elapsed_s": elapsed}

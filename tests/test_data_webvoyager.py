@@ -251,7 +251,7 @@ def test_max_element_chars(real):
 # ---------------------------------------------------------------- synthetic inputs
 
 
-def _png(path: Path, size: tuple[int, int] = (8, 8)) -> bytes:
+def _png(path: Path, size: tuple[int, int] = (48, 48)) -> bytes:
     buf = io.BytesIO()
     Image.new("RGB", size, (200, 30, 30)).save(buf, format="PNG")
     path.write_bytes(buf.getvalue())
@@ -342,7 +342,11 @@ def test_action_split_on_last_and_missing(tmp_path):
 
 
 def test_missing_screenshot_is_counted_skip(tmp_path):
-    _task(tmp_path / "t", _messages(["Click [1]", "Click [2]", "ANSWER; ok"]), shots=3)
+    # After a failed action WebVoyager takes no screenshot: the turn's observation is replaced by
+    # feedback. Such a missing file is expected and a counted skip in both modes.
+    msgs = _messages(["Click [1]", "Click [2]", "ANSWER; ok"])
+    msgs[3]["content"] = FAIL_MSG
+    _task(tmp_path / "t", msgs, shots=3)
     (tmp_path / "t" / "screenshot2.png").unlink()
     _png(tmp_path / "t" / "screenshot2_no_box.png")  # ignored
     for mode in ("skip", "error"):
@@ -352,6 +356,18 @@ def test_missing_screenshot_is_counted_skip(tmp_path):
         assert t.skipped == (Skip(1, "missing screenshot", shot2),)
         assert t.steps[1].history == ("Click [1]", "Click [2]")
         assert t.steps[1].tool_result == "Action executed: Click [2]"
+
+
+def test_unexplained_missing_screenshot_is_a_bad_step(tmp_path):
+    # The log shows an observation for step 1, so its screenshot should exist.
+    _task(tmp_path / "t", _messages(["Click [1]", "Click [2]", "ANSWER; ok"]), shots=3)
+    (tmp_path / "t" / "screenshot2.png").unlink()
+    shot2 = str(tmp_path / "t" / "screenshot2.png")
+    (t,) = import_webvoyager(tmp_path, on_bad_step="skip")
+    assert [s.step for s in t.steps] == [0, 2]
+    assert t.skipped == (Skip(1, "missing screenshot (the log has an observation for this step)", shot2),)
+    with pytest.raises(DataError, match=r"screenshot2\.png: step 1: missing screenshot"):
+        import_webvoyager(tmp_path, on_bad_step="error")
 
 
 @pytest.mark.parametrize(
@@ -433,7 +449,7 @@ def test_screenshots_without_log_are_reported(tmp_path):
 
 def test_nested_discovery_and_sorting(tmp_path):
     for rel in ("b/task2", "a/deep/er/task1", "a/task10"):
-        _task(tmp_path / rel, _messages(["ANSWER; ok"]))
+        _task(tmp_path / rel, _messages(["ANSWER; ok"], task=f"Find {rel}."))
     ids = [t.trajectory_id for t in import_webvoyager(tmp_path)]
     assert ids == ["a/deep/er/task1", "a/task10", "b/task2"]
 

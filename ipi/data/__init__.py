@@ -9,25 +9,79 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
 
 from ipi.data.schema import DataError, Skip, Step, Trajectory, read_native, write_native
-from ipi.data.webvoyager import import_webvoyager, import_webvoyager_report
+from ipi.data.webvoyager import (
+    UNKNOWN_ACTION_POLICIES,
+    import_webvoyager,
+    import_webvoyager_report,
+    screenshot_problem,
+)
 
 
-def load_native(path: str | os.PathLike) -> tuple[list[Trajectory], list[dict]]:
-    """Read a native-schema JSONL file, in the importer signature.
+def load_native(
+    path: str | os.PathLike,
+    *,
+    on_bad_step: str = "skip",
+    unknown_action: str = "keep",
+) -> tuple[list[Trajectory], list[dict]]:
+    """Read a native-schema JSONL file, in the importer signature, checking every step.
+
+    Each step's screenshot is checked like the WebVoyager importer does (exists, not empty,
+    not truncated or corrupt, not larger than ``MAX_SCREENSHOT_PIXELS``; no pixel decoded) and
+    the ``unknown_action`` policy is applied to ``action_type == "unknown"``.
 
     Args:
         path: A ``.jsonl`` file written by :func:`write_native`.
+        on_bad_step: ``"skip"``: a bad step moves to ``Trajectory.skipped`` with its reason;
+            ``"error"``: raise :class:`DataError` naming the screenshot and step.
+        unknown_action: ``"keep"``, ``"skip"`` or ``"error"`` (see
+            :func:`ipi.data.webvoyager.import_webvoyager_report`).
 
     Returns:
-        ``(trajectories, [])``: the file's trajectories in file order; nothing is skipped.
+        ``(trajectories, skipped)``: the trajectories in file order, and
+        ``{"path", "reason"}`` per trajectory left out because none of its steps is usable.
 
     Raises:
-        DataError: A line is not a native-schema trajectory (message names the line).
+        DataError: A line is not a native-schema trajectory (message names the line), or a bad
+            step under ``on_bad_step="error"`` / ``unknown_action="error"``.
         FileNotFoundError: ``path`` does not exist.
+        ValueError: Bad ``on_bad_step`` or ``unknown_action``.
     """
-    return read_native(path), []
+    if on_bad_step not in ("skip", "error"):
+        raise ValueError(f"on_bad_step must be 'skip' or 'error', not {on_bad_step!r}")
+    if unknown_action not in UNKNOWN_ACTION_POLICIES:
+        raise ValueError(
+            f"unknown_action must be one of {', '.join(UNKNOWN_ACTION_POLICIES)}, not {unknown_action!r}"
+        )
+    trajectories, skipped = [], []
+    for t in read_native(path):
+        steps, skips = [], list(t.skipped)
+        for s in t.steps:
+            problem = (
+                "missing screenshot" if not Path(s.screenshot).is_file()
+                else (f"unreadable screenshot: {p}" if (p := screenshot_problem(s.screenshot)) else None)
+            )
+            if problem is None and s.action_type == "unknown" and unknown_action != "keep":
+                what = f"unknown action {s.action!r}" if s.action else "no action in the agent turn"
+                if unknown_action == "error":
+                    raise DataError(f"{path}: trajectory {t.trajectory_id} step {s.step}: {what}")
+                skips.append(Skip(s.step, what, str(path)))
+                continue
+            if problem is not None:
+                if on_bad_step == "error":
+                    raise DataError(f"{s.screenshot}: step {s.step}: {problem}")
+                skips.append(Skip(s.step, problem, s.screenshot))
+                continue
+            steps.append(s)
+        if not steps:
+            skipped.append({"path": str(path), "reason": f"trajectory {t.trajectory_id}: no usable step"})
+            continue
+        skips.sort(key=lambda k: k.step)
+        trajectories.append(replace(t, steps=tuple(steps), skipped=tuple(skips)))
+    return trajectories, skipped
 
 
 #: Importer registry: kind name -> ``importer(root, **kwargs) -> (trajectories, skipped)``.
@@ -45,8 +99,8 @@ def load_trajectories(
     Args:
         kind: A key of :data:`IMPORTERS` (``"webvoyager"``, ``"native"``).
         root: What the importer reads: a folder of WebVoyager task folders, a ``.jsonl`` file.
-        **kwargs: Passed to the importer (e.g. ``on_bad_step``, ``max_element_chars`` for
-            ``"webvoyager"``).
+        **kwargs: Passed to the importer (``on_bad_step``, ``unknown_action``; also
+            ``max_element_chars`` for ``"webvoyager"``).
 
     Returns:
         ``(trajectories, skipped)`` as the importer returns them; ``skipped`` holds

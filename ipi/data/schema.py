@@ -156,17 +156,29 @@ def read_native(path: str | os.PathLike) -> list[Trajectory]:
         The trajectories, in file order.
 
     Raises:
-        DataError: A line is not valid JSON or lacks a required key (message names the line);
-            a ``ValueError`` subclass.
+        DataError: A line is not UTF-8, not valid JSON, lacks a required key, or repeats a
+            ``trajectory_id`` (message names the file and line); a ``ValueError`` subclass.
     """
     path = Path(path)
     out = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+    first_line: dict[str, int] = {}
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{path}:{lineno}: not valid UTF-8 (byte {e.start}: {e.reason})") from e
             if not line.strip():
                 continue
             try:
-                out.append(_from_json(json.loads(line), path.parent))
-            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                t = _from_json(json.loads(line), path.parent)
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
                 raise DataError(f"{path}:{lineno}: not a native-schema trajectory ({e})") from e
+            if t.trajectory_id in first_line:
+                raise DataError(
+                    f"{path}:{lineno}: trajectory_id {t.trajectory_id!r} already used on line "
+                    f"{first_line[t.trajectory_id]} (ids must be unique: they are the split unit)"
+                )
+            first_line[t.trajectory_id] = lineno
+            out.append(t)
     return out

@@ -23,6 +23,8 @@ Mapping, in short:
 
 from __future__ import annotations
 
+import filecmp
+import hashlib
 import json
 import os
 import re
@@ -37,7 +39,11 @@ from ipi.data.schema import DataError, Skip, Step, Trajectory
 __all__ = [
     "ACTION_TYPES",
     "LOG_NAME",
+    "MAX_SCREENSHOT_PIXELS",
+    "MIN_SCREENSHOT_SIDE",
     "SOURCE",
+    "UNKNOWN_ACTION_POLICIES",
+    "screenshot_problem",
     "import_webvoyager",
     "import_webvoyager_report",
 ]
@@ -49,9 +55,23 @@ SOURCE = "webvoyager"
 #: Action verbs WebVoyager's system prompt defines (``action_type`` values besides "unknown").
 ACTION_TYPES = ("click", "type", "scroll", "wait", "goback", "google", "answer")
 
+#: What the importer does with a step whose action is not one of :data:`ACTION_TYPES`.
+UNKNOWN_ACTION_POLICIES = ("keep", "skip", "error")
+#: Largest screenshot (width × height) the importer accepts: Pillow's decompression-bomb limit
+#: (``PIL.Image.MAX_IMAGE_PIXELS``, 89,478,485 by default). Checked from the header, before any
+#: pixel is decoded; Pillow itself only warns between 1× and 2× this limit.
+MAX_SCREENSHOT_PIXELS = Image.MAX_IMAGE_PIXELS or 89_478_485
+#: Smallest screenshot side the importer accepts (an ``i_vis`` banner needs 32 x 32 pixels;
+#: ``ipi.surfaces.render.banner_spec``). Real screenshots are hundreds of pixels wide.
+MIN_SCREENSHOT_SIDE = 32
+
 NO_PREVIOUS_ACTION = "No previous action."
 MISSING_SCREENSHOT = "missing screenshot"
+#: Reason of a missing screenshot that the log does not explain (WebVoyager saves no screenshot
+#: only for a turn whose observation was replaced by feedback on a failed action).
+MISSING_SCREENSHOT_UNEXPECTED = "missing screenshot (the log has an observation for this step)"
 NO_LOG = f"screenshots but no {LOG_NAME}"
+NO_USABLE_STEP = "no usable step"
 
 _TASK_PREFIX = "Now given a task:"
 _TASK_END = "  Please interact with"
@@ -110,11 +130,9 @@ def _text_of(content: object, log: Path, index: int) -> str:
     )
 
 
-def _load_messages(log: Path) -> list[dict]:
-    try:
-        raw = log.read_bytes()
-    except OSError as e:
-        raise _TrajectoryProblem(log, f"cannot read ({e})") from e
+def _load_messages(log: Path, raw: bytes) -> list[dict]:
+    if not raw.strip():
+        raise _TrajectoryProblem(log, f"empty file ({len(raw)} bytes)")
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
@@ -197,20 +215,52 @@ def _action_type(action: str) -> str:
     return "unknown"
 
 
-def _screenshot_problem(path: Path) -> str | None:
-    """Why an existing screenshot cannot be used, or None (cheap check: no pixel decoding)."""
+def screenshot_problem(path: str | os.PathLike, max_pixels: int | None = None) -> str | None:
+    """Why an existing screenshot cannot be used, or None (cheap check: no pixel is decoded).
+
+    Reads the header and walks the file's chunks (``PIL.Image.verify``: structure and CRCs),
+    so an empty, truncated, bit-flipped or non-image file is caught, and an image whose header
+    claims more than ``max_pixels`` pixels is refused before anything is decoded (a
+    decompression bomb), as is one with a side under :data:`MIN_SCREENSHOT_SIDE` pixels. A file that passes can still fail to decode if its compressed stream
+    was forged with valid checksums; :meth:`ipi.surfaces.variants.Variant.image` then raises
+    :class:`DataError` naming the file and step.
+
+    Args:
+        path: The screenshot.
+        max_pixels: Largest accepted ``width * height``; default :data:`MAX_SCREENSHOT_PIXELS`.
+
+    Returns:
+        A one-line reason, or None when the file is usable.
+    """
+    limit = MAX_SCREENSHOT_PIXELS if max_pixels is None else max_pixels
     try:
-        if path.stat().st_size == 0:
+        size = os.stat(path).st_size
+        if size == 0:
             return "empty file (0 bytes)"
-        with Image.open(path) as im:
-            im.verify()
+        with warnings.catch_warnings():
+            # Pillow warns between 1x and 2x its limit; the explicit check below decides.
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(path) as im:
+                w, h = im.size
+                if w * h > limit:
+                    return f"image too large ({w}x{h} = {w * h} pixels > {limit})"
+                if min(w, h) < MIN_SCREENSHOT_SIDE:
+                    return f"image too small ({w}x{h}; at least {MIN_SCREENSHOT_SIDE}x{MIN_SCREENSHOT_SIDE})"
+                im.verify()
+    except Image.DecompressionBombError as e:
+        return f"image too large ({e})"
     except Exception as e:  # PIL raises OSError, SyntaxError, struct.error, ValueError, ...
         return f"{type(e).__name__}: {e}"
     return None
 
 
-def _read_turns(log: Path) -> tuple[str, list[_Turn]]:
-    messages = _load_messages(log)
+def _read_turns(log: Path, raw: bytes | None = None) -> tuple[str, list[_Turn]]:
+    if raw is None:
+        try:
+            raw = log.read_bytes()
+        except OSError as e:
+            raise _TrajectoryProblem(log, f"cannot read ({e})") from e
+    messages = _load_messages(log, raw)
     first_user = next((i for i, m in enumerate(messages) if m["role"] == "user"), None)
     if first_user is None:
         raise _TrajectoryProblem(log, "no user turn (no task)")
@@ -249,21 +299,40 @@ def _import_task(
     trajectory_id: str,
     on_bad_step: str,
     max_element_chars: int | None,
+    unknown_action: str = "keep",
+    raw: bytes | None = None,
 ) -> Trajectory:
     log = folder / LOG_NAME
-    task, turns = _read_turns(log)
+    task, turns = _read_turns(log, raw)
     steps: list[Step] = []
     skipped: list[Skip] = []
     history: list[str] = []
+
+    def bad(step: int, reason: str, path: Path) -> None:
+        if on_bad_step == "error":
+            raise DataError(f"{path}: step {step}: {reason}")
+        skipped.append(Skip(step, reason, str(path)))
+
     for step, turn in enumerate(turns):
         thought, action = _parse_agent(turn.text)
+        action_type = _action_type(action)
         shot = folder / f"screenshot{step + 1}.png"
         if not shot.is_file():
-            skipped.append(Skip(step, MISSING_SCREENSHOT, str(shot)))
-        elif (problem := _screenshot_problem(shot)) is not None:
-            if on_bad_step == "error":
-                raise DataError(f"{shot}: step {step}: unreadable screenshot ({problem})")
-            skipped.append(Skip(step, f"unreadable screenshot: {problem}", str(shot)))
+            if turn.observation is None:
+                # WebVoyager saves no screenshot after a failed action: expected, always a skip.
+                skipped.append(Skip(step, MISSING_SCREENSHOT, str(shot)))
+            else:
+                bad(step, MISSING_SCREENSHOT_UNEXPECTED, shot)
+        elif (problem := screenshot_problem(shot)) is not None:
+            bad(step, f"unreadable screenshot: {problem}", shot)
+        elif action_type == "unknown" and unknown_action != "keep":
+            what = f"unknown action {action!r}" if action else "no action in the agent turn"
+            if unknown_action == "error":
+                raise DataError(
+                    f"{log}: step {step}: {what}; known: {', '.join(ACTION_TYPES)} "
+                    "(data.unknown_action=keep|skip|error)"
+                )
+            skipped.append(Skip(step, what, str(log)))
         else:
             if turn.feedback:
                 tool_result = "\n".join(turn.feedback)
@@ -285,7 +354,7 @@ def _import_task(
                     tool_result=tool_result,
                     thought=thought,
                     action=action,
-                    action_type=_action_type(action),
+                    action_type=action_type,
                     history=tuple(history),
                 )
             )
@@ -298,6 +367,14 @@ def _import_task(
         steps=tuple(steps),
         skipped=tuple(skipped),
     )
+
+
+def _same_files(a: Path, b: Path) -> bool:
+    """Whether two task folders hold the same screenshot names with byte-identical contents."""
+    names = sorted(f for f in os.listdir(a) if _SCREENSHOT_FILE.fullmatch(f))
+    if names != sorted(f for f in os.listdir(b) if _SCREENSHOT_FILE.fullmatch(f)):
+        return False
+    return all(filecmp.cmp(a / n, b / n, shallow=False) for n in names)
 
 
 def _discover(root: Path) -> tuple[list[Path], list[Path]]:
@@ -317,43 +394,62 @@ def import_webvoyager_report(
     *,
     on_bad_step: str = "skip",
     max_element_chars: int | None = None,
+    unknown_action: str = "keep",
 ) -> tuple[list[Trajectory], list[dict]]:
     """Import every WebVoyager task folder under ``root``, reporting what was left out.
 
     A task folder is any folder (``root`` itself or one below it, found recursively) that holds
     ``interact_messages.json``. The mapping of the log onto :class:`Step` fields is described in
     the module docstring and ``docs/data.md``; ``step`` and ``horizon`` are the metadata of
-    PROTOCOL.md §3, and each trajectory is the cluster unit of §4–§5.
+    PROTOCOL.md §3, and each trajectory is the cluster unit of §4–§5. What happens to each kind
+    of bad input is listed in ``docs/reliability.md``.
 
     Args:
         root: A folder of task folders (searched recursively) or one task folder.
-        on_bad_step: What to do with a screenshot that exists but cannot be opened by Pillow,
-            and with a whole unusable task folder. ``"skip"``: record the step in
+        on_bad_step: What to do with a bad step — a screenshot that exists but is empty,
+            truncated, corrupt, not an image or larger than :data:`MAX_SCREENSHOT_PIXELS`, or
+            a screenshot missing although the log shows an observation for the step — and with
+            a whole unusable task folder. ``"skip"``: record the step in
             ``Trajectory.skipped`` (reason names the problem) and the folder in the report.
-            ``"error"``: raise :class:`DataError`. Missing screenshots are always recorded
-            as ``Skip(step, "missing screenshot", path)`` in either mode.
+            ``"error"``: raise :class:`DataError` naming the file (and step). A screenshot
+            missing after a failed action (WebVoyager saves none then) is always recorded as
+            ``Skip(step, "missing screenshot", path)``.
         max_element_chars: If not None, truncate every ``element_text`` to this many
             characters (keeps prompts bounded on small machines). None keeps it whole.
+        unknown_action: What to do with a step whose action is none of :data:`ACTION_TYPES`
+            (e.g. ``"Refresh the page."``, or a reply without ``Action:``): ``"keep"`` it with
+            ``action_type="unknown"`` (default; the gold text is replayed as recorded),
+            ``"skip"`` it (reason ``unknown action '...'``), or raise :class:`DataError`.
 
     Returns:
         ``(trajectories, skipped)``: the trajectories sorted by ``trajectory_id`` (the task
         folder's path relative to ``root`` in posix form, or the folder's own name when
         ``root`` is a task folder), and one ``{"path": ..., "reason": ...}`` dict per folder
-        left out: unusable task folders (``on_bad_step="skip"`` only) and folders that hold
+        left out: unusable task folders (``on_bad_step="skip"`` only), folders that hold
         screenshots but no ``interact_messages.json`` (reason
-        ``"screenshots but no interact_messages.json"``; these are never task folders).
+        ``"screenshots but no interact_messages.json"``; these are never task folders), task
+        folders none of whose steps is usable (reason starts ``"no usable step"``) and task
+        folders that are copies of an earlier one — byte-identical log and screenshots (reason
+        starts ``"duplicate of <id>"``: one trajectory under two ids could sit on both sides
+        of a split).
 
     Raises:
-        ValueError: ``on_bad_step`` is not "skip"/"error", or ``max_element_chars`` < 0.
+        ValueError: ``on_bad_step`` is not "skip"/"error", ``unknown_action`` is not
+            "keep"/"skip"/"error", or ``max_element_chars`` < 0.
         FileNotFoundError: ``root`` does not exist.
         NotADirectoryError: ``root`` is not a folder.
-        DataError: With ``on_bad_step="error"``: a log that is unreadable, not UTF-8, not
-            JSON (message gives line and column), not a non-empty list of messages, without a
-            task in its first user turn or without an assistant turn (message names the file);
-            or a screenshot Pillow cannot verify (message names the file and step).
+        DataError: With ``on_bad_step="error"``: a log that is unreadable, empty, not UTF-8,
+            not JSON (message gives line and column), not a non-empty list of messages, without
+            a task in its first user turn, without an assistant turn, or a duplicate (message
+            names the file); or a bad screenshot (message names the file and step). With
+            ``unknown_action="error"``: an unknown action (message names the log and step).
     """
     if on_bad_step not in ("skip", "error"):
         raise ValueError(f"on_bad_step must be 'skip' or 'error', not {on_bad_step!r}")
+    if unknown_action not in UNKNOWN_ACTION_POLICIES:
+        raise ValueError(
+            f"unknown_action must be one of {', '.join(UNKNOWN_ACTION_POLICIES)}, not {unknown_action!r}"
+        )
     if max_element_chars is not None and max_element_chars < 0:
         raise ValueError(f"max_element_chars must be >= 0 or None, not {max_element_chars}")
     root = Path(os.path.abspath(root))
@@ -365,15 +461,36 @@ def import_webvoyager_report(
     tasks, orphans = _discover(root)
     trajectories: list[Trajectory] = []
     skipped: list[dict] = [{"path": str(p), "reason": NO_LOG} for p in orphans]
+    seen: dict[str, tuple[str, Path]] = {}  # sha256 of the log -> (first id, folder)
     for folder in tasks:
         rel = folder.relative_to(root).as_posix()
         trajectory_id = root.name if rel == "." else rel
+        log = folder / LOG_NAME
         try:
-            trajectories.append(_import_task(folder, trajectory_id, on_bad_step, max_element_chars))
+            try:
+                raw = log.read_bytes()
+            except OSError as e:
+                raise _TrajectoryProblem(log, f"cannot read ({e})") from e
+            digest = hashlib.sha256(raw).hexdigest()
+            if raw.strip() and digest in seen and _same_files(seen[digest][1], folder):
+                raise _TrajectoryProblem(
+                    log, f"duplicate of {seen[digest][0]} (identical log and screenshots)"
+                )
+            seen.setdefault(digest, (trajectory_id, folder))
+            t = _import_task(folder, trajectory_id, on_bad_step, max_element_chars, unknown_action, raw)
         except _TrajectoryProblem as e:
             if on_bad_step == "error":
                 raise DataError(f"{e.path}: {e.reason}") from e.__cause__
             skipped.append({"path": str(e.path), "reason": e.reason})
+            continue
+        if not t.steps:
+            reasons = sorted({k.reason for k in t.skipped})
+            skipped.append({
+                "path": str(folder),
+                "reason": f"{NO_USABLE_STEP}: all {t.horizon} step(s) skipped ({'; '.join(reasons)})",
+            })
+            continue
+        trajectories.append(t)
     trajectories.sort(key=lambda t: t.trajectory_id)
     skipped.sort(key=lambda d: d["path"])
     return trajectories, skipped
@@ -384,6 +501,7 @@ def import_webvoyager(
     *,
     on_bad_step: str = "skip",
     max_element_chars: int | None = None,
+    unknown_action: str = "keep",
 ) -> list[Trajectory]:
     """Import WebVoyager task folders under ``root`` into native-schema trajectories.
 
@@ -396,19 +514,22 @@ def import_webvoyager(
         root: A folder of task folders (searched recursively) or one task folder.
         on_bad_step: ``"skip"`` (default) or ``"error"``; see :func:`import_webvoyager_report`.
         max_element_chars: Truncate ``element_text`` to this many characters (None: keep).
+        unknown_action: ``"keep"`` (default), ``"skip"`` or ``"error"``; see
+            :func:`import_webvoyager_report`.
 
     Returns:
         The trajectories, sorted by ``trajectory_id`` (PROTOCOL.md §4: the split/cluster unit).
 
     Raises:
-        ValueError: Bad ``on_bad_step`` or ``max_element_chars``.
+        ValueError: Bad ``on_bad_step``, ``unknown_action`` or ``max_element_chars``.
         FileNotFoundError: ``root`` does not exist.
         NotADirectoryError: ``root`` is not a folder.
         DataError: Malformed input under ``on_bad_step="error"`` (see
             :func:`import_webvoyager_report`).
     """
     trajectories, skipped = import_webvoyager_report(
-        root, on_bad_step=on_bad_step, max_element_chars=max_element_chars
+        root, on_bad_step=on_bad_step, max_element_chars=max_element_chars,
+        unknown_action=unknown_action,
     )
     if skipped:
         names = [

@@ -172,7 +172,9 @@ class ActivationCache:
         """Read and check the manifest against the shards on disk.
 
         Raises:
-            CacheError: Key mismatch, a shard missing, or a shard whose size differs.
+            CacheError: Key mismatch, a shard missing, extra or of another size, a row count that
+                does not add up, or a manifest field (layers, token groups, backbone, dtype, ...)
+                that differs from this entry's spec.
         """
         try:
             manifest = json.loads(self.manifest_path.read_text())
@@ -190,6 +192,19 @@ class ActivationCache:
                 )
         if set(on_disk) != {s["name"] for s in manifest["shards"]}:
             raise CacheError(f"cache {self.dir}: shards on disk do not match the manifest; refusing to read")
+        # An edited manifest: rows that do not add up, or a description that is not this key's.
+        held = sum(int(s["rows"]) for s in manifest["shards"]) - int(manifest.get("duplicates_ignored", 0))
+        if held != manifest.get("n_rows"):
+            raise CacheError(
+                f"cache {self.dir}: manifest says {manifest.get('n_rows')} rows, its shards hold {held}; "
+                "refusing to read"
+            )
+        for field_name, expected in self.spec.items():
+            if field_name != "versions" and manifest.get(field_name) != expected:
+                raise CacheError(
+                    f"cache {self.dir}: manifest field {field_name!r} does not match this entry's "
+                    "key; refusing to read"
+                )
         return manifest
 
     def load(self, row_ids: list[str]) -> FeatureSet:

@@ -91,9 +91,21 @@ class Variant:
         Returns:
             The clean screenshot, or, for non-clean ``i_vis`` variants, the screenshot with the
             banner drawn (the empty box for ``c_occlusion``).
+
+        Raises:
+            DataError: The screenshot cannot be decoded (message names the file and step; the
+                importer's header check cannot see a compressed stream forged with valid CRCs).
         """
-        with Image.open(step.screenshot) as im:
-            img = im.convert("RGB")
+        try:
+            with Image.open(step.screenshot) as im:
+                img = im.convert("RGB")
+        except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
+            from ipi.data.schema import DataError
+
+            raise DataError(
+                f"{step.screenshot}: step {step.step}: cannot decode screenshot "
+                f"({type(e).__name__}: {e})"
+            ) from e
         if self.banner is None or self.variant == "clean":
             return img
         return draw_banner(img, self.banner, self.injected_text)

@@ -1,0 +1,99 @@
+"""A Hydra callback that checks a composed config before any job starts (no torch imported).
+
+The schemas in :mod:`ipi.config` reject unknown surfaces, controls, token groups and keys while
+Hydra composes. Rules that tie two fields together — a control that does not apply to the
+surface, a layer fraction outside (0, 1], the ``image`` token group or ``surface=i_vis`` on a
+text-only backbone — are :func:`ipi.config.validate`'s. :class:`ConfigCheck` (registered in
+``conf/hydra/default.yaml``) runs it on the composed config at ``on_run_start``; under
+``-m`` it composes and checks *every* job of the sweep at ``on_multirun_start``, so a bad
+combination in job 7 fails before job 1 spends minutes extracting. A failure prints one line
+(``config error: control=c_occlusion does not apply to surface=i_dom; allowed: ...``) to stderr
+and exits with status 1: Hydra turns an exception raised by a callback into a warning and goes
+on, so the callback ends the process itself (``SystemExit``, as Hydra does for its own errors).
+Nothing here imports torch, Lightning or transformers.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+log = logging.getLogger(__name__)
+
+_BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+
+
+class ConfigError(ValueError):
+    """An invalid combination of config values (one-line message naming key and allowed values)."""
+
+
+def check_config(config: DictConfig, where: str = "") -> None:
+    """Run :func:`ipi.config.validate` on a composed ``train``/``extract`` config.
+
+    Configs without the fields validate reads (``evaluate``) pass unchecked.
+
+    Args:
+        config: The composed config (with or without its ``hydra`` node).
+        where: Prefix naming the sweep job, e.g. ``"job 3 (surface=i_dom control=occlusion): "``.
+
+    Raises:
+        ConfigError: One line naming the key, the value and the allowed values.
+    """
+    from ipi.config import validate
+
+    if not all(k in config for k in ("surface", "control", "layers", "token_group", "backbone")):
+        return
+    try:
+        validate(config)
+    except ValueError as e:
+        raise ConfigError(f"config error: {where}{e}") from None
+
+
+def _sweep_jobs(config: DictConfig) -> list[list[str]] | None:
+    """Overrides of every job of a basic-sweeper multirun, or None for other sweepers."""
+    if config.hydra.sweeper.get("_target_") != _BASIC_SWEEPER:
+        return None
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    overrides = OverridesParser.create().parse_overrides(list(config.hydra.overrides.task))
+    return [list(job) for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]
+
+
+def _exit_on_error(fn, *args) -> None:
+    try:
+        fn(*args)
+    except ConfigError as e:
+        sys.stderr.write(f"{e}\n")
+        sys.stderr.flush()
+        raise SystemExit(1) from None
+
+
+class ConfigCheck(Callback):
+    """Checks every job's config before anything runs (see the module docstring)."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _exit_on_error(check_config, config)
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        try:
+            from hydra.core.global_hydra import GlobalHydra
+
+            jobs = _sweep_jobs(config)
+            loader = GlobalHydra.instance().config_loader()
+        except (ImportError, AttributeError, ValueError) as e:  # a Hydra without these internals
+            log.debug("ConfigCheck: cannot expand the sweep (%s); jobs are checked as they start", e)
+            return
+        if jobs is None:
+            return
+        for i, job in enumerate(jobs):
+            job_cfg = loader.load_sweep_config(config, job)
+            _exit_on_error(check_config, job_cfg, f"job {i} ({' '.join(job)}): ")
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        # Covers sweepers whose jobs are not known up front, and remote launchers.
+        _exit_on_error(check_config, config)

@@ -205,7 +205,8 @@ def build_tiny_qwen2_5_vl(
     """
     from transformers import AutoProcessor, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
-    if getattr(quantization, "value", quantization) != "none":
+    quantization = getattr(quantization, "value", quantization)
+    if quantization != "none":
         raise ValueError(f"backbone={name}: quantization={quantization} needs a pretrained checkpoint "
                          "(backbone=qwen2_5_vl_7b or qwen2_5_vl_3b); the tiny backbone is fp32 only")
 

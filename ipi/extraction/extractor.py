@@ -105,7 +105,7 @@ class HiddenStateExtractor(L.LightningModule):
             object.__setattr__(self, "_placed_model", backbone.model)  # not a child: never moved
         else:
             self.backbone_model = backbone.model
-        self._layers = backbone.layers
+        object.__setattr__(self, "_layers", list(backbone.layers))  # hook targets, not children
         self.layer_indices = list(layer_indices)
         self.token_groups = list(token_groups)
         unknown = [g for g in self.token_groups if g not in TOKEN_GROUPS]

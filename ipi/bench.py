@@ -236,8 +236,21 @@ def extraction_benchmark(n_steps: int = 8, rss_steps: tuple[int, int] = (4, 16),
     return out
 
 
-def _gpu_7b_benchmark(n_steps: int, overrides: list[str], peak_tflops: float | None) -> dict:
-    """Project path on the real Qwen2.5-VL architecture at 7B shapes (random bf16 weights), on a GPU."""
+def shapes_benchmark(n_steps: int, overrides: list[str], peak_tflops: float | None, *, device: str = "cuda",
+                     text: dict = QWEN2_5_VL_7B_TEXT, vision: dict = QWEN2_5_VL_7B_VISION,
+                     dtype: torch.dtype = torch.bfloat16) -> dict:
+    """Project path on the real Qwen2.5-VL architecture at given shapes (random weights).
+
+    With the defaults: 7B shapes in bf16 on a CUDA GPU (``--gpu-7b-shapes``). Rows come from the
+    real shared trajectories and processor; the tokenised batches are prepared first, so the
+    timed loop is host-to-device copies plus :meth:`HiddenStateExtractor.predict_step`.
+
+    Returns:
+        ``{"rows_per_s", "model_tflop", "achieved_tflops", "mfu"?, ...}``; the model FLOPs count
+        the vision tower's linear layers on each distinct image (its windowed attention is left
+        out, so the MFU is a slight underestimate) and the decoder blocks up to the deepest chosen
+        layer on every row (2 FLOPs per multiply-add, causal attention counted half).
+    """
     from transformers import AutoProcessor, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
     from ipi.backbone import Backbone, find_decoder_layers
@@ -246,20 +259,25 @@ def _gpu_7b_benchmark(n_steps: int, overrides: list[str], peak_tflops: float | N
     from ipi.replay import TOKEN_GROUPS
     from ipi.tasks import layer_indices
 
-    if not torch.cuda.is_available():
+    if device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--gpu-7b-shapes needs a CUDA GPU")
-    cfg, rows = subset_rows([*overrides, "backbone.n_layers=28"], n_steps)
+    cfg, rows = subset_rows([*overrides, f"backbone.n_layers={text['num_hidden_layers']}"], n_steps)
     processor = AutoProcessor.from_pretrained(cfg.backbone.tokenizer_path)
     tok = processor.tokenizer
     ids = {k: tok.convert_tokens_to_ids(v) for k, v in (
         ("image_token_id", "<|image_pad|>"), ("video_token_id", "<|video_pad|>"),
         ("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>"))}
-    config = Qwen2_5_VLConfig(text_config=QWEN2_5_VL_7B_TEXT, vision_config=QWEN2_5_VL_7B_VISION, **ids)
+    config = Qwen2_5_VLConfig(text_config=dict(text), vision_config=dict(vision), **ids)
     torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = Qwen2_5_VLForConditionalGeneration(config).to(torch.bfloat16).eval().requires_grad_(False)
+    old_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = Qwen2_5_VLForConditionalGeneration(config).eval().requires_grad_(False)
+    finally:
+        torch.set_default_dtype(old_dtype)
     image_size = dict(cfg.backbone.image_size)
-    bb = Backbone("qwen2_5_vl_7b_shapes", model, processor, find_decoder_layers(model), 3584, True,
+    bb = Backbone("qwen2_5_vl_shapes", model, processor, find_decoder_layers(model), text["hidden_size"], True,
                   ids["image_token_id"], {}, image_size)
     layers = layer_indices(cfg)
     ext = HiddenStateExtractor(bb, layers, list(TOKEN_GROUPS), max_rows=cfg.backbone.batch_size)
@@ -269,26 +287,28 @@ def _gpu_7b_benchmark(n_steps: int, overrides: list[str], peak_tflops: float | N
     def to_dev(b):
         from lightning.fabric.utilities.apply_func import move_data_to_device
 
-        return move_data_to_device(b, "cuda")
+        return move_data_to_device(b, device)
 
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     ext.on_predict_start()
     try:
-        ext.predict_step(to_dev(batches[0]))  # warm-up
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for b in batches:
-            ext.predict_step(to_dev(b))
-        torch.cuda.synchronize()
-        secs = time.perf_counter() - t0
+        with torch.inference_mode():
+            ext.predict_step(to_dev(batches[0]))  # warm-up
+            sync()
+            t0 = time.perf_counter()
+            for b in batches:
+                ext.predict_step(to_dev(b))
+            sync()
+            secs = time.perf_counter() - t0
     finally:
         ext.on_predict_end()
     # Model FLOPs actually required: vision tower on each distinct image, decoder blocks up to the
     # deepest chosen layer on every row (2 FLOPs per multiply-add; causal attention counted half).
-    t = QWEN2_5_VL_7B_TEXT
+    t = text
     d, f, h, kv = t["hidden_size"], t["intermediate_size"], t["num_attention_heads"], t["num_key_value_heads"]
     hd = d // h
     per_tok_layer = 2 * (d * d * 2 + 2 * d * kv * hd + 3 * d * f)
-    v = QWEN2_5_VL_7B_VISION
+    v = vision
     vd, vf = v["hidden_size"], v["intermediate_size"]
     per_patch_block = 2 * (4 * vd * vd + 3 * vd * vf)
     depth = max(layers) + 1
@@ -298,12 +318,13 @@ def _gpu_7b_benchmark(n_steps: int, overrides: list[str], peak_tflops: float | N
             flops += depth * (n * per_tok_layer + 2 * n * n * d)  # 4·n²·d/2 for causal QK^T and AV
         if b["images"] is not None:
             patches = int(b["images"]["image_grid_thw"].prod(-1).sum())
-            flops += v["depth"] * patches * per_patch_block + patches * 2 * (vd * 4) * vd * 2
-    name = torch.cuda.get_device_name()
+            merged, md = patches // 4, 4 * vd  # patch merger MLP on 2x2 groups of patches
+            flops += v["depth"] * patches * per_patch_block + merged * 2 * (md * md + md * v["out_hidden_size"])
+    name = torch.cuda.get_device_name() if device == "cuda" else device
     if peak_tflops is None:
         peak_tflops = 989.0 if ("H100" in name or "H200" in name) else (312.0 if "A100" in name else None)
     n_rows = sum(len(b["row_ids"]) for b in batches)
-    out = {"benchmark": "gpu_7b_shapes", "device": name, "rows": n_rows, "steps": n_steps, "layers": layers,
+    out = {"benchmark": "shapes", "hidden_size": d, "n_layers": t["num_hidden_layers"], "device": name, "rows": n_rows, "steps": n_steps, "layers": layers,
            "rows_per_s": round(n_rows / secs, 2), "model_tflop": round(flops / 1e12, 2),
            "achieved_tflops": round(flops / secs / 1e12, 1)}
     if peak_tflops:
@@ -333,7 +354,7 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(_rss_probe(a.override, a.rss_probe, a.shard_rows)))
         return
     if a.gpu_7b_shapes:
-        print(json.dumps(_gpu_7b_benchmark(a.steps, a.override, a.peak_tflops)))
+        print(json.dumps(shapes_benchmark(a.steps, a.override, a.peak_tflops)))
         return
     out: dict = {}
     if a.only in ("extraction", "all"):

@@ -325,12 +325,16 @@ def shapes_benchmark(n_steps: int, overrides: list[str], peak_tflops: float | No
         peak_tflops = 989.0 if ("H100" in name or "H200" in name) else (312.0 if "A100" in name else None)
     n_rows = sum(len(b["row_ids"]) for b in batches)
     out = {"benchmark": "shapes", "hidden_size": d, "n_layers": t["num_hidden_layers"], "device": name, "rows": n_rows, "steps": n_steps, "layers": layers,
-           "rows_per_s": round(n_rows / secs, 2), "model_tflop": round(flops / 1e12, 2),
-           "achieved_tflops": round(flops / secs / 1e12, 1)}
+           "rows_per_s": _sig(n_rows / secs), "model_tflop": _sig(flops / 1e12),
+           "achieved_tflops": _sig(flops / secs / 1e12)}
     if peak_tflops:
-        out["mfu"] = round(flops / secs / (peak_tflops * 1e12), 3)
+        out["mfu"] = _sig(flops / secs / (peak_tflops * 1e12))
         out["peak_tflops_bf16_dense"] = peak_tflops
     return out
+
+
+def _sig(x: float, digits: int = 4) -> float:
+    return float(f"{x:.{digits}g}")
 
 
 def main(argv: list[str] | None = None) -> None:

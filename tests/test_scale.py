@@ -267,3 +267,43 @@ def test_layer_by_token_group_sweep_forwards_nothing_after_one_extraction(tmp_pa
             assert results["run"]["layers"] == [expected_block]
             assert results["run"]["token_groups"] == [group]
             assert results["run"]["n_features"] == 64
+
+
+# --- the cache across ranks -----------------------------------------------------------------------
+
+def test_repeated_rows_across_rank_shards_are_counted_and_loaded_once(tmp_path):
+    """A padding DistributedSampler repeats rows on some rank: finalize counts them, load keeps one."""
+    from ipi.extraction.cache import ActivationCache, CacheError
+
+    cache = ActivationCache(tmp_path, "k" * 64, {"layers": [0], "token_groups": ["task"]})
+    feats = {r: torch.full((1, 1, 2), float(i)) for i, r in enumerate("abc")}
+
+    def shard(name, ids):
+        cache.write_shard(name, {"features": torch.stack([feats[r] for r in ids]),
+                                 "collapse": torch.zeros(len(ids), 1), "prompt_len": torch.arange(len(ids)),
+                                 "seq_len": torch.ones(len(ids), dtype=torch.long)}, list(ids))
+
+    shard("shard-r0-00000", ["a", "b"])
+    shard("shard-r1-00000", ["c", "a"])  # "a" repeated to even out the ranks
+    manifest = cache.finalize(["a", "b", "c"])
+    assert manifest["n_rows"] == 3 and manifest["duplicates_ignored"] == 1
+    fs = cache.load(["c", "b", "a"])
+    assert fs.row_ids == ["c", "b", "a"]
+    assert fs.features[:, 0, 0, 0].tolist() == [2.0, 1.0, 0.0]
+    with pytest.raises(CacheError, match="1 rows missing"):
+        cache.finalize(["a", "b", "c", "d"])
+
+
+def test_shapes_benchmark_runs_on_cpu_at_small_shapes():
+    """The --gpu-7b-shapes code path (model built at given shapes, timed predict steps, FLOPs)."""
+    from ipi.bench import shapes_benchmark
+
+    text = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                num_key_value_heads=2, rope_parameters={"rope_type": "default", "rope_theta": 1e6,
+                                                        "mrope_section": [2, 3, 3]})
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=14,
+                  spatial_merge_size=2, temporal_patch_size=2, window_size=112, fullatt_block_indexes=[0])
+    out = shapes_benchmark(1, ["backbone.image_size.longest_edge=50176"], 1.0, device="cpu", text=text,
+                           vision=vision, dtype=torch.float32)
+    assert out["rows"] == 13 and out["layers"] == [0, 1, 2, 3] and out["rows_per_s"] > 0
+    assert out["n_layers"] == 4 and 0 < out["mfu"]

@@ -152,10 +152,15 @@ def extract_features(cfg, rows: Sequence[ReplayRow], layer_indices: Sequence[int
             module = HiddenStateExtractor(backbone, layers, token_groups, max_rows=cfg.backbone.batch_size)
             trainer.predict(module, datamodule=dm, return_predictions=False)
             forwarded = writer.rows_written
-            if trainer.world_size > 1 and trainer.global_rank != 0:
-                return None, {"rank": trainer.global_rank, "rows_forwarded": forwarded}
             if trainer.world_size > 1:
-                forwarded = len(todo)  # all ranks together (rank 0 saw only its share)
+                # All ranks passed the writer's barrier: every shard is on disk. Leave the process
+                # group so that later single-process steps (the probe's metrics) do not try to
+                # synchronise with ranks that have returned.
+                if torch.distributed.is_available() and torch.distributed.is_initialized():
+                    torch.distributed.destroy_process_group()
+                if trainer.global_rank != 0:
+                    return None, {"rank": trainer.global_rank, "rows_forwarded": forwarded}
+                forwarded = len(todo)  # all ranks together (rank 0 wrote only its share)
         cache.finalize(row_ids)
     features = cache.load(row_ids)
     info = {

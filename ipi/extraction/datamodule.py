@@ -10,8 +10,8 @@ row per item, the processor's own call) is kept as the reference path for tests.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import groupby
 from functools import partial
+from itertools import groupby
 
 import lightning as L
 import torch
@@ -79,7 +79,7 @@ def step_groups(rows: Sequence[ReplayRow]) -> list[list[int]]:
     Rows of a group are consecutive in :func:`ipi.extraction.rows.build_rows` order; a group that
     reappears later (unsorted input) starts a new group, which is still correct, only slower.
     """
-    key = lambda i: (rows[i].trajectory_id, rows[i].step.step, rows[i].variant.surface)  # noqa: E731
+    key = lambda i: (rows[i].trajectory_id, rows[i].step.step, rows[i].variant.surface)
     return [list(g) for _, g in groupby(range(len(rows)), key=key)]
 
 

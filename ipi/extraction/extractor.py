@@ -128,7 +128,7 @@ class HiddenStateExtractor(L.LightningModule):
         def hook(_module, _inputs, output):
             batch = self._batch
             if batch is None:  # a forward pass not issued by predict_step: leave it alone
-                return None
+                return
             h = output[0] if isinstance(output, tuple) else output
             hf = h.float()
             pool = batch["pool"].to(hf.device)

@@ -13,9 +13,9 @@ import transformers
 from hydra.utils import instantiate
 
 import ipi
+from ipi.backbone import resolve_layers
 from ipi.config import to_container
 from ipi.extraction.cache import ActivationCache, FeatureSet, stable_hash
-from ipi.backbone import resolve_layers
 from ipi.extraction.datamodule import ReplayDataModule, StepGroupDataset
 from ipi.extraction.extractor import HiddenStateExtractor, ShardWriter
 from ipi.extraction.rows import ReplayRow, row_fingerprint

@@ -294,6 +294,7 @@ def test_repeated_rows_across_rank_shards_are_counted_and_loaded_once(tmp_path):
         cache.finalize(["a", "b", "c", "d"])
 
 
+@pytest.mark.slow
 def test_shapes_benchmark_runs_on_cpu_at_small_shapes():
     """The --gpu-7b-shapes code path (model built at given shapes, timed predict steps, FLOPs)."""
     from ipi.bench import shapes_benchmark

@@ -131,6 +131,47 @@ def _freeze(model: nn.Module) -> nn.Module:
     return model
 
 
+QUANTIZATIONS: tuple[str, ...] = ("none", "int8", "nf4")
+
+
+def quantization_config(quantization: str, compute_dtype: str = "bfloat16"):
+    """transformers' ``BitsAndBytesConfig`` for ``backbone.quantization``.
+
+    ``int8`` is LLM.int8() (8-bit weights, outliers in fp16); ``nf4`` is 4-bit NormalFloat with
+    double quantisation and ``compute_dtype`` matmuls (QLoRA's recipe). The vision tower's
+    patch embedding (a Conv3d) is never quantised by bitsandbytes, which only replaces
+    ``nn.Linear`` layers.
+
+    Args:
+        quantization: ``none`` | ``int8`` | ``nf4``.
+        compute_dtype: dtype of the 4-bit matmuls.
+
+    Returns:
+        ``None`` for ``none``, else a ``BitsAndBytesConfig``.
+
+    Raises:
+        ValueError: Unknown quantization name.
+    """
+    quantization = getattr(quantization, "value", quantization)
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"backbone.quantization={quantization!r}; allowed: {', '.join(QUANTIZATIONS)}")
+    if quantization == "none":
+        return None
+    from transformers import BitsAndBytesConfig
+
+    if quantization == "int8":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                              bnb_4bit_compute_dtype=getattr(torch, compute_dtype))
+
+
+def _quantised_device_map(device_map):
+    """Where a quantised model is loaded: this process's GPU under DDP, else ``device_map``."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and "LOCAL_RANK" in os.environ:
+        return {"": int(os.environ["LOCAL_RANK"])}
+    return device_map if device_map is not None else "auto"
+
+
 def build_tiny_qwen2_5_vl(
     processor_path: str,
     *,
@@ -138,6 +179,7 @@ def build_tiny_qwen2_5_vl(
     vision: dict,
     seed: int = 0,
     image_size: dict | None = None,
+    quantization: str = "none",
     name: str = "tiny_qwen2_5_vl",
 ) -> Backbone:
     """Build the real ``Qwen2_5_VLForConditionalGeneration`` class from a small config.
@@ -151,12 +193,22 @@ def build_tiny_qwen2_5_vl(
         vision: Keyword arguments of the vision config (depth, hidden_size, ...).
         seed: Seed of the random weights.
         image_size: Pixel limits ``{"shortest_edge", "longest_edge"}`` (total pixels).
+        quantization: Must be ``none``: bitsandbytes quantises checkpoints as they are loaded,
+            and the tiny model is built, not loaded.
         name: Backbone name recorded in results.
 
     Returns:
         The frozen backbone.
+
+    Raises:
+        ValueError: ``quantization`` is not ``none``.
     """
     from transformers import AutoProcessor, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    quantization = getattr(quantization, "value", quantization)
+    if quantization != "none":
+        raise ValueError(f"backbone={name}: quantization={quantization} needs a pretrained checkpoint "
+                         "(backbone=qwen2_5_vl_7b or qwen2_5_vl_3b); the tiny backbone is fp32 only")
 
     processor = AutoProcessor.from_pretrained(processor_path)
     tok = processor.tokenizer
@@ -204,6 +256,7 @@ def build_pretrained_qwen2_5_vl(
     device_map: str | dict | None = "auto",
     trust_remote_code: bool = False,
     local_files_only: bool | None = None,
+    quantization: str = "none",
     name: str = "qwen2_5_vl",
 ) -> Backbone:
     """Load a pretrained Qwen2.5-VL checkpoint (e.g. ``Qwen/Qwen2.5-VL-7B-Instruct``), frozen.
@@ -221,10 +274,18 @@ def build_pretrained_qwen2_5_vl(
         device_map: Passed to ``from_pretrained`` (``"auto"`` spreads over visible GPUs).
         trust_remote_code: Passed to ``from_pretrained``; off by default.
         local_files_only: Forbid downloads (default: ``HF_HUB_OFFLINE`` env var).
+        quantization: ``none`` | ``int8`` | ``nf4`` (:func:`quantization_config`). A quantised
+            model is loaded in place on the GPU(s) through ``device_map`` (``"auto"`` when
+            ``device_map`` is null; this rank's GPU under DDP) and never moved with ``.to()``
+            afterwards: the extractor leaves it out of Lightning's device placement. Needs
+            ``pip install .[quant]`` (bitsandbytes, accelerate) and a CUDA GPU.
         name: Backbone name recorded in results.
 
     Returns:
         The frozen backbone.
+
+    Raises:
+        ValueError: Unknown quantization.
     """
     from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration
 
@@ -232,6 +293,10 @@ def build_pretrained_qwen2_5_vl(
         local_files_only = os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false")
     kw = dict(revision=revision, trust_remote_code=trust_remote_code, local_files_only=local_files_only)
     processor = AutoProcessor.from_pretrained(processor_path or model_id, **kw)
+    qconf = quantization_config(quantization, compute_dtype=dtype)
+    if qconf is not None:
+        kw["quantization_config"] = qconf
+        device_map = _quantised_device_map(device_map)
     model = Qwen2_5_VLForConditionalGeneration.from_pretrained(
         model_id, dtype=getattr(torch, dtype), device_map=device_map, **kw
     )
@@ -251,6 +316,7 @@ def build_pretrained_qwen2_5_vl(
             "model_id": model_id,
             "revision": revision,
             "dtype": dtype,
+            "quantization": getattr(quantization, "value", quantization),
             "image_size": image_size,
         },
         image_size=image_size,

@@ -56,6 +56,14 @@ class SplitKind(str, Enum):
     holdout = "holdout"
 
 
+class Quantization(str, Enum):
+    """Weight quantisation of a pretrained backbone (bitsandbytes through ``BitsAndBytesConfig``)."""
+
+    none = "none"
+    int8 = "int8"
+    nf4 = "nf4"
+
+
 class OnBadStep(str, Enum):
     """What the importer does with an unusable step: a counted skip, or an error."""
 
@@ -127,6 +135,7 @@ class BackboneConf:
     image_size: Optional[dict[str, int]] = None  # {shortest_edge, longest_edge} in total pixels
     batch_size: int = 1  # rows per forward pass (not part of the cache key)
     cache_dtype: str = "float32"
+    quantization: Quantization = Quantization.none  # int8 | nf4 need a CUDA GPU + bitsandbytes
     system_prompt: str = MISSING
     loader: Any = MISSING
 
@@ -172,8 +181,11 @@ class ExtractConf:
     accelerator: str = "auto"
     devices: Any = 1
     strategy: str = "auto"
-    precision: str = "32-true"
+    precision: str = "32-true"  # or "auto": bf16-mixed on a bf16-capable GPU, else 32-true
     force: bool = False  # ignore an existing cache entry and extract again
+    # Layer superset every extraction reads and keys its cache on (fractions, indices or
+    # ["all"]); runs select their `layers` from it, so layer sweeps reuse one cache entry.
+    layers: list[Any] = field(default_factory=list)
 
 
 @dataclass

@@ -61,7 +61,9 @@ class TokenisedRow:
 
     Attributes:
         inputs: Model inputs (``input_ids`` [1, T], ``attention_mask`` [1, T], and for images
-            ``pixel_values`` [patches, C*p*p] and ``image_grid_thw`` [1, 3]).
+            ``pixel_values`` [patches, C*p*p], ``image_grid_thw`` [1, 3] and
+            ``mm_token_type_ids`` [1, T] (1 on image tokens), without which Qwen2.5-VL would fall
+            back to 1-D text positions for the image tokens).
         groups: Token indices of each token group, each a 1-D ``LongTensor`` (may be empty).
         prompt_len: Number of prompt tokens (all tokens before the first gold-action token).
         seq_len: Total tokens T.
@@ -139,7 +141,7 @@ def _tokens_in(offsets: torch.Tensor, span: tuple[int, int]) -> torch.Tensor:
 
 
 def tokenise(processor, parts: PromptParts, image=None, *, image_size: dict | None = None,
-             image_token_id: int | None = None) -> TokenisedRow:
+             image_token_id: int | None = None, image_inputs: dict | None = None) -> TokenisedRow:
     """Render the chat template for one row, tokenise it and locate the token groups.
 
     Args:
@@ -148,6 +150,10 @@ def tokenise(processor, parts: PromptParts, image=None, *, image_size: dict | No
         image: PIL image of the (possibly altered) screenshot, or ``None`` for text-only.
         image_size: Pixel limits passed to the image processor as ``size``.
         image_token_id: Id of the image placeholder token (required with an image).
+        image_inputs: The image processor's output for ``image`` (``pixel_values``,
+            ``image_grid_thw``), computed once and shared by every variant showing the same
+            screenshot; the image is then not processed again and only the text is tokenised
+            (same ids and offsets as the processor's own call, checked in tests).
 
     Returns:
         The tokenised row with token groups (PROTOCOL.md §3):
@@ -159,22 +165,31 @@ def tokenise(processor, parts: PromptParts, image=None, *, image_size: dict | No
     """
     messages, segments = build_messages(parts)
     text = processor.apply_chat_template(messages, tokenize=False)
-    if image is not None:
-        enc = processor(
-            text=[text], images=[image], return_tensors="pt", return_offsets_mapping=True,
-            images_kwargs={"size": image_size} if image_size else {},
-        )
-        grid = enc["image_grid_thw"]
-        merge = getattr(processor.image_processor, "merge_size", 2)
-        n_img = int(grid.prod().item()) // (merge * merge)
+    has_image = image is not None or image_inputs is not None
+    if has_image:
         pad = "<|image_pad|>"
-        expanded = text.replace(pad, pad * n_img, 1)
+        merge = getattr(processor.image_processor, "merge_size", 2)
+        if image_inputs is None:
+            enc = processor(
+                text=[text], images=[image], return_tensors="pt", return_offsets_mapping=True,
+                images_kwargs={"size": image_size} if image_size else {},
+            )
+            grid = enc["image_grid_thw"]
+            expanded = text.replace(pad, pad * (int(grid.prod().item()) // (merge * merge)), 1)
+        else:
+            grid = image_inputs["image_grid_thw"]
+            expanded = text.replace(pad, pad * (int(grid.prod().item()) // (merge * merge)), 1)
+            tok = getattr(processor, "tokenizer", processor)
+            enc = dict(tok([expanded], return_tensors="pt", return_offsets_mapping=True))
+            enc["pixel_values"] = image_inputs["pixel_values"]
+            enc["image_grid_thw"] = grid
+        # Modality of each token (1 = image): Qwen2.5-VL needs it for its 3-D (M-RoPE) positions.
+        enc["mm_token_type_ids"] = (enc["input_ids"] == image_token_id).to(torch.int32)
     else:
         tok = getattr(processor, "tokenizer", processor)
         enc = tok([text], return_tensors="pt", return_offsets_mapping=True, add_special_tokens=False)
         expanded = text
     offsets = enc.pop("offset_mapping")[0]
-    enc.pop("mm_token_type_ids", None)
     ids = enc["input_ids"][0]
     if int(offsets[-1, 1]) != len(expanded):
         raise ValueError("replay: tokenizer offsets do not cover the rendered prompt")
@@ -188,7 +203,7 @@ def tokenise(processor, parts: PromptParts, image=None, *, image_size: dict | No
     obs = torch.cat([_tokens_in(offsets, spans["tool_result"]), _tokens_in(offsets, spans["element_text"])])
     groups = {
         "last_prompt": torch.tensor([prompt_len - 1]),
-        "image": (torch.nonzero(ids == image_token_id).flatten() if image is not None
+        "image": (torch.nonzero(ids == image_token_id).flatten() if has_image
                   else torch.zeros(0, dtype=torch.long)),
         "task": _tokens_in(offsets, spans["task"]),
         "observation": torch.unique(obs),

@@ -99,8 +99,9 @@ def test_cache_reuse_and_invalidation(tmp_path, monkeypatch):
     # Batch size and workers do not change the key.
     cfg_b = compose_train(tmp_path, ["data.max_trajectories=2", "layers=six", "backbone.batch_size=3"])
     assert tasks.extract(cfg_b)[0]["cache_key"] == f1["cache_key"]
-    # Anything that changes the numbers does: layers, backbone seed, pixel limits.
-    for ov in (["layers=middle"], ["backbone.loader.seed=1"], ["backbone.image_size.longest_edge=40000"]):
+    # Anything that changes the numbers does: the extracted layers, backbone seed, pixel limits.
+    for ov in (["layers=middle", "extract.layers=[0.5]"], ["backbone.loader.seed=1"],
+               ["backbone.image_size.longest_edge=40000"]):
         cfg_c = compose_train(tmp_path, ["data.max_trajectories=2", *ov])
         with pytest.raises(AssertionError, match="backbone built"):
             tasks.extract(cfg_c)

@@ -17,6 +17,7 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 
 from ipi.backbone import Backbone
 from ipi.extraction.cache import ActivationCache
+from ipi.replay import TOKEN_GROUPS
 
 
 class _StopForward(Exception):
@@ -64,24 +65,62 @@ def pool_groups(h: torch.Tensor, groups: dict[str, torch.Tensor], names: Sequenc
     return out
 
 
+def keeps_own_placement(model: torch.nn.Module) -> bool:
+    """Whether ``model`` was placed by ``from_pretrained(device_map=...)`` or is quantised.
+
+    Such a model must not be moved with ``.to()`` (bitsandbytes weights cannot be; a model
+    dispatched over several devices would be collapsed onto one), so the extractor hides it from
+    Lightning's device placement.
+    """
+    return bool(getattr(model, "is_quantized", False) or getattr(model, "is_loaded_in_8bit", False)
+                or getattr(model, "is_loaded_in_4bit", False) or getattr(model, "hf_device_map", None))
+
+
 class HiddenStateExtractor(L.LightningModule):
     """Runs the frozen backbone on replay batches and returns pooled features.
 
+    A batch is a step group (or several) from :func:`ipi.extraction.datamodule.collate_steps`:
+    the group's distinct screenshots are encoded by the vision tower once, and their embeddings
+    are handed to every row showing them (``mm_encoder_outputs``); the rows go through the
+    language model in chunks of at most ``max_rows`` with their own 3-D (M-RoPE) positions
+    (computed by the model from ``mm_token_type_ids`` and ``image_grid_thw``). A batch from
+    :func:`ipi.extraction.datamodule.collate_rows` (pixel values per row) is forwarded as it is.
+
+    Pooling happens inside the hooks as one batched product with the collate's pooling matrix
+    (no per-row Python loop, no host-device synchronisation).
+
     Args:
-        backbone: The frozen backbone (its model is a child module so Lightning places it).
+        backbone: The frozen backbone. Its model is a child module (so Lightning places it),
+            unless it is quantised or was dispatched with ``device_map`` (then it stays where
+            ``from_pretrained`` put it; see :func:`keeps_own_placement`).
         layer_indices: Decoder blocks to read (0-based).
-        token_groups: Token groups to pool, in order.
+        token_groups: Token groups to pool, in order (a subset of ``ipi.replay.TOKEN_GROUPS``).
+        max_rows: Rows per language-model forward pass (``backbone.batch_size``).
     """
 
-    def __init__(self, backbone: Backbone, layer_indices: Sequence[int], token_groups: Sequence[str]):
+    def __init__(self, backbone: Backbone, layer_indices: Sequence[int], token_groups: Sequence[str],
+                 max_rows: int = 8):
         super().__init__()
-        self.backbone_model = backbone.model
-        self._layers = backbone.layers
+        if keeps_own_placement(backbone.model):
+            object.__setattr__(self, "_placed_model", backbone.model)  # not a child: never moved
+        else:
+            self.backbone_model = backbone.model
+        object.__setattr__(self, "_layers", list(backbone.layers))  # hook targets, not children
         self.layer_indices = list(layer_indices)
         self.token_groups = list(token_groups)
+        unknown = [g for g in self.token_groups if g not in TOKEN_GROUPS]
+        if unknown:
+            raise ValueError(f"extraction: unknown token groups {unknown}; allowed: {', '.join(TOKEN_GROUPS)}")
+        self._group_rows = [TOKEN_GROUPS.index(g) for g in self.token_groups]
+        self.max_rows = max(1, int(max_rows))
         self._batch = None
         self._out: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._handles = []
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The wrapped backbone model (``...ForConditionalGeneration`` / ``...ForCausalLM``)."""
+        return self.__dict__.get("_placed_model") or self.backbone_model
 
     def _hook(self, layer_idx: int):
         deepest = max(self.layer_indices)
@@ -89,15 +128,15 @@ class HiddenStateExtractor(L.LightningModule):
         def hook(_module, _inputs, output):
             batch = self._batch
             if batch is None:  # a forward pass not issued by predict_step: leave it alone
-                return None
+                return
             h = output[0] if isinstance(output, tuple) else output
-            feats, coll = [], []
-            for b, groups in enumerate(batch["groups"]):
-                n = int(batch["seq_len"][b])
-                hb = h[b, :n]
-                feats.append(pool_groups(hb, groups, self.token_groups))
-                coll.append(collapse_statistic(hb[: int(batch["prompt_len"][b])]))
-            self._out[layer_idx] = (torch.stack(feats), torch.stack(coll))
+            hf = h.float()
+            pool = batch["pool"].to(hf.device)
+            pm = batch["prompt_mask"].to(hf.device)
+            feats = torch.bmm(pool, hf)  # [B, G, H]: mean over each group's tokens
+            u = torch.nn.functional.normalize(hf, dim=-1)
+            mean_u = torch.bmm(pm.unsqueeze(1), u).squeeze(1) / pm.sum(dim=1, keepdim=True)
+            self._out[layer_idx] = (feats, (mean_u * mean_u).sum(dim=-1))
             if layer_idx == deepest:
                 raise _StopForward
 
@@ -111,17 +150,11 @@ class HiddenStateExtractor(L.LightningModule):
             hnd.remove()
         self._handles = []
 
-    def predict_step(self, batch: dict, batch_idx: int = 0) -> dict:
-        """Forward one batch and pool.
-
-        Returns:
-            ``{"row_ids": list[str], "features": [B, L, G, H] float32, "collapse": [B, L],
-            "prompt_len": [B], "seq_len": [B]}`` on the CPU.
-        """
-        self._batch = batch
+    def _forward(self, inputs: dict, batch_view: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        self._batch = batch_view
         self._out = {}
         try:
-            base_model(self.backbone_model)(**batch["inputs"], use_cache=False)
+            base_model(self.model)(**inputs, use_cache=False)
         except _StopForward:
             pass
         finally:
@@ -131,6 +164,41 @@ class HiddenStateExtractor(L.LightningModule):
             raise RuntimeError(f"extraction: hooks on layers {missing} did not fire")
         feats = torch.stack([self._out[i][0] for i in self.layer_indices], dim=1)
         coll = torch.stack([self._out[i][1] for i in self.layer_indices], dim=1)
+        return feats, coll
+
+    def predict_step(self, batch: dict, batch_idx: int = 0) -> dict:
+        """Forward one batch and pool.
+
+        Returns:
+            ``{"row_ids": list[str], "features": [B, L, G, H] float32, "collapse": [B, L],
+            "prompt_len": [B], "seq_len": [B]}`` on the CPU.
+        """
+        pool = batch["pool"][:, self._group_rows]
+        if "pixel_values" in batch["inputs"] or "seq_len_list" not in batch:  # one row per item
+            feats, coll = self._forward(batch["inputs"], {"pool": pool, "prompt_mask": batch["prompt_mask"]})
+        else:
+            images = batch.get("images")
+            vision = None
+            if images is not None:
+                from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+                # Each distinct screenshot through the vision tower once, for all rows showing it.
+                vision = base_model(self.model).get_image_features(
+                    images["pixel_values"], images["image_grid_thw"], return_dict=True).pooler_output
+            lens = batch["seq_len_list"]
+            parts = []
+            for a in range(0, len(lens), self.max_rows):
+                b = min(a + self.max_rows, len(lens))
+                t = max(lens[a:b])
+                inputs = {k: v[a:b, :t] for k, v in batch["inputs"].items() if k != "image_grid_thw"}
+                if vision is not None:
+                    inputs["image_grid_thw"] = batch["inputs"]["image_grid_thw"][a:b]
+                    inputs["mm_encoder_outputs"] = {"image": BaseModelOutputWithPooling(
+                        pooler_output=tuple(vision[i] for i in images["index_list"][a:b]))}
+                parts.append(self._forward(inputs, {"pool": pool[a:b, :, :t],
+                                                    "prompt_mask": batch["prompt_mask"][a:b, :t]}))
+            feats = torch.cat([p[0] for p in parts])
+            coll = torch.cat([p[1] for p in parts])
         return {
             "row_ids": batch["row_ids"],
             "features": feats.cpu(),
@@ -185,3 +253,5 @@ class ShardWriter(BasePredictionWriter):
 
     def on_predict_epoch_end(self, trainer, pl_module) -> None:
         self._flush(trainer.global_rank)
+        # Every rank's shards are on disk before rank 0 checks them and writes the manifest.
+        trainer.strategy.barrier("ipi-shards-written")

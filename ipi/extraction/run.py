@@ -7,20 +7,51 @@ import shutil
 from collections.abc import Sequence
 
 import lightning as L
+import safetensors
+import torch
 import transformers
 from hydra.utils import instantiate
 
 import ipi
+from ipi.backbone import resolve_layers
 from ipi.config import to_container
 from ipi.extraction.cache import ActivationCache, FeatureSet, stable_hash
-from ipi.extraction.datamodule import ReplayDataModule, ReplayDataset
+from ipi.extraction.datamodule import ReplayDataModule, StepGroupDataset
 from ipi.extraction.extractor import HiddenStateExtractor, ShardWriter
 from ipi.extraction.rows import ReplayRow, row_fingerprint
 
 log = logging.getLogger(__name__)
 
 #: Bumped whenever replay, pooling or the cache layout change the numbers.
-EXTRACTION_VERSION = 1
+#: 2: image tokens get Qwen2.5-VL's 3-D (M-RoPE) positions (version 1 fed 1-D text positions).
+EXTRACTION_VERSION = 2
+
+
+def extraction_layers(cfg, requested: Sequence[int]) -> list[int]:
+    """Decoder blocks an extraction reads: the ``extract.layers`` superset plus ``requested``.
+
+    Every run extracts (and keys its cache entry on) the same superset, so a sweep over layer
+    subsets of it (``layers=six_1,...,six_6``) reuses one entry; a requested layer outside the
+    superset is added (and then makes its own entry).
+
+    Args:
+        cfg: Run config (``extract.layers``, ``backbone.n_layers``).
+        requested: Blocks the run needs.
+
+    Returns:
+        Sorted unique block indices.
+    """
+    spec = list(cfg.extract.layers or [])
+    n = cfg.backbone.n_layers
+    base = list(range(n)) if spec == ["all"] else (resolve_layers(spec, n) if spec else [])
+    return sorted(set(base) | set(int(i) for i in requested))
+
+
+def resolve_precision(precision: str) -> str:
+    """``auto`` -> ``bf16-mixed`` on a CUDA device that supports bf16, else ``32-true``."""
+    if precision != "auto":
+        return precision
+    return "bf16-mixed" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "32-true"
 
 
 def cache_key(backbone_cfg, rows: Sequence[ReplayRow], layer_indices: Sequence[int],
@@ -55,32 +86,41 @@ def cache_key(backbone_cfg, rows: Sequence[ReplayRow], layer_indices: Sequence[i
     manifest_spec = {
         **spec,
         "versions": {"ipi": ipi.__version__, "transformers": transformers.__version__,
-                     "lightning": L.__version__},
+                     "lightning": L.__version__, "torch": torch.__version__,
+                     "safetensors": safetensors.__version__},
+        "n_rows": len(rows),
     }
     return key, manifest_spec
 
 
 def extract_features(cfg, rows: Sequence[ReplayRow], layer_indices: Sequence[int],
-                     token_groups: Sequence[str]) -> tuple[FeatureSet, dict]:
+                     token_groups: Sequence[str]) -> tuple[FeatureSet | None, dict]:
     """Return features for ``rows``, running the backbone only for rows the cache lacks.
+
+    The layers read are :func:`extraction_layers` (the ``extract.layers`` superset plus
+    ``layer_indices``); callers select their layers from the returned set. Under DDP each rank
+    forwards its share of the step groups and writes its own shards; rank 0 waits for all ranks,
+    checks the shards and writes the manifest (duplicate rows from the sampler's padding are
+    counted and ignored), then loads. Other ranks return ``(None, {"rank": r})``.
 
     Args:
         cfg: The run config (``backbone``, ``extract``, ``quiet`` are read).
         rows: Rows to extract (one surface or several).
-        layer_indices: Decoder blocks to read.
+        layer_indices: Decoder blocks the caller needs.
         token_groups: Token groups to pool.
 
     Returns:
         ``(features, info)`` with info ``{"cache_key", "cache_dir", "cache_hit", "rows_forwarded",
-        "cache_bytes"}``.
+        "cache_bytes", "layers"}``.
 
     Raises:
         ValueError: The loaded model's depth differs from ``backbone.n_layers``.
     """
-    key, spec = cache_key(cfg.backbone, rows, layer_indices, token_groups)
+    layers = extraction_layers(cfg, layer_indices)
+    key, spec = cache_key(cfg.backbone, rows, layers, token_groups)
     cache = ActivationCache(cfg.extract.cache_dir, key, spec)
     row_ids = [r.row_id for r in rows]
-    if cfg.extract.force and cache.dir.exists():
+    if cfg.extract.force and cache.dir.exists() and _rank_zero_env():
         shutil.rmtree(cache.dir)
     hit = cache.is_complete()
     forwarded = 0
@@ -95,24 +135,32 @@ def extract_features(cfg, rows: Sequence[ReplayRow], layer_indices: Sequence[int
                     f"backbone={cfg.backbone.name}: model has {backbone.n_layers} decoder layers, "
                     f"config says n_layers={cfg.backbone.n_layers}"
                 )
-            dataset = ReplayDataset(todo, backbone.processor, cfg.backbone.system_prompt,
-                                    backbone.multimodal, backbone.image_size, backbone.image_token_id)
+            dataset = StepGroupDataset(todo, backbone.processor, cfg.backbone.system_prompt,
+                                       backbone.multimodal, backbone.image_size, backbone.image_token_id)
             tok = backbone.tokenizer
             pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-            dm = ReplayDataModule(dataset, pad, batch_size=cfg.backbone.batch_size,
+            per_step = max(len(g) for g in dataset.groups)
+            dm = ReplayDataModule(dataset, pad, batch_size=max(1, cfg.backbone.batch_size // per_step),
                                   num_workers=cfg.extract.num_workers)
             writer = ShardWriter(cache, shard_rows=cfg.extract.shard_rows, dtype=cfg.backbone.cache_dtype)
             trainer = L.Trainer(
                 accelerator=cfg.extract.accelerator, devices=cfg.extract.devices,
-                strategy=cfg.extract.strategy, precision=cfg.extract.precision,
+                strategy=cfg.extract.strategy, precision=resolve_precision(cfg.extract.precision),
                 callbacks=[writer], logger=False, enable_checkpointing=False,
                 enable_model_summary=False, enable_progress_bar=not cfg.quiet,
             )
-            trainer.predict(HiddenStateExtractor(backbone, layer_indices, token_groups),
-                            datamodule=dm, return_predictions=False)
-            forwarded = len(todo)
-            if trainer.world_size > 1 and trainer.global_rank != 0:
-                return None, {"rank": trainer.global_rank}
+            module = HiddenStateExtractor(backbone, layers, token_groups, max_rows=cfg.backbone.batch_size)
+            trainer.predict(module, datamodule=dm, return_predictions=False)
+            forwarded = writer.rows_written
+            if trainer.world_size > 1:
+                # All ranks passed the writer's barrier: every shard is on disk. Leave the process
+                # group so that later single-process steps (the probe's metrics) do not try to
+                # synchronise with ranks that have returned.
+                if torch.distributed.is_available() and torch.distributed.is_initialized():
+                    torch.distributed.destroy_process_group()
+                if trainer.global_rank != 0:
+                    return None, {"rank": trainer.global_rank, "rows_forwarded": forwarded}
+                forwarded = len(todo)  # all ranks together (rank 0 wrote only its share)
         cache.finalize(row_ids)
     features = cache.load(row_ids)
     info = {
@@ -121,5 +169,12 @@ def extract_features(cfg, rows: Sequence[ReplayRow], layer_indices: Sequence[int
         "cache_hit": hit,
         "rows_forwarded": forwarded,
         "cache_bytes": sum(p.stat().st_size for p in cache.shard_paths()),
+        "layers": layers,
     }
     return features, info
+
+
+def _rank_zero_env() -> bool:
+    import os
+
+    return os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("NODE_RANK", "0") == "0"

@@ -54,6 +54,7 @@ class SplitKind(str, Enum):
     """Trajectory split designs (PROTOCOL.md §4)."""
 
     holdout = "holdout"
+    kfold = "kfold"
 
 
 class Quantization(str, Enum):
@@ -154,7 +155,8 @@ class SplitConf:
     """Trajectory-disjoint split."""
 
     kind: SplitKind = SplitKind.holdout
-    test_fraction: float = 0.3
+    test_fraction: float = 0.3  # holdout only
+    k: int = 5  # kfold only: number of folds (cross-fitting, out-of-fold scores for all)
     seed: int = 0
 
 
@@ -169,6 +171,7 @@ class EvaluationConf:
     c1_max: float = 0.95
     permuted: bool = True  # run the permuted-label check
     collapse_only: bool = True  # run the collapse-only baseline (C2)
+    transfer: bool = True  # cross-surface transfer: train on the other surfaces, score this one
 
 
 @dataclass
@@ -302,6 +305,8 @@ def validate(cfg: DictConfig) -> None:
         raise ValueError("evaluation.n_boot must be >= 1")
     if not 0.0 < cfg.split.test_fraction < 1.0:
         raise ValueError("split.test_fraction must be in (0, 1)")
+    if _value(cfg.split.kind) == "kfold" and cfg.split.k < 2:
+        raise ValueError(f"split.k must be >= 2 for split=kfold, got {cfg.split.k}")
 
 
 def to_container(node) -> Any:

@@ -27,8 +27,8 @@ from ipi.evaluation.scoretable import evaluate_score_table
 from ipi.extraction.rows import build_rows
 from ipi.extraction.run import extract_features
 from ipi.io import atomic_write_text
-from ipi.probe.fit import ProbeConfig, fit_probe, fit_sklearn_reference, score
-from ipi.probe.split import assert_rows_disjoint, assert_trajectory_disjoint, holdout_split
+from ipi.probe.crossfit import FoldedProbe, TransferSource, cross_fit, make_folds
+from ipi.probe.fit import ProbeConfig
 from ipi.replay import TOKEN_GROUPS
 
 log = logging.getLogger(__name__)
@@ -66,15 +66,17 @@ def load_data(cfg: DictConfig):
     return trajs, traj_skips, step_skips
 
 
-def make_rows(cfg: DictConfig, trajectories, surface: str):
-    """Replay rows of one surface with the configured controls."""
+def make_rows(cfg: DictConfig, trajectories, surface: str, controls: list[str] | None = None):
+    """Replay rows of one surface: the configured controls on the run's surface, ``controls``
+    (e.g. ``[]``: clean and attack rows only) when given."""
     count_tokens = None
     if surface != "i_vis":
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(cfg.backbone.tokenizer_path)
         count_tokens = lambda s: len(tok(s, add_special_tokens=False)["input_ids"])  # noqa: E731
-    controls = resolved_controls(cfg) if _value(cfg.surface.name) == surface else None
+    if controls is None:
+        controls = resolved_controls(cfg) if _value(cfg.surface.name) == surface else []
     return build_rows(trajectories, surface, controls, n_attacks=cfg.surface.n_attacks, count_tokens=count_tokens)
 
 
@@ -85,6 +87,17 @@ def layer_indices(cfg: DictConfig) -> list[int]:
     if spec == ["all"]:
         return list(range(n))
     return resolve_layers(spec, n)
+
+
+def transfer_source_surfaces(surface: str, multimodal: bool) -> list[str]:
+    """Surfaces the cross-surface transfer probe trains on (PROTOCOL.md §6; docs/estimands.md).
+
+    Every *other* surface the backbone can read: on ``i_vis`` this is ``i_dom ∪ i_tool``, exactly
+    §6; on a text surface it is the other two (one with a text-only backbone, which has no
+    ``i_vis``). The transfer probe is always scored on the run's own test rows, so its E1 sits on
+    the same rows and bootstrap draws as the probe's.
+    """
+    return [s for s in ("i_vis", "i_dom", "i_tool") if s != surface and (multimodal or s != "i_vis")]
 
 
 def row_table(rows, features) -> pd.DataFrame:
@@ -103,12 +116,6 @@ def select_features(features, layers: list[int], groups: list[str]) -> np.ndarra
     gi = [features.token_groups.index(g) for g in groups]
     x = features.features[:, li][:, :, gi]
     return x.reshape(x.shape[0], -1).float().numpy()
-
-
-def _score_table(meta: pd.DataFrame, scores: np.ndarray) -> pd.DataFrame:
-    t = meta[["trajectory_id", "step", "variant"]].copy()
-    t["score"] = np.asarray(scores, dtype=np.float64)
-    return t
 
 
 def train(cfg: DictConfig) -> tuple[dict, dict]:
@@ -139,45 +146,55 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
     meta = row_table(rows, features)
     x = select_features(features, layers, groups)
 
-    # Trajectory-disjoint split (PROTOCOL.md §4).
-    train_ids, test_ids = holdout_split(sorted({t.trajectory_id for t in trajs}), cfg.split.test_fraction, cfg.split.seed)
-    assert_trajectory_disjoint(train_ids, test_ids)
-    is_train = meta.trajectory_id.isin(train_ids).to_numpy()
-    is_test = meta.trajectory_id.isin(test_ids).to_numpy()
-    labelled = meta.variant.isin(["clean", "attack"]).to_numpy()
-    tr = is_train & labelled
-    y_tr = (meta.variant[tr] == "attack").to_numpy().astype(np.int64)
-    te_meta = meta[is_test].reset_index(drop=True)
-    assert_rows_disjoint(meta.trajectory_id[tr], te_meta.trajectory_id)  # the rows actually used
+    # Cross-surface transfer (PROTOCOL.md §6): clean/attack rows of the other surfaces, each
+    # surface extracted (or read from the cache) under its own key.
+    transfer_src, transfer_surfaces, infos = None, [], {surface: info}
+    if cfg.evaluation.transfer:
+        transfer_surfaces = transfer_source_surfaces(surface, cfg.backbone.multimodal)
+        src_meta, src_x = [], []
+        for s in transfer_surfaces:
+            s_rows = make_rows(cfg, trajs, s, controls=[])
+            s_feat, infos[s] = extract_features(cfg, s_rows, layers, list(TOKEN_GROUPS))
+            if s_feat is None:  # a non-zero DDP rank
+                return {}, {"extraction": info}
+            src_meta.append(pd.DataFrame([r.metadata() for r in s_rows]))
+            src_x.append(select_features(s_feat, layers, groups))
+        if transfer_surfaces:
+            transfer_src = TransferSource.from_rows(pd.concat(src_meta, ignore_index=True), np.concatenate(src_x))
 
+    # Trajectory-disjoint folds (PROTOCOL.md §4): one holdout fold or K cross-fitting folds;
+    # leakage asserted per fold on ids and on the rows of every fit.
+    split_kind = _value(cfg.split.kind)
+    folds = make_folds(sorted({t.trajectory_id for t in trajs}), split_kind, test_fraction=cfg.split.test_fraction,
+                       k=cfg.split.k, seed=cfg.split.seed)
     pcfg = ProbeConfig(l2=cfg.probe.l2, max_iter=cfg.probe.max_iter, tol=cfg.probe.tol, seed=cfg.seed)
     loggers = [lg for lg in (instantiate(n) for n in (cfg.logger or {}).values()) if lg is not None]
-    probe = fit_probe(x[tr], y_tr, pcfg, logger=loggers[0] if loggers else None, default_root_dir=str(out_dir))
-
-    # Baselines on the same split (PROTOCOL.md §5 C1; §6 permuted labels and collapse only).
-    baselines: dict[str, pd.DataFrame] = {}
     md_cols = ["step", "horizon", "prompt_len", "delta_prompt_len"]
-    md = meta[md_cols].to_numpy(dtype=np.float64)
-    c1 = fit_sklearn_reference(md[tr], y_tr, l2=cfg.probe.l2)
-    baselines["c1"] = _score_table(te_meta, c1.decision_function(md[is_test]))
-    if cfg.evaluation.collapse_only:
-        li = [features.layers.index(i) for i in layers]
-        col = features.collapse[:, li].double().numpy()
-        c2 = fit_sklearn_reference(col[tr], y_tr, l2=cfg.probe.l2)
-        baselines["collapse_only"] = _score_table(te_meta, c2.decision_function(col[is_test]))
-    if cfg.evaluation.permuted:
-        y_perm = np.random.default_rng(cfg.seed).permutation(y_tr)
-        perm = fit_probe(x[tr], y_perm, pcfg)
-        baselines["permuted"] = _score_table(te_meta, score(perm, x[is_test]))
+    li = [features.layers.index(i) for i in layers]
+    # The probe and the baselines, fitted on the same training rows of every fold (PROTOCOL.md
+    # §5 C1; §6 collapse only, permuted labels, transfer).
+    fits = cross_fit(
+        meta, x, folds, probe_cfg=pcfg, metadata=meta[md_cols].to_numpy(dtype=np.float64),
+        collapse=features.collapse[:, li].double().numpy() if cfg.evaluation.collapse_only else None,
+        permuted=cfg.evaluation.permuted, permute_seed=cfg.seed, transfer=transfer_src, l2=cfg.probe.l2,
+        logger=loggers[0] if loggers else None, default_root_dir=str(out_dir))
+    baselines = fits.baselines
+    te = fits.test_index
+    te_meta = meta.iloc[te].reset_index(drop=True)
+    is_test = np.zeros(len(meta), dtype=bool)
+    is_test[te] = True
+    # K-fold: every trajectory is a test trajectory once; training sizes are per fold.
+    train_ids, test_ids = folds[0] if len(folds) == 1 else (None, {t for _, f in folds for t in f})
 
     counts = {
         "trajectories": len(trajs),
-        "trajectories_train": len(train_ids),
+        "trajectories_train": len(train_ids) if train_ids is not None else None,
         "trajectories_test": len(test_ids),
         "steps": sum(len(t.steps) for t in trajs),
         "rows": len(meta),
-        "rows_train_labelled": int(tr.sum()),
+        "rows_train_labelled": sum(f["rows_train_labelled"] for f in fits.per_fold),
         "rows_test": int(is_test.sum()),
+        "folds": fits.per_fold,
         "rows_by_variant": {k: int(v) for k, v in meta.variant.value_counts().sort_index().items()},
         "skipped_steps": step_skips,
         "skipped_trajectories": traj_skips,
@@ -190,8 +207,12 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
         "layers_config": cfg.layers.name,
         "token_groups": groups,
         "n_features": int(x.shape[1]),
-        "split": f"{_value(cfg.split.kind)} test_fraction={cfg.split.test_fraction} seed={cfg.split.seed}",
+        "split": (f"holdout test_fraction={cfg.split.test_fraction} seed={cfg.split.seed}" if split_kind == "holdout"
+                  else f"kfold k={cfg.split.k} seed={cfg.split.seed} (out-of-fold scores from {len(folds)} probes)"),
+        "transfer": ({"train_surfaces": transfer_surfaces, "test_surface": surface} if transfer_src is not None
+                     else None),
         "cache_key": info["cache_key"],
+        "cache_keys": {s: i["cache_key"] for s, i in infos.items()},
         "data_root": str(Path(cfg.data.root).resolve()),
     }
 
@@ -202,18 +223,22 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
     rep = ReportCallback(est, out_dir, {"counts": counts, "run": run})
     trainer = L.Trainer(accelerator="cpu", devices=1, logger=loggers or False, callbacks=[est, rep],
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
-    x_te = torch.from_numpy(np.ascontiguousarray(x[is_test], dtype=np.float64))
-    trainer.predict(probe, DataLoader(TensorDataset(x_te), batch_size=4096), return_predictions=False)
+    x_te = torch.from_numpy(np.ascontiguousarray(x[te], dtype=np.float64))
+    fold_te = torch.from_numpy(fits.fold_of_row[te])
+    trainer.predict(FoldedProbe(fits.probes), DataLoader(TensorDataset(x_te, fold_te), batch_size=4096),
+                    return_predictions=False)
 
     atomic_write_text(out_dir / "scores.csv", est.scores.to_csv(index=False))
     elapsed = time.perf_counter() - t0
     atomic_write_text(out_dir / "run_info.json", __import__("json").dumps(
-        {"extraction": info, "elapsed_s": round(elapsed, 2)}, indent=2))
+        {"extraction": info, "extraction_by_surface": infos, "elapsed_s": round(elapsed, 2)}, indent=2))
     log.info("extraction: cache %s (%d rows forwarded), %.1f MB on disk (python -m ipi.cache list); total %.1f s",
              "hit" if info["cache_hit"] else "miss", info["rows_forwarded"], info["cache_bytes"] / 2**20, elapsed)
     for lg in loggers:
         lg.finalize("success")
-    return rep.results, {"probe": probe, "scores": est.scores, "extraction": info, "elapsed_s": elapsed}
+    probe = fits.probes[0] if len(fits.probes) == 1 else fits.probes
+    return rep.results, {"probe": probe, "probes": fits.probes, "folds": folds, "scores": est.scores,
+                         "baselines": baselines, "extraction": info, "elapsed_s": elapsed}
 
 
 def extract(cfg: DictConfig) -> tuple[dict, dict]:

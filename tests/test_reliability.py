@@ -288,20 +288,21 @@ def test_other_bootstrap_seed_changes_only_the_intervals(tmp_path, syn_root, ref
 @pytest.mark.needs_shared
 def test_a_trajectory_on_both_sides_is_refused(tmp_path, syn_root, reference, one_thread, monkeypatch):
     from ipi import tasks
+    from ipi.probe import crossfit
     from ipi.probe.split import LeakageError
 
     (tmp_path / "cache").symlink_to(reference / "cache")
-    real_split = tasks.holdout_split
+    real_split = crossfit.holdout_split
 
     def leaky(ids, test_fraction, seed):
         train_ids, test_ids = real_split(ids, test_fraction, seed)
         return train_ids | {"t3"}, test_ids | {"t3"}
 
-    monkeypatch.setattr(tasks, "holdout_split", leaky)
+    monkeypatch.setattr(crossfit, "holdout_split", leaky)
     with pytest.raises(LeakageError, match=r"1 trajectory id\(s\) appear in both train and test: 't3'"):
         tasks.train(compose_train(tmp_path, _base(syn_root)))
     # Second line of defence: the rows actually fed to the probe and scored are checked too.
-    monkeypatch.setattr(tasks, "assert_trajectory_disjoint", lambda a, b: None)
+    monkeypatch.setattr(crossfit, "assert_trajectory_disjoint", lambda a, b: None)
     with pytest.raises(LeakageError, match="'t3'"):
         tasks.train(compose_train(tmp_path, _base(syn_root)))
     assert not (tmp_path / "run" / "results.json").exists()
@@ -442,7 +443,11 @@ FORBIDDEN_MODULES = {"subprocess", "webbrowser", "requests", "urllib.request", "
 FORBIDDEN_CALLS = {"eval", "exec", "compile", "__import__", "os.system", "os.popen", "os.execv",
                    "os.execvp", "os.spawnv", "os.startfile", "torch.load", "np.load", "numpy.load",
                    "pd.read_pickle", "pandas.read_pickle"}
-ALLOWED: dict[tuple[str, str], str] = {}
+ALLOWED: dict[tuple[str, str], str] = {
+    # The benchmark measures peak RSS of the extraction path in fresh Python processes
+    # (its own module, fixed argv, no shell); nothing there touches attack text.
+    ("ipi/bench.py", "subprocess"): "peak-RSS measurement in fresh processes",
+}
 
 
 def _python_files() -> list[Path]:

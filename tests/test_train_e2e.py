@@ -72,6 +72,39 @@ def test_train_end_to_end_and_cache_reuse(tmp_path):
     assert info2["cache_key"] == info1["cache_key"]
     assert json.loads((run / "results.json").read_text()) == on_disk
 
+    # Auxiliary checks (PROTOCOL.md §6) all ran, each with an interval, and the five verdict lines
+    # carry numbers; the transfer probe trained on i_dom ∪ i_tool, each surface under its own
+    # cache key (reused by the second run).
+    for key in ("permuted", "collapse_only", "transfer"):
+        _check_interval(on_disk[key]["e1"])
+    assert on_disk["run"]["transfer"] == {"train_surfaces": ["i_dom", "i_tool"], "test_surface": "i_vis"}
+    assert set(on_disk["run"]["cache_keys"]) == {"i_vis", "i_dom", "i_tool"}
+    assert len(set(on_disk["run"]["cache_keys"].values())) == 3
+    by_surface = json.loads((run / "run_info.json").read_text())["extraction_by_surface"]
+    assert all(i["cache_hit"] for i in by_surface.values())
+    assert all(c["status"] != "NOT RUN" for c in on_disk["verdict"]["checks"])
+    diffs = on_disk["differences"]
+    assert diffs["e1_minus_c1_e1"]["estimate"] == pytest.approx(
+        on_disk["e1"]["estimate"] - on_disk["c1"]["e1"]["estimate"], abs=1e-12)
+    assert set(diffs["e1_minus_e3"]) == {"c_scrambled", "c_imperative", "c_occlusion"}
+    for line in ("E1 - C1 E1", "e1_minus_c1_e1", "e1_minus_e3 c_scrambled", "cross-surface transfer E1"):
+        assert line in report
+
+    # K-fold cross-fitting on the cached features: every trajectory scored exactly once out of fold.
+    cfg_k = compose_train(tmp_path, [*ov, "split=kfold", "split.k=2"])
+    res_k, objs_k = train(cfg_k)
+    scores_k = pd.read_csv(run / "scores.csv")
+    assert scores_k.trajectory_id.nunique() == 4 and len(scores_k) == counts["rows"]
+    assert not scores_k.duplicated(["trajectory_id", "step", "variant"]).any()
+    assert len(objs_k["probes"]) == 2 and res_k["bootstrap"]["n_clusters"] == 4
+    assert res_k["counts"]["trajectories_test"] == 4 and len(res_k["counts"]["folds"]) == 2
+    assert res_k["run"]["split"].startswith("kfold k=2")
+    for key in ("c1", "permuted", "collapse_only", "transfer"):
+        _check_interval(res_k[key]["e1"])
+    ac = scores_k[scores_k.variant.isin(["attack", "clean"])]
+    assert res_k["e1"]["estimate"] == pytest.approx(
+        roc_auc_score((ac.variant == "attack").astype(int), ac.score), abs=1e-12)
+
 
 @pytest.mark.parametrize("case", ["basic", "ties_and_missing", "two_attacks_per_step"])
 def test_evaluate_entry_point_matches_protocol_cases(tmp_path, case):
@@ -93,6 +126,47 @@ def test_evaluate_entry_point_matches_protocol_cases(tmp_path, case):
         assert flat[key]["ci_low"] == pytest.approx(lo, abs=0.03)
         assert flat[key]["ci_high"] == pytest.approx(hi, abs=0.03)
     assert (out / "report.md").exists()
+
+    # evaluate.py also writes the paired differences E1 − E3[c] (PROTOCOL.md §5) ...
+    assert set(got["differences"]["e1_minus_e3"]) == set(got["e3"])
+    assert "e1_minus_e3 c_scrambled" in (out / "report.md").read_text()
+    if case != "basic":
+        return
+    # ... recomputed here independently on one case: the documented draws (default_rng(0).integers
+    # over sorted trajectory ids), scikit-learn's roc_auc_score per replicate with weights
+    # multiplicity × step weight, numpy percentiles of the paired differences.
+    table = pd.read_csv(SHARED / "protocol_cases" / f"{case}.csv", dtype={"trajectory_id": str})
+    ids = sorted(table.trajectory_id.unique())
+    n_boot = got["bootstrap"]["n_boot"]
+    idx = np.random.default_rng(got["bootstrap"]["seed"]).integers(0, len(ids), size=(n_boot, len(ids)))
+    mult = np.stack([np.bincount(r, minlength=len(ids)) for r in idx])
+    col = table.trajectory_id.map({t: i for i, t in enumerate(ids)}).to_numpy()
+    w = 1.0 / table.groupby(["trajectory_id", "step", "variant"]).score.transform("size").to_numpy()
+    attack_steps = set(map(tuple, table[table.variant == "attack"][["trajectory_id", "step"]].values))
+    key = list(map(tuple, table[["trajectory_id", "step"]].values))
+
+    def reps(pos_mask, neg_mask):
+        sel = pos_mask | neg_mask
+        y = pos_mask[sel].astype(int)
+        out_ = np.full(n_boot, np.nan)
+        for b in range(n_boot):
+            sw = mult[b, col[sel]] * w[sel]
+            if sw[y == 1].sum() > 0 and sw[y == 0].sum() > 0:
+                out_[b] = roc_auc_score(y, table.score.to_numpy()[sel], sample_weight=sw)
+        return out_
+
+    v = table.variant.to_numpy()
+    e1_reps = reps(v == "attack", v == "clean")
+    for c in got["e3"]:
+        c_steps = {k for k, vv in zip(key, v, strict=True) if vv == c}
+        both = np.array([k in attack_steps and k in c_steps for k in key])
+        d = e1_reps - reps((v == "attack") & both, (v == c) & both)
+        d = d[np.isfinite(d)]
+        diff = got["differences"]["e1_minus_e3"][c]
+        assert diff["estimate"] == pytest.approx(got["e1"]["estimate"] - got["e3"][c]["estimate"], abs=1e-12)
+        assert diff["n_boot_used"] == d.size
+        lo, hi = np.quantile(d, [0.025, 0.975])
+        assert diff["ci_low"] == pytest.approx(lo, abs=1e-9) and diff["ci_high"] == pytest.approx(hi, abs=1e-9)
 
 
 def test_multirun_over_surfaces(tmp_path):

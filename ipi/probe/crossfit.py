@@ -1,0 +1,320 @@
+"""Fitting the probe and its baselines per split fold and scoring out of fold (PROTOCOL.md §4–§6).
+
+One function, :func:`cross_fit`, serves both split designs of PROTOCOL.md §4:
+
+* ``holdout``: one fold (the fixed trajectory holdout); the test trajectories are scored once.
+* ``kfold``: grouped K-fold cross-fitting; fold ``k``'s models are fitted on the other folds'
+  trajectories and score fold ``k``'s trajectories, so **every** trajectory gets out-of-fold
+  scores, each from a model that never saw it. The pooled out-of-fold scores come from K
+  different probes (see ``docs/probe.md``).
+
+In every fold the same training rows (clean vs attack rows of the fold's training trajectories)
+fit the probe and every baseline — C1 on the metadata scalars (§5), the collapse-only probe and
+the permuted-label probe (§6) — and the cross-surface transfer probe is fitted on the *other
+surfaces'* clean/attack rows of the same training trajectories (§6). Leakage is asserted per fold
+on trajectory ids and on the rows actually fed to each fit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import torch
+from lightning import LightningModule
+from torch import Tensor, nn
+
+from ipi.probe.fit import ProbeConfig, fit_probe, fit_sklearn_reference, score
+from ipi.probe.module import LinearProbe
+from ipi.probe.split import (
+    LeakageError,
+    assert_rows_disjoint,
+    assert_trajectory_disjoint,
+    grouped_kfold,
+    holdout_split,
+)
+
+__all__ = [
+    "LABELLED",
+    "CrossFit",
+    "FoldedProbe",
+    "TransferSource",
+    "check_folds",
+    "cross_fit",
+    "make_folds",
+]
+
+LABELLED = ("clean", "attack")
+SPLIT_KINDS = ("holdout", "kfold")
+
+
+def make_folds(
+    trajectory_ids: Sequence[str], kind: str, *, test_fraction: float = 0.3, k: int = 5,
+    seed: int = 0,
+) -> list[tuple[set[str], set[str]]]:
+    """The folds of a split design over trajectory ids (PROTOCOL.md §4).
+
+    Args:
+        trajectory_ids: Trajectory ids (repeats allowed).
+        kind: ``"holdout"`` (:func:`~ipi.probe.split.holdout_split`, one fold) or ``"kfold"``
+            (:func:`~ipi.probe.split.grouped_kfold`, ``k`` folds).
+        test_fraction: Holdout test fraction.
+        k: Number of folds for ``kfold``.
+        seed: Seed of the split permutation.
+
+    Returns:
+        ``[(train_ids, test_ids), ...]``, checked by :func:`check_folds`.
+
+    Raises:
+        ValueError: Unknown ``kind`` or invalid split parameters.
+    """
+    kind = getattr(kind, "value", kind)
+    if kind == "holdout":
+        folds = [holdout_split(trajectory_ids, test_fraction, seed)]
+    elif kind == "kfold":
+        folds = grouped_kfold(trajectory_ids, k, seed)
+    else:
+        raise ValueError(f"split kind {kind!r} unknown; expected one of {', '.join(SPLIT_KINDS)}")
+    check_folds(folds, trajectory_ids, kind)
+    return folds
+
+
+def check_folds(folds, trajectory_ids: Sequence[str], kind: str) -> None:
+    """Assert a split design is leak-free (PROTOCOL.md §4).
+
+    Every fold's train and test ids are disjoint and together are all ids; for ``kfold`` the
+    test sets are pairwise disjoint and cover every id (each trajectory is scored exactly once).
+
+    Raises:
+        LeakageError: A trajectory on both sides of a fold, or (kfold) in two test folds.
+        ValueError: A fold that does not cover all ids, or (kfold) a trajectory in no test fold.
+    """
+    ids = {str(t) for t in trajectory_ids}
+    seen: dict[str, int] = {}
+    for i, (train, test) in enumerate(folds):
+        train, test = {str(t) for t in train}, {str(t) for t in test}
+        assert_trajectory_disjoint(train, test)
+        if train | test != ids:
+            extra = sorted((train | test) ^ ids)[:5]
+            raise ValueError(f"fold {i}: train ∪ test differs from the trajectories (e.g. {extra})")
+        if not train or not test:
+            raise ValueError(f"fold {i}: empty train or test side")
+        for t in test:
+            if t in seen:
+                raise LeakageError(f"trajectory {t!r} is in the test sets of folds {seen[t]} and {i}")
+            seen[t] = i
+    if getattr(kind, "value", kind) == "kfold" and set(seen) != ids:
+        missing = sorted(ids - set(seen))[:5]
+        raise ValueError(f"kfold: trajectories in no test fold (e.g. {missing})")
+
+
+@dataclass
+class TransferSource:
+    """Clean/attack rows of the *other* surfaces, the training pool of the transfer probe (§6).
+
+    Attributes:
+        trajectory_id: ``[M]`` trajectory of each row.
+        y: ``[M]`` labels (1 = attack, 0 = clean).
+        x: ``[M, d]`` features (same layers and token groups as the probe's).
+        surface: ``[M]`` surface of each row (for the record and the tests).
+    """
+
+    trajectory_id: np.ndarray
+    y: np.ndarray
+    x: np.ndarray
+    surface: np.ndarray
+
+    @classmethod
+    def from_rows(cls, meta: pd.DataFrame, x: np.ndarray) -> TransferSource:
+        """From a row table (``trajectory_id, variant, surface``) and its features; keeps
+        clean/attack rows only."""
+        keep = meta["variant"].isin(LABELLED).to_numpy()
+        return cls(
+            trajectory_id=meta["trajectory_id"].astype(str).to_numpy()[keep],
+            y=(meta["variant"].to_numpy()[keep] == "attack").astype(np.int64),
+            x=np.asarray(x)[keep],
+            surface=meta["surface"].astype(str).to_numpy()[keep],
+        )
+
+
+@dataclass
+class CrossFit:
+    """Fitted per-fold models and the out-of-fold baseline score tables.
+
+    Attributes:
+        folds: ``[(train_ids, test_ids)]`` as used.
+        fold_of_row: ``[N]`` fold whose test set holds each row (``-1``: never scored, i.e. a
+            holdout training row).
+        probes: The probe of each fold.
+        test_index: ``[n_test]`` row indices scored out of fold, ascending (the row order of
+            every score table).
+        baselines: Out-of-fold score tables (``trajectory_id, step, variant, score``) by name:
+            ``c1``, ``collapse_only``, ``permuted``, ``transfer`` (those that ran).
+        per_fold: One dict per fold: train/test trajectory and row counts.
+    """
+
+    folds: list
+    fold_of_row: np.ndarray
+    probes: list[LinearProbe]
+    test_index: np.ndarray
+    baselines: dict[str, pd.DataFrame] = field(default_factory=dict)
+    per_fold: list[dict] = field(default_factory=list)
+
+    def probe_scores(self, x: np.ndarray) -> np.ndarray:
+        """Out-of-fold probe scores ``[n_test]`` of the rows ``test_index`` (each by its fold's probe)."""
+        out = np.full(len(self.test_index), np.nan)
+        fold = self.fold_of_row[self.test_index]
+        for k, probe in enumerate(self.probes):
+            sel = fold == k
+            if sel.any():
+                out[sel] = score(probe, np.asarray(x)[self.test_index[sel]])
+        return out
+
+
+class FoldedProbe(LightningModule):
+    """The K fold probes as one module for ``Trainer.predict``: row ``i`` is scored by probe
+    ``fold[i]``.
+
+    Batches are ``(x [n, d], fold [n] int64)``; ``predict_step`` returns float64 logits ``[n]``.
+    With one probe (holdout) this is exactly that probe.
+    """
+
+    def __init__(self, probes: Sequence[LinearProbe]):
+        super().__init__()
+        self.probes = nn.ModuleList(probes)
+
+    def forward(self, x: Tensor, fold: Tensor) -> Tensor:
+        out = torch.empty(x.shape[0], dtype=torch.float64, device=x.device)
+        for k, probe in enumerate(self.probes):
+            sel = fold == k
+            if bool(sel.any()):
+                out[sel] = probe(x[sel])
+        if bool(((fold < 0) | (fold >= len(self.probes))).any()):
+            raise ValueError("FoldedProbe: a row's fold index has no probe")
+        return out
+
+    def predict_step(self, batch, batch_idx: int, dataloader_idx: int = 0) -> Tensor:
+        x, fold = batch
+        return self(x, fold)
+
+
+def _table(meta: pd.DataFrame, idx: np.ndarray, scores: np.ndarray) -> pd.DataFrame:
+    t = meta.iloc[idx][["trajectory_id", "step", "variant"]].reset_index(drop=True)
+    t["score"] = np.asarray(scores, dtype=np.float64)
+    return t
+
+
+def cross_fit(
+    meta: pd.DataFrame,
+    x: np.ndarray,
+    folds: list[tuple[set[str], set[str]]],
+    *,
+    probe_cfg: ProbeConfig | None = None,
+    metadata: np.ndarray | None = None,
+    collapse: np.ndarray | None = None,
+    permuted: bool = False,
+    permute_seed: int = 0,
+    transfer: TransferSource | None = None,
+    l2: float = 1.0,
+    logger=None,
+    default_root_dir=None,
+    fit_fn=fit_probe,
+) -> CrossFit:
+    """Fit the probe and its baselines in every fold; score each fold's test rows (§4–§6).
+
+    Per fold ``k`` with training trajectories ``A`` and test trajectories ``B``:
+
+    * training rows = clean/attack rows of ``A`` (label 1 = attack); controls are never trained
+      on;
+    * the probe (:func:`~ipi.probe.fit.fit_probe`) scores every row of ``B`` (controls too);
+    * ``c1``: :func:`~ipi.probe.fit.fit_sklearn_reference` on ``metadata`` (PROTOCOL.md §5);
+    * ``collapse_only``: the same on ``collapse`` (§6);
+    * ``permuted``: the probe refitted on the training labels permuted by
+      ``numpy.random.default_rng(permute_seed)`` (one generator drawn fold after fold; true test
+      labels are used for evaluation) (§6);
+    * ``transfer``: the probe fitted on ``transfer``'s clean/attack rows of ``A`` (other
+      surfaces) and scored on the clean/attack rows of ``B`` (§6).
+
+    Args:
+        meta: Row table ``[N]`` with ``trajectory_id, step, variant``.
+        x: Probe features ``[N, d]``.
+        folds: From :func:`make_folds` (checked again here).
+        probe_cfg: Probe hyper-parameters.
+        metadata: ``[N, 4]`` metadata scalars for C1, or None to skip C1.
+        collapse: ``[N, L]`` collapse statistics, or None to skip collapse-only.
+        permuted: Run the permuted-label probe.
+        permute_seed: Seed of the label permutation.
+        transfer: Rows of the other surfaces, or None to skip transfer.
+        l2: ``C`` of the scikit-learn baselines.
+        logger: Lightning logger of the probe fit (holdout only; K-fold fits are not logged).
+        default_root_dir: Trainer root of the probe fit.
+        fit_fn: The probe fitter (``fit_probe``); injectable for tests.
+
+    Returns:
+        A :class:`CrossFit`.
+
+    Raises:
+        LeakageError: A trajectory on both sides of a fold, in two test folds, or a training
+            row of any fit whose trajectory is in the fold's test set.
+    """
+    kind = "kfold" if len(folds) > 1 else "holdout"
+    tid = meta["trajectory_id"].astype(str).to_numpy()
+    check_folds(folds, tid, kind)
+    variant = meta["variant"].to_numpy()
+    labelled = np.isin(variant, LABELLED)
+    n = len(meta)
+    fold_of_row = np.full(n, -1, dtype=np.int64)
+    names = []
+    if metadata is not None:
+        names.append("c1")
+    if collapse is not None:
+        names.append("collapse_only")
+    if permuted:
+        names.append("permuted")
+    if transfer is not None:
+        names.append("transfer")
+    base_scores = {k: np.full(n, np.nan) for k in names}
+    rng = np.random.default_rng(permute_seed)
+    probes, per_fold = [], []
+    for k, (train_ids, test_ids) in enumerate(folds):
+        is_tr = np.isin(tid, list(train_ids))
+        is_te = np.isin(tid, list(test_ids))
+        fit = is_tr & labelled
+        assert_rows_disjoint(tid[fit], tid[is_te])
+        fold_of_row[is_te] = k
+        y = (variant[fit] == "attack").astype(np.int64)
+        probe = fit_fn(x[fit], y, probe_cfg, logger=logger if kind == "holdout" else None,
+                       default_root_dir=default_root_dir)
+        probes.append(probe)
+        if metadata is not None:
+            m = fit_sklearn_reference(metadata[fit], y, l2=l2)
+            base_scores["c1"][is_te] = m.decision_function(metadata[is_te])
+        if collapse is not None:
+            m = fit_sklearn_reference(collapse[fit], y, l2=l2)
+            base_scores["collapse_only"][is_te] = m.decision_function(collapse[is_te])
+        if permuted:
+            perm = fit_fn(x[fit], rng.permutation(y), probe_cfg)
+            base_scores["permuted"][is_te] = score(perm, x[is_te])
+        info = {"fold": k, "trajectories_train": len(train_ids), "trajectories_test": len(test_ids),
+                "rows_train_labelled": int(fit.sum()), "rows_test": int(is_te.sum())}
+        if transfer is not None:
+            src = np.isin(transfer.trajectory_id, list(train_ids))
+            assert_rows_disjoint(transfer.trajectory_id[src], tid[is_te])
+            tp = fit_fn(transfer.x[src], transfer.y[src], probe_cfg)
+            sel = is_te & labelled
+            base_scores["transfer"][sel] = score(tp, x[sel])
+            info["rows_transfer_train"] = int(src.sum())
+        per_fold.append(info)
+    test_index = np.flatnonzero(fold_of_row >= 0)
+    if kind == "kfold" and len(test_index) != n:
+        raise LeakageError(f"kfold: {n - len(test_index)} rows were scored by no fold")
+    baselines = {}
+    for name, s in base_scores.items():
+        idx = test_index[labelled[test_index]] if name == "transfer" else test_index
+        if not np.isfinite(s[idx]).all():
+            raise RuntimeError(f"cross_fit: baseline {name!r} left rows unscored")
+        baselines[name] = _table(meta, idx, s[idx])
+    return CrossFit(folds=folds, fold_of_row=fold_of_row, probes=probes, test_index=test_index,
+                    baselines=baselines, per_fold=per_fold)

@@ -1,0 +1,109 @@
+"""The planted-truth simulator (ipi.simulate): structure, the analytic truth, the verdict under both truths."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from ipi.metrics import weighted_auc
+from ipi.simulate import (
+    CONTROLS,
+    VARIANTS,
+    SimParams,
+    main,
+    run_dataset,
+    simulate_dataset,
+    true_estimands,
+)
+
+
+def test_dataset_structure():
+    p = SimParams(n_trajectories=15, n_features=8)
+    meta, x, collapse, dirs = simulate_dataset(p, np.random.default_rng(0))
+    assert x.shape == (len(meta), 8) and collapse.shape == (len(meta), 2)
+    assert meta.trajectory_id.nunique() == 15
+    # Every (trajectory, step) has exactly one row of each variant.
+    per_step = meta.groupby(["trajectory_id", "step"]).variant.apply(lambda v: tuple(sorted(v)))
+    assert set(per_step) == {tuple(sorted(VARIANTS))}
+    # Horizons vary within [h_min, h_max]; steps are 0..H-1; metadata as on i_vis (Δ length 0).
+    h = meta.groupby("trajectory_id").horizon.first()
+    assert h.between(p.h_min, p.h_max).all() and h.nunique() > 1
+    steps = meta.groupby("trajectory_id").step.agg(["min", "max"])
+    assert (steps["min"] == 0).all() and (steps["max"] == h - 1).all()
+    assert (meta.delta_prompt_len == 0).all()
+    assert meta.groupby(["trajectory_id", "step"]).prompt_len.nunique().eq(1).all()
+    # Directions are orthonormal.
+    q = np.stack(list(dirs.values()))
+    assert np.allclose(q @ q.T, np.eye(4), atol=1e-12)
+
+
+def test_truth_b_has_no_content_signal():
+    p = SimParams(n_trajectories=10, n_features=8)
+    pa, pb = p.for_truth("a"), p.for_truth("b")
+    assert pa.content > 0 and pb.content == 0 and pb.box == pa.box and pb.text == pa.text
+
+
+@pytest.mark.parametrize("truth", ["a", "b"])
+def test_analytic_truth_matches_a_large_monte_carlo_sample(truth):
+    """The CI's target, computed analytically, equals the estimands on 4,000 fresh trajectories."""
+    p = SimParams(n_features=16).for_truth(truth)
+    rng = np.random.default_rng(1)
+    _, _, _, dirs = simulate_dataset(SimParams(n_trajectories=2, n_features=16), rng)
+    # An arbitrary fixed linear score with weight on every planted direction and on noise ones.
+    w = 0.7 * dirs["box"] + 0.5 * dirs["text"] + 0.9 * dirs["content"] + 0.8 * dirs["pos"] \
+        + 0.3 * rng.standard_normal(16)
+    truth_vals = true_estimands(w, p, dirs)
+    meta, x, _, _ = simulate_dataset(p, rng, dirs=dirs, n_trajectories=4000)
+    f = x @ w
+    v = meta.variant.to_numpy()
+    mc = {"e1": weighted_auc(f[v == "attack"], f[v == "clean"])}
+    for c in CONTROLS:
+        mc[f"e3.{c}"] = weighted_auc(f[v == "attack"], f[v == c])
+    # E2 with one attack and one clean row per step: the share of steps the attack wins.
+    mc["e2"] = float(np.mean(f[v == "attack"] > f[v == "clean"]))
+    for k, val in mc.items():
+        assert truth_vals[k] == pytest.approx(val, abs=0.01), k
+    if truth == "b":
+        assert truth_vals["e3.c_scrambled"] == pytest.approx(0.5, abs=1e-12)
+        assert truth_vals["e3.c_imperative"] == pytest.approx(0.5, abs=1e-12)
+
+
+def test_verdict_licenses_the_claim_under_strong_signal_only():
+    """Real pipeline on small datasets: strong content signal -> claim; surface only -> no claim."""
+    p = SimParams(n_trajectories=40, n_features=64, content=2.0, n_boot=200)
+    for i in range(2):
+        ra = run_dataset(p, "a", i, seed=0)
+        assert ra["claim"] == "detects malicious content", ra["checks"]
+        rb = run_dataset(p, "b", i, seed=0)
+        assert rb["claim"] != "detects malicious content"
+        assert rb["checks"]["3"] == "FAIL" and rb["checks"]["1"] == "PASS"
+        assert rb["estimands"]["e3.c_scrambled"]["true"] == pytest.approx(0.5, abs=1e-12)
+        for r in (ra, rb):
+            assert r["n_test_trajectories"] == 12
+            for iv in r["estimands"].values():
+                assert iv["ci_low"] <= iv["estimate"] <= iv["ci_high"]
+
+
+def test_cli_writes_records_and_summary(tmp_path, capsys):
+    out = tmp_path / "st.json"
+    main(["--n-datasets", "2", "--trajectories", "20", "--features", "8", "--n-boot", "50",
+          "--workers", "1", "--out", str(out)])
+    data = json.loads(out.read_text())
+    assert len(data["records"]) == 4 and {r["truth"] for r in data["records"]} == {"a", "b"}
+    s = data["summary"]
+    for truth in ("a", "b"):
+        assert s[truth]["coverage"]["e1"]["n"] == 2
+        k = sum(r["estimands"]["e1"]["covered"] for r in data["records"] if r["truth"] == truth)
+        assert s[truth]["coverage"]["e1"]["k"] == k
+    printed = capsys.readouterr().out
+    assert "coverage of the 95% CI of E1" in printed and "detects malicious content" in printed
+    # Same seed -> same records, whatever the worker count.
+    out2 = tmp_path / "st2.json"
+    main(["--n-datasets", "2", "--trajectories", "20", "--features", "8", "--n-boot", "50",
+          "--workers", "1", "--truths", "b", "--out", str(out2)])
+    again = [r for r in json.loads(out2.read_text())["records"]]
+    first_b = [r for r in data["records"] if r["truth"] == "b"]
+    for a, b in zip(first_b, again, strict=True):
+        assert a["estimands"] == b["estimands"] and a["claim"] == b["claim"]

@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 from torch.utils.data import DataLoader, TensorDataset
 
 from ipi.backbone import resolve_layers
-from ipi.config import resolved_controls, to_container, validate
+from ipi.config import CONTROLS_BY_SURFACE, resolved_controls, to_container, validate
 from ipi.data import load_trajectories
 from ipi.evaluation.callbacks import EstimandsCallback, ReportCallback
 from ipi.evaluation.report import write_report, write_results
@@ -67,8 +67,13 @@ def load_data(cfg: DictConfig):
 
 
 def make_rows(cfg: DictConfig, trajectories, surface: str, controls: list[str] | None = None):
-    """Replay rows of one surface: the configured controls on the run's surface, ``controls``
-    (e.g. ``[]``: clean and attack rows only) when given."""
+    """Replay rows of one surface.
+
+    The run's own surface gets the configured controls; any other surface (the transfer
+    sources) gets every control that applies to it, so its rows — and its activation-cache
+    entry — are exactly those of a run on that surface, and a ``-m surface=...`` sweep or an
+    ``extract.py`` run before it fills each entry once. ``controls`` overrides both.
+    """
     count_tokens = None
     if surface != "i_vis":
         from transformers import AutoTokenizer
@@ -76,7 +81,8 @@ def make_rows(cfg: DictConfig, trajectories, surface: str, controls: list[str] |
         tok = AutoTokenizer.from_pretrained(cfg.backbone.tokenizer_path)
         count_tokens = lambda s: len(tok(s, add_special_tokens=False)["input_ids"])  # noqa: E731
     if controls is None:
-        controls = resolved_controls(cfg) if _value(cfg.surface.name) == surface else []
+        controls = (resolved_controls(cfg) if _value(cfg.surface.name) == surface
+                    else list(CONTROLS_BY_SURFACE[surface]))
     return build_rows(trajectories, surface, controls, n_attacks=cfg.surface.n_attacks, count_tokens=count_tokens)
 
 
@@ -153,7 +159,7 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
         transfer_surfaces = transfer_source_surfaces(surface, cfg.backbone.multimodal)
         src_meta, src_x = [], []
         for s in transfer_surfaces:
-            s_rows = make_rows(cfg, trajs, s, controls=[])
+            s_rows = make_rows(cfg, trajs, s)
             s_feat, infos[s] = extract_features(cfg, s_rows, layers, list(TOKEN_GROUPS))
             if s_feat is None:  # a non-zero DDP rank
                 return {}, {"extraction": info}
@@ -242,14 +248,26 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
 
 
 def extract(cfg: DictConfig) -> tuple[dict, dict]:
-    """Extract (or reuse) the features of the configured surface without training a probe."""
+    """Extract (or reuse) every activation-cache entry a ``train.py`` run with this config reads.
+
+    That is the configured surface and, when ``evaluation.transfer`` is on, the transfer source
+    surfaces — so a sweep started after ``extract.py`` forwards nothing.
+
+    Returns:
+        ``(info of the configured surface, {"features": ..., "extraction_by_surface": ...})``.
+    """
     validate(cfg)
     quiet_lightning()
     surface = _value(cfg.surface.name)
     trajs, _, _ = load_data(cfg)
-    rows = make_rows(cfg, trajs, surface)
-    features, info = extract_features(cfg, rows, layer_indices(cfg), list(TOKEN_GROUPS))
-    return info, {"features": features}
+    surfaces = [surface]
+    if cfg.evaluation.transfer:
+        surfaces += transfer_source_surfaces(surface, cfg.backbone.multimodal)
+    infos, features = {}, None
+    for s in surfaces:
+        feats, infos[s] = extract_features(cfg, make_rows(cfg, trajs, s), layer_indices(cfg), list(TOKEN_GROUPS))
+        features = feats if s == surface else features
+    return infos[surface], {"features": features, "extraction_by_surface": infos}
 
 
 def evaluate(cfg: DictConfig) -> tuple[dict, dict]:

@@ -243,7 +243,8 @@ def test_quantised_backbone_extracts_on_gpu(tmp_path, small_backbone, trajectori
 # --- extract once, sweep many --------------------------------------------------------------------
 
 def test_layer_by_token_group_sweep_forwards_nothing_after_one_extraction(tmp_path, monkeypatch):
-    """2 layers × 2 token groups through compose: one extraction, then four runs with 0 rows forwarded."""
+    """2 layers × 2 token groups through compose: one extraction (the run's surface and the
+    transfer sources), then four runs with 0 rows forwarded on any surface."""
     from ipi import tasks
     from ipi.extraction import run
 
@@ -261,8 +262,11 @@ def test_layer_by_token_group_sweep_forwards_nothing_after_one_extraction(tmp_pa
             cfg = compose_train(tmp_path, [*base, f"layers={layers}", f"token_group={group}",
                                            f"paths.output_dir={out}"])
             results, _ = tasks.train(cfg)
-            ri = json.loads((out / "run_info.json").read_text())["extraction"]
+            run_info = json.loads((out / "run_info.json").read_text())
+            ri = run_info["extraction"]
             assert ri["rows_forwarded"] == 0 and ri["cache_hit"] is True
+            assert set(run_info["extraction_by_surface"]) == {"i_vis", "i_dom", "i_tool"}
+            assert all(v["rows_forwarded"] == 0 for v in run_info["extraction_by_surface"].values())
             assert ri["cache_key"] == info["cache_key"]
             assert results["run"]["layers"] == [expected_block]
             assert results["run"]["token_groups"] == [group]

@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
+from ipi.data.multimodal_mind2web import import_multimodal_mind2web_report
+from ipi.data.online_mind2web import import_online_mind2web_report
 from ipi.data.schema import DataError, Skip, Step, Trajectory, read_native, write_native
 from ipi.data.webvoyager import import_webvoyager, import_webvoyager_report
 
@@ -33,6 +35,8 @@ def load_native(path: str | os.PathLike) -> tuple[list[Trajectory], list[dict]]:
 #: Importer registry: kind name -> ``importer(root, **kwargs) -> (trajectories, skipped)``.
 IMPORTERS: dict[str, Callable[..., tuple[list[Trajectory], list[dict]]]] = {
     "webvoyager": import_webvoyager_report,
+    "online_mind2web": import_online_mind2web_report,
+    "multimodal_mind2web": import_multimodal_mind2web_report,
     "native": load_native,
 }
 
@@ -70,6 +74,8 @@ __all__ = [
     "Skip",
     "Step",
     "Trajectory",
+    "import_multimodal_mind2web_report",
+    "import_online_mind2web_report",
     "import_webvoyager",
     "import_webvoyager_report",
     "load_native",

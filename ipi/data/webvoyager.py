@@ -33,6 +33,7 @@ from pathlib import Path
 from PIL import Image
 
 from ipi.data.schema import DataError, Skip, Step, Trajectory
+from ipi.progress import track
 
 __all__ = [
     "ACTION_TYPES",
@@ -365,7 +366,7 @@ def import_webvoyager_report(
     tasks, orphans = _discover(root)
     trajectories: list[Trajectory] = []
     skipped: list[dict] = [{"path": str(p), "reason": NO_LOG} for p in orphans]
-    for folder in tasks:
+    for folder in track(tasks, "import webvoyager"):
         rel = folder.relative_to(root).as_posix()
         trajectory_id = root.name if rel == "." else rel
         try:

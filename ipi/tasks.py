@@ -143,7 +143,7 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
     t0 = time.perf_counter()
     validate(cfg)
     quiet_lightning()
-    set_quiet(bool(cfg.quiet))
+    set_quiet(True if cfg.quiet else None)  # None: auto (quiet under CI or IPI_QUIET=1)
     out_dir = Path(cfg.paths.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
@@ -245,7 +245,7 @@ def extract(cfg: DictConfig) -> tuple[dict, dict]:
     """Extract (or reuse) the features of the configured surface without training a probe."""
     validate(cfg)
     quiet_lightning()
-    set_quiet(bool(cfg.quiet))
+    set_quiet(True if cfg.quiet else None)  # None: auto (quiet under CI or IPI_QUIET=1)
     surface = _value(cfg.surface.name)
     trajs, _, _ = load_data(cfg)
     rows = make_rows(cfg, trajs, surface)

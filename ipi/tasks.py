@@ -22,14 +22,16 @@ from ipi.backbone import resolve_layers
 from ipi.config import CONTROLS_BY_SURFACE, resolved_controls, to_container, validate
 from ipi.data import load_trajectories
 from ipi.evaluation.callbacks import EstimandsCallback, ReportCallback
-from ipi.evaluation.report import write_report, write_results
+from ipi.evaluation.report import write_run_report
 from ipi.evaluation.scoretable import evaluate_score_table
 from ipi.extraction.rows import build_rows
 from ipi.extraction.run import extract_features
 from ipi.io import atomic_write_text
 from ipi.probe.crossfit import FoldedProbe, TransferSource, cross_fit, make_folds
 from ipi.probe.fit import ProbeConfig
+from ipi.progress import set_quiet, track
 from ipi.replay import TOKEN_GROUPS
+from ipi.tracking import task_wrapper
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +53,12 @@ def load_data(cfg: DictConfig):
     Returns:
         ``(trajectories, skipped_trajectories, skipped_steps)``.
     """
-    kwargs = {"on_bad_step": _value(cfg.data.on_bad_step), "unknown_action": _value(cfg.data.unknown_action)}
-    if cfg.data.kind == "webvoyager":
+    kwargs = {"on_bad_step": _value(cfg.data.on_bad_step)}
+    if cfg.data.kind in ("webvoyager", "native"):  # importers of free-form agent actions
+        kwargs["unknown_action"] = _value(cfg.data.unknown_action)
+    if cfg.data.kind != "native":
         kwargs["max_element_chars"] = cfg.data.max_element_chars
+    kwargs.update(to_container(cfg.data.get("options") or {}))
     trajs, traj_skips = load_trajectories(cfg.data.kind, cfg.data.root, **kwargs)
     if cfg.data.max_trajectories is not None:
         trajs = trajs[: cfg.data.max_trajectories]
@@ -66,6 +71,14 @@ def load_data(cfg: DictConfig):
     return trajs, traj_skips, step_skips
 
 
+def token_counter(cfg: DictConfig):
+    """Token counter of the backbone's tokenizer (loaded once per process)."""
+    from ipi.backbone_text import load_tokenizer
+
+    tok = load_tokenizer(cfg.backbone.tokenizer_path, **to_container(cfg.backbone.get("tokenizer_kwargs") or {}))
+    return lambda s: len(tok(s, add_special_tokens=False)["input_ids"])
+
+
 def make_rows(cfg: DictConfig, trajectories, surface: str, controls: list[str] | None = None):
     """Replay rows of one surface.
 
@@ -74,16 +87,23 @@ def make_rows(cfg: DictConfig, trajectories, surface: str, controls: list[str] |
     entry — are exactly those of a run on that surface, and a ``-m surface=...`` sweep or an
     ``extract.py`` run before it fills each entry once. ``controls`` overrides both.
     """
-    count_tokens = None
-    if surface != "i_vis":
-        from transformers import AutoTokenizer
-
-        tok = AutoTokenizer.from_pretrained(cfg.backbone.tokenizer_path)
-        count_tokens = lambda s: len(tok(s, add_special_tokens=False)["input_ids"])  # noqa: E731
+    count_tokens = token_counter(cfg) if surface != "i_vis" else None
     if controls is None:
         controls = (resolved_controls(cfg) if _value(cfg.surface.name) == surface
                     else list(CONTROLS_BY_SURFACE[surface]))
-    return build_rows(trajectories, surface, controls, n_attacks=cfg.surface.n_attacks, count_tokens=count_tokens)
+    return build_rows(track(trajectories, f"rendering {surface} variants"), surface, controls,
+                      n_attacks=cfg.surface.n_attacks, count_tokens=count_tokens)
+
+
+def write_gallery(cfg: DictConfig, trajectory, out_dir: Path) -> Path | None:
+    """``gallery.png``: every surface × variant of the first usable step of ``trajectory``."""
+    from ipi.render import build_gallery, save_png_atomic
+
+    if not trajectory.steps:
+        return None
+    img = build_gallery(trajectory.trajectory_id, trajectory.steps[0], token_counter(cfg),
+                        task=trajectory.task, n_attacks=cfg.surface.n_attacks)
+    return save_png_atomic(img, out_dir / "gallery.png")
 
 
 def layer_indices(cfg: DictConfig) -> list[int]:
@@ -124,6 +144,7 @@ def select_features(features, layers: list[int], groups: list[str]) -> np.ndarra
     return x.reshape(x.shape[0], -1).float().numpy()
 
 
+@task_wrapper
 def train(cfg: DictConfig) -> tuple[dict, dict]:
     """Run the main job: replay, extract (cached), probe, estimands, verdict, report.
 
@@ -137,6 +158,7 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
     t0 = time.perf_counter()
     validate(cfg)
     quiet_lightning()
+    set_quiet(True if cfg.quiet else None)  # None: auto (quiet under CI or IPI_QUIET=1)
     out_dir = Path(cfg.paths.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
@@ -226,7 +248,12 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
     est = EstimandsCallback(te_meta, baselines, n_boot=cfg.evaluation.n_boot, seed=cfg.evaluation.seed,
                             level=cfg.evaluation.level, collapse_ceiling=cfg.evaluation.collapse_ceiling,
                             c1_max=cfg.evaluation.c1_max)
-    rep = ReportCallback(est, out_dir, {"counts": counts, "run": run})
+    gallery = None
+    if cfg.report.gallery:
+        first_test = next(t for t in trajs if t.trajectory_id in set(test_ids))
+        gallery = write_gallery(cfg, first_test, out_dir)
+    rep = ReportCallback(est, out_dir, {"counts": counts, "run": run}, config=to_container(cfg),
+                         gallery=gallery, plots=cfg.report.plots, html=cfg.report.html)
     trainer = L.Trainer(accelerator="cpu", devices=1, logger=loggers or False, callbacks=[est, rep],
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     x_te = torch.from_numpy(np.ascontiguousarray(x[te], dtype=np.float64))
@@ -247,6 +274,7 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
                          "baselines": baselines, "extraction": info, "elapsed_s": elapsed}
 
 
+@task_wrapper
 def extract(cfg: DictConfig) -> tuple[dict, dict]:
     """Extract (or reuse) every activation-cache entry a ``train.py`` run with this config reads.
 
@@ -258,6 +286,7 @@ def extract(cfg: DictConfig) -> tuple[dict, dict]:
     """
     validate(cfg)
     quiet_lightning()
+    set_quiet(True if cfg.quiet else None)  # None: auto (quiet under CI or IPI_QUIET=1)
     surface = _value(cfg.surface.name)
     trajs, _, _ = load_data(cfg)
     surfaces = [surface]
@@ -270,13 +299,16 @@ def extract(cfg: DictConfig) -> tuple[dict, dict]:
     return infos[surface], {"features": features, "extraction_by_surface": infos}
 
 
+@task_wrapper
 def evaluate(cfg: DictConfig) -> tuple[dict, dict]:
-    """Evaluate a score table (CSV/Parquet) into ``results.json`` and ``report.md``."""
+    """Evaluate a score table (CSV/Parquet) into ``results.json``, reports and figures."""
+    from ipi.evaluation.scoretable import read_score_table
+
     results = evaluate_score_table(cfg.scores, n_boot=cfg.evaluation.n_boot, seed=cfg.evaluation.seed,
                                    level=cfg.evaluation.level)
     out_dir = Path(cfg.paths.output_dir)
-    write_results(results, out_dir)
-    write_report(results, out_dir)
+    write_run_report(results, out_dir, scores=read_score_table(cfg.scores), config=to_container(cfg),
+                     plots=cfg.report.plots, html_report=cfg.report.html)
     return results, {}
 
 

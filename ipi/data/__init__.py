@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+from ipi.data.multimodal_mind2web import import_multimodal_mind2web_report
+from ipi.data.online_mind2web import import_online_mind2web_report
 from ipi.data.schema import DataError, Skip, Step, Trajectory, read_native, write_native
 from ipi.data.webvoyager import (
     UNKNOWN_ACTION_POLICIES,
@@ -87,6 +89,8 @@ def load_native(
 #: Importer registry: kind name -> ``importer(root, **kwargs) -> (trajectories, skipped)``.
 IMPORTERS: dict[str, Callable[..., tuple[list[Trajectory], list[dict]]]] = {
     "webvoyager": import_webvoyager_report,
+    "online_mind2web": import_online_mind2web_report,
+    "multimodal_mind2web": import_multimodal_mind2web_report,
     "native": load_native,
 }
 
@@ -124,6 +128,8 @@ __all__ = [
     "Skip",
     "Step",
     "Trajectory",
+    "import_multimodal_mind2web_report",
+    "import_online_mind2web_report",
     "import_webvoyager",
     "import_webvoyager_report",
     "load_native",

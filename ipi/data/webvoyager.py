@@ -35,6 +35,7 @@ from pathlib import Path
 from PIL import Image
 
 from ipi.data.schema import DataError, Skip, Step, Trajectory
+from ipi.progress import track
 
 __all__ = [
     "ACTION_TYPES",
@@ -462,7 +463,7 @@ def import_webvoyager_report(
     trajectories: list[Trajectory] = []
     skipped: list[dict] = [{"path": str(p), "reason": NO_LOG} for p in orphans]
     seen: dict[str, tuple[str, Path]] = {}  # sha256 of the log -> (first id, folder)
-    for folder in tasks:
+    for folder in track(tasks, "import webvoyager"):
         rel = folder.relative_to(root).as_posix()
         trajectory_id = root.name if rel == "." else rel
         log = folder / LOG_NAME

@@ -9,9 +9,10 @@ import lightning as L
 import numpy as np
 import pandas as pd
 
-from ipi.evaluation.report import write_report, write_results
+from ipi.evaluation.report import write_run_report
 from ipi.evaluation.verdict import verdict
 from ipi.metrics.estimands import evaluate_tables
+from ipi.progress import progress_bar
 
 
 def _flat_metrics(results: dict, prefix: str = "test") -> dict[str, float]:
@@ -78,7 +79,10 @@ class EstimandsCallback(L.Callback):
         table = self.rows[["trajectory_id", "step", "variant"]].copy()
         table["score"] = scores
         self.scores = table
-        results = evaluate_tables(table, self.baselines, n_boot=self.n_boot, seed=self.seed, level=self.level)
+        desc = f"bootstrap (B={self.n_boot}, {1 + len(self.baselines)} score tables)"
+        with progress_bar(desc, total=1) as bar:
+            results = evaluate_tables(table, self.baselines, n_boot=self.n_boot, seed=self.seed, level=self.level)
+            bar.advance()
         results["verdict"] = verdict(results, collapse_ceiling=self.collapse_ceiling, c1_max=self.c1_max)
         self.results = results
         metrics = _flat_metrics(results)
@@ -88,24 +92,49 @@ class EstimandsCallback(L.Callback):
 
 
 class ReportCallback(L.Callback):
-    """Writes ``results.json`` and ``report.md`` once the estimands exist (atomic writes).
+    """Writes the run's outputs once the estimands exist (atomic writes, rank 0 only).
+
+    ``results.json``, ``report.md``, ``report.html`` (self-contained), ``roc.png`` and
+    ``forest.png`` (see :func:`ipi.evaluation.report.write_run_report`); then, for every W&B logger
+    of the trainer, the config, estimands, verdict and figures (:func:`ipi.tracking.log_run`).
 
     Args:
         estimands: The :class:`EstimandsCallback` of the same trainer (must run first).
         out_dir: Run directory.
         extra: Entries merged into the results (counts, run description, cache info).
+        config: Resolved config (plain dict) for the HTML report and W&B, or None.
+        gallery: Gallery PNG in the run directory (embedded in the HTML; uploaded to W&B only
+            when the logger allows screenshots), or None.
+        plots: Draw the figures.
+        html: Write ``report.html``.
     """
 
-    def __init__(self, estimands: EstimandsCallback, out_dir: str | Path, extra: Mapping):
+    def __init__(self, estimands: EstimandsCallback, out_dir: str | Path, extra: Mapping,
+                 config: Mapping | None = None, gallery: str | Path | None = None,
+                 plots: bool = True, html: bool = True):
         self.estimands = estimands
         self.out_dir = Path(out_dir)
         self.extra = dict(extra)
+        self.config = config
+        self.gallery = gallery
+        self.plots, self.html = plots, html
         self.results: dict | None = None
+        self.paths: dict[str, Path] = {}
 
     def on_predict_epoch_end(self, trainer, pl_module) -> None:
         if self.estimands.results is None:
             raise RuntimeError("ReportCallback: EstimandsCallback must come first in the callback list")
         self.results = {**self.estimands.results, **self.extra}
-        if trainer.is_global_zero:
-            write_results(self.results, self.out_dir)
-            write_report(self.results, self.out_dir)
+        if not trainer.is_global_zero:
+            return
+        self.paths = write_run_report(self.results, self.out_dir, scores=self.estimands.scores,
+                                      config=self.config, gallery=self.gallery, plots=self.plots,
+                                      html_report=self.html)
+        figures = {k: p for k, p in self.paths.items() if k in ("roc", "forest", "gallery")}
+        from lightning.pytorch.loggers import WandbLogger
+
+        from ipi.tracking import log_run
+
+        for lg in trainer.loggers:
+            if isinstance(lg, WandbLogger):
+                log_run(lg, self.results, figures, self.config)

@@ -1,12 +1,30 @@
-"""``results.json`` and ``report.md`` of a run, written atomically."""
+"""What a run writes for people: ``results.json``, ``report.md``, ``report.html`` and the figures.
+
+Everything is written atomically (:mod:`ipi.io`). ``report.md`` and ``report.html`` carry the same
+content in the same order — verdict first, then the estimands table, the figures, the data counts
+and the run description; the HTML adds the resolved config and embeds every figure as base64, so
+the one file can be mailed or archived on its own. :func:`write_run_report` writes them all.
+"""
 
 from __future__ import annotations
 
+import base64
+import html
 import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
 
 from ipi.io import atomic_write_text
+
+#: Figure file names in a run folder, in report order, with their captions.
+FIGURES = {
+    "roc": ("roc.png", ("ROC curves on the test split: attack vs clean (E1) and attack vs each "
+                        "control (E3), step-weighted like the estimands.")),
+    "forest": ("forest.png", ("Every estimand with its cluster-bootstrap interval; the dashed line "
+                              "is chance (0.5) for AUCs and 0 for paired differences.")),
+    "gallery": ("gallery.png", "Every surface × variant of one test step (what the probe saw)."),
+}
 
 
 def _clean(obj):
@@ -42,11 +60,37 @@ def _fmt(iv: dict | None) -> str:
     return f"{iv['estimate']:.3f} | {ci} | {iv.get('n_boot_used', 0)}"
 
 
-def render_report(results: dict) -> str:
-    """A Markdown report a person reads: verdict first, then estimands, then counts.
+def estimand_rows(results: Mapping) -> list[tuple[str, dict | None]]:
+    """``(label, interval)`` for every estimand of a results dict, in report order.
+
+    Order: E1, E2, E3 per control, each baseline's E1 (and E2), then the paired differences.
+    Intervals are ``{"estimate", "ci_low", "ci_high", "n_boot_used"}`` dicts.
+    """
+    r = results
+    rows: list[tuple[str, dict | None]] = [("E1 attack vs clean", r.get("e1")), ("E2 paired step", r.get("e2"))]
+    rows += [(f"E3 attack vs {c}", iv) for c, iv in sorted((r.get("e3") or {}).items())]
+    names = {"c1": "C1 metadata baseline", "collapse_only": "C2 collapse-only", "permuted": "permuted labels",
+             "transfer": "cross-surface transfer"}
+    for key, label in names.items():
+        if isinstance(r.get(key), dict):
+            rows.append((f"{label} E1", r[key].get("e1")))
+            if r[key].get("e2"):
+                rows.append((f"{label} E2", r[key].get("e2")))
+    for k, iv in sorted((r.get("differences") or {}).items()):
+        if isinstance(iv, dict) and "estimate" in iv:
+            rows.append((k, iv))
+        elif isinstance(iv, dict):
+            rows += [(f"{k} {c}", sub) for c, sub in sorted(iv.items())]
+    return rows
+
+
+def render_report(results: dict, figures: Mapping[str, str] | None = None) -> str:
+    """A Markdown report a person reads: verdict first, then estimands, figures, counts.
 
     Args:
         results: The dict written to ``results.json``.
+        figures: ``{name: file name relative to the report}`` of figures to link (see
+            :data:`FIGURES`), or None.
 
     Returns:
         Markdown text.
@@ -60,25 +104,13 @@ def render_report(results: dict) -> str:
         lines.append("")
     lines += ["## Estimands (PROTOCOL.md §5)", "",
               "| estimand | estimate | 95% CI | replicates used |", "|---|---|---|---|"]
-    lines.append(f"| E1 attack vs clean | {_fmt(r.get('e1'))} |")
-    lines.append(f"| E2 paired step | {_fmt(r.get('e2'))} |")
-    for c, iv in sorted((r.get("e3") or {}).items()):
-        lines.append(f"| E3 attack vs {c} | {_fmt(iv)} |")
-    names = {"c1": "C1 metadata baseline", "collapse_only": "C2 collapse-only", "permuted": "permuted labels",
-             "transfer": "cross-surface transfer"}
-    for key, label in names.items():
-        if isinstance(r.get(key), dict):
-            lines.append(f"| {label} E1 | {_fmt(r[key].get('e1'))} |")
-            if r[key].get("e2"):
-                lines.append(f"| {label} E2 | {_fmt(r[key].get('e2'))} |")
-    diffs = r.get("differences") or {}
-    for k, iv in sorted(diffs.items()):
-        if isinstance(iv, dict) and "estimate" in iv:
-            lines.append(f"| {k} | {_fmt(iv)} |")
-        elif isinstance(iv, dict):
-            for c, sub in sorted(iv.items()):
-                lines.append(f"| {k} {c} | {_fmt(sub)} |")
+    lines += [f"| {label} | {_fmt(iv)} |" for label, iv in estimand_rows(r)]
     lines.append("")
+    if figures:
+        lines += ["## Figures", ""]
+        for name, rel in figures.items():
+            caption = FIGURES.get(name, (None, name))[1]
+            lines += [f"![{name}]({rel})", "", f"*{caption}*", ""]
     counts = r.get("counts")
     if counts:
         lines += ["## Data", ""]
@@ -98,8 +130,171 @@ def render_report(results: dict) -> str:
     return "\n".join(lines)
 
 
-def write_report(results: dict, out_dir: str | Path) -> Path:
-    """Write ``report.md`` atomically and return its path."""
+def write_report(results: dict, out_dir: str | Path, figures: Mapping[str, str] | None = None) -> Path:
+    """Write ``report.md`` atomically and return its path (``figures`` as in :func:`render_report`)."""
     path = Path(out_dir) / "report.md"
-    atomic_write_text(path, render_report(results))
+    atomic_write_text(path, render_report(results, figures))
     return path
+
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:1100px;margin:2em auto;
+padding:0 1em;color:#1a1a1a;line-height:1.45}
+h1{font-size:1.6em;margin-bottom:.2em}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}
+.claim{font-size:1.25em;padding:.6em 1em;border-radius:6px;margin:.6em 0}
+.claim.detects{background:#e3f5e1;border:1px solid #6fbf73}.claim.separates{background:#fff6dc;border:1px solid #e0b84d}
+.claim.none{background:#fde7e7;border:1px solid #e07b7b}
+table{border-collapse:collapse;margin:.5em 0;font-size:.92em}td,th{border:1px solid #ccc;padding:.3em .6em;text-align:left}
+th{background:#f3f3f3}td.num{text-align:right;font-variant-numeric:tabular-nums}
+.PASS{color:#1b7a1b;font-weight:600}.FAIL{color:#b21f1f;font-weight:600}.NOT.RUN,.NOTRUN{color:#777;font-weight:600}
+figure{margin:1em 0}figure img{max-width:100%;border:1px solid #ddd}figcaption{font-size:.9em;color:#555}
+pre{background:#f6f8fa;padding:.8em;overflow:auto;font-size:.85em;border-radius:4px}
+.muted{color:#666;font-size:.9em}
+"""
+
+
+def _h(x) -> str:
+    return html.escape(str(x), quote=True)
+
+
+def _num(x, fmt: str = ".3f") -> str:
+    return "n/a" if x is None else format(float(x), fmt)
+
+
+def _img_tag(path: Path, alt: str) -> str:
+    data = base64.b64encode(path.read_bytes()).decode("ascii")
+    return f'<img alt="{_h(alt)}" src="data:image/png;base64,{data}">'
+
+
+def render_html(results: Mapping, figures: Mapping[str, str | Path] | None = None,
+                config_yaml: str | None = None, base_dir: str | Path | None = None) -> str:
+    """A self-contained HTML report: verdict, estimands, figures (base64), counts, run, config.
+
+    Args:
+        results: The dict written to ``results.json``.
+        figures: ``{name: PNG path}`` (relative paths are taken under ``base_dir``); each is
+            embedded as a base64 ``data:`` URI, so the HTML needs no other file.
+        config_yaml: The resolved run config as YAML (shown at the end), or None.
+        base_dir: Folder that relative figure paths are under.
+
+    Returns:
+        HTML text.
+    """
+    r = results
+    run = r.get("run") or {}
+    title = " · ".join(str(x) for x in (run.get("surface"), run.get("backbone")) if x) or "score table"
+    out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+           f"<title>ipi report — {_h(title)}</title><style>{_CSS}</style></head><body>",
+           f"<h1>ipi report — {_h(title)}</h1>"]
+    if r.get("source"):
+        out.append(f'<p class="muted">score table: {_h(r["source"])}</p>')
+    v = r.get("verdict")
+    if v:
+        cls = {"detects malicious content": "detects", "none": "none"}.get(v["claim"], "separates")
+        out += ["<h2>Verdict (PROTOCOL.md §7)</h2>",
+                f'<div class="claim {cls}">Licensed claim: <b>{_h(v["claim"])}</b></div>',
+                "<table><tr><th>#</th><th>check</th><th>status</th><th>numbers behind it</th></tr>"]
+        for c in v["checks"]:
+            status_cls = c["status"].replace(" ", "")
+            out.append(f'<tr><td>{c["id"]}</td><td>{_h(c["name"])}</td>'
+                       f'<td class="{status_cls}">{_h(c["status"])}</td><td>{_h(c["detail"])}</td></tr>')
+        out.append("</table>")
+    bs = r.get("bootstrap") or {}
+    level = bs.get("level", 0.95)
+    out += ["<h2>Estimands (PROTOCOL.md §5)</h2>",
+            (f"<table><tr><th>estimand</th><th>estimate</th><th>{level:.0%} CI</th>"
+             "<th>replicates used</th></tr>")]
+    for label, iv in estimand_rows(r):
+        iv = iv or {}
+        ci = (f"[{_num(iv.get('ci_low'))}, {_num(iv.get('ci_high'))}]"
+              if iv.get("ci_low") is not None and iv.get("ci_high") is not None else "n/a")
+        out.append(f'<tr><td>{_h(label)}</td><td class="num">{_num(iv.get("estimate"))}</td>'
+                   f'<td class="num">{ci}</td><td class="num">{_h(iv.get("n_boot_used", ""))}</td></tr>')
+    out.append("</table>")
+    if bs:
+        out.append('<p class="muted">Cluster bootstrap over test trajectories: '
+                   + _h(", ".join(f"{k}={val}" for k, val in bs.items())) + "</p>")
+    if figures:
+        out.append("<h2>Figures</h2>")
+        base = Path(base_dir) if base_dir is not None else Path(".")
+        for name, rel in figures.items():
+            path = Path(rel) if Path(rel).is_absolute() else base / rel
+            if not path.is_file():
+                continue
+            caption = FIGURES.get(name, (None, name))[1]
+            out.append(f"<figure>{_img_tag(path, name)}<figcaption>{_h(caption)}</figcaption></figure>")
+    counts = r.get("counts")
+    if counts:
+        out += ["<h2>Data</h2>", "<table>"]
+        details = []
+        for k, val in counts.items():
+            if isinstance(val, list):
+                out.append(f"<tr><td>{_h(k)}</td><td class=\"num\">{len(val)}</td></tr>")
+                if val:
+                    items = "".join(f"<li>{_h(json.dumps(s, ensure_ascii=False))}</li>" for s in val[:200])
+                    more = f"<li>… {len(val) - 200} more</li>" if len(val) > 200 else ""
+                    details.append(f"<details><summary>{_h(k)} ({len(val)})</summary><ul>{items}{more}</ul></details>")
+            elif isinstance(val, dict):
+                inner = ", ".join(f"{_h(a)}: {_h(b)}" for a, b in val.items())
+                out.append(f"<tr><td>{_h(k)}</td><td>{inner}</td></tr>")
+            else:
+                out.append(f'<tr><td>{_h(k)}</td><td class="num">{_h(val)}</td></tr>')
+        out.append("</table>")
+        out += details
+    if run:
+        out += ["<h2>Run</h2>", "<table>"]
+        out += [f"<tr><td>{_h(k)}</td><td>{_h(val)}</td></tr>" for k, val in run.items()]
+        out.append("</table>")
+    if config_yaml:
+        out += ["<h2>Resolved config</h2>", f"<pre>{_h(config_yaml)}</pre>"]
+    out.append("</body></html>")
+    return "\n".join(out)
+
+
+def write_run_report(results: dict, out_dir: str | Path, *, scores=None, config: Mapping | None = None,
+                     gallery: str | Path | None = None, plots: bool = True, html_report: bool = True,
+                     title: str = "") -> dict[str, Path]:
+    """Write ``results.json``, the figures, ``report.md`` and ``report.html`` of a run.
+
+    Args:
+        results: JSON-ready results (estimands, verdict, counts, run).
+        out_dir: Run directory.
+        scores: The probe's test-row score table (``trajectory_id, step, variant, score``) for the
+            ROC figure, or None to skip it.
+        config: The resolved config (plain dict) shown at the end of the HTML, or None.
+        gallery: A gallery PNG already written into ``out_dir`` (linked and embedded), or None.
+        plots: Whether to draw ``roc.png`` and ``forest.png``.
+        html_report: Whether to write ``report.html``.
+        title: Figure title (default: surface and backbone of ``results["run"]``).
+
+    Returns:
+        ``{"results", "report_md", "report_html"?, "roc"?, "forest"?, "gallery"?}`` → paths.
+    """
+    out_dir = Path(out_dir)
+    paths: dict[str, Path] = {"results": write_results(results, out_dir)}
+    run = results.get("run") or {}
+    title = title or " · ".join(str(x) for x in (run.get("surface"), run.get("backbone"),
+                                                 run.get("layers_config"),
+                                                 "+".join(run.get("token_groups") or [])) if x)
+    figures: dict[str, str] = {}
+    if plots:
+        from ipi.plots import plot_forest, plot_roc
+
+        if scores is not None:
+            paths["roc"] = plot_roc(scores, out_dir / FIGURES["roc"][0], title=title and f"ROC · {title}")
+            figures["roc"] = FIGURES["roc"][0]
+        paths["forest"] = plot_forest(results, out_dir / FIGURES["forest"][0], title=title)
+        figures["forest"] = FIGURES["forest"][0]
+    if gallery is not None and Path(gallery).is_file():
+        paths["gallery"] = Path(gallery)
+        figures["gallery"] = Path(gallery).name if Path(gallery).parent == out_dir else str(gallery)
+    paths["report_md"] = write_report(results, out_dir, figures)
+    if html_report:
+        cfg_yaml = None
+        if config is not None:
+            from omegaconf import OmegaConf
+
+            cfg_yaml = OmegaConf.to_yaml(OmegaConf.create(dict(config)))
+        paths["report_html"] = atomic_write_text(
+            out_dir / "report.html", render_html(results, figures, cfg_yaml, base_dir=out_dir))
+    return paths

@@ -19,6 +19,7 @@ from ipi.extraction.cache import ActivationCache, FeatureSet, stable_hash
 from ipi.extraction.datamodule import ReplayDataModule, StepGroupDataset
 from ipi.extraction.extractor import HiddenStateExtractor, ShardWriter
 from ipi.extraction.rows import ReplayRow, row_fingerprint
+from ipi.progress import extraction_callbacks
 
 log = logging.getLogger(__name__)
 
@@ -143,11 +144,12 @@ def extract_features(cfg, rows: Sequence[ReplayRow], layer_indices: Sequence[int
             dm = ReplayDataModule(dataset, pad, batch_size=max(1, cfg.backbone.batch_size // per_step),
                                   num_workers=cfg.extract.num_workers)
             writer = ShardWriter(cache, shard_rows=cfg.extract.shard_rows, dtype=cfg.backbone.cache_dtype)
+            bars = extraction_callbacks(True if cfg.quiet else None)  # RichProgressBar with ETA
             trainer = L.Trainer(
                 accelerator=cfg.extract.accelerator, devices=cfg.extract.devices,
                 strategy=cfg.extract.strategy, precision=resolve_precision(cfg.extract.precision),
-                callbacks=[writer], logger=False, enable_checkpointing=False,
-                enable_model_summary=False, enable_progress_bar=not cfg.quiet,
+                callbacks=[writer, *bars], logger=False, enable_checkpointing=False,
+                enable_model_summary=False, enable_progress_bar=bool(bars),
             )
             module = HiddenStateExtractor(backbone, layers, token_groups, max_rows=cfg.backbone.batch_size)
             trainer.predict(module, datamodule=dm, return_predictions=False)

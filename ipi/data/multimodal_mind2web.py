@@ -1,0 +1,325 @@
+"""Importer for Multimodal-Mind2Web (Hugging Face dataset ``osunlp/Multimodal-Mind2Web``).
+
+The dataset has one row per **action** (step), in Parquet shards
+``data/<split>-XXXXX-of-YYYYY.parquet`` (splits ``train``, ``test_task``, ``test_website``,
+``test_domain``). The columns this importer reads:
+
+==================== ==========================================================================
+``annotation_id``    task id (the trajectory)
+``confirmed_task``   the task instruction
+``action_uid``       id of the action (step)
+``action_reprs``     list of every action of the task, e.g. ``"[button]  Search -> CLICK"``
+``target_action_index``  index of this row's action in ``action_reprs`` (a string, ``"0"``)
+``target_action_reprs``  this row's action
+``operation``        JSON string ``{"op": "CLICK"|"TYPE"|"SELECT", "original_op", "value"}``
+``screenshot``       the page before the action (an ``Image`` feature: PNG/JPEG bytes)
+``cleaned_html``     the page's HTML after Mind2Web's cleaning
+==================== ==========================================================================
+
+The loader uses :mod:`datasets` on a **local copy** only (no network): a folder holding the
+Parquet files (e.g. a ``huggingface-cli download osunlp/Multimodal-Mind2Web --repo-type dataset
+--local-dir ...`` or ``snapshot_download``), a single Parquet file, or a ``save_to_disk``
+folder. Parquet is streamed (``streaming=True``) reading only these columns, so a 13 GB split
+does not have to fit in memory; with ``limit`` only the first ``limit`` annotation ids (sorted)
+are materialised.
+
+Mapping onto the native schema (``docs/data.md``):
+
+* trajectory = ``annotation_id``; ``horizon`` = ``len(action_reprs)``; step =
+  ``int(target_action_index)``; ``history`` = ``action_reprs[:step]``; ``action`` =
+  ``target_action_reprs``; ``action_type`` = ``operation["op"]`` in lower case.
+* ``thought = ""``: Mind2Web records no reasoning (the teacher-forced turn is
+  ``"Thought: \\n\\nAction: <action>"``).
+* ``screenshot``: the image bytes are written unchanged (atomic write) to
+  ``<image_dir>/<annotation_id>/<action_uid>.<png|jpg>`` and the step points there.
+* ``element_text``: the elements of ``cleaned_html`` as a numbered list in document order,
+  ``[0]: <button> "Search";\\t[1]: <input> "Pick up city";\\t...`` (an element's own text, or
+  for text-less form elements its aria label / placeholder / value / name / title), truncated to
+  ``max_element_chars``.
+* ``tool_result``: ``"No previous action."`` at step 0, ``"Action executed: <previous action>"``
+  later (Mind2Web has no environment feedback).
+* An action of ``action_reprs`` without a row in the loaded split, a row without a screenshot and
+  a screenshot Pillow cannot read are counted skips (``Trajectory.skipped``), never dropped.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+from collections import defaultdict
+from html.parser import HTMLParser
+from pathlib import Path
+
+from PIL import Image
+
+from ipi.data.online_mind2web import NO_PREVIOUS_ACTION, mind2web_action_type
+from ipi.data.schema import DataError, Skip, Step, Trajectory
+from ipi.io import atomic_path
+from ipi.progress import track
+
+__all__ = ["COLUMNS", "SOURCE", "html_to_element_text", "import_multimodal_mind2web_report"]
+
+SOURCE = "multimodal_mind2web"
+COLUMNS = ("annotation_id", "confirmed_task", "action_uid", "action_reprs", "target_action_index",
+           "target_action_reprs", "operation", "screenshot", "cleaned_html")
+REQUIRED = ("annotation_id", "confirmed_task", "action_reprs", "target_action_index", "screenshot")
+
+_VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
+_FORM = {"input", "select", "textarea", "button", "option", "img"}
+_LABEL_ATTRS = ("aria_label", "aria-label", "placeholder", "value", "name", "title", "alt", "type")
+_WS = re.compile(r"\s+")
+
+
+class _Elements(HTMLParser):
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.stack: list[tuple[str, dict, list[str], int]] = []
+        self.entries: list[str | None] = []
+
+    def _open(self, tag, attrs):
+        self.entries.append(None)
+        return (tag, {k: v for k, v in attrs if v}, [], len(self.entries) - 1)
+
+    def _close(self, item):
+        tag, attrs, parts, slot = item
+        text = _WS.sub(" ", " ".join(parts)).strip()
+        if not text and tag in _FORM:
+            text = next((attrs[a] for a in _LABEL_ATTRS if attrs.get(a)), "")
+            text = _WS.sub(" ", text).strip()
+        if text:
+            self.entries[slot] = f'<{tag}> "{text}"'
+
+    def handle_starttag(self, tag, attrs):
+        item = self._open(tag, attrs)
+        if tag in _VOID:
+            self._close(item)
+        else:
+            self.stack.append(item)
+
+    def handle_startendtag(self, tag, attrs):
+        self._close(self._open(tag, attrs))
+
+    def handle_endtag(self, tag):
+        for i in range(len(self.stack) - 1, -1, -1):
+            if self.stack[i][0] == tag:
+                while len(self.stack) > i:
+                    self._close(self.stack.pop())
+                return
+
+    def handle_data(self, data):
+        if self.stack and data.strip():
+            self.stack[-1][2].append(data)
+
+    def result(self) -> list[str]:
+        while self.stack:
+            self._close(self.stack.pop())
+        return [e for e in self.entries if e is not None]
+
+
+def html_to_element_text(html: str, max_chars: int | None = None) -> str:
+    """The elements of a (cleaned) HTML page as a numbered list, WebVoyager-style.
+
+    Args:
+        html: HTML text.
+        max_chars: Truncate the result to this many characters (None: keep it whole).
+
+    Returns:
+        ``'[0]: <tag> "text";\\t[1]: ...'`` in document order; only elements with their own
+        text, or form elements with a label attribute, are listed.
+    """
+    p = _Elements()
+    p.feed(html or "")
+    p.close()
+    text = ";\t".join(f"[{i}]: {e}" for i, e in enumerate(p.result()))
+    return text[:max_chars] if max_chars is not None else text
+
+
+def _parquet_files(root: Path, split: str | None) -> list[Path]:
+    if root.is_file():
+        return [root]
+    files = sorted(root.rglob("*.parquet"))
+    if split is not None:
+        files = [f for f in files if f.name.startswith(f"{split}-") or f.parent.name == split
+                 or f.stem == split]
+    return files
+
+
+def _open_rows(root: Path, split: str | None, columns: list[str]):
+    """An iterable of row dicts with ``columns`` (screenshots as ``{"bytes", "path"}``)."""
+    import datasets
+
+    if root.is_dir() and ((root / "state.json").is_file() or (root / "dataset_dict.json").is_file()):
+        ds = datasets.load_from_disk(str(root))
+        if isinstance(ds, datasets.DatasetDict):
+            if split is None or split not in ds:
+                raise DataError(f"{root}: saved DatasetDict has splits {sorted(ds)}; set data.options.split")
+            ds = ds[split]
+        missing = [c for c in columns if c not in ds.column_names]
+        if missing:
+            raise DataError(f"{root}: dataset lacks column(s) {', '.join(missing)}")
+        ds = ds.select_columns(columns)
+        if "screenshot" in columns:
+            ds = ds.cast_column("screenshot", datasets.Image(decode=False))
+        return ds
+    files = _parquet_files(root, split)
+    if not files:
+        what = f" for split {split!r}" if split else ""
+        raise FileNotFoundError(f"{root}: no Parquet files{what}")
+    import pyarrow.parquet as pq
+
+    for f in files:
+        names = set(pq.read_schema(f).names)
+        missing = [c for c in columns if c not in names]
+        if missing:
+            raise DataError(f"{f}: missing column(s) {', '.join(missing)} (not Multimodal-Mind2Web rows?)")
+    ds = datasets.load_dataset("parquet", data_files=[str(f) for f in files], split="train",
+                               streaming=True, columns=columns)
+    if "screenshot" in columns:
+        ds = ds.cast_column("screenshot", datasets.Image(decode=False))
+    return ds
+
+
+def _image_bytes(value) -> bytes | None:
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        if value.get("bytes"):
+            return value["bytes"]
+        if value.get("path") and Path(value["path"]).is_file():
+            return Path(value["path"]).read_bytes()
+        return None
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value)
+    return None
+
+
+def _write_image(data: bytes, folder: Path, stem: str) -> Path:
+    ext = ".jpg" if data[:3] == b"\xff\xd8\xff" else ".png" if data[:8] == b"\x89PNG\r\n\x1a\n" else ".img"
+    path = folder / f"{stem}{ext}"
+    if not (path.is_file() and path.stat().st_size == len(data)):
+        with atomic_path(path) as tmp:
+            tmp.write_bytes(data)
+    return path
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name)
+
+
+def _op(operation, action: str) -> str:
+    if isinstance(operation, str):
+        try:
+            operation = json.loads(operation)
+        except json.JSONDecodeError:
+            operation = None
+    if isinstance(operation, dict) and isinstance(operation.get("op"), str):
+        return operation["op"].lower()
+    return mind2web_action_type(action)
+
+
+def import_multimodal_mind2web_report(
+    root: str | os.PathLike,
+    *,
+    split: str | None = None,
+    image_dir: str | os.PathLike | None = None,
+    limit: int | None = None,
+    on_bad_step: str = "skip",
+    max_element_chars: int | None = None,
+) -> tuple[list[Trajectory], list[dict]]:
+    """Import Multimodal-Mind2Web rows from a local copy into native-schema trajectories.
+
+    Args:
+        root: Folder searched recursively for ``*.parquet``, one Parquet file, or a
+            ``save_to_disk`` folder.
+        split: Keep only Parquet files named ``<split>-*.parquet`` (or the split of a saved
+            ``DatasetDict``); None reads every file.
+        image_dir: Where screenshots are written (default ``$IPI_CACHE_DIR`` or
+            ``outputs/cache``, then ``multimodal_mind2web/``).
+        limit: Import only the first ``limit`` annotation ids in sorted order.
+        on_bad_step: ``"skip"`` records unreadable screenshots as skips; ``"error"`` raises
+            :class:`DataError` naming the task and step.
+        max_element_chars: Truncate ``element_text`` to this many characters.
+
+    Returns:
+        ``(trajectories sorted by annotation_id, [])`` (nothing is left out at folder level).
+
+    Raises:
+        FileNotFoundError: ``root`` missing or no Parquet files.
+        DataError: Missing columns, a non-integer ``target_action_index``, two rows for one step,
+            rows of one task disagreeing on ``action_reprs``, or (under ``"error"``) an
+            unreadable screenshot.
+    """
+    if on_bad_step not in ("skip", "error"):
+        raise ValueError(f"on_bad_step must be 'skip' or 'error', not {on_bad_step!r}")
+    root = Path(os.path.abspath(root))
+    if not root.exists():
+        raise FileNotFoundError(f"Multimodal-Mind2Web root {root} does not exist")
+    base = Path(image_dir) if image_dir is not None else (
+        Path(os.environ.get("IPI_CACHE_DIR", "outputs/cache")) / "multimodal_mind2web")
+    keep = None
+    if limit is not None:
+        ids = sorted({str(r["annotation_id"]) for r in _open_rows(root, split, ["annotation_id"])})
+        keep = set(ids[:limit])
+    columns = list(COLUMNS)
+    rows_by_task: dict[str, dict[int, dict]] = defaultdict(dict)
+    meta: dict[str, tuple[str, tuple[str, ...]]] = {}
+    for r in track(_open_rows(root, split, columns), "import multimodal_mind2web"):
+        aid = str(r["annotation_id"])
+        if keep is not None and aid not in keep:
+            continue
+        try:
+            k = int(str(r["target_action_index"]).strip())
+        except ValueError:
+            raise DataError(f"{root}: task {aid} action {r.get('action_uid')}: target_action_index "
+                            f"{r['target_action_index']!r} is not an integer") from None
+        reprs = tuple(str(a) for a in (r["action_reprs"] or ()))
+        if aid in meta and meta[aid][1] != reprs:
+            raise DataError(f"{root}: task {aid}: rows disagree on action_reprs")
+        meta[aid] = (str(r["confirmed_task"]), reprs)
+        if k in rows_by_task[aid]:
+            raise DataError(f"{root}: task {aid}: two rows for step {k}")
+        html = r.get("cleaned_html") or ""
+        rows_by_task[aid][k] = {
+            "action_uid": str(r.get("action_uid") or f"step{k}"),
+            "action": str(r.get("target_action_reprs") or (reprs[k] if k < len(reprs) else "")),
+            "op": r.get("operation"),
+            "image": _image_bytes(r.get("screenshot")),
+            "element_text": html_to_element_text(html, max_element_chars),
+        }
+    trajectories = []
+    for aid in sorted(rows_by_task):
+        task, reprs = meta[aid]
+        horizon = max(len(reprs), max(rows_by_task[aid]) + 1)
+        folder = base / _safe(aid)
+        steps, skipped = [], []
+        for k in range(horizon):
+            row = rows_by_task[aid].get(k)
+            where = f"{root} (annotation_id={aid})"
+            if row is None:
+                skipped.append(Skip(k, "no row for this action in the loaded split", where))
+                continue
+            if row["image"] is None:
+                skipped.append(Skip(k, "missing screenshot", where))
+                continue
+            try:
+                with Image.open(io.BytesIO(row["image"])) as im:
+                    im.verify()
+            except Exception as e:
+                if on_bad_step == "error":
+                    raise DataError(f"{where}: step {k}: unreadable screenshot ({type(e).__name__})") from e
+                skipped.append(Skip(k, f"unreadable screenshot: {type(e).__name__}", where))
+                continue
+            path = _write_image(row["image"], folder, _safe(row["action_uid"]))
+            history = tuple(reprs[:k])
+            prev = reprs[k - 1] if 0 < k <= len(reprs) else None
+            steps.append(Step(
+                step=k, screenshot=str(path), element_text=row["element_text"],
+                element_text_omitted=not row["element_text"],
+                tool_result=NO_PREVIOUS_ACTION if prev is None else f"Action executed: {prev}",
+                thought="", action=row["action"].strip(), action_type=_op(row["op"], row["action"]),
+                history=history,
+            ))
+        trajectories.append(Trajectory(aid, task.strip(), SOURCE, horizon, tuple(steps), tuple(skipped)))
+    return trajectories, []

@@ -517,7 +517,7 @@ def test_package_never_executes_fetches_or_unpickles():
         "trust_remote_code=True", "torch.load()", "shell=True", "weights_only=False", "os.system()"]
 
 
-def test_remote_code_off_and_wandb_offline_in_every_config(tmp_path):
+def test_remote_code_off_and_wandb_offline_in_every_config(tmp_path, monkeypatch):
     import yaml
 
     for path in sorted((REPO / "conf").rglob("*.yaml")):
@@ -530,8 +530,10 @@ def test_remote_code_off_and_wandb_offline_in_every_config(tmp_path):
     for name in ("qwen2_5_vl_7b", "qwen2_5_vl_3b"):
         cfg = compose_train(tmp_path, [f"backbone={name}"], small=False)
         assert cfg.backbone.loader.trust_remote_code is False
+    monkeypatch.delenv("WANDB_MODE", raising=False)
     cfg = compose_train(tmp_path, ["logger=wandb"])
-    assert cfg.logger.wandb.offline is True and cfg.logger.wandb.log_model is False
+    assert cfg.logger.wandb.mode == "offline" and cfg.logger.wandb.log_model is False
+    assert cfg.logger.wandb.upload_screenshots is False
 
 
 _OFFLINE_DRIVER = textwrap.dedent("""

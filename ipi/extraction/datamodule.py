@@ -91,30 +91,17 @@ def _image_key(row: ReplayRow) -> tuple:
     return ("banner", v.variant, v.attack_index, v.banner, v.injected_text)
 
 
-class StepGroupDataset(Dataset):
+class StepGroupDataset(ReplayDataset):
     """Step groups (all rows of one trajectory step on one surface), tokenised lazily.
 
     Each distinct screenshot of a group is rendered and processed once; every row is tokenised
     against the shared image inputs (:func:`ipi.replay.tokenise` with ``image_inputs``).
-
-    Args:
-        rows: Rows to replay (e.g. those still missing from the cache), in build order.
-        processor: The backbone's processor / tokenizer.
-        system_prompt: System prompt of the agent.
-        multimodal: Whether the screenshot is part of the prompt.
-        image_size: Pixel limits for the image processor.
-        image_token_id: Id of the image placeholder token.
+    Arguments as :class:`ReplayDataset`; items are step groups instead of rows.
     """
 
-    def __init__(self, rows: Sequence[ReplayRow], processor, system_prompt: str, multimodal: bool,
-                 image_size: dict | None, image_token_id: int | None):
-        self.rows = list(rows)
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
         self.groups = step_groups(self.rows)
-        self.processor = processor
-        self.system_prompt = system_prompt
-        self.multimodal = multimodal
-        self.image_size = image_size
-        self.image_token_id = image_token_id
 
     def __len__(self) -> int:
         return len(self.groups)

@@ -10,9 +10,10 @@ register_configs()
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="extract")
 def main(cfg: DictConfig) -> None:
+    from ipi.cli import run_entry
     from ipi.tasks import extract
 
-    extract(cfg)
+    run_entry(extract, cfg)
 
 
 if __name__ == "__main__":

@@ -10,9 +10,10 @@ register_configs()
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> None:
+    from ipi.cli import run_entry
     from ipi.tasks import train
 
-    train(cfg)
+    run_entry(train, cfg)
 
 
 if __name__ == "__main__":

@@ -171,6 +171,7 @@ class EvaluationConf:
     level: float = 0.95
     collapse_ceiling: float = 0.60
     c1_max: float = 0.95
+    min_clusters: int = 5  # fewer test trajectories: every verdict check NOT RUN (docs/estimands.md)
     permuted: bool = True  # run the permuted-label check
     collapse_only: bool = True  # run the collapse-only baseline (C2)
     transfer: bool = True  # cross-surface transfer: train on the other surfaces, score this one
@@ -312,6 +313,8 @@ def validate(cfg: DictConfig) -> None:
             a text-only backbone, or a non-positive bootstrap count.
     """
     resolved_controls(cfg)
+    if len(cfg.layers.spec) == 0:
+        raise ValueError("layers.spec: empty; give fractions in (0, 1] or block indices, e.g. layers=six")
     for v in cfg.layers.spec:
         if v == "all":
             continue
@@ -319,7 +322,12 @@ def validate(cfg: DictConfig) -> None:
             raise ValueError(f"layers.spec: fraction {v} outside (0, 1]")
         if not isinstance(v, (int, float)) or isinstance(v, bool):
             raise ValueError(f"layers.spec: {v!r} is neither a fraction in (0, 1] nor an integer index")
+        n = cfg.backbone.n_layers
+        if isinstance(v, int) and not -n <= v < n:
+            raise ValueError(f"layers.spec: index {v} out of range for backbone={cfg.backbone.name} ({n} layers)")
     groups = [_value(g) for g in cfg.token_group.names]
+    if not groups:
+        raise ValueError("token_group.names: empty; choose e.g. token_group=five")
     if not cfg.backbone.multimodal and "image" in groups:
         raise ValueError(
             f"token_group: 'image' is unavailable with the text-only backbone={cfg.backbone.name}; "
@@ -329,6 +337,10 @@ def validate(cfg: DictConfig) -> None:
         raise ValueError(f"surface=i_vis needs a multimodal backbone; backbone={cfg.backbone.name} is text-only")
     if cfg.evaluation.n_boot < 1:
         raise ValueError("evaluation.n_boot must be >= 1")
+    if not 0.0 < cfg.evaluation.level < 1.0:
+        raise ValueError(f"evaluation.level must be in (0, 1), got {cfg.evaluation.level}")
+    if cfg.data.max_trajectories is not None and cfg.data.max_trajectories < 1:
+        raise ValueError(f"data.max_trajectories must be >= 1 or null, got {cfg.data.max_trajectories}")
     if not 0.0 < cfg.split.test_fraction < 1.0:
         raise ValueError("split.test_fraction must be in (0, 1)")
     if _value(cfg.split.kind) == "kfold" and cfg.split.k < 2:

@@ -109,8 +109,8 @@ def task_wrapper(task: Callable) -> Callable:
             out = task(cfg, *args, **kwargs)
             failed = False
             return out
-        except Exception:
-            log.exception("task %s failed", getattr(task, "__name__", task))
+        except Exception as e:  # the entry script reports it (ipi.cli); the log keeps one line
+            log.error("task %s failed: %s: %s", getattr(task, "__name__", task), type(e).__name__, e)
             raise
         finally:
             finish_wandb(exit_code=1 if failed else 0)

@@ -76,3 +76,17 @@ def test_text_only_backbone_rejects_image_group(tmp_path):
     cfg = compose_train(tmp_path, ["surface=i_dom", "backbone.multimodal=false"])
     with pytest.raises(ValueError, match="'image' is unavailable"):
         validate(cfg)
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("data.max_trajectories=-1", "data.max_trajectories must be >= 1"),
+    ("data.max_trajectories=0", "data.max_trajectories must be >= 1"),
+    ("evaluation.level=1.5", r"evaluation.level must be in \(0, 1\)"),
+    ("token_group.names=[]", "token_group.names: empty"),
+    ("layers.spec=[]", "layers.spec: empty"),
+    ("layers.spec=[99]", "index 99 out of range"),
+])
+def test_bad_values_are_refused_before_any_work(tmp_path, override, message):
+    cfg = compose_train(tmp_path, [override])
+    with pytest.raises(ValueError, match=message):
+        validate(cfg)

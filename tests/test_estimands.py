@@ -442,6 +442,20 @@ def test_verdict_all_pass():
     assert "0.550 <= ceiling 0.600" in v["checks"][4]["detail"]
 
 
+@pytest.mark.parametrize(("n_clusters", "gated"), [(1, True), (4, True), (5, False), (None, False)])
+def test_verdict_needs_enough_test_trajectories(n_clusters, gated):
+    """One test trajectory gives a zero-width interval: below min_clusters nothing is licensed."""
+    r = _passing()
+    if n_clusters is not None:
+        r["bootstrap"] = {"n_boot": 1000, "seed": 0, "level": 0.95, "n_clusters": n_clusters}
+    v = verdict(r, min_clusters=5)
+    if gated:
+        assert _statuses(v) == ["NOT RUN"] * 5 and v["claim"] == CLAIM_NONE
+        assert f"only {n_clusters} test trajector" in v["checks"][0]["detail"]
+    else:
+        assert _statuses(v) == ["PASS"] * 5 and v["claim"] == CLAIM_DETECTS
+
+
 @pytest.mark.parametrize(
     ("check", "mutate"),
     [

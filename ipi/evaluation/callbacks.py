@@ -54,14 +54,16 @@ class EstimandsCallback(L.Callback):
         level: Interval coverage.
         collapse_ceiling: Ceiling of verdict check 5.
         c1_max: Bound of verdict check 2.
+        min_clusters: Fewest test trajectories for which the verdict's checks run.
     """
 
     def __init__(self, rows: pd.DataFrame, baselines: Mapping[str, pd.DataFrame], *, n_boot: int = 1000,
-                 seed: int = 0, level: float = 0.95, collapse_ceiling: float = 0.60, c1_max: float = 0.95):
+                 seed: int = 0, level: float = 0.95, collapse_ceiling: float = 0.60, c1_max: float = 0.95,
+                 min_clusters: int = 5):
         self.rows = rows.reset_index(drop=True)
         self.baselines = dict(baselines)
         self.n_boot, self.seed, self.level = n_boot, seed, level
-        self.collapse_ceiling, self.c1_max = collapse_ceiling, c1_max
+        self.collapse_ceiling, self.c1_max, self.min_clusters = collapse_ceiling, c1_max, min_clusters
         self._scores: list[np.ndarray] = []
         self.results: dict | None = None
         self.scores: pd.DataFrame | None = None
@@ -83,7 +85,8 @@ class EstimandsCallback(L.Callback):
         with progress_bar(desc, total=1) as bar:
             results = evaluate_tables(table, self.baselines, n_boot=self.n_boot, seed=self.seed, level=self.level)
             bar.advance()
-        results["verdict"] = verdict(results, collapse_ceiling=self.collapse_ceiling, c1_max=self.c1_max)
+        results["verdict"] = verdict(results, collapse_ceiling=self.collapse_ceiling, c1_max=self.c1_max,
+                                     min_clusters=self.min_clusters)
         self.results = results
         metrics = _flat_metrics(results)
         for lg in trainer.loggers:

@@ -102,6 +102,7 @@ def evaluate_score_table(
     baselines: Mapping[str, object] | None = None,
     collapse_ceiling: float = 0.60,
     c1_max: float = 0.95,
+    min_clusters: int = 5,
 ) -> dict:
     """Estimands, counts and verdict of a score-table file (PROTOCOL.md §5, §7).
 
@@ -136,5 +137,6 @@ def evaluate_score_table(
     results = evaluate_tables(main, loaded, n_boot=n_boot, seed=seed, level=level)
     results["source"] = str(path)
     results["counts"] = _counts(main)
-    results["verdict"] = verdict(results, collapse_ceiling=collapse_ceiling, c1_max=c1_max)
+    results["verdict"] = verdict(results, collapse_ceiling=collapse_ceiling, c1_max=c1_max,
+                                 min_clusters=min_clusters)
     return results

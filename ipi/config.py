@@ -337,6 +337,14 @@ def validate(cfg: DictConfig) -> None:
         raise ValueError(f"surface=i_vis needs a multimodal backbone; backbone={cfg.backbone.name} is text-only")
     if cfg.evaluation.n_boot < 1:
         raise ValueError("evaluation.n_boot must be >= 1")
+    devices = cfg.extract.devices
+    multi = (isinstance(devices, int) and devices > 1) or (isinstance(devices, (list, ListConfig)) and len(devices) > 1)
+    if multi and cfg.evaluation.transfer:
+        raise ValueError(
+            "extract.devices>1 (DDP) extracts one surface per launch: run `python extract.py surface=<s> "
+            "evaluation.transfer=false extract.devices=N` for each surface, then train on one device; "
+            "or set evaluation.transfer=false"
+        )
     if not 0.0 < cfg.evaluation.level < 1.0:
         raise ValueError(f"evaluation.level must be in (0, 1), got {cfg.evaluation.level}")
     if cfg.data.max_trajectories is not None and cfg.data.max_trajectories < 1:

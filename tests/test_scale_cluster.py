@@ -62,8 +62,9 @@ def test_ddp_two_processes_equal_one(tmp_path):
     """
     from ipi import tasks
 
+    # DDP extraction covers one surface per launch (ipi.config.validate): transfer off here.
     common = ["data.max_trajectories=2", "surface=i_vis", "evaluation.n_boot=50", "split.test_fraction=0.5",
-              "logger=none"]
+              "logger=none", "evaluation.transfer=false"]
     one, _ = tasks.extract(compose_train(tmp_path / "one", common))
     proc = subprocess.run(
         [sys.executable, "train.py", *common, *SMALL_BACKBONE_OVERRIDES, "quiet=true",

@@ -91,7 +91,7 @@ def test_ddp_two_processes_equal_one(tmp_path):
 
 def test_sigkill_mid_extraction_resumes_to_the_same_cache(tmp_path):
     """Kill -9 after the first shard; the same command forwards only the missing rows."""
-    cmd = [sys.executable, "extract.py", "data.max_trajectories=2", "surface=i_dom", "extract.shard_rows=4",
+    cmd = [sys.executable, "extract.py", "data.max_trajectories=2", "surface=i_dom", "evaluation.transfer=false", "extract.shard_rows=4",
            *SMALL_BACKBONE_OVERRIDES, "quiet=true"]
     killed = tmp_path / "killed"
     entry_glob = "*/shard-*.safetensors"

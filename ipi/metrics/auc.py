@@ -46,6 +46,16 @@ def _check_weights(w: np.ndarray, n: int, name: str) -> None:
         raise ValueError(f"{name} must be finite and non-negative")
 
 
+def _labels_and_weights(labels, weights, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Validated boolean labels ``[n]`` and non-negative weights ``[n]`` (ones when None)."""
+    y = np.asarray(labels)
+    if y.shape != (n,):
+        raise ValueError(f"labels has shape {y.shape}, expected ({n},)")
+    w = np.ones(n) if weights is None else _as_1d_float(weights, "weights")
+    _check_weights(w, n, "weights")
+    return y.astype(bool), w
+
+
 def weighted_auc(scores_pos, scores_neg, w_pos=None, w_neg=None) -> float:
     """Weighted AUC of positives over negatives, ties counted ½ (PROTOCOL.md §5).
 
@@ -125,12 +135,7 @@ def bootstrap_weighted_auc(
     f = _as_1d_float(scores, "scores")
     n = f.size
     _check_scores(f, "scores")
-    y = np.asarray(labels)
-    if y.shape != (n,):
-        raise ValueError(f"labels has shape {y.shape}, expected ({n},)")
-    y = y.astype(bool)
-    w = np.ones(n) if weights is None else _as_1d_float(weights, "weights")
-    _check_weights(w, n, "weights")
+    y, w = _labels_and_weights(labels, weights, n)
     m = np.asarray(multiplicity, dtype=np.float64)
     if m.ndim != 2:
         raise ValueError(f"multiplicity must be [B, n], got shape {m.shape}")
@@ -206,12 +211,7 @@ def grouped_weighted_auc(groups, scores, labels, weights=None) -> np.ndarray:
         raise ValueError("groups must be an integer array with one entry per row")
     if n and g.min() < 0:
         raise ValueError("groups must be non-negative")
-    y = np.asarray(labels)
-    if y.shape != (n,):
-        raise ValueError(f"labels has shape {y.shape}, expected ({n},)")
-    y = y.astype(bool)
-    w = np.ones(n) if weights is None else _as_1d_float(weights, "weights")
-    _check_weights(w, n, "weights")
+    y, w = _labels_and_weights(labels, weights, n)
     n_groups = int(g.max()) + 1 if n else 0
     if n == 0:
         return np.full(0, np.nan)

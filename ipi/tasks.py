@@ -6,8 +6,10 @@ Each task takes a composed config and returns ``(metrics, objects)``; the script
 
 from __future__ import annotations
 
+import json
 import logging
 import time
+import warnings
 from pathlib import Path
 
 import lightning as L
@@ -45,6 +47,11 @@ def quiet_lightning() -> None:
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.pytorch.accelerators.cuda",
                  "lightning.fabric.utilities.rank_zero"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    # Lightning <= 2.6 builds torch's deprecated ``LeafSpec()`` for every DataLoader it wraps
+    # (CombinedLoader -> lightning.pytorch.utilities._pytree); torch >= 2.9 warns on each
+    # Trainer.predict. Not ours to fix and harmless (Lightning-AI/pytorch-lightning#21326).
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+                            category=FutureWarning)
 
 
 def load_data(cfg: DictConfig):
@@ -193,8 +200,9 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
     # Trajectory-disjoint folds (PROTOCOL.md §4): one holdout fold or K cross-fitting folds;
     # leakage asserted per fold on ids and on the rows of every fit.
     split_kind = _value(cfg.split.kind)
-    folds = make_folds(sorted({t.trajectory_id for t in trajs}), split_kind, test_fraction=cfg.split.test_fraction,
-                       k=cfg.split.k, seed=cfg.split.seed)
+    folds = make_folds(sorted({t.trajectory_id for t in trajs}), split_kind,
+                       **({"test_fraction": cfg.split.test_fraction} if split_kind == "holdout" else {"k": cfg.split.k}),
+                       seed=cfg.split.seed)
     pcfg = ProbeConfig(l2=cfg.probe.l2, max_iter=cfg.probe.max_iter, tol=cfg.probe.tol, seed=cfg.seed)
     loggers = [lg for lg in (instantiate(n) for n in (cfg.logger or {}).values()) if lg is not None]
     md_cols = ["step", "horizon", "prompt_len", "delta_prompt_len"]
@@ -224,6 +232,10 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
         "rows_test": int(is_test.sum()),
         "folds": fits.per_fold,
         "rows_by_variant": {k: int(v) for k, v in meta.variant.value_counts().sort_index().items()},
+        # Text-surface controls whose token count could not be matched exactly with whole
+        # sentences / the scrambled text (docs/surfaces.md); each keeps its row, reported here.
+        "control_token_mismatches": sum(1 for r in rows if r.variant.variant.startswith("c_")
+                                        and (r.variant.meta or {}).get("token_delta", 0) != 0),
         "skipped_steps": step_skips,
         "skipped_trajectories": traj_skips,
     }
@@ -247,13 +259,20 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
     # Score the test rows with the probe through Lightning; the callbacks compute and write.
     est = EstimandsCallback(te_meta, baselines, n_boot=cfg.evaluation.n_boot, seed=cfg.evaluation.seed,
                             level=cfg.evaluation.level, collapse_ceiling=cfg.evaluation.collapse_ceiling,
-                            c1_max=cfg.evaluation.c1_max, min_clusters=cfg.evaluation.min_clusters)
+                            c1_max=cfg.evaluation.c1_max, min_clusters=cfg.evaluation.min_clusters,
+                            min_boot_fraction=cfg.evaluation.min_boot_fraction)
     gallery = None
     if cfg.report.gallery:
         first_test = next(t for t in trajs if t.trajectory_id in set(test_ids))
         gallery = write_gallery(cfg, first_test, out_dir)
+    def write_side_files() -> None:  # before results.json, which is written last
+        atomic_write_text(out_dir / "scores.csv", est.scores.to_csv(index=False))
+        atomic_write_text(out_dir / "run_info.json", json.dumps(
+            run_info(info, infos, time.perf_counter() - t0), indent=2))
+
     rep = ReportCallback(est, out_dir, {"counts": counts, "run": run}, config=to_container(cfg),
-                         gallery=gallery, plots=cfg.report.plots, html=cfg.report.html)
+                         gallery=gallery, plots=cfg.report.plots, html=cfg.report.html,
+                         before_results=write_side_files)
     trainer = L.Trainer(accelerator="cpu", devices=1, logger=loggers or False, callbacks=[est, rep],
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     x_te = torch.from_numpy(np.ascontiguousarray(x[te], dtype=np.float64))
@@ -261,10 +280,7 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
     trainer.predict(FoldedProbe(fits.probes), DataLoader(TensorDataset(x_te, fold_te), batch_size=4096),
                     return_predictions=False)
 
-    atomic_write_text(out_dir / "scores.csv", est.scores.to_csv(index=False))
     elapsed = time.perf_counter() - t0
-    atomic_write_text(out_dir / "run_info.json", __import__("json").dumps(
-        {"extraction": info, "extraction_by_surface": infos, "elapsed_s": round(elapsed, 2)}, indent=2))
     log.info("extraction: cache %s (%d rows forwarded), %.1f MB on disk (python -m ipi.cache list); total %.1f s",
              "hit" if info["cache_hit"] else "miss", info["rows_forwarded"], info["cache_bytes"] / 2**20, elapsed)
     for lg in loggers:
@@ -292,11 +308,27 @@ def extract(cfg: DictConfig) -> tuple[dict, dict]:
     surfaces = [surface]
     if cfg.evaluation.transfer:
         surfaces += transfer_source_surfaces(surface, cfg.backbone.multimodal)
+    t0 = time.perf_counter()
     infos, features = {}, None
     for s in surfaces:
         feats, infos[s] = extract_features(cfg, make_rows(cfg, trajs, s), layer_indices(cfg), list(TOKEN_GROUPS))
         features = feats if s == surface else features
+    if features is not None:  # rank 0 (a non-zero DDP rank writes nothing)
+        atomic_write_text(Path(cfg.paths.output_dir) / "run_info.json", json.dumps(
+            run_info(infos[surface], infos, time.perf_counter() - t0), indent=2))
     return infos[surface], {"features": features, "extraction_by_surface": infos}
+
+
+def run_info(info: dict, infos: dict[str, dict], elapsed_s: float) -> dict:
+    """What ``run_info.json`` holds: extraction per surface, rows forwarded in all, wall time.
+
+    ``rows_forwarded`` counts the rows this run sent through the backbone, over every surface it
+    extracted (0 when every entry was already in the cache, or another run filled it while this
+    one waited for the entry's lock).
+    """
+    return {"extraction": info, "extraction_by_surface": infos,
+            "rows_forwarded": int(sum(i.get("rows_forwarded", 0) for i in infos.values())),
+            "elapsed_s": round(elapsed_s, 2)}
 
 
 @task_wrapper
@@ -307,7 +339,7 @@ def evaluate(cfg: DictConfig) -> tuple[dict, dict]:
     ev = cfg.evaluation
     results = evaluate_score_table(cfg.scores, n_boot=ev.n_boot, seed=ev.seed, level=ev.level,
                                    collapse_ceiling=ev.collapse_ceiling, c1_max=ev.c1_max,
-                                   min_clusters=ev.min_clusters)
+                                   min_clusters=ev.min_clusters, min_boot_fraction=ev.min_boot_fraction)
     out_dir = Path(cfg.paths.output_dir)
     write_run_report(results, out_dir, scores=read_score_table(cfg.scores), config=to_container(cfg),
                      plots=cfg.report.plots, html_report=cfg.report.html)

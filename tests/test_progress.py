@@ -20,8 +20,8 @@ def test_track_shows_bar_with_eta_and_passes_items(capsys, monkeypatch):
     assert list(progress.track(iter(range(5)), "rendering", total=5)) == [0, 1, 2, 3, 4]
     err = capsys.readouterr().err
     assert "rendering" in err and "5/5" in err and "ETA" in err
-    cbs = progress.extraction_callbacks()
-    assert len(cbs) == 1 and cbs[0].predict_description == "extraction (rows)"
+    cbs = progress.extraction_callbacks(total_rows=7)
+    assert len(cbs) == 1 and cbs[0].description == "extraction (rows)" and cbs[0].total_rows == 7
 
 
 def test_quiet_mode_prints_nothing(capsys, monkeypatch):

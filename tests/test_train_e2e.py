@@ -94,7 +94,8 @@ def test_train_end_to_end_and_cache_reuse(tmp_path):
         assert line in report
 
     # K-fold cross-fitting on the cached features: every trajectory scored exactly once out of fold.
-    cfg_k = compose_train(tmp_path, [*ov, "split=kfold", "split.k=2"])
+    cfg_k = compose_train(tmp_path, [*(o for o in ov if not o.startswith("split.test_fraction")),
+                                     "split=kfold", "split.k=2"])
     res_k, objs_k = train(cfg_k)
     scores_k = pd.read_csv(run / "scores.csv")
     assert scores_k.trajectory_id.nunique() == 4 and len(scores_k) == counts["rows"]

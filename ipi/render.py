@@ -3,7 +3,7 @@
 Usage (from the repository root)::
 
     python -m ipi.render [--data-root ../shared/data/webvoyager] \\
-        --trajectory examples/taskAmazon--0 --step 0 --out docs/img/gallery.png
+        --trajectory examples/taskAmazon--0 --step 0 --out outputs/gallery.png
 
 Row 1 shows the ``i_vis`` variants (downscaled screenshot plus an enlarged crop of the banner
 region); rows 2 and 3 show the ``i_dom`` and ``i_tool`` variants as text panels: the changed

@@ -268,6 +268,7 @@ def test_sigterm_during_extraction_stops_within_seconds_then_same_command_resume
 
     proc = subprocess.run(cmd, cwd=REPO, env=_env(PYTHONHASHSEED="8"), capture_output=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert b"LeafSpec" not in proc.stderr and b"Warning" not in proc.stderr, proc.stderr[-3000:]
     info = json.loads((run / "run_info.json").read_text())
     assert info["rows_forwarded"] == N_ROWS - n_done
     assert (run / "results.json").read_bytes() == (reference / "run" / "results.json").read_bytes()
@@ -350,6 +351,7 @@ def test_two_extract_runs_started_together_forward_each_row_once(tmp_path, syn_r
     assert manifest["n_rows"] == N_ROWS and manifest["duplicates_ignored"] == 0
     assert list(cache.glob("*.lock")) == []
     assert any("is being written by pid" in text for text in logs)
+    assert not any("LeafSpec" in text or "Received SIGTERM" in text for text in logs)
 
 
 def test_writer_lock_waits_for_a_live_holder_and_breaks_a_dead_ones(tmp_path, caplog):
@@ -383,6 +385,16 @@ def test_writer_lock_waits_for_a_live_holder_and_breaks_a_dead_ones(tmp_path, ca
     with entry.writer_lock() as waited:
         assert waited < 5
     assert time.monotonic() - t0 < 5 and not entry.lock_path.exists()
+
+
+def test_cache_list_into_a_closed_pipe_is_quiet(tmp_path):
+    cache = tmp_path / "cache"
+    for i in range(3000):  # more output than a pipe buffer holds, so `head` closes it mid-write
+        (cache / f"{i:024x}").mkdir(parents=True)
+    proc = subprocess.run(f"{PY} -m ipi.cache --cache-dir {cache} list | head -2", shell=True, cwd=REPO,
+                          env=_env(), capture_output=True, text=True, timeout=120)
+    assert proc.stdout.splitlines()[0] == f"cache: {cache}"
+    assert proc.stderr == "", proc.stderr
 
 
 # ----------------------------------------------------------------------------- determinism

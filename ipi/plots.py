@@ -174,6 +174,15 @@ def _marked_forest_rows(results: Mapping):
 GREY = "#9a9a9a"
 
 
+def short_reason(reason: str) -> str:
+    """A reportability reason shortened for a figure label (the report tables keep the long one)."""
+    import re
+
+    out = re.sub(r"only (\d+) test trajector(?:y|ies) \(< (\d+)\)", r"\1 test trajectories < \2", reason)
+    out = re.sub(r"only (\d+) of (\d+) bootstrap replicates usable \(< [^)]*\)", r"\1/\2 replicates", out)
+    return out.replace("degenerate interval (every replicate gave the same value)", "degenerate interval")
+
+
 def _forest_panel(ax, rows, ref: float, xlim):
     n = len(rows)
     ys = np.arange(n)[::-1]
@@ -183,7 +192,7 @@ def _forest_panel(ax, rows, ref: float, xlim):
             # Not reportable: a hollow grey point, no interval bar (a bar of zero width would look
             # like a precise result), and the reason in words.
             ax.plot([est], [y], "o", mfc="white", mec=GREY, mew=1.5, ms=7, clip_on=False, zorder=3)
-            txt = f"{est:.3f}  not reportable: {why}"
+            txt = f"{est:.3f}  not reportable: {short_reason(why)}"
             ax.text(1.02, y, txt, transform=ax.get_yaxis_transform(), va="center", fontsize=8,
                     color=GREY, style="italic")
             continue
@@ -229,7 +238,8 @@ def plot_forest(results: Mapping, path: str | os.PathLike, title: str = "") -> P
     if not aucs:
         raise ValueError("plot_forest: no estimand in results")
     heights = [max(len(aucs), 1), max(len(diffs), 1)] if diffs else [len(aucs)]
-    fig, axes = plt.subplots(len(heights), 1, figsize=(7.5, 0.42 * sum(heights) + 1.6),
+    marked = any(r[4] is not None for r in aucs + diffs)
+    fig, axes = plt.subplots(len(heights), 1, figsize=(10.5 if marked else 7.5, 0.42 * sum(heights) + 1.6),
                              gridspec_kw={"height_ratios": heights}, squeeze=False)
     _forest_panel(axes[0, 0], aucs, 0.5, (-0.03, 1.03))
     axes[0, 0].set_xticks(np.linspace(0, 1, 6))

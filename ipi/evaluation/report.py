@@ -156,7 +156,8 @@ th{background:#f3f3f3}td.num{text-align:right;font-variant-numeric:tabular-nums}
 figure{margin:1em 0}figure img{max-width:100%;border:1px solid #ddd}figcaption{font-size:.9em;color:#555}
 pre{background:#f6f8fa;padding:.8em;overflow:auto;font-size:.85em;border-radius:4px}
 .muted{color:#666;font-size:.9em}
-tr.unreportable td{color:#8a8a8a;background:#f4f4f4}tr.unreportable td.num{text-decoration:line-through}
+td.num{white-space:nowrap}
+tr.unreportable td{color:#8a8a8a;background:#f4f4f4}tr.unreportable td.est{text-decoration:line-through}
 td.why{font-size:.88em}.warn{background:#fff3cd;border:1px solid #e0b84d;padding:.5em .8em;border-radius:4px}
 figure img{cursor:zoom-in}
 #lightbox{display:none;position:fixed;inset:0;z-index:10;background:rgba(20,20,20,.9);overflow:auto;cursor:zoom-out}
@@ -164,7 +165,8 @@ figure img{cursor:zoom-in}
 #lightbox p{color:#eee;text-align:center;margin:.5em;font-size:.9em}
 """
 
-#: Click any figure to see it at full size (the gallery is far wider than the page); click again to close.
+#: Click any figure to see it at full size (the gallery is far wider than the page); click again to
+#: close. ``report.html#full-gallery`` (or ``#full-forest``, ``#full-roc``) opens with it shown.
 _LIGHTBOX = """<div id="lightbox" title="click to close"><p>full size: click anywhere or press Esc to close</p>
 <img alt="figure at full size"></div>
 <script>
@@ -172,7 +174,9 @@ _LIGHTBOX = """<div id="lightbox" title="click to close"><p>full size: click any
 document.querySelectorAll('figure img').forEach(function(im){im.title='click for full size';
 im.addEventListener('click',function(){big.setAttribute('src',im.getAttribute('src'));lb.style.display='block';});});
 lb.addEventListener('click',function(){lb.style.display='none';});
-document.addEventListener('keydown',function(e){if(e.key==='Escape'){lb.style.display='none';}});})();
+document.addEventListener('keydown',function(e){if(e.key==='Escape'){lb.style.display='none';}});
+var m=/^#full-(\w+)$/.exec(location.hash),f=m&&document.querySelector('img[alt="'+m[1]+'"]');
+if(f){big.setAttribute('src',f.getAttribute('src'));lb.style.display='block';}})();
 </script>"""
 
 
@@ -238,8 +242,8 @@ def render_html(results: Mapping, figures: Mapping[str, str | Path] | None = Non
               if iv.get("ci_low") is not None and iv.get("ci_high") is not None else "n/a")
         cls = "" if why is None else ' class="unreportable"'
         mark = "yes" if why is None else f"no: {_h(why)}"
-        out.append(f'<tr{cls}><td>{_h(label)}</td><td class="num">{_num(iv.get("estimate"))}</td>'
-                   f'<td class="num">{ci}</td><td class="num">{_h(iv.get("n_boot_used", ""))}</td>'
+        out.append(f'<tr{cls}><td>{_h(label)}</td><td class="num est">{_num(iv.get("estimate"))}</td>'
+                   f'<td class="num est">{ci}</td><td class="num">{_h(iv.get("n_boot_used", ""))}</td>'
                    f'<td class="why">{mark}</td></tr>')
     out.append("</table>")
     if bs:

@@ -9,7 +9,7 @@ every single estimate the same treatment, so that the estimands table (``report.
 (docs/outputs.md, *Reportable estimates*).
 
 :func:`reportability` maps each estimand key (:func:`estimand_entries`) to ``None``
-(reportable) or a one-line reason. Its rules, in order:
+(reportable) or a one-line reason (every rule that applies, joined by ``"; "``). The rules:
 
 1. **undefined**: no estimate, or no interval;
 2. **too few clusters**: fewer than ``min_clusters`` test trajectories behind this estimand
@@ -18,7 +18,8 @@ every single estimate the same treatment, so that the estimands table (``report.
 3. **too few replicates**: ``n_boot_used`` below ``min_boot_fraction`` × ``n_boot`` (the other
    replicates had no positive or no negative row and were dropped, so the interval describes
    the unusual draws that remained);
-4. **degenerate interval**: ``ci_low == ci_high``.
+4. **degenerate interval**: ``ci_low == ci_high`` up to float rounding (relative 1e-9; a paired
+   difference of two AUCs can differ from itself in the 16th digit across replicates).
 """
 
 from __future__ import annotations
@@ -102,7 +103,8 @@ def reportability(results: Mapping, *, min_clusters: int = 5, min_boot_fraction:
             (``evaluation.min_boot_fraction``).
 
     Returns:
-        ``{estimand key: None | reason}``, keys as in :func:`estimand_entries`.
+        ``{estimand key: None | reason}``, keys as in :func:`estimand_entries`; an undefined
+        estimate gets that reason alone, otherwise every failed rule is listed.
     """
     boot = results.get("bootstrap") or {}
     n_boot = boot.get("n_boot")
@@ -110,22 +112,25 @@ def reportability(results: Mapping, *, min_clusters: int = 5, min_boot_fraction:
     for key, _label, iv in estimand_entries(results):
         iv = iv or {}
         est, lo, hi = (_num(iv.get(k)) for k in ("estimate", "ci_low", "ci_high"))
-        reason = None
         n_clusters = _clusters(boot, key)
         used = iv.get("n_boot_used")
         if est is None:
-            reason = "undefined (no estimate)"
-        elif lo is None or hi is None:
-            reason = "undefined interval"
-        elif n_clusters is not None and n_clusters < min_clusters:
-            reason = (f"only {n_clusters} test trajector{'y' if n_clusters == 1 else 'ies'} "
-                      f"(< {min_clusters})")
-        elif isinstance(n_boot, (int, float)) and isinstance(used, (int, float)) and n_boot > 0 \
+            out[key] = "undefined (no estimate)"
+            continue
+        if lo is None or hi is None:
+            out[key] = "undefined interval"
+            continue
+        reasons = []
+        if n_clusters is not None and n_clusters < min_clusters:
+            reasons.append(f"only {n_clusters} test trajector{'y' if n_clusters == 1 else 'ies'} "
+                           f"(< {min_clusters})")
+        if isinstance(n_boot, (int, float)) and isinstance(used, (int, float)) and n_boot > 0 \
                 and used < min_boot_fraction * n_boot:
-            reason = f"only {int(used)} of {int(n_boot)} bootstrap replicates usable (< {min_boot_fraction:.0%})"
-        elif lo == hi:
-            reason = "degenerate interval (every replicate gave the same value)"
-        out[key] = reason
+            reasons.append(f"only {int(used)} of {int(n_boot)} bootstrap replicates usable "
+                           f"(< {min_boot_fraction:.0%})")
+        if math.isclose(lo, hi, rel_tol=1e-9, abs_tol=1e-12):  # equal up to float rounding
+            reasons.append("degenerate interval (every replicate gave the same value)")
+        out[key] = "; ".join(reasons) or None
     return out
 
 

@@ -5,7 +5,8 @@ known truths, runs the project's real pipeline pieces on each — trajectory spl
 (:func:`~ipi.probe.crossfit.make_folds`), the Lightning :class:`~ipi.probe.LinearProbe` via
 :func:`~ipi.probe.fit_probe`, the C1 metadata baseline, the permuted-label probe and the
 collapse-only probe (all through :func:`~ipi.probe.crossfit.cross_fit`, the function
-``train.py`` uses), :func:`~ipi.metrics.evaluate_tables` and the verdict — and reports:
+``train.py`` uses, including the M = 199 permuted-label refits of verdict check 4's exact
+permutation test), :func:`~ipi.metrics.evaluate_tables` and the verdict — and reports:
 
 * the rate of the claim "detects malicious content" under truth (b), where it is false
   (must be ≤ 5%);
@@ -355,6 +356,10 @@ def format_table(summary: dict) -> str:
              "4": "no memorisation", "5": "not generic collapse"}
     for cid, name in names.items():
         row(f"check {cid} ({name}) PASS", lambda s, cid=cid: pct(s["check_pass"][cid]))
+    if (a or b) and "permutation" in (a or b):
+        row("permutation null: mean of null means / max |null mean − 0.5|",
+            lambda s: (f"{s['permutation']['mean_null_mean']:.3f} / {s['permutation']['max_abs_null_mean_off']:.3f}"
+                       if "permutation" in s else "n/a"))
     for k in ("e1", "e2", *(f"e3.{c}" for c in CONTROLS)):
         row(f"mean true {k} / mean estimate", lambda s, k=k: f"{s['mean_true'][k]:.3f} / {s['mean_estimate'][k]:.3f}")
     row("seconds per dataset (one worker)", lambda s: f"{s['seconds_per_dataset']:.2f}")

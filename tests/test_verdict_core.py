@@ -156,7 +156,7 @@ def test_cross_fit_permutation_refits_are_exact(kind):
 
 
 def test_permutation_null_is_centred_and_detects_signal():
-    meta, x = _dataset(n_traj=20, shift=1.0, seed=4)
+    meta, x = _dataset(n_traj=20, shift=3.0, seed=4)
     folds = make_folds(meta.trajectory_id.unique(), "holdout", test_fraction=0.4, seed=0)
     fits = cross_fit(meta, x, folds, probe_cfg=ProbeConfig(), permutation_m=99, permutation_seed=0)
     table = meta.iloc[fits.test_index][["trajectory_id", "step", "variant"]].reset_index(drop=True)

@@ -42,8 +42,9 @@ def estimand_entries(results: Mapping) -> list[tuple[str, str, Mapping | None]]:
     """``(key, label, interval)`` for every estimand of a results dict, in report order.
 
     Keys are dotted paths into ``results`` (``e1``, ``e3.c_scrambled``, ``c1.e1``,
-    ``differences.e1_minus_e3.c_scrambled``). Order: E1, E2, E3 per control, each baseline's E1
-    (and E2), then the paired differences.
+    ``c1.e3.c_scrambled``, ``differences.e1_minus_e3.c_scrambled``), the keys of
+    ``bootstrap.clusters_by_estimand`` and of the verdict's ``reportability``. Order: E1, E2, E3
+    per control, each baseline's E1 (and E2; C1's E3 per control), then the paired differences.
     """
     r = results
     rows: list[tuple[str, str, Mapping | None]] = [("e1", "E1 attack vs clean", r.get("e1")),
@@ -54,6 +55,9 @@ def estimand_entries(results: Mapping) -> list[tuple[str, str, Mapping | None]]:
             rows.append((f"{key}.e1", f"{label} E1", r[key].get("e1")))
             if r[key].get("e2"):
                 rows.append((f"{key}.e2", f"{label} E2", r[key].get("e2")))
+            if key == "c1":  # metadata balance of the controls (docs/estimands.md)
+                rows += [(f"c1.e3.{c}", f"{label} E3 attack vs {c}", iv)
+                         for c, iv in sorted((r[key].get("e3") or {}).items())]
     for k, iv in sorted((r.get("differences") or {}).items()):
         if isinstance(iv, Mapping) and "estimate" in iv:
             rows.append((f"differences.{k}", k, iv))

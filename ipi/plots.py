@@ -178,7 +178,8 @@ def short_reason(reason: str) -> str:
     """A reportability reason shortened for a figure label (the report tables keep the long one)."""
     import re
 
-    out = re.sub(r"only (\d+) test trajector(?:y|ies) \(< (\d+)\)", r"\1 test trajectories < \2", reason)
+    out = re.sub(r"only (\d+) test trajector(?:y contributes|ies contribute) \(< (\d+)\)",
+                 r"\1 contributing trajectories < \2", reason)
     out = re.sub(r"only (\d+) of (\d+) bootstrap replicates usable \(< [^)]*\)", r"\1/\2 replicates", out)
     return out.replace("degenerate interval (every replicate gave the same value)", "degenerate interval")
 

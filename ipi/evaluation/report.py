@@ -77,7 +77,7 @@ def _not_reportable_note(marks: Mapping[str, str | None], results: Mapping) -> s
         return None
     rep = results.get("reportability") or {}
     return (f"{n} of {len(marks)} estimates are marked not reportable (the verdict could not use them: "
-            f"fewer than {rep.get('min_clusters', 5)} test trajectories, fewer than "
+            f"fewer than {rep.get('min_clusters', 5)} contributing test trajectories, fewer than "
             f"{rep.get('min_boot_fraction', 0.9):.0%} of the bootstrap replicates usable, or a degenerate "
             "interval). Do not report them as results.")
 

@@ -12,9 +12,10 @@ every single estimate the same treatment, so that the estimands table (``report.
 (reportable) or a one-line reason (every rule that applies, joined by ``"; "``). The rules:
 
 1. **undefined**: no estimate, or no interval;
-2. **too few clusters**: fewer than ``min_clusters`` test trajectories behind this estimand
-   (``results["bootstrap"]["clusters_by_estimand"][key]`` when the results carry per-estimand
-   counts, otherwise ``results["bootstrap"]["n_clusters"]``);
+2. **too few clusters**: fewer than ``min_clusters`` test trajectories contribute rows to both
+   sides of this estimand (``results["bootstrap"]["clusters_by_estimand"]``, PROTOCOL.md §7.0;
+   results without per-estimand counts use ``results["bootstrap"]["n_clusters"]``), the same
+   gate the verdict applies;
 3. **too few replicates**: ``n_boot_used`` below ``min_boot_fraction`` × ``n_boot`` (the other
    replicates had no positive or no negative row and were dropped, so the interval describes
    the unusual draws that remained);
@@ -126,7 +127,7 @@ def reportability(results: Mapping, *, min_clusters: int = 5, min_boot_fraction:
             continue
         reasons = []
         if n_clusters is not None and n_clusters < min_clusters:
-            reasons.append(f"only {n_clusters} test trajector{'y' if n_clusters == 1 else 'ies'} "
+            reasons.append(f"only {n_clusters} test trajector{'y contributes' if n_clusters == 1 else 'ies contribute'} "
                            f"(< {min_clusters})")
         if isinstance(n_boot, (int, float)) and isinstance(used, (int, float)) and n_boot > 0 \
                 and used < min_boot_fraction * n_boot:

@@ -266,7 +266,8 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
     atomic_write_text(out_dir / "scores.csv", est.scores.to_csv(index=False))
     elapsed = time.perf_counter() - t0
     atomic_write_text(out_dir / "run_info.json", __import__("json").dumps(
-        {"extraction": info, "extraction_by_surface": infos, "elapsed_s": round(elapsed, 2)}, indent=2))
+        {"extraction": info, "extraction_by_surface": infos, "elapsed_s": round(elapsed, 2),
+         "permutation_s": (fits.permutation or {}).get("seconds")}, indent=2))
     log.info("extraction: cache %s (%d rows forwarded), %.1f MB on disk (python -m ipi.cache list); total %.1f s",
              "hit" if info["cache_hit"] else "miss", info["rows_forwarded"], info["cache_bytes"] / 2**20, elapsed)
     for lg in loggers:

@@ -270,7 +270,8 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
     def write_side_files() -> None:  # before results.json, which is written last
         atomic_write_text(out_dir / "scores.csv", est.scores.to_csv(index=False))
         atomic_write_text(out_dir / "run_info.json", json.dumps(
-            run_info(info, infos, time.perf_counter() - t0), indent=2))
+            {**run_info(info, infos, time.perf_counter() - t0),
+             "permutation_s": (fits.permutation or {}).get("seconds")}, indent=2))
 
     rep = ReportCallback(est, out_dir, {"counts": counts, "run": run}, config=to_container(cfg),
                          gallery=gallery, plots=cfg.report.plots, html=cfg.report.html,

@@ -85,12 +85,15 @@ def test_report_marks_every_estimate_of_a_two_trajectory_run(tmp_path):
     res["verdict"] = verdict(res)
     res["reportability"] = mark_reportability(res)
     assert res["e2"]["ci_low"] == res["e2"]["ci_high"] == 1.0  # degenerate, as in the issue
-    figs = {}
+    figs, extents = {}, {}
     real_save = plots.save_figure
 
     def keep(fig, path):
         figs[str(path)] = fig
         fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        extents[str(path)] = (max((t.get_window_extent(renderer).x1 for a in fig.axes for t in a.texts),
+                                  default=0.0), fig.bbox.x1)
         return real_save(fig, path)
 
     plots.save_figure = keep
@@ -116,9 +119,8 @@ def test_report_marks_every_estimate_of_a_two_trajectory_run(tmp_path):
     texts = [t.get_text() for t in ax.texts]
     assert len(texts) == len(points) and all("not reportable: 2 contributing trajectories < 5" in t for t in texts)
     # The reasons are inside the saved image: the figure grew to hold them (no clipped text).
-    renderer = fig.canvas.get_renderer()
-    right = max(t.get_window_extent(renderer).x1 for t in ax.texts)
-    assert right <= fig.bbox.x1
+    right, width = extents[str(tmp_path / "forest.png")]
+    assert 0 < right <= width
     plt.close("all")
 
 

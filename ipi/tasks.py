@@ -75,8 +75,11 @@ def token_counter(cfg: DictConfig):
     """Token counter of the backbone's tokenizer (loaded once per process)."""
     from ipi.backbone_text import load_tokenizer
 
+    from ipi.replay import count_plain_tokens
+
     tok = load_tokenizer(cfg.backbone.tokenizer_path, **to_container(cfg.backbone.get("tokenizer_kwargs") or {}))
-    return lambda s: len(tok(s, add_special_tokens=False)["input_ids"])
+    # Recorded and injected text is tokenised as plain characters in replay; count it the same way.
+    return lambda s: count_plain_tokens(tok, s)
 
 
 def make_rows(cfg: DictConfig, trajectories, surface: str, controls: list[str] | None = None):

@@ -12,14 +12,14 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+from ipi.data.images import DEFAULT_LIMITS, ImageLimits, screenshot_problem
 from ipi.data.multimodal_mind2web import import_multimodal_mind2web_report
 from ipi.data.online_mind2web import import_online_mind2web_report
-from ipi.data.schema import DataError, Skip, Step, Trajectory, read_native, write_native
+from ipi.data.schema import DataError, Skip, Step, Trajectory, iter_native, read_native, write_native
 from ipi.data.webvoyager import (
     UNKNOWN_ACTION_POLICIES,
     import_webvoyager,
     import_webvoyager_report,
-    screenshot_problem,
 )
 
 
@@ -28,6 +28,8 @@ def load_native(
     *,
     on_bad_step: str = "skip",
     unknown_action: str = "keep",
+    limit: int | None = None,
+    image_limits: ImageLimits | None = DEFAULT_LIMITS,
 ) -> tuple[list[Trajectory], list[dict]]:
     """Read a native-schema JSONL file, in the importer signature, checking every step.
 
@@ -41,6 +43,9 @@ def load_native(
             ``"error"``: raise :class:`DataError` naming the screenshot and step.
         unknown_action: ``"keep"``, ``"skip"`` or ``"error"`` (see
             :func:`ipi.data.webvoyager.import_webvoyager_report`).
+        limit: Stop after this many usable trajectories, in file order (lines after it are
+            not read, so a repeated id there is not looked at). None reads the whole file.
+        image_limits: The backbone's image limits (:func:`ipi.data.images.screenshot_problem`).
 
     Returns:
         ``(trajectories, skipped)``: the trajectories in file order, and
@@ -59,12 +64,14 @@ def load_native(
             f"unknown_action must be one of {', '.join(UNKNOWN_ACTION_POLICIES)}, not {unknown_action!r}"
         )
     trajectories, skipped = [], []
-    for t in read_native(path):
+    for t in iter_native(path):
+        if limit is not None and len(trajectories) >= limit:
+            break
         steps, skips = [], list(t.skipped)
         for s in t.steps:
             problem = (
                 "missing screenshot" if not Path(s.screenshot).is_file()
-                else (f"unreadable screenshot: {p}" if (p := screenshot_problem(s.screenshot)) else None)
+                else (f"unreadable screenshot: {p}" if (p := screenshot_problem(s.screenshot, limits=image_limits)) else None)
             )
             if problem is None and s.action_type == "unknown" and unknown_action != "keep":
                 what = f"unknown action {s.action!r}" if s.action else "no action in the agent turn"

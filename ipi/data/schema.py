@@ -146,11 +146,13 @@ def write_native(trajectories: list[Trajectory], path: str | os.PathLike) -> Pat
     return atomic_write_text(path, text)
 
 
-def read_native(path: str | os.PathLike) -> list[Trajectory]:
+def read_native(path: str | os.PathLike, limit: int | None = None) -> list[Trajectory]:
     """Read a native-schema JSONL file.
 
     Args:
         path: A ``.jsonl`` file written by :func:`write_native` or by hand.
+        limit: Stop reading after this many trajectories (None: the whole file); a repeated
+            id after them is not looked at.
 
     Returns:
         The trajectories, in file order.
@@ -159,8 +161,24 @@ def read_native(path: str | os.PathLike) -> list[Trajectory]:
         DataError: A line is not UTF-8, not valid JSON, lacks a required key, or repeats a
             ``trajectory_id`` (message names the file and line); a ``ValueError`` subclass.
     """
-    path = Path(path)
     out = []
+    for t in iter_native(path):
+        if limit is not None and len(out) >= limit:
+            break
+        out.append(t)
+    return out
+
+
+def iter_native(path: str | os.PathLike):
+    """Yield the trajectories of a native-schema JSONL file one line at a time.
+
+    Lines are parsed (and ids checked for repeats) only as far as the caller reads, so a
+    consumer that stops early (``data.max_trajectories``) never looks at the rest.
+
+    Raises:
+        DataError: As :func:`read_native`, for the lines read.
+    """
+    path = Path(path)
     first_line: dict[str, int] = {}
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, 1):
@@ -180,5 +198,4 @@ def read_native(path: str | os.PathLike) -> list[Trajectory]:
                     f"{first_line[t.trajectory_id]} (ids must be unique: they are the split unit)"
                 )
             first_line[t.trajectory_id] = lineno
-            out.append(t)
-    return out
+            yield t

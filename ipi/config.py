@@ -116,12 +116,12 @@ class TokenGroupConf:
 class DataConf:
     """Trajectory source."""
 
-    kind: str = "webvoyager"  # importer (ipi.data.IMPORTERS): webvoyager | online_mind2web | multimodal_mind2web | native
+    kind: str = "webvoyager"  # importer (ipi.data.IMPORTERS): webvoyager | online_mind2web | multimodal_mind2web | browser_use | native
     root: str = MISSING  # folder searched recursively for task folders (or a .jsonl for native)
     on_bad_step: OnBadStep = OnBadStep.skip
     unknown_action: UnknownAction = UnknownAction.keep  # keep (action_type "unknown") | skip | error
     max_element_chars: Optional[int] = 3000  # truncate page text (keeps prompts bounded)
-    max_trajectories: Optional[int] = None  # first N trajectories by id (quick runs)
+    max_trajectories: Optional[int] = None  # first N usable trajectories by id (quick runs); later folders are not read
     options: dict[str, Any] = field(default_factory=dict)  # importer-specific keyword arguments
 
 

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+from ipi.data.browser_use import import_browser_use_report
 from ipi.data.images import DEFAULT_LIMITS, ImageLimits, screenshot_problem
 from ipi.data.multimodal_mind2web import import_multimodal_mind2web_report
 from ipi.data.online_mind2web import import_online_mind2web_report
@@ -98,6 +99,7 @@ IMPORTERS: dict[str, Callable[..., tuple[list[Trajectory], list[dict]]]] = {
     "webvoyager": import_webvoyager_report,
     "online_mind2web": import_online_mind2web_report,
     "multimodal_mind2web": import_multimodal_mind2web_report,
+    "browser_use": import_browser_use_report,
     "native": load_native,
 }
 
@@ -108,10 +110,11 @@ def load_trajectories(
     """Load trajectories with the importer registered under ``kind``.
 
     Args:
-        kind: A key of :data:`IMPORTERS` (``"webvoyager"``, ``"native"``).
+        kind: A key of :data:`IMPORTERS` (``"webvoyager"``, ``"online_mind2web"``,
+            ``"multimodal_mind2web"``, ``"browser_use"``, ``"native"``).
         root: What the importer reads: a folder of WebVoyager task folders, a ``.jsonl`` file.
-        **kwargs: Passed to the importer (``on_bad_step``, ``unknown_action``; also
-            ``max_element_chars`` for ``"webvoyager"``).
+        **kwargs: Passed to the importer (``on_bad_step``, ``unknown_action``, ``limit``,
+            ``image_limits``, ``max_element_chars`` and importer options).
 
     Returns:
         ``(trajectories, skipped)`` as the importer returns them; ``skipped`` holds
@@ -135,6 +138,7 @@ __all__ = [
     "Skip",
     "Step",
     "Trajectory",
+    "import_browser_use_report",
     "import_multimodal_mind2web_report",
     "import_online_mind2web_report",
     "import_webvoyager",

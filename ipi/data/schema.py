@@ -97,6 +97,8 @@ class Trajectory:
         horizon: Number of agent turns in the trajectory (skipped ones included).
         steps: Usable steps, ordered by ``step``.
         skipped: Steps left out, each with a reason and the offending file.
+        meta: Importer details kept for the record (e.g. Online-Mind2Web's ``task_id`` and
+            folder when they differ, the frame layout); not used by replay.
     """
 
     trajectory_id: str
@@ -105,6 +107,7 @@ class Trajectory:
     horizon: int
     steps: tuple[Step, ...]
     skipped: tuple[Skip, ...] = field(default=())
+    meta: dict = field(default_factory=dict, compare=False, hash=False)
 
 
 def _to_json(t: Trajectory) -> dict:
@@ -129,6 +132,7 @@ def _from_json(d: dict, base: Path) -> Trajectory:
         horizon=int(d["horizon"]),
         steps=tuple(steps),
         skipped=skipped,
+        meta=dict(d.get("meta") or {}),
     )
 
 

@@ -200,12 +200,6 @@ def to_rgb(im: Image.Image) -> Image.Image:
         return _composite(im.convert("RGBA"))
     if mode in ("RGBA", "LA", "PA") or "transparency" in im.info:
         return _composite(im.convert("RGBA"))
-    if mode == "LAB":
-        from PIL import ImageCms
-
-        lab2rgb = ImageCms.buildTransform(ImageCms.createProfile("LAB"), ImageCms.createProfile("sRGB"),
-                                          "LAB", "RGB")
-        return ImageCms.applyTransform(im, lab2rgb)
     if mode == "RGB":
         return im.copy()
     return im.convert("RGB")

@@ -123,6 +123,8 @@ def _mixed_root(tmp_path):
     (root / "shots_only").mkdir()
     _png(root / "shots_only" / "screenshot1.png")
     (root / "dangling").symlink_to(tmp_path / "nowhere", target_is_directory=True)
+    (root / "om2w").mkdir()
+    (root / "om2w" / "result.json").write_text("{}")
     return root
 
 
@@ -136,9 +138,10 @@ def test_nothing_usable_is_reported_per_reason_before_any_rendering(tmp_path, mo
     with pytest.raises(DataError) as e:
         tasks.train(cfg)
     msg = str(e.value)
-    assert "no usable trajectory; left out 4: " in msg
+    assert "no usable trajectory; left out 5: " in msg
     for part in ("1 × broken symlink", "1 × no usable step (unreadable screenshot: Git LFS pointer file",
-                 "1 × not valid JSON", "1 × screenshots but no interact_messages.json"):
+                 "1 × not valid JSON", "1 × screenshots but no interact_messages.json",
+                 "1 × an Online-Mind2Web result folder, not a WebVoyager task folder"):
         assert part in msg
     assert str(root / "lfs") in msg and str(root / "badjson" / "interact_messages.json") in msg
 
@@ -152,7 +155,7 @@ def test_split_feasibility_checked_before_any_rendering(tmp_path, monkeypatch):
     monkeypatch.setattr(tasks, "make_rows", lambda *a, **k: pytest.fail("rendered before the split check"))
     cfg = compose_train(tmp_path, [f"data.root={root}", "logger=none"])
     trajs, traj_skips, _ = tasks.load_data(cfg)
-    assert [t.trajectory_id for t in trajs] == ["ok1", "ok2", "ok3"] and len(traj_skips) == 4
+    assert [t.trajectory_id for t in trajs] == ["ok1", "ok2", "ok3"] and len(traj_skips) == 5
     with pytest.raises(ValueError, match=r"3 usable trajectories: split=holdout test_fraction=0.3 gives "
                                          r"fold 0 2 training and 1 test trajectories; each side of each fold needs >= 2"):
         tasks.train(cfg)
@@ -168,5 +171,5 @@ def test_exclusion_report_counts(tmp_path):
     root = _mixed_root(tmp_path)
     _, skipped = import_webvoyager_report(root)
     text = exclusion_report(skipped)
-    assert text.splitlines()[0].startswith("left out 4: 1 × broken symlink; 1 × no usable step")
+    assert text.splitlines()[0].startswith("left out 5: 1 × an Online-Mind2Web result folder")
     assert OMITTED  # the shared helpers are the WebVoyager layout

@@ -82,7 +82,7 @@ def walk(root: str | os.PathLike) -> Iterator[tuple[Path, list[str], list[dict]]
         stack.extend(reversed(subdirs))
 
 
-_KIND_CUT = re.compile(r"\s*(?::|\(| of |\d)")
+_KIND_CUT = re.compile(r"\s*(?::|\(| of |(?<![A-Za-z_])\d)")
 
 
 def reason_kind(reason: str) -> str:

@@ -71,6 +71,7 @@ MISSING_SCREENSHOT = "missing screenshot"
 MISSING_SCREENSHOT_UNEXPECTED = "missing screenshot (the log has an observation for this step)"
 NO_LOG = f"screenshots but no {LOG_NAME}"
 NO_USABLE_STEP = "no usable step"
+OTHER_LAYOUT = "an Online-Mind2Web result folder, not a WebVoyager task folder (data=online_mind2web reads it)"
 
 _TASK_PREFIX = "Now given a task:"
 _TASK_END = "  Please interact with"
@@ -385,6 +386,8 @@ def _discover(root: Path) -> tuple[list[Path], list[Path], list[dict]]:
             tasks.append(folder)
         elif any(_SCREENSHOT_FILE.fullmatch(f) for f in files):
             orphans.append(folder)
+        elif "result.json" in files:
+            skips.append({"path": str(folder / "result.json"), "reason": OTHER_LAYOUT})
     return tasks, orphans, skips
 
 

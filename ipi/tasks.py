@@ -57,9 +57,10 @@ def _importer_kwargs(cfg: DictConfig) -> dict:
         kwargs["unknown_action"] = _value(cfg.data.unknown_action)
     if kind != "native":
         kwargs["max_element_chars"] = cfg.data.max_element_chars
-    if kind in IMPORTERS and kind != "multimodal_mind2web":
-        # data.max_trajectories is applied while importing: later folders are never read.
-        kwargs["limit"] = cfg.data.max_trajectories
+    if kind in IMPORTERS:
+        if kind != "multimodal_mind2web":  # it takes data.options.limit (its config sets it)
+            # data.max_trajectories is applied while importing: later folders are never read.
+            kwargs["limit"] = cfg.data.max_trajectories
         # Screenshots the backbone's processor would refuse are counted skips at import.
         kwargs["image_limits"] = (image_limits_for(to_container(cfg.backbone.get("image_size")),
                                                    cfg.backbone.get("tokenizer_path"))

@@ -160,6 +160,7 @@ class SplitConf:
     test_fraction: float = 0.3  # holdout only
     k: int = 5  # kfold only: number of folds (cross-fitting, out-of-fold scores for all)
     seed: int = 0
+    min_per_side: int = 2  # fewest trajectories on each side (train, test) of every fold; checked right after import
 
 
 @dataclass
@@ -371,6 +372,8 @@ def validate(cfg: DictConfig) -> None:
         raise ValueError("split.test_fraction must be in (0, 1)")
     if _value(cfg.split.kind) == "kfold" and cfg.split.k < 2:
         raise ValueError(f"split.k must be >= 2 for split=kfold, got {cfg.split.k}")
+    if cfg.split.get("min_per_side", 2) < 1:
+        raise ValueError(f"split.min_per_side must be >= 1, got {cfg.split.min_per_side}")
 
 
 def to_container(node) -> Any:

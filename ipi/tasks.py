@@ -116,16 +116,18 @@ def load_data(cfg: DictConfig):
     return trajs, traj_skips, step_skips
 
 
-def check_split_feasible(cfg: DictConfig, trajectory_ids: list[str], min_per_side: int = 2) -> None:
+def check_split_feasible(cfg: DictConfig, trajectory_ids: list[str], min_per_side: int | None = None) -> None:
     """Refuse, before any heavy work, a split with fewer than ``min_per_side`` trajectories on a side.
 
     Every fold of ``cfg.split`` (PROTOCOL.md §4) needs at least ``min_per_side`` training and
-    ``min_per_side`` test trajectories.
+    ``min_per_side`` test trajectories (default ``split.min_per_side``, 2).
 
     Raises:
         ValueError: The split cannot be made or a fold side is too small (message gives the
             counts and what to change).
     """
+    if min_per_side is None:
+        min_per_side = cfg.split.get("min_per_side", 2)
     n = len(set(trajectory_ids))
     kind = _value(cfg.split.kind)
     design = (f"split=holdout test_fraction={cfg.split.test_fraction}" if kind == "holdout"
@@ -141,7 +143,8 @@ def check_split_feasible(cfg: DictConfig, trajectory_ids: list[str], min_per_sid
         if min(len(train), len(test)) < min_per_side:
             raise ValueError(
                 f"{n} usable trajectories: {design} gives fold {i} {len(train)} training and "
-                f"{len(test)} test trajectories; each side of each fold needs >= {min_per_side}; "
+                f"{len(test)} test trajectories; each side of each fold needs >= {min_per_side} "
+                f"(split.min_per_side); "
                 f"needs {advice}")
 
 

@@ -157,12 +157,18 @@ def test_split_feasibility_checked_before_any_rendering(tmp_path, monkeypatch):
     trajs, traj_skips, _ = tasks.load_data(cfg)
     assert [t.trajectory_id for t in trajs] == ["ok1", "ok2", "ok3"] and len(traj_skips) == 5
     with pytest.raises(ValueError, match=r"3 usable trajectories: split=holdout test_fraction=0.3 gives "
-                                         r"fold 0 2 training and 1 test trajectories; each side of each fold needs >= 2"):
+                                         r"fold 0 2 training and 1 test trajectories; each side of each fold needs >= 2 \(split.min_per_side\)"):
         tasks.train(cfg)
     cfg = compose_train(tmp_path, [f"data.root={root}", "logger=none", "split=kfold", "split.k=2"])
     with pytest.raises(ValueError, match="fold 0 1 training and 2 test|fold 0 2 training and 1 test"):
         tasks.train(cfg)
     tasks.check_split_feasible(cfg, [f"ok{i}" for i in range(1, 7)])  # 3 + 3 per fold: fine
+    cfg = compose_train(tmp_path, [f"data.root={root}", "logger=none", "split.min_per_side=1"])
+    tasks.check_split_feasible(cfg, ["ok1", "ok2", "ok3"])  # 2 + 1: allowed when asked for
+    with pytest.raises(ValueError, match="split.min_per_side must be >= 1"):
+        from ipi.config import validate
+
+        validate(compose_train(tmp_path, [f"data.root={root}", "split.min_per_side=0"]))
 
 
 def test_exclusion_report_counts(tmp_path):

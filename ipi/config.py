@@ -116,12 +116,12 @@ class TokenGroupConf:
 class DataConf:
     """Trajectory source."""
 
-    kind: str = "webvoyager"  # importer (ipi.data.IMPORTERS): webvoyager | online_mind2web | multimodal_mind2web | native
+    kind: str = "webvoyager"  # importer (ipi.data.IMPORTERS): webvoyager | online_mind2web | multimodal_mind2web | browser_use | native
     root: str = MISSING  # folder searched recursively for task folders (or a .jsonl for native)
     on_bad_step: OnBadStep = OnBadStep.skip
     unknown_action: UnknownAction = UnknownAction.keep  # keep (action_type "unknown") | skip | error
     max_element_chars: Optional[int] = 3000  # truncate page text (keeps prompts bounded)
-    max_trajectories: Optional[int] = None  # first N trajectories by id (quick runs)
+    max_trajectories: Optional[int] = None  # first N usable trajectories by id (quick runs); later folders are not read
     options: dict[str, Any] = field(default_factory=dict)  # importer-specific keyword arguments
 
 
@@ -162,6 +162,7 @@ class SplitConf:
     test_fraction: Optional[float] = None  # holdout only (conf/split/holdout.yaml: 0.3)
     k: Optional[int] = None  # kfold only: number of folds (conf/split/kfold.yaml: 5)
     seed: int = 0
+    min_per_side: int = 2  # fewest trajectories on each side (train, test) of every fold; checked right after import
 
 
 @dataclass
@@ -386,6 +387,8 @@ def validate(cfg: DictConfig) -> None:
                              "trajectory is tested once); use split.k=N folds, or split=holdout")
         if cfg.split.get("k") is None or cfg.split.k < 2:
             raise ValueError(f"split.k must be >= 2 for split=kfold, got {cfg.split.get('k')}")
+    if cfg.split.get("min_per_side", 2) < 1:
+        raise ValueError(f"split.min_per_side must be >= 1, got {cfg.split.min_per_side}")
     loader = cfg.backbone.get("loader")
     quant = _value(cfg.backbone.get("quantization", "none"))
     if quant != "none" and isinstance(loader, (DictConfig, dict)) and "quantization" not in loader:

@@ -72,12 +72,15 @@ def token_counter(path: str | os.PathLike) -> Callable[[str], int]:
         path: Tokenizer folder (or hub id).
 
     Returns:
-        ``f(text) -> len(tok(text, add_special_tokens=False).input_ids)``.
+        ``f(text) ->`` the number of tokens of ``text`` tokenised as plain characters, as replay
+        tokenises recorded text (:func:`ipi.replay.count_plain_tokens`).
     """
     from transformers import AutoTokenizer
 
+    from ipi.replay import count_plain_tokens
+
     tok = AutoTokenizer.from_pretrained(str(path))
-    return lambda text: len(tok(text, add_special_tokens=False).input_ids)
+    return lambda text: count_plain_tokens(tok, text)
 
 
 def _font(size: int) -> ImageFont.ImageFont:

@@ -54,18 +54,58 @@ def quiet_lightning() -> None:
                             category=FutureWarning)
 
 
+def _importer_kwargs(cfg: DictConfig) -> dict:
+    from ipi.data import IMPORTERS
+    from ipi.data.images import image_limits_for
+
+    kind = cfg.data.kind
+    kwargs = {"on_bad_step": _value(cfg.data.on_bad_step)}
+    if kind in ("webvoyager", "native", "browser_use"):  # importers of free-form agent actions
+        kwargs["unknown_action"] = _value(cfg.data.unknown_action)
+    if kind != "native":
+        kwargs["max_element_chars"] = cfg.data.max_element_chars
+    if kind in IMPORTERS:
+        if kind != "multimodal_mind2web":  # it takes data.options.limit (its config sets it)
+            # data.max_trajectories is applied while importing: later folders are never read.
+            kwargs["limit"] = cfg.data.max_trajectories
+        # Screenshots the backbone's processor would refuse are counted skips at import.
+        kwargs["image_limits"] = (image_limits_for(to_container(cfg.backbone.get("image_size")),
+                                                   cfg.backbone.get("tokenizer_path"))
+                                  if cfg.backbone.get("multimodal", True) else None)
+    kwargs.update(to_container(cfg.data.get("options") or {}))
+    return kwargs
+
+
+def exclusion_report(skips: list[dict], limit: int = 10) -> str:
+    """What was left out, as counts per reason then the first ``limit`` folders with their reason."""
+    from ipi.data.discover import summarise_skips
+
+    if not skips:
+        return "nothing left out"
+    lines = [f"left out {len(skips)}: " + "; ".join(f"{n} × {kind}" for kind, n in summarise_skips(skips))]
+    lines += [f"  {d['path']}: {d['reason']}" for d in skips[:limit]]
+    if len(skips) > limit:
+        lines.append(f"  ... and {len(skips) - limit} more (results.json counts.skipped_trajectories)")
+    return "\n".join(lines)
+
+
 def load_data(cfg: DictConfig):
     """Import trajectories and collect every skip (trajectory-level and step-level).
 
+    Discovery, ``data.max_trajectories`` (applied while importing, before duplicate checks) and
+    every import-time check run here, before any rendering or extraction. What was left out is
+    logged as counts per reason (:func:`exclusion_report`).
+
     Returns:
         ``(trajectories, skipped_trajectories, skipped_steps)``.
+
+    Raises:
+        DataError: No usable trajectory remains; the message says which folders were found and
+            why each was left out (counts per reason).
     """
-    kwargs = {"on_bad_step": _value(cfg.data.on_bad_step)}
-    if cfg.data.kind in ("webvoyager", "native"):  # importers of free-form agent actions
-        kwargs["unknown_action"] = _value(cfg.data.unknown_action)
-    if cfg.data.kind != "native":
-        kwargs["max_element_chars"] = cfg.data.max_element_chars
-    kwargs.update(to_container(cfg.data.get("options") or {}))
+    from ipi.data import DataError
+
+    kwargs = _importer_kwargs(cfg)
     trajs, traj_skips = load_trajectories(cfg.data.kind, cfg.data.root, **kwargs)
     if cfg.data.max_trajectories is not None:
         trajs = trajs[: cfg.data.max_trajectories]
@@ -73,17 +113,57 @@ def load_data(cfg: DictConfig):
         {"trajectory_id": t.trajectory_id, "step": s.step, "reason": s.reason, "path": s.path}
         for t in trajs for s in t.skipped
     ]
+    where = f"data.root={cfg.data.root} (data={cfg.data.kind})"
     if not trajs:
-        raise ValueError(f"data.root={cfg.data.root}: no trajectories found")
+        found = "nothing that looks like a task folder was found" if not traj_skips else exclusion_report(traj_skips)
+        raise DataError(f"{where}: no usable trajectory; {found}")
+    log.info("data: %d trajectories, %d steps (%d steps skipped) from %s%s", len(trajs),
+             sum(len(t.steps) for t in trajs), len(step_skips), where,
+             "" if not traj_skips else "; " + exclusion_report(traj_skips))
     return trajs, traj_skips, step_skips
+
+
+def check_split_feasible(cfg: DictConfig, trajectory_ids: list[str], min_per_side: int | None = None) -> None:
+    """Refuse, before any heavy work, a split with fewer than ``min_per_side`` trajectories on a side.
+
+    Every fold of ``cfg.split`` (PROTOCOL.md §4) needs at least ``min_per_side`` training and
+    ``min_per_side`` test trajectories (default ``split.min_per_side``, 2).
+
+    Raises:
+        ValueError: The split cannot be made or a fold side is too small (message gives the
+            counts and what to change).
+    """
+    if min_per_side is None:
+        min_per_side = cfg.split.get("min_per_side", 2)
+    n = len(set(trajectory_ids))
+    kind = _value(cfg.split.kind)
+    design = (f"split=holdout test_fraction={cfg.split.test_fraction}" if kind == "holdout"
+              else f"split=kfold k={cfg.split.k}")
+    advice = ("more trajectories (data.root, data.max_trajectories) or another split "
+              "(split.test_fraction, split.k)")
+    try:
+        folds = make_folds(sorted(set(trajectory_ids)), kind, test_fraction=cfg.split.test_fraction,
+                           k=cfg.split.k, seed=cfg.split.seed)
+    except ValueError as e:
+        raise ValueError(f"{n} usable trajectories cannot be split by {design}: {e}; needs {advice}") from e
+    for i, (train, test) in enumerate(folds):
+        if min(len(train), len(test)) < min_per_side:
+            raise ValueError(
+                f"{n} usable trajectories: {design} gives fold {i} {len(train)} training and "
+                f"{len(test)} test trajectories; each side of each fold needs >= {min_per_side} "
+                f"(split.min_per_side); "
+                f"needs {advice}")
 
 
 def token_counter(cfg: DictConfig):
     """Token counter of the backbone's tokenizer (loaded once per process)."""
     from ipi.backbone_text import load_tokenizer
 
+    from ipi.replay import count_plain_tokens
+
     tok = load_tokenizer(cfg.backbone.tokenizer_path, **to_container(cfg.backbone.get("tokenizer_kwargs") or {}))
-    return lambda s: len(tok(s, add_special_tokens=False)["input_ids"])
+    # Recorded and injected text is tokenised as plain characters in replay; count it the same way.
+    return lambda s: count_plain_tokens(tok, s)
 
 
 def make_rows(cfg: DictConfig, trajectories, surface: str, controls: list[str] | None = None):
@@ -174,6 +254,7 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
     layers = layer_indices(cfg)
 
     trajs, traj_skips, step_skips = load_data(cfg)
+    check_split_feasible(cfg, [t.trajectory_id for t in trajs])  # before any rendering or extraction
     rows = make_rows(cfg, trajs, surface)
     features, info = extract_features(cfg, rows, layers, list(TOKEN_GROUPS))
     if features is None:  # a non-zero DDP rank: rank 0 evaluates

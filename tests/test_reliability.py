@@ -746,8 +746,8 @@ _OFFLINE_DRIVER = textwrap.dedent("""
 def test_tiny_backbone_runs_with_hf_offline_and_no_network(tmp_path, syn_root):
     """HF_HUB_OFFLINE=1 and every socket refused: the tiny path runs; a hub id fails without trying."""
     run = tmp_path / "run"
-    ov = [f"data.root={syn_root}", "data.max_trajectories=4", "surface=i_dom", "evaluation.n_boot=20",
-          "logger=none"]
+    ov = [f"data.root={syn_root}", "data.max_trajectories=4", "split.test_fraction=0.5", "surface=i_dom",
+          "evaluation.n_boot=20", "logger=none"]
     proc = subprocess.run([PY, "-c", _OFFLINE_DRIVER, *_cli(ov, run, tmp_path / "cache")], cwd=REPO,
                           capture_output=True, text=True, timeout=600, env=_env(HF_HUB_OFFLINE="1"))
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -83,7 +83,7 @@ class Variant:
     meta: dict
 
     def image(self, step: Step) -> Image.Image:
-        """Return the screenshot the prompt will show (a new RGB image).
+        """Return the screenshot the prompt will show (a new RGB image, :func:`ipi.data.images.to_rgb`).
 
         Args:
             step: The step this variant was made from (its ``screenshot`` is opened).
@@ -96,16 +96,10 @@ class Variant:
             DataError: The screenshot cannot be decoded (message names the file and step; the
                 importer's header check cannot see a compressed stream forged with valid CRCs).
         """
-        try:
-            with Image.open(step.screenshot) as im:
-                img = im.convert("RGB")
-        except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
-            from ipi.data.schema import DataError
+        from ipi.data.images import load_rgb
 
-            raise DataError(
-                f"{step.screenshot}: step {step.step}: cannot decode screenshot "
-                f"({type(e).__name__}: {e})"
-            ) from e
+        # Any mode Pillow opens, as a person sees it (16-bit grey, transparency, CMYK, ...).
+        img = load_rgb(step.screenshot, step.step)
         if self.banner is None or self.variant == "clean":
             return img
         return draw_banner(img, self.banner, self.injected_text)

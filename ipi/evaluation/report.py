@@ -226,7 +226,7 @@ h1{font-size:1.6em;margin-bottom:.2em}h2{border-bottom:1px solid #ddd;padding-bo
 .claim.none{background:#fde7e7;border:1px solid #e07b7b}
 table{border-collapse:collapse;margin:.5em 0;font-size:.92em}td,th{border:1px solid #ccc;padding:.3em .6em;text-align:left}
 th{background:#f3f3f3}td.num{text-align:right;font-variant-numeric:tabular-nums}
-.PASS{color:#1b7a1b;font-weight:600}.FAIL{color:#b21f1f;font-weight:600}.INCONCLUSIVE{color:#a86b00;font-weight:600}.NOT.RUN,.NOTRUN{color:#777;font-weight:600}
+.PASS{color:#1b7a1b;font-weight:600}.FAIL{color:#b21f1f;font-weight:600}.INCONCLUSIVE{color:#a86b00;font-weight:600}.NOT.RUN,.NOTRUN{color:#777;font-weight:600;white-space:nowrap}
 figure{margin:1em 0}figure img{max-width:100%;border:1px solid #ddd}figcaption{font-size:.9em;color:#555}
 pre{background:#f6f8fa;padding:.8em;overflow:auto;font-size:.85em;border-radius:4px}
 .muted{color:#666;font-size:.9em}

@@ -175,6 +175,9 @@ class EvaluationConf:
     permuted: bool = True  # run the permuted-label check
     collapse_only: bool = True  # run the collapse-only baseline (C2)
     transfer: bool = True  # cross-surface transfer: train on the other surfaces, score this one
+    # Held-out attack wording (PROTOCOL.md §7 check 3): test trajectories' attack templates, goals
+    # and benign imperatives come from bank families no training trajectory uses (docs/surfaces.md)
+    heldout_wording: bool = True
 
 
 @dataclass

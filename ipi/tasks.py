@@ -79,20 +79,41 @@ def token_counter(cfg: DictConfig):
     return lambda s: len(tok(s, add_special_tokens=False)["input_ids"])
 
 
-def make_rows(cfg: DictConfig, trajectories, surface: str, controls: list[str] | None = None):
+def split_folds(cfg: DictConfig, trajectories, seed: int | None = None):
+    """Trajectory folds of the configured split design and the held-out wording plan.
+
+    Args:
+        cfg: Run config (``split``, ``evaluation.heldout_wording``).
+        trajectories: Imported trajectories.
+        seed: Split seed (default ``split.seed``; ``split.repeats`` passes others).
+
+    Returns:
+        ``(folds, plan)``; ``plan`` is None when ``evaluation.heldout_wording`` is off.
+    """
+    from ipi.surfaces.wording import wording_plan
+
+    seed = cfg.split.seed if seed is None else seed
+    folds = make_folds(sorted({t.trajectory_id for t in trajectories}), _value(cfg.split.kind),
+                       test_fraction=cfg.split.test_fraction, k=cfg.split.k, seed=seed)
+    plan = wording_plan(folds, seed) if cfg.evaluation.heldout_wording else None
+    return folds, plan
+
+
+def make_rows(cfg: DictConfig, trajectories, surface: str, controls: list[str] | None = None, wording=None):
     """Replay rows of one surface.
 
     The run's own surface gets the configured controls; any other surface (the transfer
     sources) gets every control that applies to it, so its rows — and its activation-cache
     entry — are exactly those of a run on that surface, and a ``-m surface=...`` sweep or an
     ``extract.py`` run before it fills each entry once. ``controls`` overrides both.
+    ``wording`` is the held-out wording plan of the split (:func:`split_folds`), or None.
     """
     count_tokens = token_counter(cfg) if surface != "i_vis" else None
     if controls is None:
         controls = (resolved_controls(cfg) if _value(cfg.surface.name) == surface
                     else list(CONTROLS_BY_SURFACE[surface]))
     return build_rows(track(trajectories, f"rendering {surface} variants"), surface, controls,
-                      n_attacks=cfg.surface.n_attacks, count_tokens=count_tokens)
+                      n_attacks=cfg.surface.n_attacks, count_tokens=count_tokens, wording=wording)
 
 
 def write_gallery(cfg: DictConfig, trajectory, out_dir: Path) -> Path | None:
@@ -144,6 +165,20 @@ def select_features(features, layers: list[int], groups: list[str]) -> np.ndarra
     return x.reshape(x.shape[0], -1).float().numpy()
 
 
+def _wording_record(rows, folds, plan) -> dict:
+    """``run.wording`` of results.json: held-out wording on/off and the train/test overlap (must be 0 when on)."""
+    from ipi.surfaces.wording import wording_overlap
+
+    meta = [{"trajectory_id": r.trajectory_id, "variant": r.variant.variant, **r.variant.meta} for r in rows]
+    rec = wording_overlap(meta, folds, plan)
+    if plan is not None and rec["overlap"] != 0:  # by construction impossible: a bug, never a number to report
+        raise AssertionError(f"held-out wording: {rec['overlap']} bank entries on both sides of a fold")
+    if plan is not None and plan.scheme == "holdout":
+        rec["train_families"] = plan.families["train"].to_dict()
+        rec["test_families"] = plan.families["test"].to_dict()
+    return rec
+
+
 @task_wrapper
 def train(cfg: DictConfig) -> tuple[dict, dict]:
     """Run the main job: replay, extract (cached), probe, estimands, verdict, report.
@@ -167,7 +202,11 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
     layers = layer_indices(cfg)
 
     trajs, traj_skips, step_skips = load_data(cfg)
-    rows = make_rows(cfg, trajs, surface)
+    # Trajectory-disjoint folds (PROTOCOL.md §4) first: with held-out wording a trajectory's
+    # attack and imperative texts come from the wording family of the fold it is tested in.
+    split_kind = _value(cfg.split.kind)
+    folds, plan = split_folds(cfg, trajs)
+    rows = make_rows(cfg, trajs, surface, wording=plan)
     features, info = extract_features(cfg, rows, layers, list(TOKEN_GROUPS))
     if features is None:  # a non-zero DDP rank: rank 0 evaluates
         return {}, {"extraction": info}
@@ -181,7 +220,7 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
         transfer_surfaces = transfer_source_surfaces(surface, cfg.backbone.multimodal)
         src_meta, src_x = [], []
         for s in transfer_surfaces:
-            s_rows = make_rows(cfg, trajs, s)
+            s_rows = make_rows(cfg, trajs, s, wording=plan)
             s_feat, infos[s] = extract_features(cfg, s_rows, layers, list(TOKEN_GROUPS))
             if s_feat is None:  # a non-zero DDP rank
                 return {}, {"extraction": info}
@@ -190,11 +229,7 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
         if transfer_surfaces:
             transfer_src = TransferSource.from_rows(pd.concat(src_meta, ignore_index=True), np.concatenate(src_x))
 
-    # Trajectory-disjoint folds (PROTOCOL.md §4): one holdout fold or K cross-fitting folds;
-    # leakage asserted per fold on ids and on the rows of every fit.
-    split_kind = _value(cfg.split.kind)
-    folds = make_folds(sorted({t.trajectory_id for t in trajs}), split_kind, test_fraction=cfg.split.test_fraction,
-                       k=cfg.split.k, seed=cfg.split.seed)
+    # Leakage is asserted per fold on ids and on the rows of every fit (cross_fit).
     pcfg = ProbeConfig(l2=cfg.probe.l2, max_iter=cfg.probe.max_iter, tol=cfg.probe.tol, seed=cfg.seed)
     loggers = [lg for lg in (instantiate(n) for n in (cfg.logger or {}).values()) if lg is not None]
     md_cols = ["step", "horizon", "prompt_len", "delta_prompt_len"]
@@ -239,6 +274,7 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
                   else f"kfold k={cfg.split.k} seed={cfg.split.seed} (out-of-fold scores from {len(folds)} probes)"),
         "transfer": ({"train_surfaces": transfer_surfaces, "test_surface": surface} if transfer_src is not None
                      else None),
+        "wording": _wording_record(rows, folds, plan),
         "cache_key": info["cache_key"],
         "cache_keys": {s: i["cache_key"] for s, i in infos.items()},
         "data_root": str(Path(cfg.data.root).resolve()),
@@ -289,12 +325,14 @@ def extract(cfg: DictConfig) -> tuple[dict, dict]:
     set_quiet(True if cfg.quiet else None)  # None: auto (quiet under CI or IPI_QUIET=1)
     surface = _value(cfg.surface.name)
     trajs, _, _ = load_data(cfg)
+    _, plan = split_folds(cfg, trajs)  # rows' wording depends on the split (held-out wording)
     surfaces = [surface]
     if cfg.evaluation.transfer:
         surfaces += transfer_source_surfaces(surface, cfg.backbone.multimodal)
     infos, features = {}, None
     for s in surfaces:
-        feats, infos[s] = extract_features(cfg, make_rows(cfg, trajs, s), layer_indices(cfg), list(TOKEN_GROUPS))
+        feats, infos[s] = extract_features(cfg, make_rows(cfg, trajs, s, wording=plan), layer_indices(cfg),
+                                           list(TOKEN_GROUPS))
         features = feats if s == surface else features
     return infos[surface], {"features": features, "extraction_by_surface": infos}
 

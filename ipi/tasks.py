@@ -283,7 +283,8 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
     # Score the test rows with the probe through Lightning; the callbacks compute and write.
     est = EstimandsCallback(te_meta, baselines, n_boot=cfg.evaluation.n_boot, seed=cfg.evaluation.seed,
                             level=cfg.evaluation.level, collapse_ceiling=cfg.evaluation.collapse_ceiling,
-                            c1_max=cfg.evaluation.c1_max, min_clusters=cfg.evaluation.min_clusters)
+                            c1_max=cfg.evaluation.c1_max, min_clusters=cfg.evaluation.min_clusters,
+                            interval=_value(cfg.evaluation.interval))
     gallery = None
     if cfg.report.gallery:
         first_test = next(t for t in trajs if t.trajectory_id in set(test_ids))
@@ -345,7 +346,7 @@ def evaluate(cfg: DictConfig) -> tuple[dict, dict]:
     ev = cfg.evaluation
     results = evaluate_score_table(cfg.scores, n_boot=ev.n_boot, seed=ev.seed, level=ev.level,
                                    collapse_ceiling=ev.collapse_ceiling, c1_max=ev.c1_max,
-                                   min_clusters=ev.min_clusters)
+                                   min_clusters=ev.min_clusters, interval=_value(ev.interval))
     out_dir = Path(cfg.paths.output_dir)
     write_run_report(results, out_dir, scores=read_score_table(cfg.scores), config=to_container(cfg),
                      plots=cfg.report.plots, html_report=cfg.report.html)

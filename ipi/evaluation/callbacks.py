@@ -59,8 +59,9 @@ class EstimandsCallback(L.Callback):
 
     def __init__(self, rows: pd.DataFrame, baselines: Mapping[str, pd.DataFrame], *, n_boot: int = 1000,
                  seed: int = 0, level: float = 0.95, collapse_ceiling: float = 0.60, c1_max: float = 0.95,
-                 min_clusters: int = 5):
+                 min_clusters: int = 5, interval: str = "percentile"):
         self.rows = rows.reset_index(drop=True)
+        self.interval = interval
         self.baselines = dict(baselines)
         self.n_boot, self.seed, self.level = n_boot, seed, level
         self.collapse_ceiling, self.c1_max, self.min_clusters = collapse_ceiling, c1_max, min_clusters
@@ -83,7 +84,8 @@ class EstimandsCallback(L.Callback):
         self.scores = table
         desc = f"bootstrap (B={self.n_boot}, {1 + len(self.baselines)} score tables)"
         with progress_bar(desc, total=1) as bar:
-            results = evaluate_tables(table, self.baselines, n_boot=self.n_boot, seed=self.seed, level=self.level)
+            results = evaluate_tables(table, self.baselines, n_boot=self.n_boot, seed=self.seed, level=self.level,
+                                      interval=self.interval)
             bar.advance()
         results["verdict"] = verdict(results, collapse_ceiling=self.collapse_ceiling, c1_max=self.c1_max,
                                      min_clusters=self.min_clusters)

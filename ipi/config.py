@@ -188,6 +188,9 @@ class EvaluationConf:
     # Held-out attack wording (PROTOCOL.md §7 check 3): test trajectories' attack templates, goals
     # and benign imperatives come from bank families no training trajectory uses (docs/surfaces.md)
     heldout_wording: bool = True
+    # One sweep cell named before the sweep by its overrides ("layers=six_3 token_group=task"):
+    # python -m ipi.sweep_report licenses it at the nominal level; the rest under Holm (docs/sweeps.md)
+    preregistered: Optional[str] = None
 
 
 @dataclass

@@ -154,7 +154,10 @@ class BackboneConf:
 class ProbeConf:
     """Linear probe (PROTOCOL.md §4): standardised, L2 logistic regression, balanced classes."""
 
-    l2: float = 1.0  # scikit-learn's C (inverse regularisation strength)
+    # scikit-learn's C (inverse regularisation strength): the pre-registered constant 1.0, or
+    # "auto" = grouped inner CV over l2_grid on each fold's training trajectories (docs/probe.md)
+    l2: Any = 1.0
+    l2_grid: list[float] = field(default_factory=lambda: [0.001, 0.01, 0.1, 1.0, 10.0])
     max_iter: int = 500
     tol: float = 1e-8
 
@@ -166,7 +169,10 @@ class SplitConf:
     kind: SplitKind = SplitKind.holdout
     test_fraction: float = 0.3  # holdout only
     k: int = 5  # kfold only: number of folds (cross-fitting, out-of-fold scores for all)
-    seed: int = 0
+    seed: int = 0  # the pre-registered split
+    # >1: also rerun the split with seeds seed+1 .. seed+repeats-1 and report each estimand's
+    # spread and how many seeds license each claim beside the pre-registered verdict
+    repeats: int = 1
 
 
 @dataclass
@@ -351,6 +357,13 @@ def validate(cfg: DictConfig) -> None:
         )
     if not cfg.backbone.multimodal and _value(cfg.surface.name) == "i_vis":
         raise ValueError(f"surface=i_vis needs a multimodal backbone; backbone={cfg.backbone.name} is text-only")
+    l2 = cfg.probe.l2
+    if not (l2 == "auto" or (isinstance(l2, (int, float)) and not isinstance(l2, bool) and l2 > 0)):
+        raise ValueError(f"probe.l2: {l2!r} is neither a positive number (scikit-learn's C) nor 'auto'")
+    if l2 == "auto" and (not cfg.probe.l2_grid or min(cfg.probe.l2_grid) <= 0):
+        raise ValueError("probe.l2_grid: give positive C values for probe.l2=auto")
+    if cfg.split.repeats < 1:
+        raise ValueError(f"split.repeats must be >= 1, got {cfg.split.repeats}")
     if cfg.evaluation.n_boot < 1:
         raise ValueError("evaluation.n_boot must be >= 1")
     devices = cfg.extract.devices

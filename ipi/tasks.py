@@ -179,6 +179,37 @@ def _wording_record(rows, folds, plan) -> dict:
     return rec
 
 
+def evaluate_split(cfg: DictConfig, trajs, seed: int, layers, groups, pcfg, l2, l2_grid) -> dict:
+    """Estimands and verdict of the run on the split of ``seed`` (``split.repeats``).
+
+    The same pipeline as the pre-registered split — held-out wording families of that split
+    (so its own rows and cache entry), probe, C1, collapse-only and permuted baselines, shared
+    bootstrap draws, verdict — without the transfer probe (it does not enter the verdict).
+    """
+    from ipi.evaluation.verdict import verdict
+    from ipi.metrics.estimands import evaluate_tables
+
+    surface = _value(cfg.surface.name)
+    folds, plan = split_folds(cfg, trajs, seed)
+    rows = make_rows(cfg, trajs, surface, wording=plan)
+    features, _ = extract_features(cfg, rows, layers, list(TOKEN_GROUPS))
+    meta = row_table(rows, features)
+    x = select_features(features, layers, groups)
+    li = [features.layers.index(i) for i in layers]
+    fits = cross_fit(meta, x, folds, probe_cfg=pcfg,
+                     metadata=meta[["step", "horizon", "prompt_len", "delta_prompt_len"]].to_numpy(dtype=np.float64),
+                     collapse=features.collapse[:, li].double().numpy() if cfg.evaluation.collapse_only else None,
+                     permuted=cfg.evaluation.permuted, permute_seed=cfg.seed, l2=l2, l2_grid=l2_grid)
+    table = meta.iloc[fits.test_index][["trajectory_id", "step", "variant"]].reset_index(drop=True)
+    table["score"] = fits.probe_scores(x)
+    ev = cfg.evaluation
+    res = evaluate_tables(table, fits.baselines, n_boot=ev.n_boot, seed=ev.seed, level=ev.level,
+                          interval=_value(ev.interval))
+    res["verdict"] = verdict(res, collapse_ceiling=ev.collapse_ceiling, c1_max=ev.c1_max,
+                             min_clusters=ev.min_clusters)
+    return res
+
+
 @task_wrapper
 def train(cfg: DictConfig) -> tuple[dict, dict]:
     """Run the main job: replay, extract (cached), probe, estimands, verdict, report.
@@ -230,7 +261,10 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
             transfer_src = TransferSource.from_rows(pd.concat(src_meta, ignore_index=True), np.concatenate(src_x))
 
     # Leakage is asserted per fold on ids and on the rows of every fit (cross_fit).
-    pcfg = ProbeConfig(l2=cfg.probe.l2, max_iter=cfg.probe.max_iter, tol=cfg.probe.tol, seed=cfg.seed)
+    auto_l2 = cfg.probe.l2 == "auto"
+    l2 = 1.0 if auto_l2 else float(cfg.probe.l2)  # auto: per-fold inner CV; baselines keep 1.0
+    l2_grid = list(cfg.probe.l2_grid) if auto_l2 else None
+    pcfg = ProbeConfig(l2=l2, max_iter=cfg.probe.max_iter, tol=cfg.probe.tol, seed=cfg.seed)
     loggers = [lg for lg in (instantiate(n) for n in (cfg.logger or {}).values()) if lg is not None]
     md_cols = ["step", "horizon", "prompt_len", "delta_prompt_len"]
     li = [features.layers.index(i) for i in layers]
@@ -239,7 +273,7 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
     fits = cross_fit(
         meta, x, folds, probe_cfg=pcfg, metadata=meta[md_cols].to_numpy(dtype=np.float64),
         collapse=features.collapse[:, li].double().numpy() if cfg.evaluation.collapse_only else None,
-        permuted=cfg.evaluation.permuted, permute_seed=cfg.seed, transfer=transfer_src, l2=cfg.probe.l2,
+        permuted=cfg.evaluation.permuted, permute_seed=cfg.seed, transfer=transfer_src, l2=l2, l2_grid=l2_grid,
         logger=loggers[0] if loggers else None, default_root_dir=str(out_dir))
     baselines = fits.baselines
     te = fits.test_index
@@ -289,7 +323,13 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
     if cfg.report.gallery:
         first_test = next(t for t in trajs if t.trajectory_id in set(test_ids))
         gallery = write_gallery(cfg, first_test, out_dir)
-    rep = ReportCallback(est, out_dir, {"counts": counts, "run": run}, config=to_container(cfg),
+    extra = {"counts": counts, "run": run}
+    if cfg.split.repeats > 1:  # re-rolled splits beside the pre-registered one (docs/estimands.md)
+        seeds = [cfg.split.seed + i for i in range(cfg.split.repeats)]
+        extra["split_repeats"] = {"seeds": seeds, "results": [
+            evaluate_split(cfg, trajs, s, layers, groups, pcfg, l2, l2_grid)
+            for s in track(seeds[1:], "split.repeats")]}
+    rep = ReportCallback(est, out_dir, extra, config=to_container(cfg),
                          gallery=gallery, plots=cfg.report.plots, html=cfg.report.html)
     trainer = L.Trainer(accelerator="cpu", devices=1, logger=loggers or False, callbacks=[est, rep],
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)

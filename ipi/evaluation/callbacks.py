@@ -130,6 +130,11 @@ class ReportCallback(L.Callback):
         if self.estimands.results is None:
             raise RuntimeError("ReportCallback: EstimandsCallback must come first in the callback list")
         self.results = {**self.estimands.results, **self.extra}
+        repeats = self.results.pop("split_repeats", None)
+        if repeats:
+            from ipi.evaluation.spread import split_spread
+
+            self.results["split_spread"] = split_spread(self.results, repeats["results"], repeats["seeds"])
         if not trainer.is_global_zero:
             return
         self.paths = write_run_report(self.results, self.out_dir, scores=self.estimands.scores,

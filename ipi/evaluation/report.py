@@ -102,6 +102,10 @@ def render_report(results: dict, figures: Mapping[str, str] | None = None) -> st
         lines += ["## Verdict (PROTOCOL.md §7)", "", f"**Licensed claim: {v['claim']}**", ""]
         lines += [f"- [{c['status']}] {c['id']}. {c['name']}: {c['detail']}" for c in v["checks"]]
         lines.append("")
+    if r.get("split_spread"):
+        from ipi.evaluation.spread import spread_lines
+
+        lines += spread_lines(r["split_spread"])
     lines += ["## Estimands (PROTOCOL.md §5)", "",
               "| estimand | estimate | 95% CI | replicates used |", "|---|---|---|---|"]
     lines += [f"| {label} | {_fmt(iv)} |" for label, iv in estimand_rows(r)]
@@ -199,6 +203,17 @@ def render_html(results: Mapping, figures: Mapping[str, str | Path] | None = Non
             out.append(f'<tr><td>{c["id"]}</td><td>{_h(c["name"])}</td>'
                        f'<td class="{status_cls}">{_h(c["status"])}</td><td>{_h(c["detail"])}</td></tr>')
         out.append("</table>")
+    sp = r.get("split_spread")
+    if sp:
+        out += [f"<h2>Split spread ({sp['n_splits']} splits; pre-registered seed {sp['preregistered_seed']})</h2>",
+                "<p>The verdict above is the pre-registered split's. Re-rolled splits "
+                f"(seeds {_h(', '.join(map(str, sp['seeds'])))}):</p>",
+                "<table><tr><th>estimand</th><th>min</th><th>median</th><th>max</th></tr>"]
+        for k, d in sp["estimands"].items():
+            out.append(f"<tr><td>{_h(k)}</td>" + "".join(f"<td>{_num(d[x])}</td>" for x in ("min", "median", "max"))
+                       + "</tr>")
+        out.append("</table><ul>" + "".join(f"<li>splits licensing &quot;{_h(c)}&quot;: {k}/{sp['n_splits']}</li>"
+                                            for c, k in sp["claims"].items()) + "</ul>")
     bs = r.get("bootstrap") or {}
     level = bs.get("level", 0.95)
     out += ["<h2>Estimands (PROTOCOL.md §5)</h2>",

@@ -94,13 +94,21 @@ def test_verdict_licenses_the_claim_under_strong_signal_only():
     p = SimParams(n_trajectories=40, n_features=64, content=2.0, n_boot=200)
     for i in range(2):
         ra = run_dataset(p, "a", i, seed=0)
-        assert ra["claim"] == "detects malicious content", ra["checks"]
+        # 12 test trajectories: the collapse-only interval may straddle the 0.60 ceiling
+        # (check 5 INCONCLUSIVE), which alone withholds the claim
+        assert [ra["checks"][k] for k in "1234"] == ["PASS"] * 4, ra["checks"]
+        assert ra["checks"]["5"] in ("PASS", "INCONCLUSIVE")
+        assert (ra["claim"] == "detects malicious content") == (ra["checks"]["5"] == "PASS"), ra["checks"]
         rb = run_dataset(p, "b", i, seed=0)
         assert rb["claim"] != "detects malicious content"
         assert rb["checks"]["3"] == "FAIL" and rb["checks"]["1"] == "PASS"
         assert rb["estimands"]["e3.c_scrambled"]["true"] == pytest.approx(0.5, abs=1e-12)
         for r in (ra, rb):
             assert r["n_test_trajectories"] == 12
+            # the exact permutation test ran on M = 199 refits: significant, null centred
+            assert r["checks"]["4"] == "PASS" and r["permutation"]["p_value"] == pytest.approx(1 / 200)
+            assert abs(r["permutation"]["null_mean"] - 0.5) <= 0.02
+            assert r["permutation"]["e1_refit"] == pytest.approx(r["estimands"]["e1"]["estimate"], abs=1e-4)
             for iv in r["estimands"].values():
                 assert iv["ci_low"] <= iv["estimate"] <= iv["ci_high"]
 
@@ -125,6 +133,7 @@ def test_cli_writes_records_and_summary(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "coverage of the 95% CI of E1" in printed and "detects malicious content" in printed
     assert "claim_detects.rate:" in printed and "| bca | 50 |" in printed
+    assert "permutation null" in printed and "permutation" in s["a"]
     # Same seed -> same records, whatever the worker count.
     out2 = tmp_path / "st2.json"
     main(["--n-datasets", "2", "--trajectories", "20", "--features", "8", "--n-boot", "50",
@@ -133,6 +142,12 @@ def test_cli_writes_records_and_summary(tmp_path, capsys):
     first_b = [r for r in runs if r["truth"] == "b"]
     for a, b in zip(first_b, again, strict=True):
         assert a["estimands"] == b["estimands"] and a["claim"] == b["claim"]
+
+
+def test_permutation_test_can_be_switched_off():
+    p = SimParams(n_trajectories=20, n_features=8, n_boot=50, permutation_m=0)
+    r = run_dataset(p, "a", 0, seed=0)
+    assert r["checks"]["4"] == "NOT RUN" and r["permutation"] is None
 
 
 def test_truth_c_false_claim_only_when_wording_is_shared():

@@ -12,8 +12,10 @@ from ipi.sweep_report import CLAIM_DETECTS, CLAIM_SEPARATES, claim_p_values, hol
 
 def test_holm_hand_worked():
     # N = 4, alpha = 0.05: thresholds 0.0125, 0.01667, 0.025, 0.05 in sorted order.
-    assert holm([0.01, 0.04, 0.03, 0.005], 0.05) == [True, True, True, True]
-    assert holm([0.01, 0.04, 0.03, 0.02], 0.05) == [True, True, True, True]
+    assert holm([0.001, 0.04, 0.02, 0.005], 0.05) == [True, True, True, True]
+    # sorted 0.005 <= 0.0125, 0.01 <= 0.0167, then 0.03 > 0.025 stops
+    assert holm([0.01, 0.04, 0.03, 0.005], 0.05) == [True, False, False, True]
+    assert holm([0.01, 0.04, 0.03, 0.02], 0.05) == [True, False, False, False]
     # second smallest 0.02 > 0.0167 stops the procedure: only the smallest is rejected
     assert holm([0.01, 0.04, 0.03, 0.0125 + 1e-9, 0.02], 0.05) == [True, False, False, False, False]
     assert holm([0.2, 0.3], 0.05) == [False, False]

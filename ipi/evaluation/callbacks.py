@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from ipi.evaluation.report import write_run_report
+from ipi.evaluation.reportable import mark_reportability
 from ipi.evaluation.verdict import verdict
 from ipi.metrics.estimands import evaluate_tables
 from ipi.progress import progress_bar
@@ -33,6 +34,10 @@ def _flat_metrics(results: dict, prefix: str = "test") -> dict[str, float]:
         if isinstance(results.get(base), dict):
             add(f"{base}_e1", results[base].get("e1"))
             add(f"{base}_e2", results[base].get("e2"))
+    perm = results.get("permutation")
+    if isinstance(perm, dict) and perm.get("p_value") is not None:
+        out[f"{prefix}/permutation_p"] = float(perm["p_value"])
+        out[f"{prefix}/permutation_null_mean"] = float(perm["null_mean"])
     return out
 
 
@@ -54,17 +59,26 @@ class EstimandsCallback(L.Callback):
         level: Interval coverage.
         collapse_ceiling: Ceiling of verdict check 5.
         c1_max: Bound of verdict check 2.
-        min_clusters: Fewest test trajectories for which the verdict's checks run.
+        min_clusters: Fewest test trajectories contributing to both sides of an estimand for it
+            to enter a verdict check (PROTOCOL.md §7.0).
+        permutation: The exact permutation test's refit scores
+            (:meth:`ipi.probe.crossfit.CrossFit.permutation_input`), or None (check 4 NOT RUN).
+        alpha: Level of the permutation test.
+        min_boot_fraction: Fewest usable bootstrap replicates (fraction of ``n_boot``) for an
+            estimate to be reportable (:mod:`ipi.evaluation.reportable`).
     """
 
     def __init__(self, rows: pd.DataFrame, baselines: Mapping[str, pd.DataFrame], *, n_boot: int = 1000,
                  seed: int = 0, level: float = 0.95, collapse_ceiling: float = 0.60, c1_max: float = 0.95,
-                 min_clusters: int = 5, interval: str = "percentile"):
+                 min_clusters: int = 5, permutation: Mapping | None = None, alpha: float = 0.05,
+                 min_boot_fraction: float = 0.9, interval: str = "percentile"):
         self.rows = rows.reset_index(drop=True)
         self.interval = interval
         self.baselines = dict(baselines)
         self.n_boot, self.seed, self.level = n_boot, seed, level
         self.collapse_ceiling, self.c1_max, self.min_clusters = collapse_ceiling, c1_max, min_clusters
+        self.permutation = None if permutation is None else {**permutation, "alpha": alpha}
+        self.min_boot_fraction = min_boot_fraction
         self._scores: list[np.ndarray] = []
         self.results: dict | None = None
         self.scores: pd.DataFrame | None = None
@@ -85,10 +99,11 @@ class EstimandsCallback(L.Callback):
         desc = f"bootstrap (B={self.n_boot}, {1 + len(self.baselines)} score tables)"
         with progress_bar(desc, total=1) as bar:
             results = evaluate_tables(table, self.baselines, n_boot=self.n_boot, seed=self.seed, level=self.level,
-                                      interval=self.interval)
+                                      permutation=self.permutation, interval=self.interval)
             bar.advance()
         results["verdict"] = verdict(results, collapse_ceiling=self.collapse_ceiling, c1_max=self.c1_max,
                                      min_clusters=self.min_clusters)
+        results["reportability"] = mark_reportability(results, self.min_clusters, self.min_boot_fraction)
         self.results = results
         metrics = _flat_metrics(results)
         for lg in trainer.loggers:
@@ -112,17 +127,20 @@ class ReportCallback(L.Callback):
             when the logger allows screenshots), or None.
         plots: Draw the figures.
         html: Write ``report.html``.
+        before_results: Called after the reports and before ``results.json`` (which is written
+            last, so that it exists only for a finished run), or None.
     """
 
     def __init__(self, estimands: EstimandsCallback, out_dir: str | Path, extra: Mapping,
                  config: Mapping | None = None, gallery: str | Path | None = None,
-                 plots: bool = True, html: bool = True):
+                 plots: bool = True, html: bool = True, before_results=None):
         self.estimands = estimands
         self.out_dir = Path(out_dir)
         self.extra = dict(extra)
         self.config = config
         self.gallery = gallery
         self.plots, self.html = plots, html
+        self.before_results = before_results
         self.results: dict | None = None
         self.paths: dict[str, Path] = {}
 
@@ -139,7 +157,7 @@ class ReportCallback(L.Callback):
             return
         self.paths = write_run_report(self.results, self.out_dir, scores=self.estimands.scores,
                                       config=self.config, gallery=self.gallery, plots=self.plots,
-                                      html_report=self.html)
+                                      html_report=self.html, before_results=self.before_results)
         figures = {k: p for k, p in self.paths.items() if k in ("roc", "forest", "gallery")}
         from lightning.pytorch.loggers import WandbLogger
 

@@ -72,7 +72,8 @@ REQUIRED_COLUMNS = ("trajectory_id", "step", "variant", "score")
 #: Keys of :func:`evaluate_tables`' result (and of the reports built on it) that a baseline
 #: name may not take.
 RESERVED_KEYS = frozenset(
-    {"e1", "e2", "e3", "differences", "bootstrap", "counts", "verdict", "source", "baselines", "p_values"}
+    {"e1", "e2", "e3", "differences", "bootstrap", "counts", "verdict", "source", "baselines",
+     "permutation", "p_values"}
 )
 
 
@@ -579,6 +580,10 @@ class EstimandSet(Mapping):
         jackknife: Leave-one-cluster-out values ``{"e1": [T], "e2": [T], "e3": {c: [T]}}``
             (``interval="bca"`` only; None otherwise).
         interval: The interval method.
+        contributors: The test trajectories contributing rows to **both** sides of each
+            estimand (PROTOCOL.md §7.0): ``{"e1": {ids}, "e2": {ids}, "e3": {control: {ids}}}``
+            — E1: trajectories with an attack and a clean row; E2: trajectories with a step
+            having both; E3[c]: trajectories with a step having an attack and a ``c`` row.
     """
 
     e1: Interval
@@ -589,6 +594,13 @@ class EstimandSet(Mapping):
     level: float = 0.95
     jackknife: dict | None = field(default=None, repr=False)
     interval: str = "percentile"
+    contributors: dict = field(default_factory=dict, repr=False)
+
+    def cluster_counts(self) -> dict:
+        """``{"e1": n, "e2": n, "e3": {control: n}}``: sizes of :attr:`contributors`."""
+        c = self.contributors
+        return {"e1": len(c.get("e1", ())), "e2": len(c.get("e2", ())),
+                "e3": {k: len(v) for k, v in c.get("e3", {}).items()}}
 
     def __getitem__(self, key: str):
         if key not in ("e1", "e2", "e3"):
@@ -728,13 +740,26 @@ def estimands(
     # E3[c]: attack vs control c over the steps having both.
     e3: dict[str, Interval] = {}
     replicates["e3"] = {}
+    ids = np.asarray(draws.trajectory_ids, dtype=object)
+    positive_w = w > 0
+
+    def having_both(pos: np.ndarray, neg: np.ndarray) -> set[str]:
+        # trajectories with (positive-weight) rows on both sides
+        has_p = np.bincount(col[pos & positive_w], minlength=draws.n_clusters) > 0
+        has_n = np.bincount(col[neg & positive_w], minlength=draws.n_clusters) > 0
+        return set(ids[has_p & has_n])
+
+    contributors: dict = {"e1": having_both(is_attack, is_clean), "e2": having_both(is_attack & sel, is_clean & sel),
+                          "e3": {}}
     for control in sorted({v for v in variant if is_control(v)}):
         both = _both_mask(step_key, variant, ATTACK, control)
         e3[control], replicates["e3"][control], jackknife["e3"][control] = _auc_with_replicates(
             f, w, col, is_attack & both, (variant == control) & both, m, level, interval, nb
         )
+        contributors["e3"][control] = having_both(is_attack & both, (variant == control) & both)
     return EstimandSet(e1=e1, e2=e2, e3=e3, replicates=replicates, draws=draws, level=level,
-                       jackknife=jackknife if interval == "bca" else None, interval=interval)
+                       jackknife=jackknife if interval == "bca" else None, interval=interval,
+                       contributors=contributors)
 
 
 def evaluate_tables(
@@ -745,6 +770,7 @@ def evaluate_tables(
     seed: int = 0,
     level: float = 0.95,
     interval: str = "percentile",
+    permutation: Mapping | None = None,
 ) -> dict:
     """Estimands of the probe and its baselines on shared draws, with paired differences.
 
@@ -760,26 +786,35 @@ def evaluate_tables(
         seed: Seed of ``numpy.random.default_rng`` for the draws.
         level: Interval coverage.
         interval: ``"percentile"`` (default, PROTOCOL.md §5) or ``"bca"`` (see :func:`estimands`).
+        permutation: Optional exact permutation test of verdict check 4 (PROTOCOL.md §7.4):
+            ``{"null_scores": [M, n_main] array aligned with ``main``'s rows, "seed": int,
+            "alpha": float (default 0.05)[, "refit_scores": [n_main], "unit": str,
+            "design": str]}``; summarised by
+            :func:`ipi.metrics.permutation.permutation_summary` against the observed E1.
 
     Returns:
         JSON-ready dict::
 
             {"e1": {...}, "e2": {...}, "e3": {control: {...}},
-             "<baseline>": {"e1": {...}, "e2": {...}},            # per baseline
+             "<baseline>": {"e1": {...}, "e2": {...}, "e3": {control: {...}}},  # per baseline
              "differences": {"e1_minus_<baseline>_e1": {...},      # per baseline, e.g. c1
                              "e1_minus_e3": {control: {...}}},
+             "permutation": {...},                                 # only with ``permutation``
              "bootstrap": {"n_boot": B, "seed": seed, "level": level, "n_clusters": T,
-                           "interval": interval},
+                           "clusters_by_estimand": {...}, "interval": interval},
              "p_values": {"e1": p, "e3": {control: p},            # H0: AUC <= 0.5
                           "e1_minus_<baseline>_e1": p}}          # H0: difference <= 0
 
-        where each ``{...}`` is ``{"estimate", "ci_low", "ci_high", "n_boot_used"}`` with
-        Python floats (``None`` for undefined values) and each ``p`` the one-sided bootstrap
-        p-value of :func:`bootstrap_p` (used by ``ipi.sweep_report`` for family-wise control).
-        The key list above continues:
+        where each ``p`` is the one-sided bootstrap p-value of :func:`bootstrap_p` (used by
+        ``ipi.sweep_report`` for family-wise control). The key list above continues:
 
         where each ``{...}`` is ``{"estimate", "ci_low", "ci_high", "n_boot_used"}`` with
-        Python floats (``None`` for undefined values).
+        Python floats (``None`` for undefined values). ``clusters_by_estimand`` counts, for
+        every estimand, the test trajectories contributing rows to both of its sides
+        (PROTOCOL.md §7.0; :attr:`EstimandSet.contributors`): keys ``e1``, ``e2``,
+        ``e3: {control: n}``, per baseline ``{"e1", "e2", "e3"}``, and ``differences`` with the
+        same keys as above counting trajectories that contribute to both sides of **both**
+        estimands of the difference.
 
     Raises:
         ValueError: On an invalid table, or a baseline name that collides with a result key.
@@ -801,19 +836,24 @@ def evaluate_tables(
     res = estimands(main_v, level=level, draws=draws, interval=interval)
     jk = res.jackknife or {"e1": None, "e3": {}}
     out: dict = res.to_dict()
+    clusters: dict = res.cluster_counts()
     differences: dict = {}
+    diff_clusters: dict = {}
     p_values: dict = {"e1": bootstrap_p(res.replicates["e1"], 0.5),
                       "e3": {c: bootstrap_p(r, 0.5) for c, r in res.replicates["e3"].items()}}
     for name, tbl in base_v.items():
         b = estimands(tbl, level=level, draws=draws, interval=interval)
-        out[name] = {"e1": b.e1.to_dict(), "e2": b.e2.to_dict()}
+        out[name] = b.to_dict()
+        clusters[name] = b.cluster_counts()
         iv, diff = paired_difference(
             res.e1.estimate, res.replicates["e1"], b.e1.estimate, b.replicates["e1"], level=level,
             interval=interval, jackknife_a=jk["e1"], jackknife_b=(b.jackknife or {}).get("e1"),
         )
         differences[f"e1_minus_{name}_e1"] = iv.to_dict()
         p_values[f"e1_minus_{name}_e1"] = bootstrap_p(diff, 0.0)
+        diff_clusters[f"e1_minus_{name}_e1"] = len(res.contributors["e1"] & b.contributors["e1"])
     differences["e1_minus_e3"] = {}
+    diff_clusters["e1_minus_e3"] = {}
     for control, e3 in res.e3.items():
         iv, _ = paired_difference(
             res.e1.estimate,
@@ -826,13 +866,27 @@ def evaluate_tables(
             jackknife_b=jk["e3"].get(control),
         )
         differences["e1_minus_e3"][control] = iv.to_dict()
+        diff_clusters["e1_minus_e3"][control] = len(res.contributors["e1"] & res.contributors["e3"][control])
     out["differences"] = differences
     out["p_values"] = p_values
+    clusters["differences"] = diff_clusters
+    if permutation is not None:
+        from ipi.metrics.permutation import permutation_summary
+
+        perm = permutation_summary(main_v, permutation["null_scores"], res.e1.estimate,
+                                   weights=step_weights(main_v), alpha=permutation.get("alpha", 0.05),
+                                   seed=permutation.get("seed"),
+                                   refit_scores=permutation.get("refit_scores"))
+        for key in ("unit", "design"):  # no timings: results.json is reproducible bit for bit
+            if permutation.get(key) is not None:
+                perm[key] = permutation[key]
+        out["permutation"] = perm
     out["bootstrap"] = {
         "n_boot": int(draws.n_boot),
         "seed": int(seed),
         "level": float(level),
         "n_clusters": int(draws.n_clusters),
         "interval": interval,
+        "clusters_by_estimand": clusters,
     }
     return out

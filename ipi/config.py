@@ -57,6 +57,13 @@ class SplitKind(str, Enum):
     kfold = "kfold"
 
 
+class IntervalKind(str, Enum):
+    """Bootstrap interval methods (docs/estimands.md; percentile is PROTOCOL.md §5's)."""
+
+    percentile = "percentile"
+    bca = "bca"
+
+
 class Quantization(str, Enum):
     """Weight quantisation of a pretrained backbone (bitsandbytes through ``BitsAndBytesConfig``)."""
 
@@ -147,7 +154,10 @@ class BackboneConf:
 class ProbeConf:
     """Linear probe (PROTOCOL.md §4): standardised, L2 logistic regression, balanced classes."""
 
-    l2: float = 1.0  # scikit-learn's C (inverse regularisation strength)
+    # scikit-learn's C (inverse regularisation strength): the pre-registered constant 1.0, or
+    # "auto" = grouped inner CV over l2_grid on each fold's training trajectories (docs/probe.md)
+    l2: Any = 1.0
+    l2_grid: list[float] = field(default_factory=lambda: [0.001, 0.01, 0.1, 1.0, 10.0])
     max_iter: int = 500
     tol: float = 1e-8
 
@@ -161,8 +171,11 @@ class SplitConf:
     # the other kind's option is refused by validate(), never silently ignored.
     test_fraction: Optional[float] = None  # holdout only (conf/split/holdout.yaml: 0.3)
     k: Optional[int] = None  # kfold only: number of folds (conf/split/kfold.yaml: 5)
-    seed: int = 0
+    seed: int = 0  # the pre-registered split
     min_per_side: int = 2  # fewest trajectories on each side (train, test) of every fold; checked right after import
+    # >1: also rerun the split with seeds seed+1 .. seed+repeats-1 and report each estimand's
+    # spread and how many seeds license each claim beside the pre-registered verdict
+    repeats: int = 1
 
 
 @dataclass
@@ -181,6 +194,9 @@ class EvaluationConf:
     n_boot: int = 1000
     seed: int = 0
     level: float = 0.95
+    # percentile (PROTOCOL.md §5, the protocol cases of §9) | bca (bias-corrected, accelerated by
+    # the cluster jackknife); coverage of both measured in docs/selftest.md
+    interval: IntervalKind = IntervalKind.percentile
     collapse_ceiling: float = 0.60
     c1_max: float = 0.95
     # an estimand with fewer test trajectories contributing rows to both of its sides is
@@ -193,6 +209,12 @@ class EvaluationConf:
     permutation: PermutationConf = field(default_factory=PermutationConf)
     collapse_only: bool = True  # run the collapse-only baseline (C2)
     transfer: bool = True  # cross-surface transfer: train on the other surfaces, score this one
+    # Held-out attack wording (PROTOCOL.md §7 check 3): test trajectories' attack templates, goals
+    # and benign imperatives come from bank families no training trajectory uses (docs/surfaces.md)
+    heldout_wording: bool = True
+    # One sweep cell named before the sweep by its overrides ("layers=six_3 token_group=task"):
+    # python -m ipi.sweep_report licenses it at the nominal level; the rest under Holm (docs/sweeps.md)
+    preregistered: Optional[str] = None
 
 
 @dataclass
@@ -353,6 +375,13 @@ def validate(cfg: DictConfig) -> None:
         )
     if not cfg.backbone.multimodal and _value(cfg.surface.name) == "i_vis":
         raise ValueError(f"surface=i_vis needs a multimodal backbone; backbone={cfg.backbone.name} is text-only")
+    l2 = cfg.probe.l2
+    if not (l2 == "auto" or (isinstance(l2, (int, float)) and not isinstance(l2, bool) and l2 > 0)):
+        raise ValueError(f"probe.l2: {l2!r} is neither a positive number (scikit-learn's C) nor 'auto'")
+    if l2 == "auto" and (not cfg.probe.l2_grid or min(cfg.probe.l2_grid) <= 0):
+        raise ValueError("probe.l2_grid: give positive C values for probe.l2=auto")
+    if cfg.split.repeats < 1:
+        raise ValueError(f"split.repeats must be >= 1, got {cfg.split.repeats}")
     if cfg.evaluation.n_boot < 1:
         raise ValueError("evaluation.n_boot must be >= 1")
     if cfg.evaluation.min_clusters < 1:

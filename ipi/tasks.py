@@ -166,20 +166,43 @@ def token_counter(cfg: DictConfig):
     return lambda s: count_plain_tokens(tok, s)
 
 
-def make_rows(cfg: DictConfig, trajectories, surface: str, controls: list[str] | None = None):
+def split_folds(cfg: DictConfig, trajectories, seed: int | None = None):
+    """Trajectory folds of the configured split design and the held-out wording plan.
+
+    Args:
+        cfg: Run config (``split``, ``evaluation.heldout_wording``).
+        trajectories: Imported trajectories.
+        seed: Split seed (default ``split.seed``; ``split.repeats`` passes others).
+
+    Returns:
+        ``(folds, plan)``; ``plan`` is None when ``evaluation.heldout_wording`` is off.
+    """
+    from ipi.surfaces.wording import wording_plan
+
+    seed = cfg.split.seed if seed is None else seed
+    kind = _value(cfg.split.kind)
+    folds = make_folds(sorted({t.trajectory_id for t in trajectories}), kind,
+                       **({"test_fraction": cfg.split.test_fraction} if kind == "holdout" else {"k": cfg.split.k}),
+                       seed=seed)
+    plan = wording_plan(folds, seed) if cfg.evaluation.heldout_wording else None
+    return folds, plan
+
+
+def make_rows(cfg: DictConfig, trajectories, surface: str, controls: list[str] | None = None, wording=None):
     """Replay rows of one surface.
 
     The run's own surface gets the configured controls; any other surface (the transfer
     sources) gets every control that applies to it, so its rows — and its activation-cache
     entry — are exactly those of a run on that surface, and a ``-m surface=...`` sweep or an
     ``extract.py`` run before it fills each entry once. ``controls`` overrides both.
+    ``wording`` is the held-out wording plan of the split (:func:`split_folds`), or None.
     """
     count_tokens = token_counter(cfg) if surface != "i_vis" else None
     if controls is None:
         controls = (resolved_controls(cfg) if _value(cfg.surface.name) == surface
                     else list(CONTROLS_BY_SURFACE[surface]))
     return build_rows(track(trajectories, f"rendering {surface} variants"), surface, controls,
-                      n_attacks=cfg.surface.n_attacks, count_tokens=count_tokens)
+                      n_attacks=cfg.surface.n_attacks, count_tokens=count_tokens, wording=wording)
 
 
 def write_gallery(cfg: DictConfig, trajectory, out_dir: Path) -> Path | None:
@@ -231,6 +254,54 @@ def select_features(features, layers: list[int], groups: list[str]) -> np.ndarra
     return x.reshape(x.shape[0], -1).float().numpy()
 
 
+def _wording_record(rows, folds, plan) -> dict:
+    """``run.wording`` of results.json: held-out wording on/off and the train/test overlap (must be 0 when on)."""
+    from ipi.surfaces.wording import wording_overlap
+
+    meta = [{"trajectory_id": r.trajectory_id, "variant": r.variant.variant, **r.variant.meta} for r in rows]
+    rec = wording_overlap(meta, folds, plan)
+    if plan is not None and rec["overlap"] != 0:  # by construction impossible: a bug, never a number to report
+        raise AssertionError(f"held-out wording: {rec['overlap']} bank entries on both sides of a fold")
+    if plan is not None and plan.scheme == "holdout":
+        rec["train_families"] = plan.families["train"].to_dict()
+        rec["test_families"] = plan.families["test"].to_dict()
+    return rec
+
+
+def evaluate_split(cfg: DictConfig, trajs, seed: int, layers, groups, pcfg, l2, l2_grid) -> dict:
+    """Estimands and verdict of the run on the split of ``seed`` (``split.repeats``).
+
+    The same pipeline as the pre-registered split — held-out wording families of that split
+    (so its own rows and cache entry), probe, C1, collapse-only and permuted baselines, shared
+    bootstrap draws, verdict — without the transfer probe (it does not enter the verdict).
+    """
+    from ipi.evaluation.verdict import verdict
+    from ipi.metrics.estimands import evaluate_tables
+
+    surface = _value(cfg.surface.name)
+    folds, plan = split_folds(cfg, trajs, seed)
+    rows = make_rows(cfg, trajs, surface, wording=plan)
+    features, _ = extract_features(cfg, rows, layers, list(TOKEN_GROUPS))
+    meta = row_table(rows, features)
+    x = select_features(features, layers, groups)
+    li = [features.layers.index(i) for i in layers]
+    fits = cross_fit(meta, x, folds, probe_cfg=pcfg,
+                     metadata=meta[["step", "horizon", "prompt_len", "delta_prompt_len"]].to_numpy(dtype=np.float64),
+                     collapse=features.collapse[:, li].double().numpy() if cfg.evaluation.collapse_only else None,
+                     permuted=cfg.evaluation.permuted, permute_seed=cfg.seed, l2=l2, l2_grid=l2_grid,
+                     permutation_m=cfg.evaluation.permutation.m, permutation_seed=cfg.evaluation.permutation.seed)
+    table = meta.iloc[fits.test_index][["trajectory_id", "step", "variant"]].reset_index(drop=True)
+    table["score"] = fits.probe_scores(x)
+    ev = cfg.evaluation
+    perm = fits.permutation_input()
+    res = evaluate_tables(table, fits.baselines, n_boot=ev.n_boot, seed=ev.seed, level=ev.level,
+                          interval=_value(ev.interval),
+                          permutation=None if perm is None else {**perm, "alpha": ev.permutation.alpha})
+    res["verdict"] = verdict(res, collapse_ceiling=ev.collapse_ceiling, c1_max=ev.c1_max,
+                             min_clusters=ev.min_clusters)
+    return res
+
+
 @task_wrapper
 def train(cfg: DictConfig) -> tuple[dict, dict]:
     """Run the main job: replay, extract (cached), probe, estimands, verdict, report.
@@ -255,7 +326,11 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
 
     trajs, traj_skips, step_skips = load_data(cfg)
     check_split_feasible(cfg, [t.trajectory_id for t in trajs])  # before any rendering or extraction
-    rows = make_rows(cfg, trajs, surface)
+    # Trajectory-disjoint folds (PROTOCOL.md §4) first: with held-out wording a trajectory's
+    # attack and imperative texts come from the wording family of the fold it is tested in.
+    split_kind = _value(cfg.split.kind)
+    folds, plan = split_folds(cfg, trajs)
+    rows = make_rows(cfg, trajs, surface, wording=plan)
     features, info = extract_features(cfg, rows, layers, list(TOKEN_GROUPS))
     if features is None:  # a non-zero DDP rank: rank 0 evaluates
         return {}, {"extraction": info}
@@ -269,7 +344,7 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
         transfer_surfaces = transfer_source_surfaces(surface, cfg.backbone.multimodal)
         src_meta, src_x = [], []
         for s in transfer_surfaces:
-            s_rows = make_rows(cfg, trajs, s)
+            s_rows = make_rows(cfg, trajs, s, wording=plan)
             s_feat, infos[s] = extract_features(cfg, s_rows, layers, list(TOKEN_GROUPS))
             if s_feat is None:  # a non-zero DDP rank
                 return {}, {"extraction": info}
@@ -278,13 +353,11 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
         if transfer_surfaces:
             transfer_src = TransferSource.from_rows(pd.concat(src_meta, ignore_index=True), np.concatenate(src_x))
 
-    # Trajectory-disjoint folds (PROTOCOL.md §4): one holdout fold or K cross-fitting folds;
-    # leakage asserted per fold on ids and on the rows of every fit.
-    split_kind = _value(cfg.split.kind)
-    folds = make_folds(sorted({t.trajectory_id for t in trajs}), split_kind,
-                       **({"test_fraction": cfg.split.test_fraction} if split_kind == "holdout" else {"k": cfg.split.k}),
-                       seed=cfg.split.seed)
-    pcfg = ProbeConfig(l2=cfg.probe.l2, max_iter=cfg.probe.max_iter, tol=cfg.probe.tol, seed=cfg.seed)
+    # Leakage is asserted per fold on ids and on the rows of every fit (cross_fit).
+    auto_l2 = cfg.probe.l2 == "auto"
+    l2 = 1.0 if auto_l2 else float(cfg.probe.l2)  # auto: per-fold inner CV; baselines keep 1.0
+    l2_grid = list(cfg.probe.l2_grid) if auto_l2 else None
+    pcfg = ProbeConfig(l2=l2, max_iter=cfg.probe.max_iter, tol=cfg.probe.tol, seed=cfg.seed)
     loggers = [lg for lg in (instantiate(n) for n in (cfg.logger or {}).values()) if lg is not None]
     md_cols = ["step", "horizon", "prompt_len", "delta_prompt_len"]
     li = [features.layers.index(i) for i in layers]
@@ -293,7 +366,7 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
     fits = cross_fit(
         meta, x, folds, probe_cfg=pcfg, metadata=meta[md_cols].to_numpy(dtype=np.float64),
         collapse=features.collapse[:, li].double().numpy() if cfg.evaluation.collapse_only else None,
-        permuted=cfg.evaluation.permuted, permute_seed=cfg.seed, transfer=transfer_src, l2=cfg.probe.l2,
+        permuted=cfg.evaluation.permuted, permute_seed=cfg.seed, transfer=transfer_src, l2=l2, l2_grid=l2_grid,
         logger=loggers[0] if loggers else None, default_root_dir=str(out_dir),
         permutation_m=cfg.evaluation.permutation.m, permutation_seed=cfg.evaluation.permutation.seed)
     baselines = fits.baselines
@@ -333,6 +406,7 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
                   else f"kfold k={cfg.split.k} seed={cfg.split.seed} (out-of-fold scores from {len(folds)} probes)"),
         "transfer": ({"train_surfaces": transfer_surfaces, "test_surface": surface} if transfer_src is not None
                      else None),
+        "wording": _wording_record(rows, folds, plan),
         "cache_key": info["cache_key"],
         "cache_keys": {s: i["cache_key"] for s, i in infos.items()},
         "data_root": str(Path(cfg.data.root).resolve()),
@@ -343,7 +417,8 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
                             level=cfg.evaluation.level, collapse_ceiling=cfg.evaluation.collapse_ceiling,
                             c1_max=cfg.evaluation.c1_max, min_clusters=cfg.evaluation.min_clusters,
                             permutation=fits.permutation_input(), alpha=cfg.evaluation.permutation.alpha,
-                            min_boot_fraction=cfg.evaluation.min_boot_fraction)
+                            min_boot_fraction=cfg.evaluation.min_boot_fraction,
+                            interval=_value(cfg.evaluation.interval))
     gallery = None
     if cfg.report.gallery:
         first_test = next(t for t in trajs if t.trajectory_id in set(test_ids))
@@ -354,7 +429,13 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
             {**run_info(info, infos, time.perf_counter() - t0),
              "permutation_s": (fits.permutation or {}).get("seconds")}, indent=2))
 
-    rep = ReportCallback(est, out_dir, {"counts": counts, "run": run}, config=to_container(cfg),
+    extra = {"counts": counts, "run": run}
+    if cfg.split.repeats > 1:  # re-rolled splits beside the pre-registered one (docs/estimands.md)
+        seeds = [cfg.split.seed + i for i in range(cfg.split.repeats)]
+        extra["split_repeats"] = {"seeds": seeds, "results": [
+            evaluate_split(cfg, trajs, s, layers, groups, pcfg, l2, l2_grid)
+            for s in track(seeds[1:], "split.repeats")]}
+    rep = ReportCallback(est, out_dir, extra, config=to_container(cfg),
                          gallery=gallery, plots=cfg.report.plots, html=cfg.report.html,
                          before_results=write_side_files)
     trainer = L.Trainer(accelerator="cpu", devices=1, logger=loggers or False, callbacks=[est, rep],
@@ -389,13 +470,15 @@ def extract(cfg: DictConfig) -> tuple[dict, dict]:
     set_quiet(True if cfg.quiet else None)  # None: auto (quiet under CI or IPI_QUIET=1)
     surface = _value(cfg.surface.name)
     trajs, _, _ = load_data(cfg)
+    _, plan = split_folds(cfg, trajs)  # rows' wording depends on the split (held-out wording)
     surfaces = [surface]
     if cfg.evaluation.transfer:
         surfaces += transfer_source_surfaces(surface, cfg.backbone.multimodal)
     t0 = time.perf_counter()
     infos, features = {}, None
     for s in surfaces:
-        feats, infos[s] = extract_features(cfg, make_rows(cfg, trajs, s), layer_indices(cfg), list(TOKEN_GROUPS))
+        feats, infos[s] = extract_features(cfg, make_rows(cfg, trajs, s, wording=plan), layer_indices(cfg),
+                                           list(TOKEN_GROUPS))
         features = feats if s == surface else features
     if features is not None:  # rank 0 (a non-zero DDP rank writes nothing)
         atomic_write_text(Path(cfg.paths.output_dir) / "run_info.json", json.dumps(
@@ -423,7 +506,8 @@ def evaluate(cfg: DictConfig) -> tuple[dict, dict]:
     ev = cfg.evaluation
     results = evaluate_score_table(cfg.scores, n_boot=ev.n_boot, seed=ev.seed, level=ev.level,
                                    collapse_ceiling=ev.collapse_ceiling, c1_max=ev.c1_max,
-                                   min_clusters=ev.min_clusters, min_boot_fraction=ev.min_boot_fraction)
+                                   min_clusters=ev.min_clusters, min_boot_fraction=ev.min_boot_fraction,
+                                   interval=_value(ev.interval))
     out_dir = Path(cfg.paths.output_dir)
     write_run_report(results, out_dir, scores=read_score_table(cfg.scores), config=to_container(cfg),
                      plots=cfg.report.plots, html_report=cfg.report.html)

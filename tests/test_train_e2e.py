@@ -80,6 +80,10 @@ def test_train_end_to_end_and_cache_reuse(tmp_path):
     # cache key (reused by the second run).
     for key in ("permuted", "collapse_only", "transfer"):
         _check_interval(on_disk[key]["e1"])
+    # Held-out wording (default on): no bank entry on both sides, families recorded.
+    wording = on_disk["run"]["wording"]
+    assert wording["heldout"] is True and wording["overlap"] == 0 and wording["scheme"] == "holdout"
+    assert not set(wording["train_families"]["templates"]) & set(wording["test_families"]["templates"])
     assert on_disk["run"]["transfer"] == {"train_surfaces": ["i_dom", "i_tool"], "test_surface": "i_vis"}
     assert set(on_disk["run"]["cache_keys"]) == {"i_vis", "i_dom", "i_tool"}
     assert len(set(on_disk["run"]["cache_keys"].values())) == 3
@@ -103,6 +107,7 @@ def test_train_end_to_end_and_cache_reuse(tmp_path):
     assert len(objs_k["probes"]) == 2 and res_k["bootstrap"]["n_clusters"] == 4
     assert res_k["counts"]["trajectories_test"] == 4 and len(res_k["counts"]["folds"]) == 2
     assert res_k["run"]["split"].startswith("kfold k=2")
+    assert res_k["run"]["wording"]["overlap"] == 0 and len(res_k["run"]["wording"]["per_fold"]) == 2
     for key in ("c1", "permuted", "collapse_only", "transfer"):
         _check_interval(res_k[key]["e1"])
     ac = scores_k[scores_k.variant.isin(["attack", "clean"])]

@@ -71,8 +71,9 @@ class EstimandsCallback(L.Callback):
     def __init__(self, rows: pd.DataFrame, baselines: Mapping[str, pd.DataFrame], *, n_boot: int = 1000,
                  seed: int = 0, level: float = 0.95, collapse_ceiling: float = 0.60, c1_max: float = 0.95,
                  min_clusters: int = 5, permutation: Mapping | None = None, alpha: float = 0.05,
-                 min_boot_fraction: float = 0.9):
+                 min_boot_fraction: float = 0.9, interval: str = "percentile"):
         self.rows = rows.reset_index(drop=True)
+        self.interval = interval
         self.baselines = dict(baselines)
         self.n_boot, self.seed, self.level = n_boot, seed, level
         self.collapse_ceiling, self.c1_max, self.min_clusters = collapse_ceiling, c1_max, min_clusters
@@ -98,7 +99,7 @@ class EstimandsCallback(L.Callback):
         desc = f"bootstrap (B={self.n_boot}, {1 + len(self.baselines)} score tables)"
         with progress_bar(desc, total=1) as bar:
             results = evaluate_tables(table, self.baselines, n_boot=self.n_boot, seed=self.seed, level=self.level,
-                                      permutation=self.permutation)
+                                      permutation=self.permutation, interval=self.interval)
             bar.advance()
         results["verdict"] = verdict(results, collapse_ceiling=self.collapse_ceiling, c1_max=self.c1_max,
                                      min_clusters=self.min_clusters)
@@ -147,6 +148,11 @@ class ReportCallback(L.Callback):
         if self.estimands.results is None:
             raise RuntimeError("ReportCallback: EstimandsCallback must come first in the callback list")
         self.results = {**self.estimands.results, **self.extra}
+        repeats = self.results.pop("split_repeats", None)
+        if repeats:
+            from ipi.evaluation.spread import split_spread
+
+            self.results["split_spread"] = split_spread(self.results, repeats["results"], repeats["seeds"])
         if not trainer.is_global_zero:
             return
         self.paths = write_run_report(self.results, self.out_dir, scores=self.estimands.scores,

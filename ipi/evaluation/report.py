@@ -174,6 +174,10 @@ def render_report(results: dict, figures: Mapping[str, str] | None = None) -> st
         if cl:
             lines += [f"Test trajectories contributing rows to both sides of each estimand "
                       f"(min_clusters {v.get('min_clusters')}):", ""] + [f"- {x}" for x in cl] + [""]
+    if r.get("split_spread"):
+        from ipi.evaluation.spread import spread_lines
+
+        lines += spread_lines(r["split_spread"])
     marks = reportability_of(r)
     lines += ["## Estimands (PROTOCOL.md §5)", ""]
     note = _not_reportable_note(marks, r)
@@ -314,6 +318,17 @@ def render_html(results: Mapping, figures: Mapping[str, str | Path] | None = Non
             out.append(f"<details><summary>Test trajectories contributing rows to both sides of each estimand "
                        f"(min_clusters {_h(v.get('min_clusters'))})</summary><ul>"
                        + "".join(f"<li>{_h(x)}</li>" for x in cl) + "</ul></details>")
+    sp = r.get("split_spread")
+    if sp:
+        out += [f"<h2>Split spread ({sp['n_splits']} splits; pre-registered seed {sp['preregistered_seed']})</h2>",
+                "<p>The verdict above is the pre-registered split's. Re-rolled splits "
+                f"(seeds {_h(', '.join(map(str, sp['seeds'])))}):</p>",
+                "<table><tr><th>estimand</th><th>min</th><th>median</th><th>max</th></tr>"]
+        for k, d in sp["estimands"].items():
+            out.append(f"<tr><td>{_h(k)}</td>" + "".join(f"<td>{_num(d[x])}</td>" for x in ("min", "median", "max"))
+                       + "</tr>")
+        out.append("</table><ul>" + "".join(f"<li>splits licensing &quot;{_h(c)}&quot;: {k}/{sp['n_splits']}</li>"
+                                            for c, k in sp["claims"].items()) + "</ul>")
     bs = r.get("bootstrap") or {}
     level = bs.get("level", 0.95)
     marks = reportability_of(r)

@@ -156,6 +156,7 @@ def evaluate_score_table(
     c1_max: float = 0.95,
     min_clusters: int = 5,
     min_boot_fraction: float = 0.9,
+    interval: str = "percentile",
 ) -> dict:
     """Estimands, counts and verdict of a score-table file (PROTOCOL.md §5, §7).
 
@@ -169,6 +170,8 @@ def evaluate_score_table(
             they share the bootstrap draws with the main table.
         collapse_ceiling: Ceiling of verdict check 5.
         c1_max: Bound of C1's E1 in verdict check 2.
+        min_clusters: Fewest test trajectories for the verdict checks.
+        interval: ``"percentile"`` (PROTOCOL.md §5/§9) or ``"bca"``.
 
     Returns:
         :func:`ipi.metrics.estimands.evaluate_tables`'s dict plus ``"source"`` (the path),
@@ -187,7 +190,7 @@ def evaluate_score_table(
             if isinstance(item, pd.DataFrame)
             else read_score_table(item)
         )
-    results = evaluate_tables(main, loaded, n_boot=n_boot, seed=seed, level=level)
+    results = evaluate_tables(main, loaded, n_boot=n_boot, seed=seed, level=level, interval=interval)
     results["source"] = str(path)
     results["counts"] = _counts(main)
     results["verdict"] = verdict(results, collapse_ceiling=collapse_ceiling, c1_max=c1_max,

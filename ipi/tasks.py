@@ -470,7 +470,8 @@ def extract(cfg: DictConfig) -> tuple[dict, dict]:
     set_quiet(True if cfg.quiet else None)  # None: auto (quiet under CI or IPI_QUIET=1)
     surface = _value(cfg.surface.name)
     trajs, _, _ = load_data(cfg)
-    _, plan = split_folds(cfg, trajs)  # rows' wording depends on the split (held-out wording)
+    # rows' wording depends on the split (held-out wording); without it no split is needed
+    plan = split_folds(cfg, trajs)[1] if cfg.evaluation.heldout_wording else None
     surfaces = [surface]
     if cfg.evaluation.transfer:
         surfaces += transfer_source_surfaces(surface, cfg.backbone.multimodal)

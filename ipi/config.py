@@ -57,6 +57,13 @@ class SplitKind(str, Enum):
     kfold = "kfold"
 
 
+class ProbeSolver(str, Enum):
+    """How the probe's convex objective is minimised (docs/probe.md); both reach the same minimiser."""
+
+    newton = "newton"  # exact Newton, primal (d <= n) or through the Gram matrix (d > n)
+    lbfgs = "lbfgs"  # torch.optim.LBFGS with strong-Wolfe line search
+
+
 class IntervalKind(str, Enum):
     """Bootstrap interval methods (docs/estimands.md; percentile is PROTOCOL.md §5's)."""
 
@@ -158,6 +165,8 @@ class ProbeConf:
     # "auto" = grouped inner CV over l2_grid on each fold's training trajectories (docs/probe.md)
     l2: Any = 1.0
     l2_grid: list[float] = field(default_factory=lambda: [0.001, 0.01, 0.1, 1.0, 10.0])
+    # newton: exact full-batch Newton solve (seconds); lbfgs: torch LBFGS (the same minimiser, slower)
+    solver: ProbeSolver = ProbeSolver.newton
     max_iter: int = 500
     tol: float = 1e-8
 

@@ -357,7 +357,8 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
     auto_l2 = cfg.probe.l2 == "auto"
     l2 = 1.0 if auto_l2 else float(cfg.probe.l2)  # auto: per-fold inner CV; baselines keep 1.0
     l2_grid = list(cfg.probe.l2_grid) if auto_l2 else None
-    pcfg = ProbeConfig(l2=l2, max_iter=cfg.probe.max_iter, tol=cfg.probe.tol, seed=cfg.seed)
+    pcfg = ProbeConfig(l2=l2, max_iter=cfg.probe.max_iter, tol=cfg.probe.tol, seed=cfg.seed,
+                       solver=_value(cfg.probe.get("solver", "newton")))
     loggers = [lg for lg in (instantiate(n) for n in (cfg.logger or {}).values()) if lg is not None]
     md_cols = ["step", "horizon", "prompt_len", "delta_prompt_len"]
     li = [features.layers.index(i) for i in layers]

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-__all__ = ["ReducedDesign", "fit_reduced", "standardisation"]
+__all__ = ["ExactFit", "ReducedDesign", "fit_reduced", "fit_standardised", "standardisation"]
 
 
 def standardisation(x: np.ndarray, chunk_rows: int = 1024) -> tuple[np.ndarray, np.ndarray]:
@@ -144,7 +144,8 @@ def _loss_grad(theta: torch.Tensor, phi: torch.Tensor, y: torch.Tensor, cw: torc
 
 
 def fit_reduced(phi: np.ndarray, y: np.ndarray, *, C: float = 1.0, tol: float = 1e-10,
-                max_iter: int = 100, theta0: np.ndarray | None = None) -> np.ndarray:
+                max_iter: int = 100, theta0: np.ndarray | None = None,
+                iterations: dict | None = None) -> np.ndarray:
     """Balanced L2 logistic regression on reduced coordinates by damped Newton (PROTOCOL.md §4).
 
     Minimises ``J/n`` with ``J = Σ c_{y_i} BCE(φ_i·β + b, y_i) + ½‖β‖²/C``,
@@ -159,6 +160,7 @@ def fit_reduced(phi: np.ndarray, y: np.ndarray, *, C: float = 1.0, tol: float = 
         tol: Stop when the max-abs gradient of ``J/n`` is below ``tol``.
         max_iter: Newton iterations at most.
         theta0: Warm start ``[r + 1]`` (``β`` then ``b``); zeros by default.
+        iterations: If given, ``iterations["n"]`` is set to the Newton iterations taken.
 
     Returns:
         ``theta`` ``[r + 1]`` float64 numpy: ``β`` followed by the intercept ``b``.
@@ -181,7 +183,10 @@ def fit_reduced(phi: np.ndarray, y: np.ndarray, *, C: float = 1.0, tol: float = 
     reg = torch.full((r + 1,), lam, dtype=torch.float64)
     reg[-1] = 0.0
     loss, g, p = _loss_grad(theta, phi_t, y_t, cw, lam)
-    for _ in range(max_iter):
+    counter = iterations if iterations is not None else {}
+    counter["n"] = 0
+    for it in range(max_iter):
+        counter["n"] = it
         if float(g.abs().max()) <= tol:
             return theta.numpy()
         # Hessian of J/n: [Φ 1]ᵀ diag(c p (1 − p)) [Φ 1] + diag(λ, …, λ, 0).
@@ -203,6 +208,7 @@ def fit_reduced(phi: np.ndarray, y: np.ndarray, *, C: float = 1.0, tol: float = 
         if t < 1e-10 and c_loss > loss:
             break
         theta, loss, g, p = cand, c_loss, c_g, c_p
+        counter["n"] = it + 1
     gmax = float(g.abs().max())
     if gmax <= max(tol, 1e-8):
         return theta.numpy()
@@ -214,3 +220,83 @@ def fit_reduced(phi: np.ndarray, y: np.ndarray, *, C: float = 1.0, tol: float = 
         f"fit_reduced: Newton did not converge in {max_iter} iterations "
         f"(max-abs gradient {float(g.abs().max()):.3g} > tol {tol})"
     )
+
+
+@dataclass(frozen=True)
+class ExactFit:
+    """The probe's minimiser on standardised features, from :func:`fit_standardised`.
+
+    Attributes:
+        coef: ``[d]`` weights on standardised features (scikit-learn's ``coef_[0]``).
+        intercept: The unpenalised intercept ``b``.
+        n_iter: Newton iterations taken.
+        dual: Whether the Gram (dual) route was taken (``d > n``).
+        rank: Reduced coordinates ``r`` of the solve.
+    """
+
+    coef: np.ndarray
+    intercept: float
+    n_iter: int
+    dual: bool
+    rank: int
+
+
+def fit_standardised(x: np.ndarray, y: np.ndarray, mean: np.ndarray, std: np.ndarray, *, C: float = 1.0,
+                     tol: float = 1e-10, max_iter: int = 100, chunk_cols: int = 8192,
+                     rel_eig_tol: float = 1e-12) -> ExactFit:
+    """The probe's exact minimiser by Newton's method, primal or dual (PROTOCOL.md §4).
+
+    Minimises ``J/n`` of the module docstring on ``z = (x − mean) / std``. When ``d ≤ n`` this is
+    Newton on the ``d + 1`` primal coefficients; when ``d > n`` the training rows are reduced to
+    ``r ≤ n`` coordinates through the Gram matrix (as :class:`ReducedDesign`), Newton runs there,
+    and the weights are mapped back, ``w = Zᵀ U S^{-1/2} β`` (the representer theorem: the
+    minimiser lies in the row space of ``Z``, so this is the same unique minimiser, not an
+    approximation). Memory: ``n · chunk_cols`` float64 values besides ``[n, n]`` (dual) or one
+    float64 ``[n, d]`` copy (primal, ``d ≤ n``).
+
+    Args:
+        x: Training rows ``[n, d]`` (float16/32/64).
+        y: Labels ``[n]`` in ``{0, 1}``, both present.
+        mean: ``[d]`` standardisation mean (:func:`standardisation`).
+        std: ``[d]`` standardisation scale.
+        C: Inverse regularisation strength (scikit-learn's ``C``).
+        tol: Max-abs gradient of ``J/n`` in the solved coordinates at which Newton stops.
+        max_iter: Newton iterations at most.
+        chunk_cols: Feature columns standardised at a time (dual route).
+        rel_eig_tol: Relative eigenvalue cut of the Gram matrix (dual route).
+
+    Returns:
+        An :class:`ExactFit`.
+
+    Raises:
+        ValueError: A single class in ``y`` or mismatched shapes.
+        RuntimeError: Newton did not converge (see :func:`fit_reduced`).
+    """
+    x = np.asarray(x)
+    n, d = x.shape
+    if mean.shape != (d,) or std.shape != (d,):
+        raise ValueError(f"fit_standardised: mean/std must be [{d}], got {mean.shape}, {std.shape}")
+    counter = {"n": 0}
+    if d <= n:
+        z = (x.astype(np.float64) - mean) / std
+        theta = fit_reduced(z, y, C=C, tol=tol, max_iter=max_iter, iterations=counter)
+        return ExactFit(theta[:-1].copy(), float(theta[-1]), counter["n"], False, d)
+    k = torch.zeros((n, n), dtype=torch.float64)
+    for s in range(0, d, chunk_cols):
+        sl = slice(s, s + chunk_cols)
+        z = torch.from_numpy((x[:, sl].astype(np.float64) - mean[sl]) / std[sl])
+        k += z @ z.T
+    k = 0.5 * (k + k.T)
+    s_eig, u = torch.linalg.eigh(k)
+    keep = s_eig > rel_eig_tol * max(float(s_eig[-1]), 0.0)
+    s_eig, u = s_eig[keep], u[:, keep]
+    root = torch.sqrt(s_eig)
+    theta = fit_reduced((u * root).numpy(), y, C=C, tol=tol, max_iter=max_iter,
+                        iterations=counter)
+    alpha = (u @ (torch.from_numpy(theta[:-1]) / root)).numpy()  # w = Zᵀ α
+    coef = np.empty(d, dtype=np.float64)
+    for s in range(0, d, chunk_cols):
+        sl = slice(s, s + chunk_cols)
+        coef[sl] = (alpha @ x[:, sl].astype(np.float64) - alpha.sum() * mean[sl]) / std[sl]
+    return ExactFit(coef, float(theta[-1]), counter["n"], True, int(root.numel()))
+

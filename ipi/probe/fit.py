@@ -36,6 +36,8 @@ _QUIET_WARNINGS = (
     r".*sync_dist=True.*",
     r".*validation_step.*but have no.*val_dataloader.*",
     r".*LeafSpec.*",
+    r".*configure_optimizers` returned `None`.*",
+    r".*training_step.*returned `None`.*",
 )
 
 
@@ -47,11 +49,13 @@ class ProbeConfig:
         l2: scikit-learn's ``C``, the inverse L2 regularisation strength (> 0).
         max_iter: LBFGS iterations per epoch (one full-batch optimiser step per epoch).
         tol: LBFGS gradient tolerance on the ``1/n``-scaled objective (max-abs gradient).
-        max_epochs: Number of full-batch LBFGS steps. One is enough when LBFGS converges
-            within ``max_iter``; extra epochs continue from the converged point (LBFGS returns
-            immediately once the gradient is below ``tol``).
+        max_epochs: Number of full-batch LBFGS steps (Newton: solves; one is exact). One is
+            enough when LBFGS converges within ``max_iter``; extra epochs continue from the
+            converged point (LBFGS returns immediately once the gradient is below ``tol``).
         seed: Seed passed to ``lightning.seed_everything`` (the fit itself starts from zero
             weights and is deterministic; the seed fixes any other randomness).
+        solver: ``"newton"`` (exact full-batch Newton, default) or ``"lbfgs"``
+            (:class:`~ipi.probe.module.LinearProbe`).
     """
 
     l2: float = 1.0
@@ -59,6 +63,7 @@ class ProbeConfig:
     tol: float = 1e-8
     max_epochs: int = 1
     seed: int = 0
+    solver: str = "newton"
 
 
 def validate_xy(x: np.ndarray, y: np.ndarray | None = None, *, name: str = "x") -> None:
@@ -147,7 +152,8 @@ def fit_probe(
     """Train the linear probe on clean-vs-attack training rows (PROTOCOL.md §4).
 
     Standardisation statistics and balanced class weights come from ``x_train``/``y_train``
-    only. Training is one full batch per epoch with LBFGS (strong Wolfe) in float64, through
+    only. Training is one full batch per epoch, in float64 — an exact Newton solve
+    (``cfg.solver="newton"``, default) or LBFGS with strong Wolfe (``"lbfgs"``) — through
     ``lightning.Trainer(accelerator="cpu", devices=1, deterministic=True)``; banners,
     progress bars, checkpoints and the model summary are off.
 
@@ -162,9 +168,10 @@ def fit_probe(
 
     Returns:
         The fitted :class:`LinearProbe` in eval mode, on CPU. The metrics of the fit are kept
-        in ``probe.fit_metrics`` (a dict of floats: ``trainer.callback_metrics`` plus
-        ``lbfgs/n_iter``, the total LBFGS iterations). A ``RuntimeWarning`` is issued if LBFGS
-        used all its iterations without reaching ``tol``.
+        in ``probe.fit_metrics`` (a dict of floats: ``trainer.callback_metrics``, the max-abs
+        gradient of ``J / n`` at the solution ``train/grad_max``, and ``newton/n_iter`` or
+        ``lbfgs/n_iter``, the iterations taken). A ``RuntimeWarning`` is issued if LBFGS used
+        all its iterations without reaching ``tol``.
 
     Raises:
         ValueError: If ``y_train`` has a single class or values other than 0/1, a feature
@@ -190,7 +197,8 @@ def fit_probe(
     with _quiet():
         lightning.seed_everything(cfg.seed, workers=True, verbose=False)
         probe = LinearProbe(
-            n_features=int(x_train.shape[1]), l2=cfg.l2, max_iter=cfg.max_iter, tol=cfg.tol
+            n_features=int(x_train.shape[1]), l2=cfg.l2, max_iter=cfg.max_iter, tol=cfg.tol,
+            solver=cfg.solver,
         )
         probe.set_train_statistics(x_train, y_train)
         train_loader = _full_batch_loader(x_train, y_train)
@@ -210,10 +218,14 @@ def fit_probe(
         )
         trainer.fit(probe, train_dataloaders=train_loader, val_dataloaders=val_loader)
     probe.fit_metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    grad_max = _objective_grad_max(probe, train_loader)
+    probe.fit_metrics["train/grad_max"] = grad_max
+    if probe.hparams.solver == "newton":  # fit_standardised raises if it did not converge
+        probe.fit_metrics["newton/n_iter"] = float(probe.n_iter)
+        return probe.eval()
     optimizer = trainer.optimizers[0]
     state = optimizer.state[optimizer.param_groups[0]["params"][0]]
     n_iter = int(state.get("n_iter", 0))
-    grad_max = _objective_grad_max(probe, train_loader)
     probe.fit_metrics["lbfgs/n_iter"] = float(n_iter)
     if n_iter >= int(cfg.max_iter) * int(cfg.max_epochs) and grad_max > cfg.tol:
         warnings.warn(

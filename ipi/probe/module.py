@@ -11,8 +11,11 @@ zero std replaced by 1)::
     J(w, b) = sum_i c_{y_i} * BCE(z_i . w + b, y_i) + 0.5 * ||w||^2 / C,   c_k = n / (2 n_k)
 
 with the intercept ``b`` not penalised. The module minimises ``J / n`` (same minimiser, better
-conditioned; scikit-learn scales the same way), full batch, with ``torch.optim.LBFGS`` and a
-strong-Wolfe line search, in float64.
+conditioned; scikit-learn scales the same way), full batch, in float64: by default with an exact
+Newton solve (``solver="newton"``, :func:`ipi.probe.dual.fit_standardised`: primal when
+``d <= n``, through the ``[n, n]`` Gram matrix when ``d > n``) in Lightning's manual
+optimisation, or with ``torch.optim.LBFGS`` and a strong-Wolfe line search in its automatic
+optimisation (``solver="lbfgs"``). ``J`` is strictly convex: both reach the same minimiser.
 """
 
 from __future__ import annotations
@@ -26,11 +29,14 @@ from lightning import LightningModule
 from torch import Tensor, nn
 from torchmetrics.classification import BinaryAUROC
 
-from ipi.probe.dual import standardisation
+from ipi.probe.dual import fit_standardised, standardisation
 
-__all__ = ["LinearProbe", "auroc_inputs"]
+__all__ = ["LinearProbe", "auroc_inputs", "SOLVERS"]
 
 _DTYPE = torch.float64
+
+#: Ways to minimise the probe's objective (the same unique minimiser).
+SOLVERS = ("newton", "lbfgs")
 
 
 def auroc_inputs(logits: Tensor) -> Tensor:
@@ -90,11 +96,16 @@ class LinearProbe(LightningModule):
         n_features: Width ``d`` of the feature vectors.
         l2: scikit-learn's ``C``: inverse L2 regularisation strength (> 0). Larger = weaker
             penalty.
-        max_iter: LBFGS iterations per optimiser step (one step per epoch, full batch).
-        tol: LBFGS ``tolerance_grad``: stop when the max-abs gradient of ``J / n`` is
-            ``<= tol`` (scikit-learn's lbfgs ``gtol`` on the same scaled objective).
+        max_iter: LBFGS iterations per optimiser step (one step per epoch, full batch);
+            with ``solver="newton"`` a bound on Newton iterations (``min(max_iter, 100)``).
+        tol: Stop when the max-abs gradient of ``J / n`` is ``<= tol`` (LBFGS
+            ``tolerance_grad``, scikit-learn's lbfgs ``gtol`` on the same scaled objective);
+            Newton stops at ``min(tol, 1e-10)`` in its solved coordinates.
         history_size: LBFGS memory (scipy's default ``maxcor`` is 10). Memory cost is
             ``2 * history_size * d`` float64 values.
+        solver: ``"newton"`` (default): one exact full-batch Newton solve per epoch in manual
+            optimisation (:func:`ipi.probe.dual.fit_standardised`), typically 5–15 iterations;
+            ``"lbfgs"``: ``torch.optim.LBFGS`` through Lightning's automatic optimisation.
 
     Shapes:
         ``forward(x)``: ``x`` ``[n, d]`` (any float dtype) -> logits ``[n]`` float64.
@@ -112,8 +123,12 @@ class LinearProbe(LightningModule):
         max_iter: int = 500,
         tol: float = 1e-8,
         history_size: int = 10,
+        solver: str = "newton",
     ) -> None:
         super().__init__()
+        solver = getattr(solver, "value", solver)
+        if solver not in SOLVERS:
+            raise ValueError(f"solver must be one of {', '.join(SOLVERS)}, got {solver!r}")
         if int(n_features) < 1:
             raise ValueError(f"n_features must be >= 1, got {n_features}")
         if not (float(l2) > 0.0 and math.isfinite(float(l2))):
@@ -121,6 +136,10 @@ class LinearProbe(LightningModule):
         if int(max_iter) < 1:
             raise ValueError(f"max_iter must be >= 1, got {max_iter}")
         self.save_hyperparameters()
+        self.hparams.solver = solver  # a plain string even when given an enum member
+        # newton: training_step solves the full-batch problem itself (no torch optimizer)
+        self.automatic_optimization = solver == "lbfgs"
+        self.n_iter = 0  # iterations of the last solve (LBFGS: read from its state by fit_probe)
         d = int(n_features)
         self.linear = nn.Linear(d, 1, dtype=_DTYPE)
         nn.init.zeros_(self.linear.weight)
@@ -237,7 +256,9 @@ class LinearProbe(LightningModule):
 
     # ------------------------------------------------------------------ lightning hooks
     def configure_optimizers(self):
-        """Full-batch LBFGS with strong-Wolfe line search (one ``step`` per epoch)."""
+        """Full-batch LBFGS with strong-Wolfe line search (one ``step`` per epoch); none for Newton."""
+        if self.hparams.solver == "newton":
+            return None
         return torch.optim.LBFGS(
             self.linear.parameters(),
             lr=1.0,
@@ -263,14 +284,28 @@ class LinearProbe(LightningModule):
             ys.append(y)
         self.set_train_statistics(torch.cat(xs), torch.cat(ys))
 
-    def training_step(self, batch, batch_idx: int) -> Tensor:
-        """Return ``J / n`` on the (full) batch; LBFGS calls this through Lightning's closure.
+    def training_step(self, batch, batch_idx: int) -> Tensor | None:
+        """LBFGS: return ``J / n`` on the (full) batch (called through Lightning's closure).
+        Newton: solve the full-batch problem exactly and set the weights.
 
         Nothing is logged here: LBFGS evaluates the closure many times per step, so metrics
         are logged once, after the step, in :meth:`on_train_batch_end`.
         """
         x, y = _split_batch(batch)
-        return self.objective(self(x), y)
+        if self.automatic_optimization:
+            return self.objective(self(x), y)
+        if y is None:
+            raise ValueError("the training dataloader must yield (x, y) batches")
+        with torch.no_grad():
+            fit = fit_standardised(
+                x.detach().cpu().numpy(), y.detach().cpu().numpy(), self.mean.cpu().numpy(),
+                self.std.cpu().numpy(), C=float(self.hparams.l2),
+                tol=min(float(self.hparams.tol), 1e-10), max_iter=min(int(self.hparams.max_iter), 100))
+            w = torch.from_numpy(fit.coef).to(self.linear.weight)
+            self.linear.weight.copy_(w.reshape(1, -1))
+            self.linear.bias.fill_(fit.intercept)
+        self.n_iter = fit.n_iter
+        return None
 
     @torch.no_grad()
     def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:

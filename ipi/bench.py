@@ -198,45 +198,37 @@ def _spawn_rss(overrides: list[str], n_steps: int, shard_rows: int) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def extraction_benchmark(n_steps: int = 8, rss_steps: tuple[int, int] = (4, 16), shard_rows: int = 16,
-                         overrides: list[str] = ()) -> dict:
-    """Baseline vs project extraction over the first ``n_steps`` steps × all surfaces' variants.
+def extraction_benchmark(n_steps: int = 6, rss_steps: tuple[int, int] = (4, 16), shard_rows: int = 16,
+                         overrides: list[str] = (), reps: int = 3) -> dict:
+    """TaskTracker-style, elk-style and the project path over the first ``n_steps`` steps.
+
+    Every surface's variants of those steps; see :mod:`ipi.extraction.bench` for the three ways
+    and the keys (``speedup``, ``speedup_vs_elk_style``, per surface and mixed).
 
     Args:
         n_steps: Steps of the timed subset (every surface, every variant of each).
         rss_steps: Two subset sizes (steps) for the peak-RSS comparison (``()`` to skip).
         shard_rows: Rows per cache shard in the RSS probes (small, so several shards stream).
         overrides: Hydra overrides of the ``train`` config (e.g. ``backbone=...``, ``layers=...``).
+        reps: Repetitions of each steady-state measurement.
 
     Returns:
-        A JSON-able dict (see the keys; ``ratio = ours_rows_per_s / baseline_rows_per_s``).
+        A JSON-able dict.
     """
+    from hydra.utils import instantiate
+
+    from ipi.extraction.bench import speed_benchmark
     from ipi.tasks import layer_indices
 
     overrides = list(overrides)
     cfg, rows = subset_rows(overrides, n_steps)
     layers = layer_indices(cfg)
-    b_feat, b_coll, b_secs = baseline_features(cfg, rows, layers)
-    with tempfile.TemporaryDirectory() as tmp:
-        o_feat, o_coll, o_secs, _ = project_features(cfg, rows, layers, tmp)
-    out = {
-        "benchmark": "extraction",
-        "backbone": cfg.backbone.name,
-        "layers": layers,
-        "rows": len(rows),
-        "steps": n_steps,
-        "rows_by_surface": {s: sum(r.variant.surface == s for r in rows) for s in SURFACES},
-        "baseline_rows_per_s": round(len(rows) / b_secs, 3),
-        "ours_rows_per_s": round(len(rows) / o_secs, 3),
-        "ratio": round(b_secs / o_secs, 2),
-        "baseline_s": round(b_secs, 2),
-        "ours_s": round(o_secs, 2),
-        "max_abs_diff_features": float(np.max(np.abs(b_feat - o_feat))),
-        "max_abs_features": float(np.max(np.abs(b_feat))),
-        "max_abs_diff_collapse": float(np.max(np.abs(b_coll - o_coll))),
-        "precision": cfg.extract.precision,
-        "torch_threads": torch.get_num_threads(),
-    }
+    by_surface = {s: [r for r in rows if r.variant.surface == s] for s in SURFACES}
+    by_surface = {s: rs for s, rs in by_surface.items() if rs}
+    out = {"benchmark": "extraction", "backbone": cfg.backbone.name, "steps": n_steps, "rows": len(rows),
+           "rows_by_surface": {s: len(rs) for s, rs in by_surface.items()},
+           **speed_benchmark(cfg, by_surface, layers, reps=reps,
+                             build_backbone=lambda: instantiate(cfg.backbone.loader))}
     if rss_steps:
         out["peak_rss_mb"] = [_spawn_rss(overrides, n, shard_rows) for n in rss_steps]
     return out
@@ -346,7 +338,8 @@ def _sig(x: float, digits: int = 4) -> float:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m ipi.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--only", choices=("extraction", "bootstrap", "permutation", "all"), default="extraction")
-    p.add_argument("--steps", type=int, default=8, help="steps of the timed subset (x every surface's variants)")
+    p.add_argument("--steps", type=int, default=6, help="steps of the timed subset (x every surface's variants)")
+    p.add_argument("--reps", type=int, default=3, help="repetitions of every steady-state measurement")
     p.add_argument("--rss-steps", default="4,16", help="two subset sizes (steps) for peak RSS; '' skips")
     p.add_argument("--shard-rows", type=int, default=16, help="rows per shard in the RSS probes")
     p.add_argument("--override", action="append", default=[], help="Hydra override of the train config")
@@ -375,7 +368,7 @@ def main(argv: list[str] | None = None) -> None:
         rss = tuple(int(x) for x in a.rss_steps.split(",") if x.strip())
         if rss and len(rss) != 2:
             p.error("--rss-steps takes two sizes, e.g. 4,16")
-        out["extraction"] = extraction_benchmark(a.steps, rss, a.shard_rows, a.override)
+        out["extraction"] = extraction_benchmark(a.steps, rss, a.shard_rows, a.override, a.reps)
     if a.only in ("bootstrap", "all"):
         from ipi.metrics.bench import bench_bootstrap
 

@@ -96,7 +96,7 @@ def cache_key(backbone_cfg, rows: Sequence[ReplayRow], layer_indices: Sequence[i
 
 
 def extract_features(cfg, rows: Sequence[ReplayRow], layer_indices: Sequence[int],
-                     token_groups: Sequence[str]) -> tuple[FeatureSet | None, dict]:
+                     token_groups: Sequence[str], *, backbone=None) -> tuple[FeatureSet | None, dict]:
     """Return features for ``rows``, running the backbone only for rows the cache lacks.
 
     The layers read are :func:`extraction_layers` (the ``extract.layers`` superset plus
@@ -110,6 +110,9 @@ def extract_features(cfg, rows: Sequence[ReplayRow], layer_indices: Sequence[int
         rows: Rows to extract (one surface or several).
         layer_indices: Decoder blocks the caller needs.
         token_groups: Token groups to pool.
+        backbone: An already built :class:`ipi.backbone.Backbone` of ``cfg.backbone`` to use
+            instead of building one (the benchmark times start-up apart from steady state);
+            None: built from ``cfg.backbone.loader`` only when rows must be forwarded.
 
     Returns:
         ``(features, info)`` with info ``{"cache_key", "cache_dir", "cache_hit", "rows_forwarded",
@@ -132,7 +135,7 @@ def extract_features(cfg, rows: Sequence[ReplayRow], layer_indices: Sequence[int
                 shutil.rmtree(cache.dir)
             hit = cache.is_complete()  # another run may have finished it while we waited
             if not hit:
-                forwarded = _forward_missing(cfg, cache, rows, layers, token_groups)
+                forwarded = _forward_missing(cfg, cache, rows, layers, token_groups, backbone)
                 if forwarded is None or isinstance(forwarded, dict):  # a non-zero DDP rank
                     return None, forwarded
                 cache.finalize(row_ids)
@@ -150,14 +153,14 @@ def extract_features(cfg, rows: Sequence[ReplayRow], layer_indices: Sequence[int
 
 
 def _forward_missing(cfg, cache: ActivationCache, rows: Sequence[ReplayRow], layers: list[int],
-                     token_groups: Sequence[str]) -> int | dict:
+                     token_groups: Sequence[str], backbone=None) -> int | dict:
     """Forward the rows that finished shards lack; return how many (a dict on a non-zero DDP rank)."""
     done = cache.finished_row_ids()
     todo = [r for r in rows if r.row_id not in done]
     log.info("extraction: %d rows to forward (%d already in finished shards)", len(todo), len(done))
     if not todo:
         return 0
-    backbone = instantiate(cfg.backbone.loader)
+    backbone = backbone if backbone is not None else instantiate(cfg.backbone.loader)
     if backbone.n_layers != cfg.backbone.n_layers:
         raise ValueError(
             f"backbone={cfg.backbone.name}: model has {backbone.n_layers} decoder layers, "

@@ -1,0 +1,317 @@
+"""Extraction benchmark against two baselines on the same rows, precision and threads.
+
+Three ways of turning replay rows into pooled features (all layers × token groups, collapse
+statistic), timed on the same rows of real shared trajectories, surface by surface:
+
+* **TaskTracker-style** (key ``speedup``): per row, the processor's own call (screenshot decoded,
+  banner drawn, image processed, template rendered, tokenised), then the full
+  ``...ForConditionalGeneration`` forward with ``output_hidden_states=True`` — vision tower,
+  every decoder block, final norm and LM head — one row at a time, pooling in Python.
+* **elk-style** (key ``speedup_vs_elk_style``): the base model without the LM head, the
+  variants of one step batched (right padded, each row with its own image inputs), every
+  decoder block with ``output_hidden_states=True``, per-row preparation as above.
+* **ours**: :func:`ipi.extraction.run.extract_features` exactly as ``train.py`` runs it, into a
+  fresh temporary cache entry each repetition.
+
+Start-up (building the backbone: processor files parsed, model built and initialised) is timed
+apart from the steady state (everything after it). The steady state is repeated ``reps`` times
+and reported as median, min and max; CPU-seconds (this process, user + system), load average
+before and after, torch threads, tokens and FLOPs per row (``torch.utils.flop_counter.
+FlopCounterMode``, counted in a separate untimed pass), achieved FLOP/s against a measured fp32
+matmul peak, the share of data preparation (rendering + tokenising + collating, timed alone)
+and the relative feature error of the two other ways against the TaskTracker-style features
+(max-abs difference over max-abs value).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+
+__all__ = ["matmul_peak_flops", "speed_benchmark", "count_flops"]
+
+SURFACES = ("i_vis", "i_dom", "i_tool")
+
+
+def matmul_peak_flops(n: int = 1024, reps: int = 8, dtype: torch.dtype = torch.float32) -> float:
+    """Measured dense matmul throughput of this machine at the current torch thread count.
+
+    Best of ``reps`` timed ``[n, n] @ [n, n]`` products (2 n³ FLOPs each) after one warm-up.
+
+    Returns:
+        FLOP/s.
+    """
+    a = torch.randn(n, n, dtype=dtype)
+    b = torch.randn(n, n, dtype=dtype)
+    a @ b
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * n**3 / best
+
+
+def count_flops(fn: Callable[[], object]) -> float:
+    """FLOPs of the torch operators ``fn`` runs (``FlopCounterMode``: matmuls, convolutions, SDPA)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    mode = FlopCounterMode(display=False)
+    with mode:
+        fn()
+    return float(mode.get_total_flops())
+
+
+def _cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+@contextlib.contextmanager
+def _identity_final_norm(model):
+    """Swap the text model's final norm for the identity (``hidden_states[-1]`` = block output)."""
+    from ipi.extraction.extractor import base_model
+
+    lm = getattr(base_model(model), "language_model", base_model(model))
+    norm = lm.norm
+    lm.norm = torch.nn.Identity()
+    try:
+        yield
+    finally:
+        lm.norm = norm
+
+
+def _replay_dataset(bb, cfg, rows):
+    from ipi.extraction.datamodule import ReplayDataset
+
+    return ReplayDataset(rows, bb.processor, cfg.backbone.system_prompt, bb.multimodal, bb.image_size,
+                         bb.image_token_id)
+
+
+def tasktracker_features(bb, cfg, rows, layers: Sequence[int]) -> dict:
+    """TaskTracker-style: full model with LM head, one row at a time (module docstring).
+
+    Returns:
+        ``{"features": [N, L, G, H], "collapse": [N, L], "prep_s", "tokens"}``.
+    """
+    from ipi.extraction.extractor import collapse_statistic, pool_groups
+    from ipi.replay import TOKEN_GROUPS
+
+    ds = _replay_dataset(bb, cfg, rows)
+    feats, coll, prep, tokens = [], [], 0.0, 0
+    with torch.inference_mode(), _identity_final_norm(bb.model):
+        for i in range(len(ds)):
+            t0 = time.perf_counter()
+            tok = ds[i]["tok"]
+            prep += time.perf_counter() - t0
+            tokens += tok.seq_len
+            hs = bb.model(**tok.inputs, output_hidden_states=True).hidden_states
+            feats.append(torch.stack([pool_groups(hs[k + 1][0], tok.groups, TOKEN_GROUPS) for k in layers]))
+            coll.append(torch.stack([collapse_statistic(hs[k + 1][0][: tok.prompt_len]) for k in layers]))
+    return {"features": torch.stack(feats).numpy(), "collapse": torch.stack(coll).numpy(), "prep_s": prep,
+            "tokens": tokens}
+
+
+def elk_features(bb, cfg, rows, layers: Sequence[int]) -> dict:
+    """elk-style: base model without head, a step's variants batched (module docstring).
+
+    Returns:
+        As :func:`tasktracker_features`; ``tokens`` counts padded positions too.
+    """
+    from ipi.extraction.datamodule import collate_rows, step_groups
+    from ipi.extraction.extractor import base_model, collapse_statistic, pool_groups
+    from ipi.replay import TOKEN_GROUPS
+
+    ds = _replay_dataset(bb, cfg, rows)
+    tok_ = bb.tokenizer
+    pad = tok_.pad_token_id if tok_.pad_token_id is not None else tok_.eos_token_id
+    out_f: list = [None] * len(rows)
+    out_c: list = [None] * len(rows)
+    prep, tokens = 0.0, 0
+    model = base_model(bb.model)
+    with torch.inference_mode(), _identity_final_norm(bb.model):
+        for group in step_groups(rows):
+            t0 = time.perf_counter()
+            items = [ds[i] for i in group]
+            batch = collate_rows(items, pad)
+            prep += time.perf_counter() - t0
+            tokens += int(batch["inputs"]["input_ids"].numel())
+            hs = model(**batch["inputs"], output_hidden_states=True, use_cache=False).hidden_states
+            for b, it in enumerate(items):
+                tok = it["tok"]
+                out_f[it["index"]] = torch.stack(
+                    [pool_groups(hs[k + 1][b], tok.groups, TOKEN_GROUPS) for k in layers])
+                out_c[it["index"]] = torch.stack(
+                    [collapse_statistic(hs[k + 1][b][: tok.prompt_len]) for k in layers])
+    return {"features": torch.stack(out_f).numpy(), "collapse": torch.stack(out_c).numpy(), "prep_s": prep,
+            "tokens": tokens}
+
+
+def ours_features(bb, cfg, rows, layers: Sequence[int]) -> dict:
+    """The project path (:func:`ipi.extraction.run.extract_features`) into a fresh cache entry.
+
+    Returns:
+        As :func:`tasktracker_features`; ``prep_s`` is timed in a separate pass over the same
+        step groups (rendering, tokenising, collating: what DataLoader workers would do).
+    """
+    from ipi.extraction.run import extract_features
+    from ipi.replay import TOKEN_GROUPS
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg.extract.cache_dir = tmp
+        cfg.extract.layers = []  # exactly `layers`: the same work as the baselines
+        fs, _ = extract_features(cfg, rows, layers, list(TOKEN_GROUPS), backbone=bb)
+    li = [fs.layers.index(k) for k in layers]
+    return {"features": fs.features[:, li].float().numpy(), "collapse": fs.collapse[:, li].float().numpy()}
+
+
+def ours_prep(bb, cfg, rows) -> tuple[float, int]:
+    """The project path's data preparation alone (step groups rendered, tokenised, collated).
+
+    Returns:
+        ``(seconds, positions)``: ``positions`` counts the token positions the language model
+        forwards (chunks of ``backbone.batch_size`` rows, padded to the chunk's longest row).
+    """
+    from ipi.extraction.datamodule import StepGroupDataset, collate_steps
+
+    ds = StepGroupDataset(rows, bb.processor, cfg.backbone.system_prompt, bb.multimodal, bb.image_size,
+                          bb.image_token_id)
+    tok = bb.tokenizer
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    t0 = time.perf_counter()
+    lens = []
+    for g in range(len(ds)):
+        lens.append(collate_steps([ds[g]], pad)["seq_len_list"])
+    secs = time.perf_counter() - t0
+    step = max(1, int(cfg.backbone.batch_size))
+    positions = sum(max(ls[a:a + step]) * len(ls[a:a + step]) for ls in lens for a in range(0, len(ls), step))
+    return secs, positions
+
+
+def _stats(xs: Sequence[float]) -> dict:
+    return {"median": round(statistics.median(xs), 3), "min": round(min(xs), 3), "max": round(max(xs), 3),
+            "n": len(xs)}
+
+
+def _rel_err(a: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.max(np.abs(a - ref)) / max(float(np.max(np.abs(ref))), 1e-30))
+
+
+METHODS = ("tasktracker", "elk", "ours")
+
+
+def speed_benchmark(cfg, rows_by_surface: dict[str, list], layers: Sequence[int], *, reps: int = 3,
+                    build_backbone: Callable[[], object], build_ours: Callable[[], object] | None = None) -> dict:
+    """Time the three ways (module docstring) on each surface's rows; ``reps`` repetitions.
+
+    Args:
+        cfg: The composed ``train`` config (backbone, extract, precision).
+        rows_by_surface: Replay rows per surface (the same rows for every way).
+        layers: Decoder blocks read.
+        reps: Repetitions of every steady-state measurement (>= 1; 3 or more for a spread).
+        build_backbone: Builds the baselines' backbone (the full model, LM head included).
+        build_ours: Builds the project's backbone (None: ``build_backbone``).
+
+    Returns:
+        A JSON-able dict: ``per_surface`` (per way: steady seconds as median/min/max, rows/s,
+        CPU-seconds, tokens and FLOPs per row, achieved FLOP/s and its fraction of the matmul
+        peak, preparation share, relative feature error; ``speedup`` and
+        ``speedup_vs_elk_style`` of the medians), the same for ``mixed`` (all surfaces' rows:
+        sums of the per-surface steady times of each repetition), ``startup_s`` per way, load
+        averages, threads and the matmul peak.
+    """
+    build_ours = build_ours or build_backbone
+    load_before = os.getloadavg()
+    peak = matmul_peak_flops()
+    startup = {}
+    t0, c0 = time.perf_counter(), _cpu_s()
+    bb = build_backbone()
+    startup["baselines"] = {"wall_s": round(time.perf_counter() - t0, 3), "cpu_s": round(_cpu_s() - c0, 3)}
+    t0, c0 = time.perf_counter(), _cpu_s()
+    ours_bb = build_ours()
+    startup["ours"] = {"wall_s": round(time.perf_counter() - t0, 3), "cpu_s": round(_cpu_s() - c0, 3)}
+    runners = {
+        "tasktracker": lambda rows: tasktracker_features(bb, cfg, rows, layers),
+        "elk": lambda rows: elk_features(bb, cfg, rows, layers),
+        "ours": lambda rows: ours_features(ours_bb, cfg, rows, layers),
+    }
+    per_surface: dict = {}
+    wall = {m: [[0.0] * reps for _ in rows_by_surface] for m in METHODS}
+    totals = {m: {"rows": 0, "tokens": 0, "flops": 0.0, "cpu": 0.0, "prep": 0.0} for m in METHODS}
+    for si, (surface, rows) in enumerate(rows_by_surface.items()):
+        res: dict = {"rows": len(rows)}
+        ref = None
+        for m in METHODS:
+            flops = count_flops(lambda: runners[m](rows))  # untimed pass (also warms caches)
+            secs, cpus, out = [], [], None
+            for r in range(reps):
+                t0, c0 = time.perf_counter(), _cpu_s()
+                out = runners[m](rows)
+                secs.append(time.perf_counter() - t0)
+                cpus.append(_cpu_s() - c0)
+                wall[m][si][r] = secs[-1]
+            if m == "ours":
+                prep, out["tokens"] = ours_prep(ours_bb, cfg, rows)
+            else:
+                prep = out["prep_s"]
+            med = statistics.median(secs)
+            entry = {
+                "steady_s": _stats(secs), "cpu_s": _stats(cpus), "rows_per_s": round(len(rows) / med, 3),
+                "tokens_per_row": round(out["tokens"] / len(rows), 1),
+                "gflop_per_row": round(flops / len(rows) / 1e9, 4),
+                "achieved_gflop_s": round(flops / med / 1e9, 3),
+                "fraction_of_matmul_peak": round(flops / med / peak, 4),
+                "prep_share": round(prep / med, 3),
+            }
+            if m == "tasktracker":
+                ref = out
+            else:
+                entry["rel_feature_error"] = _rel_err(out["features"], ref["features"])
+                entry["rel_collapse_error"] = _rel_err(out["collapse"], ref["collapse"])
+            res[m] = entry
+            t = totals[m]
+            t["rows"] += len(rows)
+            t["tokens"] += out["tokens"]
+            t["flops"] += flops
+            t["cpu"] += statistics.median(cpus)
+            t["prep"] += prep
+        res["speedup"] = round(res["tasktracker"]["steady_s"]["median"] / res["ours"]["steady_s"]["median"], 3)
+        res["speedup_vs_elk_style"] = round(res["elk"]["steady_s"]["median"] / res["ours"]["steady_s"]["median"], 3)
+        per_surface[surface] = res
+    mixed: dict = {"rows": totals["ours"]["rows"]}
+    for m in METHODS:
+        per_rep = [sum(wall[m][si][r] for si in range(len(rows_by_surface))) for r in range(reps)]
+        med = statistics.median(per_rep)
+        t = totals[m]
+        mixed[m] = {"steady_s": _stats(per_rep), "cpu_s_median_sum": round(t["cpu"], 3),
+                    "rows_per_s": round(t["rows"] / med, 3), "tokens_per_row": round(t["tokens"] / t["rows"], 1),
+                    "gflop_per_row": round(t["flops"] / t["rows"] / 1e9, 4),
+                    "achieved_gflop_s": round(t["flops"] / med / 1e9, 3),
+                    "fraction_of_matmul_peak": round(t["flops"] / med / peak, 4),
+                    "prep_share": round(t["prep"] / med, 3)}
+        if m != "tasktracker":
+            mixed[m]["rel_feature_error"] = max(per_surface[s][m]["rel_feature_error"] for s in per_surface)
+    mixed["speedup"] = round(mixed["tasktracker"]["steady_s"]["median"] / mixed["ours"]["steady_s"]["median"], 3)
+    mixed["speedup_vs_elk_style"] = round(mixed["elk"]["steady_s"]["median"] / mixed["ours"]["steady_s"]["median"], 3)
+    return {
+        "speedup": mixed["speedup"],
+        "speedup_vs_elk_style": mixed["speedup_vs_elk_style"],
+        "mixed": mixed,
+        "per_surface": per_surface,
+        "startup_s": startup,
+        "reps": reps,
+        "layers": list(layers),
+        "precision": cfg.extract.precision,
+        "torch_threads": torch.get_num_threads(),
+        "matmul_peak_gflop_s": round(peak / 1e9, 2),
+        "loadavg_before": [round(x, 2) for x in load_before],
+        "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+    }

@@ -231,6 +231,11 @@ def extraction_benchmark(n_steps: int = 6, rss_steps: tuple[int, int] = (4, 16),
                              build_backbone=lambda: instantiate(cfg.backbone.loader))}
     if rss_steps:
         out["peak_rss_mb"] = [_spawn_rss(overrides, n, shard_rows) for n in rss_steps]
+    if torch.cuda.is_available():
+        gpu = shapes_benchmark(n_steps, overrides, None)
+        out.update({"gpu_mfu": gpu.get("mfu"), "gpu_mfu_with_prep": gpu.get("mfu_with_prep"), "gpu": gpu})
+    else:
+        out.update({"gpu_mfu": "not measured (no GPU)", "gpu_mfu_with_prep": "not measured (no GPU)"})
     return out
 
 
@@ -280,7 +285,9 @@ def shapes_benchmark(n_steps: int, overrides: list[str], peak_tflops: float | No
     layers = layer_indices(cfg)
     ext = HiddenStateExtractor(bb, layers, list(TOKEN_GROUPS), max_rows=cfg.backbone.batch_size)
     ds = StepGroupDataset(rows, processor, cfg.backbone.system_prompt, True, image_size, ids["image_token_id"])
+    t_prep = time.perf_counter()
     batches = [collate_steps([ds[g]], tok.pad_token_id or 0) for g in range(len(ds))]  # CPU work first
+    prep_secs = time.perf_counter() - t_prep
 
     def to_dev(b):
         from lightning.fabric.utilities.apply_func import move_data_to_device
@@ -325,8 +332,12 @@ def shapes_benchmark(n_steps: int, overrides: list[str], peak_tflops: float | No
     out = {"benchmark": "shapes", "hidden_size": d, "n_layers": t["num_hidden_layers"], "device": name, "rows": n_rows, "steps": n_steps, "layers": layers,
            "rows_per_s": _sig(n_rows / secs), "model_tflop": _sig(flops / 1e12),
            "achieved_tflops": _sig(flops / secs / 1e12)}
+    out["prep_s"] = _sig(prep_secs)
+    out["forward_s"] = _sig(secs)
     if peak_tflops:
         out["mfu"] = _sig(flops / secs / (peak_tflops * 1e12))
+        # serial CPU preparation (num_workers=0) added to the device time: the floor without workers
+        out["mfu_with_prep"] = _sig(flops / (secs + prep_secs) / (peak_tflops * 1e12))
         out["peak_tflops_bf16_dense"] = peak_tflops
     return out
 
@@ -337,7 +348,9 @@ def _sig(x: float, digits: int = 4) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m ipi.bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--only", choices=("extraction", "bootstrap", "permutation", "all"), default="extraction")
+    p.add_argument("--only", choices=("extraction", "timings", "bootstrap", "permutation", "all"), default="extraction")
+    p.add_argument("--no-timings", action="store_true", help="skip warm_run_s / sweep30_s (entry-script subprocesses)")
+    p.add_argument("--no-sweep", action="store_true", help="time the warm run but not the 30-job sweep")
     p.add_argument("--steps", type=int, default=6, help="steps of the timed subset (x every surface's variants)")
     p.add_argument("--reps", type=int, default=3, help="repetitions of every steady-state measurement")
     p.add_argument("--rss-steps", default="4,16", help="two subset sizes (steps) for peak RSS; '' skips")
@@ -369,6 +382,15 @@ def main(argv: list[str] | None = None) -> None:
         if rss and len(rss) != 2:
             p.error("--rss-steps takes two sizes, e.g. 4,16")
         out["extraction"] = extraction_benchmark(a.steps, rss, a.shard_rows, a.override, a.reps)
+    if a.only in ("timings", "all") or (a.only == "extraction" and not a.no_timings):
+        from ipi.extraction.bench import entry_timings
+
+        with tempfile.TemporaryDirectory() as tmp:
+            timings = entry_timings(REPO_ROOT, tmp, sweep=not a.no_sweep)
+        if a.only == "extraction":
+            out["extraction"].update(timings)
+        else:
+            out["timings"] = timings
     if a.only in ("bootstrap", "all"):
         from ipi.metrics.bench import bench_bootstrap
 

@@ -315,3 +315,76 @@ def speed_benchmark(cfg, rows_by_surface: dict[str, list], layers: Sequence[int]
         "loadavg_before": [round(x, 2) for x in load_before],
         "loadavg_after": [round(x, 2) for x in os.getloadavg()],
     }
+
+
+def _child_cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def _timed_run(cmd: list[str], cwd, env: dict) -> dict:
+    """Run ``cmd`` to completion; wall seconds, CPU-seconds (user + system) and load averages."""
+    import subprocess
+
+    load = os.getloadavg()
+    t0, c0 = time.perf_counter(), _child_cpu_s()
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    out = {"wall_s": round(time.perf_counter() - t0, 2), "cpu_s": round(_child_cpu_s() - c0, 2),
+           "loadavg_before": [round(x, 2) for x in load], "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+           "command": " ".join(cmd[1:])}
+    if proc.returncode != 0:
+        raise RuntimeError(f"{out['command']} failed ({proc.returncode}): {proc.stderr[-3000:]}")
+    return out
+
+
+SWEEP_LAYERS = ("six_1", "six_2", "six_3", "six_4", "six_5", "six_6")
+SWEEP_GROUPS = ("last_prompt", "image", "task", "observation", "action")
+
+
+def entry_timings(repo_root, out_dir, *, sweep: bool = True, python: str | None = None,
+                  extra: Sequence[str] = ()) -> dict:
+    """``warm_run_s`` and ``sweep30_s``: the real entry scripts on the real shared data, as subprocesses.
+
+    1. ``python extract.py surface=i_vis`` fills the activation cache (or finds it): its time
+       is reported as ``extract_s`` (a cold extraction when the cache was empty).
+    2. ``warm_run_s``: ``python train.py surface=i_vis layers=six`` with that cache (a hit).
+    3. ``imports_s``: ``python -c "import train, ipi.tasks"`` — what every entry script pays
+       before any work; ``warm_run_cpu_beyond_imports_s`` subtracts its CPU-seconds.
+    4. ``sweep30_s``: ``python train.py -m layers=six_1,...,six_6
+       token_group=last_prompt,image,task,observation,action`` (30 jobs in one process).
+
+    Each figure is wall seconds; ``*_cpu_s`` are the subprocess's CPU-seconds (user + system,
+    all threads), beside the load averages before and after.
+
+    Args:
+        repo_root: Repository root (where ``train.py`` is).
+        out_dir: Folder for the runs' Hydra outputs.
+        sweep: Also time the 30-job sweep.
+        python: Interpreter (default: this one).
+        extra: Further Hydra overrides for every command (e.g. ``data.max_trajectories=6``).
+
+    Returns:
+        A JSON-able dict with the keys above.
+    """
+    import sys
+
+    py = python or sys.executable
+    env = {**os.environ, "IPI_QUIET": "1", "TOKENIZERS_PARALLELISM": "false"}
+    extra = list(extra)
+    res: dict = {}
+    ext = _timed_run([py, "extract.py", "surface=i_vis", "quiet=true", f"hydra.run.dir={out_dir}/extract", *extra],
+                     repo_root, env)
+    res["extract_s"] = ext
+    imp = _timed_run([py, "-c", "import train, ipi.tasks, ipi.cli"], repo_root, env)
+    warm = _timed_run([py, "train.py", "surface=i_vis", "layers=six", "quiet=true", f"hydra.run.dir={out_dir}/warm",
+                       *extra], repo_root, env)
+    res.update({"warm_run_s": warm["wall_s"], "warm_run_cpu_s": warm["cpu_s"], "warm_run": warm,
+                "imports_s": imp["wall_s"], "imports_cpu_s": imp["cpu_s"],
+                "warm_run_cpu_beyond_imports_s": round(warm["cpu_s"] - imp["cpu_s"], 2)})
+    if sweep:
+        sw = _timed_run([py, "train.py", "-m", "surface=i_vis", "layers=" + ",".join(SWEEP_LAYERS),
+                         "token_group=" + ",".join(SWEEP_GROUPS), "quiet=true", f"hydra.sweep.dir={out_dir}/sweep",
+                         *extra], repo_root, env)
+        n_jobs = sum(1 for p in __import__("pathlib").Path(out_dir, "sweep").rglob("results.json"))
+        res.update({"sweep30_s": sw["wall_s"], "sweep30_cpu_s": sw["cpu_s"], "sweep30": {**sw, "jobs": n_jobs}})
+    return res

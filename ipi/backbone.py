@@ -246,6 +246,22 @@ def build_tiny_qwen2_5_vl(
     )
 
 
+def resolve_attn_implementation(attn_implementation: str | None, dtype: str = "bfloat16") -> str | None:
+    """``backbone.loader.attn_implementation``: ``auto`` -> FlashAttention-2 where it can run.
+
+    FlashAttention-2 needs the ``flash_attn`` package, a CUDA GPU and a 16-bit dtype; otherwise
+    ``auto`` gives ``sdpa`` (PyTorch's fused attention). Other values pass through unchanged.
+    """
+    if attn_implementation != "auto":
+        return attn_implementation
+    import importlib.util
+
+    if (importlib.util.find_spec("flash_attn") is not None and torch.cuda.is_available()
+            and dtype in ("bfloat16", "float16")):
+        return "flash_attention_2"
+    return "sdpa"
+
+
 def build_pretrained_qwen2_5_vl(
     model_id: str,
     *,
@@ -258,6 +274,7 @@ def build_pretrained_qwen2_5_vl(
     local_files_only: bool | None = None,
     quantization: str = "none",
     name: str = "qwen2_5_vl",
+    attn_implementation: str | None = "auto",
 ) -> Backbone:
     """Load a pretrained Qwen2.5-VL checkpoint (e.g. ``Qwen/Qwen2.5-VL-7B-Instruct``), frozen.
 
@@ -280,6 +297,10 @@ def build_pretrained_qwen2_5_vl(
             afterwards: the extractor leaves it out of Lightning's device placement. Needs
             ``pip install .[quant]`` (bitsandbytes, accelerate) and a CUDA GPU.
         name: Backbone name recorded in results.
+        attn_implementation: ``auto`` (:func:`resolve_attn_implementation`: FlashAttention-2
+            when ``flash_attn`` is installed, a CUDA GPU is present and ``dtype`` is 16-bit,
+            else PyTorch's ``sdpa``), or any value transformers accepts (``flash_attention_2``,
+            ``sdpa``, ``eager``); None: transformers' default.
 
     Returns:
         The frozen backbone.
@@ -297,6 +318,9 @@ def build_pretrained_qwen2_5_vl(
     if qconf is not None:
         kw["quantization_config"] = qconf
         device_map = _quantised_device_map(device_map)
+    attn = resolve_attn_implementation(attn_implementation, dtype)
+    if attn is not None:
+        kw["attn_implementation"] = attn
     model = Qwen2_5_VLForConditionalGeneration.from_pretrained(
         model_id, dtype=getattr(torch, dtype), device_map=device_map, **kw
     )

@@ -231,7 +231,9 @@ class ExtractConf:
     """Extraction runtime (none of it enters the cache key)."""
 
     cache_dir: str = MISSING
-    num_workers: int = 0
+    # DataLoader workers rendering/tokenising ahead of the forward pass; "auto" = 0 on a CPU run
+    # (the cores are the forward's), min(8, cores - 1) when the run uses a GPU
+    num_workers: Any = "auto"
     shard_rows: int = 256
     accelerator: str = "auto"
     devices: Any = 1

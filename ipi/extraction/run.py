@@ -49,11 +49,61 @@ def extraction_layers(cfg, requested: Sequence[int]) -> list[int]:
     return sorted(set(base) | set(int(i) for i in requested))
 
 
-def resolve_precision(precision: str) -> str:
-    """``auto`` -> ``bf16-mixed`` on a CUDA device that supports bf16, else ``32-true``."""
-    if precision != "auto":
-        return precision
-    return "bf16-mixed" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "32-true"
+def cpu_supports_bf16() -> bool:
+    """Whether this CPU computes bf16 natively (oneDNN's AVX512-BF16 / AMX check)."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def _uses_gpu(accelerator: str) -> bool:
+    return accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
+
+
+def resolve_precision(precision: str, accelerator: str = "auto") -> str:
+    """The Lightning precision plugin of an extraction.
+
+    ``auto`` -> ``bf16-mixed`` on a CUDA device that supports bf16, else ``32-true`` (bf16 is
+    never chosen for a CPU). An explicit bf16 precision on a CPU run is refused when the CPU
+    lacks bf16 support (it would be emulated: slower than fp32 and less exact).
+
+    Raises:
+        ValueError: bf16 asked for a CPU run on a CPU without bf16 support.
+    """
+    if precision == "auto":
+        return "bf16-mixed" if _uses_gpu(accelerator) and torch.cuda.is_bf16_supported() else "32-true"
+    if "bf16" in str(precision) and not _uses_gpu(accelerator) and not cpu_supports_bf16():
+        raise ValueError(f"extract.precision={precision}: this CPU has no bf16 support (runs on the CPU, "
+                         "extract.accelerator=" f"{accelerator}); use extract.precision=32-true or auto")
+    return precision
+
+
+def resolve_num_workers(num_workers, accelerator: str = "auto", cpu_count: int | None = None) -> int:
+    """``extract.num_workers``: ``auto`` -> 0 on a CPU run, ``min(8, cores - 1)`` when a GPU extracts.
+
+    On a CPU the cores run the forward pass, so preparing batches in workers only competes with
+    it; with a GPU the CPU preparation (screenshot decoding, banner drawing, image processing,
+    tokenising) runs in workers ahead of the device so that it is not left waiting.
+
+    Raises:
+        ValueError: Neither ``auto`` nor a non-negative integer.
+    """
+    import os
+
+    if num_workers == "auto":
+        if not _uses_gpu(accelerator):
+            return 0
+        cores = cpu_count if cpu_count is not None else (len(os.sched_getaffinity(0))
+                                                          if hasattr(os, "sched_getaffinity") else os.cpu_count())
+        return max(0, min(8, int(cores or 1) - 1))
+    try:
+        n = int(num_workers)
+    except (TypeError, ValueError):
+        n = -1
+    if n < 0 or str(n) != str(num_workers).strip():
+        raise ValueError(f"extract.num_workers={num_workers!r}: give 'auto' or a non-negative integer")
+    return n
 
 
 def cache_key(backbone_cfg, rows: Sequence[ReplayRow], layer_indices: Sequence[int],
@@ -172,12 +222,13 @@ def _forward_missing(cfg, cache: ActivationCache, rows: Sequence[ReplayRow], lay
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     per_step = max(len(g) for g in dataset.groups)
     dm = ReplayDataModule(dataset, pad, batch_size=max(1, cfg.backbone.batch_size // per_step),
-                          num_workers=cfg.extract.num_workers)
+                          num_workers=resolve_num_workers(cfg.extract.num_workers, cfg.extract.accelerator))
     writer = ShardWriter(cache, shard_rows=cfg.extract.shard_rows, dtype=cfg.backbone.cache_dtype)
     bars = extraction_callbacks(True if cfg.quiet else None, total_rows=len(todo))  # rows, elapsed, ETA
     trainer = L.Trainer(
         accelerator=cfg.extract.accelerator, devices=cfg.extract.devices,
-        strategy=cfg.extract.strategy, precision=resolve_precision(cfg.extract.precision),
+        strategy=cfg.extract.strategy,
+        precision=resolve_precision(cfg.extract.precision, cfg.extract.accelerator),
         callbacks=[writer, *bars], logger=False, enable_checkpointing=False,
         enable_model_summary=False, enable_progress_bar=False,
     )

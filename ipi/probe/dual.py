@@ -199,15 +199,22 @@ def fit_reduced(phi: np.ndarray, y: np.ndarray, *, C: float = 1.0, tol: float = 
         else:
             step = torch.linalg.lstsq(h, g[:, None]).solution[:, 0]
         t, dec = 1.0, float(g @ step)
+        # Along the step the logits and the penalty are affine/quadratic in t: each trial of
+        # the Armijo search is O(n), not a pass over Φ.
+        f_cur = phi_t @ theta[:-1] + theta[-1]
+        f_dir = phi_t @ step[:-1] + step[-1]
+        bb, bs, ss = float(theta[:-1] @ theta[:-1]), float(theta[:-1] @ step[:-1]), float(step[:-1] @ step[:-1])
         while True:  # Armijo backtracking
-            cand = theta - t * step
-            c_loss, c_g, c_p = _loss_grad(cand, phi_t, y_t, cw, lam)
+            f = f_cur - t * f_dir
+            c_loss = float(torch.sum(cw * (torch.nn.functional.softplus(f) - y_t * f))
+                           + 0.5 * lam * (bb - 2.0 * t * bs + t * t * ss))
             if c_loss <= loss - 1e-4 * t * dec or t < 1e-10:
                 break
             t *= 0.5
         if t < 1e-10 and c_loss > loss:
             break
-        theta, loss, g, p = cand, c_loss, c_g, c_p
+        theta = theta - t * step
+        loss, g, p = _loss_grad(theta, phi_t, y_t, cw, lam)
         counter["n"] = it + 1
     gmax = float(g.abs().max())
     if gmax <= max(tol, 1e-8):

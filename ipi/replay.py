@@ -153,6 +153,29 @@ class RenderedPrompt:
         return "".join(t for t, _ in self.pieces)
 
 
+_TEMPLATES: dict[tuple, tuple] = {}
+
+
+def _placeholder_template(processor, system: str, has_image: bool, marks: dict[str, str]) -> str:
+    """The chat template rendered with a placeholder per field, once per (processor, system, image).
+
+    With placeholders in every recorded field the rendering depends only on the system prompt and
+    whether the screenshot is shown, so all rows of a run share a handful of renderings (the cache
+    keeps the processor alive, so its ``id`` cannot be reused by another object).
+    """
+    key = (id(processor), system, has_image)
+    hit = _TEMPLATES.get(key)
+    if hit is not None and hit[0] is processor:
+        return hit[1]
+    parts = PromptParts(system=system, task="", history=(), tool_result="", element_text="", gold="",
+                        has_image=has_image)
+    text = processor.apply_chat_template(_messages(parts, marks), tokenize=False)
+    if len(_TEMPLATES) >= 16:
+        _TEMPLATES.clear()
+    _TEMPLATES[key] = (processor, text)
+    return text
+
+
 def render_prompt(processor, parts: PromptParts) -> RenderedPrompt:
     """Render the chat template with the recorded fields placed verbatim at known spans.
 
@@ -172,7 +195,7 @@ def render_prompt(processor, parts: PromptParts) -> RenderedPrompt:
     """
     fields = _field_values(parts)
     marks = {n: _sentinel(i) for i, n in enumerate(UNTRUSTED_FIELDS)}
-    template = processor.apply_chat_template(_messages(parts, marks), tokenize=False)
+    template = _placeholder_template(processor, parts.system, parts.has_image, marks)
     pieces: list[tuple[str, bool]] = []
     spans: dict[str, tuple[int, int]] = {}
     rest, pos = template, 0

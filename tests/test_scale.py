@@ -92,6 +92,32 @@ def test_step_groups_equal_the_naive_full_forward(small_backbone, trajectories, 
         torch.testing.assert_close(coll[i], c, rtol=0, atol=1e-6)
 
 
+def test_step_group_decodes_each_screenshot_once_and_renders_the_template_once(small_backbone, trajectories,
+                                                                                monkeypatch):
+    """A step group decodes its screenshot once (not once per variant) and the placeholder chat
+    template is rendered once for all rows; the tokens equal the processor's own per-row call."""
+    import ipi.data.images as images
+    from ipi import replay
+
+    bb = small_backbone
+    rows = _rows(bb, trajectories, "i_vis", n_steps=2)
+    decodes, renders = [], []
+    real_load, real_template = images.load_rgb, bb.processor.apply_chat_template
+    monkeypatch.setattr(images, "load_rgb", lambda path, step=None: decodes.append(path) or real_load(path, step))
+    monkeypatch.setattr(bb.processor, "apply_chat_template",
+                        lambda *a, **k: renders.append(1) or real_template(*a, **k))
+    replay._TEMPLATES.clear()
+    ds = StepGroupDataset(rows, *_args(bb))
+    groups = [ds[0], ds[1]]
+    assert len(decodes) == 2 and len(set(decodes)) == 2  # one decode per step, 5 variants each
+    assert len(renders) == 1  # one placeholder rendering for all 10 rows
+    monkeypatch.setattr(images, "load_rgb", real_load)
+    ref = ReplayDataset(rows, *_args(bb))
+    items = [it for g in groups for it in g["items"]]
+    for i, it in enumerate(items):
+        torch.testing.assert_close(it["tok"].inputs["input_ids"], ref[i]["tok"].inputs["input_ids"], rtol=0, atol=0)
+
+
 def test_image_tokens_get_3d_positions(small_backbone, trajectories):
     """Without mm_token_type_ids the model would give image tokens 1-D positions: features differ."""
     bb = small_backbone

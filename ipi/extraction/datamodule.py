@@ -110,6 +110,7 @@ class StepGroupDataset(ReplayDataset):
         images: dict[tuple, int] = {}
         image_inputs: list[dict] = []
         items = []
+        decoded: dict[str, object] = {}  # the step's screenshot, decoded once for all its variants
         for i in self.groups[g]:
             row = self.rows[i]
             try:
@@ -117,9 +118,14 @@ class StepGroupDataset(ReplayDataset):
                 if self.multimodal:
                     key = _image_key(row)
                     if key not in images:
+                        from ipi.data.images import load_rgb
+
+                        path = row.step.screenshot
+                        if path not in decoded:
+                            decoded[path] = load_rgb(path, row.step.step)
                         images[key] = len(image_inputs)
-                        image_inputs.append(process_image(self.processor, row.variant.image(row.step),
-                                                          self.image_size))
+                        image_inputs.append(process_image(
+                            self.processor, row.variant.image(row.step, decoded[path]), self.image_size))
                     shared = image_inputs[images[key]]
                 tok = tokenise(self.processor, row.parts(self.system_prompt, self.multimodal), None,
                                image_size=self.image_size, image_token_id=self.image_token_id,

@@ -83,11 +83,14 @@ class Variant:
     banner: BannerSpec | None
     meta: dict
 
-    def image(self, step: Step) -> Image.Image:
+    def image(self, step: Step, screenshot: Image.Image | None = None) -> Image.Image:
         """Return the screenshot the prompt will show (a new RGB image, :func:`ipi.data.images.to_rgb`).
 
         Args:
             step: The step this variant was made from (its ``screenshot`` is opened).
+            screenshot: ``step``'s screenshot already decoded (:func:`ipi.data.images.load_rgb`),
+                shared by the variants of one step so the file is decoded once; it is returned
+                as is for clean rows and never modified (the banner is drawn on a copy).
 
         Returns:
             The clean screenshot, or, for non-clean ``i_vis`` variants, the screenshot with the
@@ -100,7 +103,7 @@ class Variant:
         from ipi.data.images import load_rgb
 
         # Any mode Pillow opens, as a person sees it (16-bit grey, transparency, CMYK, ...).
-        img = load_rgb(step.screenshot, step.step)
+        img = screenshot if screenshot is not None else load_rgb(step.screenshot, step.step)
         if self.banner is None or self.variant == "clean":
             return img
         return draw_banner(img, self.banner, self.injected_text)

@@ -27,7 +27,7 @@ from ipi.evaluation.callbacks import EstimandsCallback, ReportCallback
 from ipi.evaluation.report import write_run_report
 from ipi.evaluation.scoretable import evaluate_score_table
 from ipi.extraction.rows import build_rows
-from ipi.extraction.run import extract_features
+from ipi.extraction.run import extract_features, transfer_rows
 from ipi.io import atomic_write_text
 from ipi.probe.crossfit import FoldedProbe, TransferSource, cross_fit, make_folds
 from ipi.probe.fit import ProbeConfig
@@ -344,8 +344,11 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
         transfer_surfaces = transfer_source_surfaces(surface, cfg.backbone.multimodal)
         src_meta, src_x = [], []
         for s in transfer_surfaces:
-            s_rows = make_rows(cfg, trajs, s, wording=plan)
+            # clean/attack rows only, unless the surface's own full entry is already cached
+            s_rows, shared = transfer_rows(cfg, make_rows(cfg, trajs, s, wording=plan), layers, list(TOKEN_GROUPS))
             s_feat, infos[s] = extract_features(cfg, s_rows, layers, list(TOKEN_GROUPS))
+            if s_feat is not None:
+                infos[s]["transfer_rows"] = shared
             if s_feat is None:  # a non-zero DDP rank
                 return {}, {"extraction": info}
             src_meta.append(pd.DataFrame([r.metadata() for r in s_rows]))
@@ -479,8 +482,13 @@ def extract(cfg: DictConfig) -> tuple[dict, dict]:
     t0 = time.perf_counter()
     infos, features = {}, None
     for s in surfaces:
-        feats, infos[s] = extract_features(cfg, make_rows(cfg, trajs, s, wording=plan), layer_indices(cfg),
-                                           list(TOKEN_GROUPS))
+        rows = make_rows(cfg, trajs, s, wording=plan)
+        shared = None
+        if s != surface:  # a transfer source: what train.py will read (clean/attack unless shared)
+            rows, shared = transfer_rows(cfg, rows, layer_indices(cfg), list(TOKEN_GROUPS))
+        feats, infos[s] = extract_features(cfg, rows, layer_indices(cfg), list(TOKEN_GROUPS))
+        if shared is not None and feats is not None:
+            infos[s]["transfer_rows"] = shared
         features = feats if s == surface else features
     if features is not None:  # rank 0 (a non-zero DDP rank writes nothing)
         atomic_write_text(Path(cfg.paths.output_dir) / "run_info.json", json.dumps(

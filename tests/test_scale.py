@@ -338,3 +338,27 @@ def test_shapes_benchmark_runs_on_cpu_at_small_shapes():
                            vision=vision, dtype=torch.float32)
     assert out["rows"] == 13 and out["layers"] == [0, 1, 2, 3] and out["rows_per_s"] > 0
     assert out["n_layers"] == 4 and 0 < out["mfu"]
+
+
+def test_transfer_sources_forward_clean_and_attack_unless_the_full_entry_is_cached(tmp_path):
+    """A transfer source surface is read from its own full entry when that is cached ("shared");
+    otherwise only its clean/attack rows (what the transfer probe trains on) are extracted."""
+    from ipi import tasks
+    from ipi.extraction.run import extract_features, transfer_rows
+    from ipi.replay import TOKEN_GROUPS
+
+    cfg = compose_train(tmp_path, ["data.max_trajectories=2"])
+    trajs = tasks.load_data(cfg)[0]
+    layers = tasks.layer_indices(cfg)
+    full = tasks.make_rows(cfg, trajs, "i_dom")
+    rows, how = transfer_rows(cfg, full, layers, list(TOKEN_GROUPS))
+    assert how == "clean_attack"
+    assert {r.variant.variant for r in rows} == {"clean", "attack"}
+    assert len(rows) < len(full) and [r.row_id for r in rows] == [
+        r.row_id for r in full if r.variant.variant in ("clean", "attack")]
+    _, info = extract_features(cfg, full, layers, list(TOKEN_GROUPS))  # the surface's own run
+    assert info["rows_forwarded"] == len(full)
+    rows, how = transfer_rows(cfg, full, layers, list(TOKEN_GROUPS))
+    assert how == "shared" and len(rows) == len(full)
+    _, info = extract_features(cfg, rows, layers, list(TOKEN_GROUPS))
+    assert info["cache_hit"] is True and info["rows_forwarded"] == 0

@@ -145,6 +145,35 @@ def cache_key(backbone_cfg, rows: Sequence[ReplayRow], layer_indices: Sequence[i
     return key, manifest_spec
 
 
+TRANSFER_VARIANTS = ("clean", "attack")
+
+
+def transfer_rows(cfg, rows: Sequence[ReplayRow], layer_indices: Sequence[int],
+                  token_groups: Sequence[str]) -> tuple[list[ReplayRow], str]:
+    """Rows of a transfer source surface to extract (PROTOCOL.md §6; docs/extraction.md).
+
+    The transfer probe trains on the source surface's clean and attack rows only. If the
+    source surface's own entry (all its variants, exactly the rows of a run on that surface) is
+    already complete in the cache, it is read (``"shared"``: nothing is forwarded); otherwise
+    only the clean and attack rows are extracted, into their own entry (``"clean_attack"``:
+    2 of every 5 rows of the surface).
+
+    Args:
+        cfg: Run config (``backbone``, ``extract``).
+        rows: All rows of the source surface (:func:`ipi.tasks.make_rows` for that surface).
+        layer_indices: Decoder blocks the run needs.
+        token_groups: Token groups pooled.
+
+    Returns:
+        ``(rows to extract, "shared" | "clean_attack")``.
+    """
+    layers = extraction_layers(cfg, layer_indices)
+    key, spec = cache_key(cfg.backbone, rows, layers, token_groups)
+    if not cfg.extract.force and ActivationCache(cfg.extract.cache_dir, key, spec).is_complete():
+        return list(rows), "shared"
+    return [r for r in rows if r.variant.variant in TRANSFER_VARIANTS], "clean_attack"
+
+
 def extract_features(cfg, rows: Sequence[ReplayRow], layer_indices: Sequence[int],
                      token_groups: Sequence[str], *, backbone=None) -> tuple[FeatureSet | None, dict]:
     """Return features for ``rows``, running the backbone only for rows the cache lacks.

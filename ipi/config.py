@@ -213,7 +213,7 @@ class EvaluationConf:
     # and benign imperatives come from bank families no training trajectory uses (docs/surfaces.md)
     heldout_wording: bool = True
     # One sweep cell named before the sweep by its overrides ("layers=six_3 token_group=task"):
-    # python -m ipi.sweep_report licenses it at the nominal level; the rest under Holm (docs/sweeps.md)
+    # python -m ipi.reporting.sweep licenses it at the nominal level; the rest under Holm (docs/sweeps.md)
     preregistered: Optional[str] = None
 
 

@@ -129,7 +129,7 @@ def _mixed_root(tmp_path):
 
 
 def test_nothing_usable_is_reported_per_reason_before_any_rendering(tmp_path, monkeypatch):
-    import ipi.tasks as tasks
+    import ipi.pipeline as tasks
 
     root = _mixed_root(tmp_path)
     shutil.rmtree(root / "ok1")
@@ -147,7 +147,7 @@ def test_nothing_usable_is_reported_per_reason_before_any_rendering(tmp_path, mo
 
 
 def test_split_feasibility_checked_before_any_rendering(tmp_path, monkeypatch):
-    import ipi.tasks as tasks
+    import ipi.pipeline as tasks
 
     root = _mixed_root(tmp_path)
     for i, name in enumerate(("ok2", "ok3"), 2):
@@ -172,7 +172,7 @@ def test_split_feasibility_checked_before_any_rendering(tmp_path, monkeypatch):
 
 
 def test_exclusion_report_counts(tmp_path):
-    from ipi.tasks import exclusion_report
+    from ipi.pipeline import exclusion_report
 
     root = _mixed_root(tmp_path)
     _, skipped = import_webvoyager_report(root)

@@ -15,8 +15,8 @@ pytestmark = pytest.mark.needs_shared
 
 
 def test_train_run_folder_with_wandb_offline(tmp_path, monkeypatch):
-    from ipi.plots import roc_curves
-    from ipi.tasks import train
+    from ipi.reporting.plots import roc_curves
+    from ipi.pipeline import train
 
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.setenv("WANDB_SILENT", "true")
@@ -57,7 +57,7 @@ def test_evaluate_writes_html_and_plots(tmp_path):
     from hydra import compose, initialize_config_dir
 
     from ipi.config import register_configs
-    from ipi.tasks import evaluate
+    from ipi.pipeline import evaluate
     from tests.conftest import REPO, SHARED
 
     register_configs()

@@ -38,7 +38,7 @@ def _results(table):
 
 
 def test_roc_curves_weighted_like_the_estimands():
-    from ipi.plots import roc_curves
+    from ipi.reporting.plots import roc_curves
 
     table = _table()
     res = _results(table)
@@ -62,7 +62,7 @@ def test_roc_curves_weighted_like_the_estimands():
 
 
 def test_forest_rows_cover_every_estimand():
-    from ipi.plots import forest_rows
+    from ipi.reporting.plots import forest_rows
 
     res = _results(_table())
     aucs, diffs = forest_rows(res)
@@ -75,7 +75,7 @@ def test_forest_rows_cover_every_estimand():
 
 
 def test_write_run_report_files_and_self_contained_html(tmp_path):
-    from ipi.evaluation.report import write_run_report
+    from ipi.reporting.report import write_run_report
 
     table = _table()
     res = _results(table)
@@ -125,7 +125,7 @@ def _fake_sweep(root, cells, dup=False):
 
 
 def test_sweep_report_grid_and_files(tmp_path):
-    from ipi.sweep_report import _grid, collect, main
+    from ipi.reporting.sweep import _grid, collect, main
 
     cells = [("six_6", 7, "task", 0.61), ("six_1", 1, "task", 0.52), ("six_1", 1, "last_prompt", 0.93),
              ("six_6", 7, "last_prompt", 0.88)]
@@ -144,7 +144,7 @@ def test_sweep_report_grid_and_files(tmp_path):
 
 
 def test_sweep_report_errors(tmp_path, capsys):
-    from ipi.sweep_report import main
+    from ipi.reporting.sweep import main
 
     assert main([str(tmp_path / "nope")]) == 2
     assert "no such sweep folder" in capsys.readouterr().err

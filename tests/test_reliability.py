@@ -76,7 +76,7 @@ def syn_root(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, syn_root, one_thread) -> Path:
     """An uninterrupted in-process run: ``<dir>/run/results.json`` and a warm ``<dir>/cache``."""
-    from ipi.tasks import train
+    from ipi.pipeline import train
 
     d = tmp_path_factory.mktemp("reference")
     train(compose_train(d, _base(syn_root)))
@@ -180,7 +180,7 @@ _KILL_DRIVER = textwrap.dedent("""
             return original(*a, **k)
         cb.evaluate_tables = evaluate_tables
     elif os.environ["IPI_TEST_WHERE"] == "import":
-        import ipi.tasks as tasks
+        import ipi.pipeline as tasks
         original = tasks.load_trajectories
         def load_trajectories(*a, **k):
             out = original(*a, **k)
@@ -189,7 +189,7 @@ _KILL_DRIVER = textwrap.dedent("""
             return out
         tasks.load_trajectories = load_trajectories
     else:  # slow down the write of results.json so the kill lands inside it
-        import ipi.evaluation.report as rep
+        import ipi.reporting.report as rep
         from ipi.io import atomic_path
         original_write = rep.atomic_write_text
         def atomic_write_text(path, text):
@@ -391,7 +391,7 @@ def test_cache_list_into_a_closed_pipe_is_quiet(tmp_path):
     cache = tmp_path / "cache"
     for i in range(3000):  # more output than a pipe buffer holds, so `head` closes it mid-write
         (cache / f"{i:024x}").mkdir(parents=True)
-    proc = subprocess.run(f"{PY} -m ipi.cache --cache-dir {cache} list | head -2", shell=True, cwd=REPO,
+    proc = subprocess.run(f"{PY} -m ipi.tools.cache --cache-dir {cache} list | head -2", shell=True, cwd=REPO,
                           env=_env(), capture_output=True, text=True, timeout=120)
     assert proc.stdout.splitlines()[0] == f"cache: {cache}"
     assert proc.stderr == "", proc.stderr
@@ -426,7 +426,7 @@ def test_same_command_twice_fresh_caches_bit_identical(tmp_path, syn_root, refer
     from safetensors import safe_open
     from safetensors.torch import load_file
 
-    from ipi.tasks import train
+    from ipi.pipeline import train
 
     train(compose_train(tmp_path, _base(syn_root)))
     assert (tmp_path / "run" / "results.json").read_bytes() == \
@@ -451,7 +451,7 @@ def test_same_command_twice_fresh_caches_bit_identical(tmp_path, syn_root, refer
 
 @pytest.mark.needs_shared
 def test_other_bootstrap_seed_changes_only_the_intervals(tmp_path, syn_root, reference, one_thread):
-    from ipi.tasks import train
+    from ipi.pipeline import train
 
     (tmp_path / "cache").symlink_to(reference / "cache")
     train(compose_train(tmp_path, [*_base(syn_root), "evaluation.seed=1"]))
@@ -470,7 +470,7 @@ def test_other_bootstrap_seed_changes_only_the_intervals(tmp_path, syn_root, ref
 
 @pytest.mark.needs_shared
 def test_a_trajectory_on_both_sides_is_refused(tmp_path, syn_root, reference, one_thread, monkeypatch):
-    from ipi import tasks
+    from ipi import pipeline as tasks
     from ipi.probe import crossfit
     from ipi.probe.split import LeakageError
 
@@ -513,8 +513,8 @@ def _cache_copy(reference: Path, dst: Path) -> Path:
                                     "edited_layers", "manifest_not_json"])
 def test_cache_whose_manifest_does_not_match_is_refused(tmp_path, syn_root, reference, one_thread,
                                                         monkeypatch, tamper):
-    from ipi import tasks
-    from ipi.cache import scan
+    from ipi import pipeline as tasks
+    from ipi.tools.cache import scan
     from ipi.extraction import run as run_mod
     from ipi.extraction.cache import CacheError
 
@@ -554,19 +554,19 @@ def test_cache_whose_manifest_does_not_match_is_refused(tmp_path, syn_root, refe
 
 
 def _cli_cache(*args, subprocess_run: bool = False) -> subprocess.CompletedProcess:
-    """``python -m ipi.cache ARGS``: in a subprocess, or in-process (same ``main``) to save imports."""
+    """``python -m ipi.tools.cache ARGS``: in a subprocess, or in-process (same ``main``) to save imports."""
     if subprocess_run:
-        return subprocess.run([PY, "-m", "ipi.cache", *args], cwd=REPO, capture_output=True, text=True,
+        return subprocess.run([PY, "-m", "ipi.tools.cache", *args], cwd=REPO, capture_output=True, text=True,
                               timeout=120, env=_env())
     import contextlib
     import io
 
-    from ipi.cache import main
+    from ipi.tools.cache import main
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         rc = main(list(args))
-    return subprocess.CompletedProcess(["ipi.cache", *args], rc, out.getvalue(), err.getvalue())
+    return subprocess.CompletedProcess(["ipi.tools.cache", *args], rc, out.getvalue(), err.getvalue())
 
 
 @pytest.mark.needs_shared
@@ -602,7 +602,7 @@ def test_cache_cli_lists_and_prunes(tmp_path, reference):
     assert by_key[partial.name][1:3] == ["incomplete", "-"]
     assert by_key[old.name][1] == "ok"
     assert lines[-1].startswith("3 entries, ")
-    from ipi.cache import scan
+    from ipi.tools.cache import scan
 
     sizes = {e.key: e.bytes for e in scan(cache)}
     assert sizes[good.name] == total and sizes[partial.name] == (
@@ -635,7 +635,7 @@ FORBIDDEN_CALLS = {"eval", "exec", "compile", "__import__", "os.system", "os.pop
 ALLOWED: dict[tuple[str, str], str] = {
     # The benchmark measures peak RSS of the extraction path in fresh Python processes
     # (its own module, fixed argv, no shell); nothing there touches attack text.
-    ("ipi/bench.py", "subprocess"): "peak-RSS measurement in fresh processes",
+    ("ipi/tools/bench.py", "subprocess"): "peak-RSS measurement in fresh processes",
 }
 
 

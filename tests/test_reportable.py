@@ -74,8 +74,8 @@ def test_report_marks_every_estimate_of_a_two_trajectory_run(tmp_path):
     """The issue's run: 2 test trajectories, NOT RUN verdict; no number looks like a result."""
     import matplotlib.pyplot as plt
 
-    import ipi.plots as plots
-    from ipi.evaluation.report import write_run_report
+    import ipi.reporting.plots as plots
+    from ipi.reporting.report import write_run_report
     from ipi.evaluation.reportable import mark_reportability
     from ipi.evaluation.verdict import verdict
     from ipi.metrics.estimands import evaluate_tables
@@ -125,7 +125,7 @@ def test_report_marks_every_estimate_of_a_two_trajectory_run(tmp_path):
 
 
 def test_forest_points_at_one_are_whole_and_roc_legend_is_off_the_curves(tmp_path):
-    import ipi.plots as plots
+    import ipi.reporting.plots as plots
 
     res = _results(e1=_iv(1.0, 0.97, 1.0), e2=_iv(1.0, 0.98, 1.0))
     figs = {}
@@ -159,7 +159,7 @@ def test_forest_points_at_one_are_whole_and_roc_legend_is_off_the_curves(tmp_pat
 def test_html_figures_open_full_size_on_click(tmp_path):
     from PIL import Image
 
-    from ipi.evaluation.report import render_html
+    from ipi.reporting.report import render_html
 
     Image.new("RGB", (3000, 900), "white").save(tmp_path / "gallery.png")
     html = render_html(_results(), {"gallery": "gallery.png"}, base_dir=tmp_path)

@@ -54,7 +54,7 @@ def test_shared_image_tokenisation_equals_the_processor_call(small_backbone, tra
 
 def _naive(bb, tok, layers):
     """Full ForConditionalGeneration forward, output_hidden_states, final norm as identity."""
-    from ipi.bench import _identity_final_norm
+    from ipi.tools.bench import _identity_final_norm
 
     with torch.inference_mode(), _identity_final_norm(bb.model):
         hs = bb.model(**tok.inputs, output_hidden_states=True).hidden_states
@@ -245,7 +245,7 @@ def test_quantised_backbone_extracts_on_gpu(tmp_path, small_backbone, trajectori
 def test_layer_by_token_group_sweep_forwards_nothing_after_one_extraction(tmp_path, monkeypatch):
     """2 layers × 2 token groups through compose: one extraction (the run's surface and the
     transfer sources), then four runs with 0 rows forwarded on any surface."""
-    from ipi import tasks
+    from ipi import pipeline as tasks
     from ipi.extraction import run
 
     base = ["data.max_trajectories=4", "split.test_fraction=0.5", "evaluation.n_boot=50", "logger=none"]
@@ -301,7 +301,7 @@ def test_repeated_rows_across_rank_shards_are_counted_and_loaded_once(tmp_path):
 @pytest.mark.slow
 def test_shapes_benchmark_runs_on_cpu_at_small_shapes():
     """The --gpu-7b-shapes code path (model built at given shapes, timed predict steps, FLOPs)."""
-    from ipi.bench import shapes_benchmark
+    from ipi.tools.bench import shapes_benchmark
 
     text = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
                 num_key_value_heads=2, rope_parameters={"rope_type": "default", "rope_theta": 1e6,

@@ -1,4 +1,4 @@
-"""The planted-truth simulator (ipi.simulate): structure, the analytic truth, the verdict under both truths."""
+"""The planted-truth simulator (ipi.tools.simulate): structure, the analytic truth, the verdict under both truths."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ipi.metrics import weighted_auc
-from ipi.simulate import (
+from ipi.tools.simulate import (
     CONTROLS,
     VARIANTS,
     SimParams,
@@ -152,7 +152,7 @@ def test_permutation_test_can_be_switched_off():
 
 def test_truth_c_false_claim_only_when_wording_is_shared():
     """A probe that reads the bank's template wording: held-out wording removes its E3 edge."""
-    from ipi.simulate import run_dataset as run
+    from ipi.tools.simulate import run_dataset as run
 
     p = SimParams(n_trajectories=60, n_features=64, wording=6.0, n_boot=200)
     held = [run(p, "c", i, seed=3) for i in range(2)]
@@ -164,7 +164,7 @@ def test_truth_c_false_claim_only_when_wording_is_shared():
 
 
 def test_coverage_dataset_has_the_requested_test_size_and_both_intervals():
-    from ipi.simulate import coverage_dataset
+    from ipi.tools.simulate import coverage_dataset
 
     for n_test in (5, 10, 24, 50):
         r = coverage_dataset(SimParams(n_features=32, n_boot=100), n_test, 0, seed=0)
@@ -174,7 +174,7 @@ def test_coverage_dataset_has_the_requested_test_size_and_both_intervals():
 
 
 def test_sweep_dataset_controls_the_family():
-    from ipi.simulate import sweep_dataset
+    from ipi.tools.simulate import sweep_dataset
 
     r = sweep_dataset(SimParams(n_trajectories=30, n_features=32, n_boot=100), 0, seed=0, n_cells=3)
     assert r["n_cells"] == 3 and isinstance(r["familywise_any_detects"], bool)

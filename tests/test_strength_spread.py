@@ -112,7 +112,7 @@ def test_split_spread_counts_claims_and_ranges():
 @pytest.mark.needs_shared
 @pytest.mark.slow
 def test_split_repeats_end_to_end(tmp_path):
-    from ipi.tasks import train
+    from ipi.pipeline import train
 
     ov = ["data.max_trajectories=6", "split.test_fraction=0.5", "evaluation.n_boot=100", "evaluation.min_clusters=2",
           "evaluation.transfer=false", "split.repeats=3", "probe.l2=auto", "probe.l2_grid=[0.1,1.0]",

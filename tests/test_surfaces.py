@@ -1,4 +1,4 @@
-"""Tests of ipi.surfaces (banks, controls, banners, variants) and the gallery CLI (ipi.render).
+"""Tests of ipi.surfaces (banks, controls, banners, variants) and the gallery CLI (ipi.reporting.gallery).
 
 Token matching is checked with the real Qwen2.5-VL tokenizer from ``../shared`` (or
 ``$IPI_SHARED``); the CLI test runs on a real WebVoyager step. Both skip when shared is absent.
@@ -375,7 +375,7 @@ def test_i_dom_position_seeded(tmp_path, count_tokens):
 @needs_tokenizer
 def test_gallery_cli(tmp_path):
     out = tmp_path / "g" / "gallery.png"
-    cmd = [sys.executable, "-m", "ipi.render", "--data-root", str(WEBVOYAGER),
+    cmd = [sys.executable, "-m", "ipi.reporting.gallery", "--data-root", str(WEBVOYAGER),
            "--trajectory", "examples/taskAmazon--0", "--step", "1", "--out", str(out),
            "--tokenizer", str(TOKENIZER)]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=60)

@@ -1,4 +1,4 @@
-"""Family-wise error control of sweep claims (ipi.sweep_report; PROTOCOL.md §7; docs/sweeps.md)."""
+"""Family-wise error control of sweep claims (ipi.reporting.sweep; PROTOCOL.md §7; docs/sweeps.md)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import pandas as pd
 import pytest
 
-from ipi.sweep_report import CLAIM_DETECTS, CLAIM_SEPARATES, claim_p_values, holm, main
+from ipi.reporting.sweep import CLAIM_DETECTS, CLAIM_SEPARATES, claim_p_values, holm, main
 
 
 def test_holm_hand_worked():

@@ -17,7 +17,7 @@ def offline(monkeypatch, tmp_path):
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     yield
-    from ipi.tracking import finish_wandb
+    from ipi.reporting.tracking import finish_wandb
 
     finish_wandb()
 
@@ -46,7 +46,7 @@ def _png(path, colour):
 
 @pytest.mark.parametrize("allow", [False, True])
 def test_log_run_offline_holds_keys_and_gates_screenshots(tmp_path, offline, allow):
-    from ipi.tracking import finish_wandb, log_run, wandb_logger
+    from ipi.reporting.tracking import finish_wandb, log_run, wandb_logger
 
     res, _ = _results()
     lg = wandb_logger(save_dir=str(tmp_path / "run"), project="ipi-test", name="t", upload_screenshots=allow)
@@ -83,7 +83,7 @@ def test_log_run_offline_holds_keys_and_gates_screenshots(tmp_path, offline, all
 
 
 def test_task_wrapper_one_run_per_job_even_on_failure(tmp_path, offline):
-    from ipi.tracking import task_wrapper, wandb_logger
+    from ipi.reporting.tracking import task_wrapper, wandb_logger
 
     @task_wrapper
     def job(cfg):
@@ -107,7 +107,7 @@ def test_task_wrapper_one_run_per_job_even_on_failure(tmp_path, offline):
 
 
 def test_wandb_logger_modes(monkeypatch, tmp_path):
-    from ipi.tracking import wandb_logger
+    from ipi.reporting.tracking import wandb_logger
 
     monkeypatch.delenv("WANDB_MODE", raising=False)
     assert wandb_logger(mode="disabled", save_dir=str(tmp_path)) is None

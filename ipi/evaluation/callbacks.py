@@ -9,7 +9,7 @@ import lightning as L
 import numpy as np
 import pandas as pd
 
-from ipi.evaluation.report import write_run_report
+from ipi.reporting.report import write_run_report
 from ipi.evaluation.reportable import mark_reportability
 from ipi.evaluation.verdict import verdict
 from ipi.metrics.estimands import evaluate_tables
@@ -115,8 +115,8 @@ class ReportCallback(L.Callback):
     """Writes the run's outputs once the estimands exist (atomic writes, rank 0 only).
 
     ``results.json``, ``report.md``, ``report.html`` (self-contained), ``roc.png`` and
-    ``forest.png`` (see :func:`ipi.evaluation.report.write_run_report`); then, for every W&B logger
-    of the trainer, the config, estimands, verdict and figures (:func:`ipi.tracking.log_run`).
+    ``forest.png`` (see :func:`ipi.reporting.report.write_run_report`); then, for every W&B logger
+    of the trainer, the config, estimands, verdict and figures (:func:`ipi.reporting.tracking.log_run`).
 
     Args:
         estimands: The :class:`EstimandsCallback` of the same trainer (must run first).
@@ -161,7 +161,7 @@ class ReportCallback(L.Callback):
         figures = {k: p for k, p in self.paths.items() if k in ("roc", "forest", "gallery")}
         from lightning.pytorch.loggers import WandbLogger
 
-        from ipi.tracking import log_run
+        from ipi.reporting.tracking import log_run
 
         for lg in trainer.loggers:
             if isinstance(lg, WandbLogger):

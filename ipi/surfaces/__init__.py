@@ -22,7 +22,7 @@ from ipi.surfaces.controls import (
     scramble,
     scramble_tokens,
 )
-from ipi.surfaces.render import BannerSpec, banner_spec, draw_banner, text_fits, wrap_text
+from ipi.surfaces.banner import BannerSpec, banner_spec, draw_banner, text_fits, wrap_text
 from ipi.surfaces.variants import (
     CONTROLS_BY_SURFACE,
     SURFACES,

@@ -2,7 +2,7 @@
 
 See ``docs/surfaces.md`` for the researcher-facing description. In short:
 
-* ``i_vis`` — a banner drawn on the screenshot (:mod:`ipi.surfaces.render`); controls keep the
+* ``i_vis`` — a banner drawn on the screenshot (:mod:`ipi.surfaces.banner`); controls keep the
   box, colours and font and the attack's character count and layout.
 * ``i_dom`` — a new element entry ``[<n>]: "<text>"`` inserted into the page's element list at a
   seeded position; controls go to the same position with the same wrapper and the same token
@@ -28,7 +28,7 @@ from ipi.surfaces.controls import (
     scramble,
     scramble_tokens,
 )
-from ipi.surfaces.render import BannerSpec, banner_spec, draw_banner, text_fits
+from ipi.surfaces.banner import BannerSpec, banner_spec, draw_banner, text_fits
 
 if TYPE_CHECKING:
     from ipi.data.schema import Step

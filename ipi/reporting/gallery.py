@@ -2,7 +2,7 @@
 
 Usage (from the repository root)::
 
-    python -m ipi.render [--data-root ../shared/data/webvoyager] \\
+    python -m ipi.reporting.gallery [--data-root ../shared/data/webvoyager] \\
         --trajectory examples/taskAmazon--0 --step 0 --out outputs/gallery.png
 
 Row 1 shows the ``i_vis`` variants (downscaled screenshot plus an enlarged crop of the banner
@@ -305,7 +305,7 @@ def save_png_atomic(image: Image.Image, path: str | os.PathLike) -> Path:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m ipi.render",
+        prog="python -m ipi.reporting.gallery",
         description="Write one PNG showing every surface and variant (attack and controls) "
         "of one recorded step.",
     )

@@ -199,7 +199,7 @@ TARGET_S = 2.0
 
 
 def bench_bootstrap(n_rows: int = 5000, n_boot: int = 1000, seed: int = 0) -> dict:
-    """The ``bootstrap`` section of ``python -m ipi.bench``: one JSON-ready record.
+    """The ``bootstrap`` section of ``python -m ipi.tools.bench``: one JSON-ready record.
 
     Runs :func:`bootstrap_benchmark` pinned to one core and adds ``"bench": "bootstrap"``, the
     target (``target_s`` = 2 s for the vectorised path) and whether it was met

@@ -1,4 +1,4 @@
-"""Benchmarks: ``python -m ipi.bench`` prints ONE JSON line.
+"""Benchmarks: ``python -m ipi.tools.bench`` prints ONE JSON line.
 
 ``extraction`` (the default) times two ways of turning replay rows of real shared trajectories
 into pooled features, on the configured backbone (default: the tiny Qwen2.5-VL of
@@ -21,10 +21,10 @@ and the features (all layers × token groups) and collapse statistics are compar
 (``ru_maxrss`` is a per-process high-water mark): shards stream to disk, so it should not grow
 with the number of rows.
 
-``bootstrap`` runs :func:`ipi.metrics.bench.bench_bootstrap` (all estimands × 1000 cluster-bootstrap
+``bootstrap`` runs :func:`ipi.metrics.bootstrap_timing.bench_bootstrap` (all estimands × 1000 cluster-bootstrap
 replicates on a 5,000-row table, vectorised vs a plain ``roc_auc_score`` loop, on one core).
 
-``permutation`` runs :func:`ipi.metrics.bench.bench_permutation`: the exact permutation test's
+``permutation`` runs :func:`ipi.metrics.bootstrap_timing.bench_permutation`: the exact permutation test's
 199 refits (Gram matrix once, then Newton on ≤ n coefficients; ``ipi/probe/dual.py``) against 20
 scikit-learn fits, at paper width (107,520 features, 1,000 training rows) unless
 ``--perm-features``/``--perm-train`` scale it down; ``ratio`` ≤ 1 is issue 10's requirement.
@@ -34,11 +34,11 @@ random bf16 weights and reports rows/s of the project path and the model FLOP ut
 
 Examples::
 
-    python -m ipi.bench                                  # extraction, 8 steps x all surfaces
-    python -m ipi.bench --steps 4 --rss-steps 2,8
-    python -m ipi.bench --only all
-    python -m ipi.bench --only permutation               # 199 dual refits vs 20 sklearn fits
-    python -m ipi.bench --gpu-7b-shapes --steps 16       # on a GPU machine
+    python -m ipi.tools.bench                                  # extraction, 8 steps x all surfaces
+    python -m ipi.tools.bench --steps 4 --rss-steps 2,8
+    python -m ipi.tools.bench --only all
+    python -m ipi.tools.bench --only permutation               # 199 dual refits vs 20 sklearn fits
+    python -m ipi.tools.bench --gpu-7b-shapes --steps 16       # on a GPU machine
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def subset_rows(overrides: list[str], n_steps: int, surfaces=SURFACES):
     Returns:
         ``(cfg, rows)`` with ``cfg`` composed for the first surface.
     """
-    from ipi import tasks
+    from ipi import pipeline as tasks
 
     cfg = compose(overrides)
     trajs, _, _ = tasks.load_data(cfg)
@@ -178,7 +178,7 @@ def project_features(cfg, rows, layers: list[int], cache_dir: str):
 
 def _rss_probe(overrides: list[str], n_steps: int, shard_rows: int) -> dict:
     """Run the project path alone in this process and report its peak RSS."""
-    from ipi.tasks import layer_indices
+    from ipi.pipeline import layer_indices
 
     cfg, rows = subset_rows(overrides, n_steps)
     cfg.extract.shard_rows = shard_rows
@@ -189,7 +189,7 @@ def _rss_probe(overrides: list[str], n_steps: int, shard_rows: int) -> dict:
 
 
 def _spawn_rss(overrides: list[str], n_steps: int, shard_rows: int) -> dict:
-    cmd = [sys.executable, "-m", "ipi.bench", "--rss-probe", str(n_steps), "--shard-rows", str(shard_rows)]
+    cmd = [sys.executable, "-m", "ipi.tools.bench", "--rss-probe", str(n_steps), "--shard-rows", str(shard_rows)]
     for o in overrides:
         cmd += ["--override", o]
     proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True)
@@ -211,7 +211,7 @@ def extraction_benchmark(n_steps: int = 8, rss_steps: tuple[int, int] = (4, 16),
     Returns:
         A JSON-able dict (see the keys; ``ratio = ours_rows_per_s / baseline_rows_per_s``).
     """
-    from ipi.tasks import layer_indices
+    from ipi.pipeline import layer_indices
 
     overrides = list(overrides)
     cfg, rows = subset_rows(overrides, n_steps)
@@ -263,7 +263,7 @@ def shapes_benchmark(n_steps: int, overrides: list[str], peak_tflops: float | No
     from ipi.extraction.datamodule import StepGroupDataset, collate_steps
     from ipi.extraction.extractor import HiddenStateExtractor
     from ipi.replay import TOKEN_GROUPS
-    from ipi.tasks import layer_indices
+    from ipi.pipeline import layer_indices
 
     if device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--gpu-7b-shapes needs a CUDA GPU")
@@ -344,7 +344,7 @@ def _sig(x: float, digits: int = 4) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m ipi.bench", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m ipi.tools.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--only", choices=("extraction", "bootstrap", "permutation", "all"), default="extraction")
     p.add_argument("--steps", type=int, default=8, help="steps of the timed subset (x every surface's variants)")
     p.add_argument("--rss-steps", default="4,16", help="two subset sizes (steps) for peak RSS; '' skips")
@@ -361,7 +361,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rss-probe", type=int, default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from ipi.tasks import quiet_lightning
+    from ipi.pipeline import quiet_lightning
 
     quiet_lightning()
     if a.rss_probe is not None:
@@ -377,11 +377,11 @@ def main(argv: list[str] | None = None) -> None:
             p.error("--rss-steps takes two sizes, e.g. 4,16")
         out["extraction"] = extraction_benchmark(a.steps, rss, a.shard_rows, a.override)
     if a.only in ("bootstrap", "all"):
-        from ipi.metrics.bench import bench_bootstrap
+        from ipi.metrics.bootstrap_timing import bench_bootstrap
 
         out["bootstrap"] = bench_bootstrap(n_rows=a.boot_rows, n_boot=a.n_boot)
     if a.only in ("permutation", "all"):
-        from ipi.metrics.bench import bench_permutation
+        from ipi.metrics.bootstrap_timing import bench_permutation
 
         out["permutation"] = bench_permutation(n_train=a.perm_train, n_features=a.perm_features, m=a.perm_m,
                                                sklearn_fits=a.perm_sklearn_fits)

@@ -24,7 +24,7 @@ from ipi.backbone import resolve_layers
 from ipi.config import CONTROLS_BY_SURFACE, resolved_controls, to_container, validate
 from ipi.data import load_trajectories
 from ipi.evaluation.callbacks import EstimandsCallback, ReportCallback
-from ipi.evaluation.report import write_run_report
+from ipi.reporting.report import write_run_report
 from ipi.evaluation.scoretable import evaluate_score_table
 from ipi.extraction.rows import build_rows
 from ipi.extraction.run import extract_features
@@ -33,7 +33,7 @@ from ipi.probe.crossfit import FoldedProbe, TransferSource, cross_fit, make_fold
 from ipi.probe.fit import ProbeConfig
 from ipi.progress import set_quiet, track
 from ipi.replay import TOKEN_GROUPS
-from ipi.tracking import task_wrapper
+from ipi.reporting.tracking import task_wrapper
 
 log = logging.getLogger(__name__)
 
@@ -207,7 +207,7 @@ def make_rows(cfg: DictConfig, trajectories, surface: str, controls: list[str] |
 
 def write_gallery(cfg: DictConfig, trajectory, out_dir: Path) -> Path | None:
     """``gallery.png``: every surface × variant of the first usable step of ``trajectory``."""
-    from ipi.render import build_gallery, save_png_atomic
+    from ipi.reporting.gallery import build_gallery, save_png_atomic
 
     if not trajectory.steps:
         return None
@@ -446,7 +446,7 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
                     return_predictions=False)
 
     elapsed = time.perf_counter() - t0
-    log.info("extraction: cache %s (%d rows forwarded), %.1f MB on disk (python -m ipi.cache list); total %.1f s",
+    log.info("extraction: cache %s (%d rows forwarded), %.1f MB on disk (python -m ipi.tools.cache list); total %.1f s",
              "hit" if info["cache_hit"] else "miss", info["rows_forwarded"], info["cache_bytes"] / 2**20, elapsed)
     for lg in loggers:
         lg.finalize("success")

@@ -1,12 +1,12 @@
-"""List and prune activation-cache entries: ``python -m ipi.cache list|prune``.
+"""List and prune activation-cache entries: ``python -m ipi.tools.cache list|prune``.
 
 Each entry of the cache folder (``extract.cache_dir``: ``$IPI_CACHE_DIR`` or ``outputs/cache``) is
 a folder named by the first 24 hex digits of its key (:mod:`ipi.extraction.cache`). ``list``
 shows, per entry, its status, rows, bytes on disk, layers, backbone and creation time (when its
 manifest was written); ``prune`` deletes entries chosen by age, key, status or all of them::
 
-    python -m ipi.cache list [--cache-dir DIR] [--verify]
-    python -m ipi.cache prune [--older-than DAYS] [--key PREFIX] [--incomplete] [--invalid]
+    python -m ipi.tools.cache list [--cache-dir DIR] [--verify]
+    python -m ipi.tools.cache prune [--older-than DAYS] [--key PREFIX] [--incomplete] [--invalid]
                               [--all] [--dry-run] [--cache-dir DIR]
 
 Status: ``ok`` (manifest matches its shards; with ``--verify`` also every shard's sha256),
@@ -171,7 +171,7 @@ def select(entries: list[Entry], *, older_than_days: float | None = None, key: s
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; returns the exit status."""
-    ap = argparse.ArgumentParser(prog="python -m ipi.cache", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m ipi.tools.cache", description=__doc__.split("\n\n")[0])
     ap.add_argument("--cache-dir", default=None, help="cache folder (default: $IPI_CACHE_DIR or outputs/cache)")
     sub = ap.add_subparsers(dest="cmd", required=True)
     ls = sub.add_parser("list", help="show every entry")

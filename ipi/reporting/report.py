@@ -423,7 +423,7 @@ def write_run_report(results: dict, out_dir: str | Path, *, scores=None, config:
                                                  "+".join(run.get("token_groups") or [])) if x)
     figures: dict[str, str] = {}
     if plots:
-        from ipi.plots import plot_forest, plot_roc
+        from ipi.reporting.plots import plot_forest, plot_roc
 
         if scores is not None:
             paths["roc"] = plot_roc(scores, out_dir / FIGURES["roc"][0], title=title and f"ROC · {title}")

@@ -8,7 +8,7 @@
 * :func:`plot_forest` — every estimand with its bootstrap interval and the 0.5 line (the shape of
   the paper's results table), paired differences in a second panel with the 0 line.
 * :func:`plot_heatmap` — a layers × token-groups grid of one estimand (used by
-  :mod:`ipi.sweep_report`).
+  :mod:`ipi.reporting.sweep`).
 """
 
 from __future__ import annotations

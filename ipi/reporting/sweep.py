@@ -3,7 +3,7 @@
 Usage (from the repository root)::
 
     python train.py -m layers=six_1,six_6 token_group=last_prompt,task
-    python -m ipi.sweep_report outputs/train/multiruns/<time>
+    python -m ipi.reporting.sweep outputs/train/multiruns/<time>
 
 Every job folder (``<sweep>/<n>/``) holding a ``results.json`` is read: the estimands come from
 it, the layer and token-group labels from its ``run`` section (``layers_config`` and the resolved
@@ -286,8 +286,8 @@ def write_sweep_report(sweep: str | Path) -> dict[str, Path]:
     Raises:
         FileNotFoundError, ValueError: See :func:`collect` and the duplicate-cell rule.
     """
-    from ipi.evaluation.report import _CSS, _h, _img_tag
-    from ipi.plots import plot_heatmap
+    from ipi.reporting.report import _CSS, _h, _img_tag
+    from ipi.reporting.plots import plot_heatmap
 
     sweep = Path(sweep)
     df = collect(sweep)
@@ -348,8 +348,8 @@ def write_sweep_report(sweep: str | Path) -> dict[str, Path]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command-line entry point: ``python -m ipi.sweep_report SWEEP_DIR``."""
-    p = argparse.ArgumentParser(prog="python -m ipi.sweep_report",
+    """Command-line entry point: ``python -m ipi.reporting.sweep SWEEP_DIR``."""
+    p = argparse.ArgumentParser(prog="python -m ipi.reporting.sweep",
                                 description="Heatmaps and a table of a train.py multirun folder.")
     p.add_argument("sweep", help="multirun folder, e.g. outputs/train/multiruns/2026-01-01_12-00-00")
     args = p.parse_args(argv)

@@ -1,4 +1,4 @@
-"""Planted-truth self-test of the statistics: ``python -m ipi.simulate`` (docs/selftest.md).
+"""Planted-truth self-test of the statistics: ``python -m ipi.tools.simulate`` (docs/selftest.md).
 
 Generates **feature-level** datasets with the protocol's structure (PROTOCOL.md §2–§3) under two
 known truths, runs the project's real pipeline pieces on each — trajectory split
@@ -329,7 +329,7 @@ def run_dataset(p: SimParams, truth: str, index: int, seed: int, key: tuple | No
     from ipi.metrics.estimands import evaluate_tables
     from ipi.probe.crossfit import cross_fit
     from ipi.probe.fit import ProbeConfig
-    from ipi.sweep_report import claim_p_values
+    from ipi.reporting.sweep import claim_p_values
 
     t0 = time.perf_counter()
     pt = (replace(p, heldout_wording=False).for_truth("c") if truth == "c_shared" else p.for_truth(truth))
@@ -420,13 +420,13 @@ def sweep_dataset(p: SimParams, index: int, seed: int, n_cells: int = SWEEP_CELL
     features — cells are independent, the least favourable case for a family of tests (Holm
     holds under any dependence; positively dependent cells, as real layers are, make a false
     claim somewhere *less* likely). The family-wise claim of each cell is what
-    ``python -m ipi.sweep_report`` licenses (:func:`ipi.sweep_report.familywise`).
+    ``python -m ipi.reporting.sweep`` licenses (:func:`ipi.reporting.sweep.familywise`).
 
     Returns:
         ``{"index", "n_cells", "nominal_any_detects", "familywise_any_detects", "p_detects_min"}``.
     """
     from ipi.evaluation.verdict import CLAIM_DETECTS
-    from ipi.sweep_report import familywise
+    from ipi.reporting.sweep import familywise
 
     cells = [run_dataset(p, "b", index, seed, key=(30, index, j)) for j in range(n_cells)]
     df = pd.DataFrame({"job": [str(j) for j in range(n_cells)], "overrides": [f"cell={j}" for j in range(n_cells)],
@@ -444,7 +444,7 @@ def _init_worker() -> None:
     import torch
 
     torch.set_num_threads(1)
-    from ipi.tasks import quiet_lightning
+    from ipi.pipeline import quiet_lightning
 
     quiet_lightning()
 
@@ -569,7 +569,7 @@ def format_table(summary: dict) -> str:
 
 def main(argv: list[str] | None = None) -> dict:
     """CLI: simulate, run the pipeline, print the table and write the records (JSON)."""
-    ap = argparse.ArgumentParser(prog="python -m ipi.simulate", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m ipi.tools.simulate", description=__doc__.split("\n")[0])
     ap.add_argument("--n-datasets", type=int, default=200, help="datasets per truth (default 200)")
     ap.add_argument("--trajectories", type=int, default=80, help="trajectories per dataset (default 80)")
     ap.add_argument("--features", type=int, default=SimParams.n_features, help="feature dimension d")
@@ -614,7 +614,7 @@ def main(argv: list[str] | None = None) -> dict:
         records = [_job(j) for j in jobs]
     wall = time.perf_counter() - t0
     summary = summarise(records)
-    command = "python -m ipi.simulate " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m ipi.tools.simulate " + " ".join(argv if argv is not None else sys.argv[1:])
     out = {"command": command.strip(), "params": asdict(p), "seed": args.seed, "workers": args.workers,
            "wall_s": wall, "summary": summary, "records": records}
     from ipi.io import atomic_write_text

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, SMALL_BACKBONE_OVERRIDES, compose_train
-from tests.test_bad_inputs import messages, task_folder
+from tests.e2e.test_bad_inputs import messages, task_folder
 
 PY = sys.executable
 ACTIONS = ["Type [1]; cats", "ANSWER; done"]

@@ -18,7 +18,7 @@ from ipi.metrics.estimands import (
     percentile_interval,
     step_weights,
 )
-from tests.test_estimands import CASES
+from tests.metrics.test_estimands import CASES
 
 
 def _random_table(rng, n_traj=12, max_steps=5):

@@ -37,7 +37,7 @@ from ipi.surfaces import (
 )
 from ipi.surfaces.bank import all_attack_texts
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SHARED = Path(os.environ.get("IPI_SHARED", REPO.parent / "shared"))
 TOKENIZER = SHARED / "models" / "qwen2_5_vl_processor"
 WEBVOYAGER = SHARED / "data" / "webvoyager"

@@ -28,7 +28,7 @@ from ipi.metrics import (
     weighted_auc,
 )
 
-SHARED = Path(os.environ.get("IPI_SHARED", Path(__file__).resolve().parents[1].parent / "shared"))
+SHARED = Path(os.environ.get("IPI_SHARED", Path(__file__).resolve().parents[2].parent / "shared"))
 CASES_DIR = SHARED / "protocol_cases"
 CASES = sorted(CASES_DIR.glob("*.csv")) if CASES_DIR.is_dir() else []
 

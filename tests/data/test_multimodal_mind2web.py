@@ -20,7 +20,7 @@ def _png_bytes(colour=(200, 30, 30), size=(64, 48), fmt="PNG") -> bytes:
     return buf.getvalue()
 
 
-# Online-Mind2Web: tests/test_data_online_mind2web.py
+# Online-Mind2Web: tests/data/test_online_mind2web.py
 
 
 def test_mind2web_action_type():

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from tests.conftest import compose_train
-from tests.wandb_offline import summarise
+from tests.reporting.wandb_offline import summarise
 
 pytestmark = pytest.mark.needs_shared
 

@@ -58,7 +58,7 @@ def test_ddp_two_processes_equal_one(tmp_path):
 
     Two trajectories have 6 + 3 = 9 step groups, split 5 / 4 over the ranks (Lightning's
     predict sampler does not pad; a padding sampler's repeats would be counted in
-    ``duplicates_ignored`` and loaded once: see tests/test_scale.py).
+    ``duplicates_ignored`` and loaded once: see tests/extraction/test_scale.py).
     """
     from ipi import pipeline as tasks
 

@@ -32,7 +32,7 @@ from ipi.data import (
 
 def _shared() -> Path:
     env = os.environ.get("IPI_SHARED")
-    return Path(env) if env else Path(__file__).resolve().parents[1].parent / "shared"
+    return Path(env) if env else Path(__file__).resolve().parents[2].parent / "shared"
 
 
 WV = _shared() / "data" / "webvoyager"

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tests.wandb_offline import summarise
+from tests.reporting.wandb_offline import summarise
 
 
 @pytest.fixture()

@@ -1,7 +1,7 @@
 """Discovery and WebVoyager variants: symlinks, max_trajectories first, exclusion report, split check.
 
 Fixtures are WebVoyager task folders built here in the layout WebVoyager and its forks write
-(tests/test_data_webvoyager.py helpers), plus the real shared folders linked into a data root.
+(tests/data/test_webvoyager.py helpers), plus the real shared folders linked into a data root.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import ipi.data.webvoyager as wv
 from ipi.data import DataError, import_webvoyager_report, load_trajectories
 from ipi.data.discover import reason_kind, summarise_skips
 from tests.conftest import WEBVOYAGER, compose_train
-from tests.test_data_webvoyager import OMITTED, PREAMBLE, _messages, _png, _task
+from tests.data.test_webvoyager import OMITTED, PREAMBLE, _messages, _png, _task
 
 # ------------------------------------------------------------------ WebVoyager variants
 

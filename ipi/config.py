@@ -12,7 +12,6 @@ runs on every job's composed config before any job starts (one line, no torch im
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -21,33 +20,29 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
+from ipi.protocol import (
+    CONTROLS,
+    CONTROLS_BY_SURFACE,
+    DEFAULT_SYSTEM_PROMPT,
+    SURFACES,
+    TOKEN_GROUPS,
+    check_layer_value,
+)
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
-class Surface(str, Enum):
-    """Injection surfaces (PROTOCOL.md §2)."""
-
-    i_vis = "i_vis"
-    i_dom = "i_dom"
-    i_tool = "i_tool"
-
-
-class Control(str, Enum):
-    """Nuisance-matched controls (PROTOCOL.md §2)."""
-
-    c_scrambled = "c_scrambled"
-    c_imperative = "c_imperative"
-    c_occlusion = "c_occlusion"
+def _vocabulary_enum(name: str, values: tuple[str, ...], doc: str) -> type[Enum]:
+    """A ``str`` enum whose members are ``values`` (from :mod:`ipi.protocol`), for OmegaConf checks."""
+    enum = Enum(name, [(v, v) for v in values], type=str, module=__name__)
+    enum.__doc__ = doc
+    return enum
 
 
-class TokenGroup(str, Enum):
-    """Token groups pooled per layer (PROTOCOL.md §3)."""
-
-    last_prompt = "last_prompt"
-    image = "image"
-    task = "task"
-    observation = "observation"
-    action = "action"
+# Built from ipi.protocol so that the schemas accept exactly the protocol's names.
+Surface = _vocabulary_enum("Surface", SURFACES, "Injection surfaces (PROTOCOL.md §2).")
+Control = _vocabulary_enum("Control", CONTROLS, "Nuisance-matched controls (PROTOCOL.md §2).")
+TokenGroup = _vocabulary_enum("TokenGroup", TOKEN_GROUPS, "Token groups pooled per layer (PROTOCOL.md §3).")
 
 
 class SplitKind(str, Enum):
@@ -283,13 +278,6 @@ class EvaluateConf:
     report: ReportConf = field(default_factory=ReportConf)
 
 
-CONTROLS_BY_SURFACE = {
-    "i_vis": ("c_scrambled", "c_imperative", "c_occlusion"),
-    "i_dom": ("c_scrambled", "c_imperative"),
-    "i_tool": ("c_scrambled", "c_imperative"),
-}
-
-
 def register_configs() -> None:
     """Register the schemas in Hydra's ConfigStore (idempotent)."""
     cs = ConfigStore.instance()
@@ -304,10 +292,6 @@ def register_configs() -> None:
 
 
 def _default_system_prompt() -> str:
-    # Imported when the value is resolved, not at composition: ipi.replay imports torch, and a
-    # config error must be reported before any heavy import (ipi.hydra_callbacks).
-    from ipi.replay import DEFAULT_SYSTEM_PROMPT
-
     return DEFAULT_SYSTEM_PROMPT
 
 
@@ -356,15 +340,7 @@ def validate(cfg: DictConfig) -> None:
     if len(cfg.layers.spec) == 0:
         raise ValueError("layers.spec: empty; give fractions in (0, 1] or block indices, e.g. layers=six")
     for v in cfg.layers.spec:
-        if v == "all":
-            continue
-        if isinstance(v, float) and not (0.0 < v <= 1.0 and not math.isnan(v)):
-            raise ValueError(f"layers.spec: fraction {v} outside (0, 1]")
-        if not isinstance(v, (int, float)) or isinstance(v, bool):
-            raise ValueError(f"layers.spec: {v!r} is neither a fraction in (0, 1] nor an integer index")
-        n = cfg.backbone.n_layers
-        if isinstance(v, int) and not -n <= v < n:
-            raise ValueError(f"layers.spec: index {v} out of range for backbone={cfg.backbone.name} ({n} layers)")
+        check_layer_value(v, cfg.backbone.n_layers, where="layers.spec", backbone=cfg.backbone.name)
     groups = [_value(g) for g in cfg.token_group.names]
     if not groups:
         raise ValueError("token_group.names: empty; choose e.g. token_group=five")

@@ -20,8 +20,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader, TensorDataset
 
-from ipi.backbone import resolve_layers
-from ipi.config import CONTROLS_BY_SURFACE, resolved_controls, to_container, validate
+from ipi.config import resolved_controls, to_container, validate
 from ipi.data import load_trajectories
 from ipi.evaluation.callbacks import EstimandsCallback, ReportCallback
 from ipi.reporting.report import write_run_report
@@ -32,7 +31,7 @@ from ipi.io import atomic_write_text
 from ipi.probe.crossfit import FoldedProbe, TransferSource, cross_fit, make_folds
 from ipi.probe.fit import ProbeConfig
 from ipi.progress import set_quiet, track
-from ipi.replay import TOKEN_GROUPS
+from ipi.protocol import CONTROLS_BY_SURFACE, TOKEN_GROUPS, resolve_layers, transfer_source_surfaces
 from ipi.reporting.tracking import task_wrapper
 
 log = logging.getLogger(__name__)
@@ -218,22 +217,7 @@ def write_gallery(cfg: DictConfig, trajectory, out_dir: Path) -> Path | None:
 
 def layer_indices(cfg: DictConfig) -> list[int]:
     """Resolved decoder-block indices of ``cfg.layers`` for ``cfg.backbone``."""
-    spec = list(cfg.layers.spec)
-    n = cfg.backbone.n_layers
-    if spec == ["all"]:
-        return list(range(n))
-    return resolve_layers(spec, n)
-
-
-def transfer_source_surfaces(surface: str, multimodal: bool) -> list[str]:
-    """Surfaces the cross-surface transfer probe trains on (PROTOCOL.md §6; docs/estimands.md).
-
-    Every *other* surface the backbone can read: on ``i_vis`` this is ``i_dom ∪ i_tool``, exactly
-    §6; on a text surface it is the other two (one with a text-only backbone, which has no
-    ``i_vis``). The transfer probe is always scored on the run's own test rows, so its E1 sits on
-    the same rows and bootstrap draws as the probe's.
-    """
-    return [s for s in ("i_vis", "i_dom", "i_tool") if s != surface and (multimodal or s != "i_vis")]
+    return resolve_layers(list(cfg.layers.spec), cfg.backbone.n_layers)
 
 
 def row_table(rows, features) -> pd.DataFrame:

@@ -14,7 +14,7 @@ import transformers
 from hydra.utils import instantiate
 
 import ipi
-from ipi.backbone import resolve_layers
+from ipi.protocol import resolve_layers
 from ipi.config import to_container
 from ipi.extraction.cache import ActivationCache, FeatureSet, stable_hash
 from ipi.extraction.datamodule import ReplayDataModule, StepGroupDataset
@@ -45,7 +45,7 @@ def extraction_layers(cfg, requested: Sequence[int]) -> list[int]:
     """
     spec = list(cfg.extract.layers or [])
     n = cfg.backbone.n_layers
-    base = list(range(n)) if spec == ["all"] else (resolve_layers(spec, n) if spec else [])
+    base = resolve_layers(spec, n) if spec else []
     return sorted(set(base) | set(int(i) for i in requested))
 
 

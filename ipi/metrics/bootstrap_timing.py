@@ -22,10 +22,11 @@ from ipi.metrics.estimands import (
     step_weights,
     validate_table,
 )
+from ipi.protocol import VARIANTS
 
 __all__ = ["bench_bootstrap", "bench_permutation", "bootstrap_benchmark", "synthetic_score_table"]
 
-_VARIANTS = (CLEAN, ATTACK, "c_scrambled", "c_imperative", "c_occlusion")
+_VARIANTS = VARIANTS
 
 
 def synthetic_score_table(n_rows: int = 5000, seed: int = 0, steps_per_trajectory: int = 10):

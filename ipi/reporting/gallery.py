@@ -23,7 +23,8 @@ from PIL import Image, ImageDraw, ImageFont
 
 from ipi.data.schema import Step
 from ipi.io import atomic_path
-from ipi.surfaces import CONTROLS_BY_SURFACE, SURFACES, Variant, make_variants
+from ipi.protocol import CONTROLS_BY_SURFACE, SURFACES
+from ipi.surfaces import Variant, make_variants
 
 CELL_W = 520
 GAP = 16

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ipi.evaluation.reportable import estimand_entries, reportability_of
 from ipi.io import atomic_write_text
+from ipi.protocol import TEXT_SURFACES
 
 #: Figure file names in a run folder, in report order, with their captions.
 FIGURES = {
@@ -82,7 +83,6 @@ def _not_reportable_note(marks: Mapping[str, str | None], results: Mapping) -> s
             "interval). Do not report them as results.")
 
 
-_TEXT_SURFACES = ("i_dom", "i_tool")
 
 
 def construction_note(results: Mapping) -> str | None:
@@ -103,7 +103,7 @@ def construction_note(results: Mapping) -> str | None:
         return None
     surface = (results.get("run") or {}).get("surface")
     head = f"C1 (metadata baseline) E1 = {c1:.3f}. "
-    if surface in _TEXT_SURFACES:
+    if surface in TEXT_SURFACES:
         return head + (f"On {surface} the injected text lengthens the prompt, so Δprompt length alone "
                        "separates attack from clean rows by construction (expected C1 E1 = 1.000): check 2 "
                        "is decided by the design of this surface, not by the probe.")

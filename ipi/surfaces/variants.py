@@ -28,19 +28,13 @@ from ipi.surfaces.controls import (
     scramble,
     scramble_tokens,
 )
+from ipi.protocol import CONTROLS_BY_SURFACE, SURFACES, VARIANTS
 from ipi.surfaces.banner import BannerSpec, banner_spec, draw_banner, text_fits
 
 if TYPE_CHECKING:
     from ipi.data.schema import Step
     from ipi.surfaces.wording import WordingFamily
 
-SURFACES: tuple[str, ...] = ("i_vis", "i_dom", "i_tool")
-CONTROLS_BY_SURFACE: dict[str, tuple[str, ...]] = {
-    "i_vis": ("c_scrambled", "c_imperative", "c_occlusion"),
-    "i_dom": ("c_scrambled", "c_imperative"),
-    "i_tool": ("c_scrambled", "c_imperative"),
-}
-VARIANTS: tuple[str, ...] = ("clean", "attack", "c_scrambled", "c_imperative", "c_occlusion")
 
 #: Separator between entries of a WebVoyager element list.
 ELEMENT_SEPARATOR = ";\t"

@@ -57,8 +57,7 @@ import numpy as np
 import torch
 
 from ipi.config import REPO_ROOT
-
-SURFACES = ("i_vis", "i_dom", "i_tool")
+from ipi.protocol import SURFACES, TOKEN_GROUPS
 
 #: Qwen2.5-VL-7B-Instruct's architecture (config.json of the checkpoint).
 QWEN2_5_VL_7B_TEXT = dict(
@@ -140,7 +139,6 @@ def baseline_features(cfg, rows, layers: list[int]) -> tuple[np.ndarray, np.ndar
 
     from ipi.extraction.datamodule import ReplayDataset
     from ipi.extraction.extractor import collapse_statistic, pool_groups
-    from ipi.replay import TOKEN_GROUPS
 
     t0 = time.perf_counter()
     bb = instantiate(cfg.backbone.loader)
@@ -165,7 +163,6 @@ def project_features(cfg, rows, layers: list[int], cache_dir: str):
         ``(features [N, L, G, H], collapse [N, L], seconds, info)``.
     """
     from ipi.extraction.run import extract_features
-    from ipi.replay import TOKEN_GROUPS
 
     cfg.extract.cache_dir = cache_dir
     cfg.extract.layers = []  # exactly `layers`: the same work as the baseline
@@ -262,7 +259,6 @@ def shapes_benchmark(n_steps: int, overrides: list[str], peak_tflops: float | No
     from ipi.backbone import Backbone, find_decoder_layers
     from ipi.extraction.datamodule import StepGroupDataset, collate_steps
     from ipi.extraction.extractor import HiddenStateExtractor
-    from ipi.replay import TOKEN_GROUPS
     from ipi.pipeline import layer_indices
 
     if device == "cuda" and not torch.cuda.is_available():

@@ -60,6 +60,8 @@ import numpy as np
 import pandas as pd
 from scipy.special import ndtr
 
+from ipi.protocol import CONTROLS, VARIANTS
+
 __all__ = [
     "CONTROLS",
     "VARIANTS",
@@ -71,8 +73,6 @@ __all__ = [
     "true_estimands",
 ]
 
-CONTROLS = ("c_scrambled", "c_imperative", "c_occlusion")
-VARIANTS = ("clean", "attack", *CONTROLS)
 TRUTHS = ("a", "b", "c")
 #: Truths the CLI accepts: the three, and ``c_shared`` = truth (c) with held-out wording OFF
 #: (train and test share the bank: shows what the held-out wording guards against).

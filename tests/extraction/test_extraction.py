@@ -11,7 +11,7 @@ from ipi.extraction.cache import CacheError
 from ipi.extraction.datamodule import ReplayDataset, collate_rows
 from ipi.extraction.extractor import HiddenStateExtractor, collapse_statistic, pool_groups
 from ipi.extraction.rows import build_rows
-from ipi.replay import DEFAULT_SYSTEM_PROMPT, TOKEN_GROUPS
+from ipi.protocol import DEFAULT_SYSTEM_PROMPT, TOKEN_GROUPS
 from tests.conftest import compose_train
 
 pytestmark = pytest.mark.needs_shared

@@ -11,7 +11,8 @@ import torch
 from ipi.extraction.datamodule import ReplayDataset, StepGroupDataset, collate_rows, collate_steps
 from ipi.extraction.extractor import HiddenStateExtractor, collapse_statistic, pool_groups
 from ipi.extraction.rows import build_rows
-from ipi.replay import DEFAULT_SYSTEM_PROMPT, TOKEN_GROUPS, tokenise
+from ipi.protocol import DEFAULT_SYSTEM_PROMPT, TOKEN_GROUPS
+from ipi.replay import tokenise
 from tests.conftest import compose_train
 
 pytestmark = pytest.mark.needs_shared

@@ -138,7 +138,7 @@ def test_transfer_trains_on_other_surfaces_train_rows_and_scores_run_surface_tes
 
 
 def test_transfer_source_surfaces():
-    from ipi.pipeline import transfer_source_surfaces
+    from ipi.protocol import transfer_source_surfaces
 
     assert transfer_source_surfaces("i_vis", True) == ["i_dom", "i_tool"]
     assert transfer_source_surfaces("i_dom", True) == ["i_vis", "i_tool"]

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
+from hydra.utils import get_method
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 from ipi.protocol import (
@@ -118,7 +119,10 @@ class TokenGroupConf:
 class DataConf:
     """Trajectory source."""
 
-    kind: str = "webvoyager"  # importer (ipi.data.IMPORTERS): webvoyager | online_mind2web | multimodal_mind2web | browser_use | native
+    kind: str = "webvoyager"  # the format's name (messages): webvoyager | online_mind2web | multimodal_mind2web | browser_use | native
+    # the importer: a _target_ node (_partial_: true) binding the settings below that it takes;
+    # called as importer(root, image_limits=..., **options); its _target_ is resolved by validate()
+    importer: Any = MISSING
     root: str = MISSING  # folder searched recursively for task folders (or a .jsonl for native)
     on_bad_step: OnBadStep = OnBadStep.skip
     unknown_action: UnknownAction = UnknownAction.keep  # keep (action_type "unknown") | skip | error
@@ -306,7 +310,8 @@ def _package_dir(name: str) -> str:
     return str(package_dir(name))
 
 
-def _value(x) -> str:
+def enum_value(x) -> str:
+    """The plain string of a config value that may be an enum member (``Surface.i_vis`` -> ``"i_vis"``)."""
     return x.value if isinstance(x, Enum) else str(x)
 
 
@@ -316,11 +321,11 @@ def resolved_controls(cfg: DictConfig) -> list[str]:
     Raises:
         ValueError: A configured control does not apply to the surface (one line naming both).
     """
-    surface = _value(cfg.surface.name)
+    surface = enum_value(cfg.surface.name)
     allowed = CONTROLS_BY_SURFACE[surface]
     if cfg.control.names is None:
         return list(allowed)
-    names = [_value(c) for c in cfg.control.names]
+    names = [enum_value(c) for c in cfg.control.names]
     for c in names:
         if c not in allowed:
             raise ValueError(
@@ -341,7 +346,7 @@ def validate(cfg: DictConfig) -> None:
         raise ValueError("layers.spec: empty; give fractions in (0, 1] or block indices, e.g. layers=six")
     for v in cfg.layers.spec:
         check_layer_value(v, cfg.backbone.n_layers, where="layers.spec", backbone=cfg.backbone.name)
-    groups = [_value(g) for g in cfg.token_group.names]
+    groups = [enum_value(g) for g in cfg.token_group.names]
     if not groups:
         raise ValueError("token_group.names: empty; choose e.g. token_group=five")
     if not cfg.backbone.multimodal and "image" in groups:
@@ -349,7 +354,7 @@ def validate(cfg: DictConfig) -> None:
             f"token_group: 'image' is unavailable with the text-only backbone={cfg.backbone.name}; "
             "choose one of last_prompt, task, observation, action"
         )
-    if not cfg.backbone.multimodal and _value(cfg.surface.name) == "i_vis":
+    if not cfg.backbone.multimodal and enum_value(cfg.surface.name) == "i_vis":
         raise ValueError(f"surface=i_vis needs a multimodal backbone; backbone={cfg.backbone.name} is text-only")
     l2 = cfg.probe.l2
     if not (l2 == "auto" or (isinstance(l2, (int, float)) and not isinstance(l2, bool) and l2 > 0)):
@@ -377,9 +382,15 @@ def validate(cfg: DictConfig) -> None:
         raise ValueError(f"evaluation.min_boot_fraction must be in (0, 1], got {cfg.evaluation.min_boot_fraction}")
     if not 0.0 < cfg.evaluation.level < 1.0:
         raise ValueError(f"evaluation.level must be in (0, 1), got {cfg.evaluation.level}")
+    target = cfg.data.importer.get("_target_") if isinstance(cfg.data.get("importer"), DictConfig) else None
+    try:
+        get_method(target)
+    except Exception:  # noqa: BLE001 - hydra raises ImportError/ValueError/TypeError by case
+        raise ValueError(f"data.importer._target_={target!r} (data={cfg.data.kind}): no such importer function; "
+                         "see conf/data/*.yaml and docs/data.md") from None
     if cfg.data.max_trajectories is not None and cfg.data.max_trajectories < 1:
         raise ValueError(f"data.max_trajectories must be >= 1 or null, got {cfg.data.max_trajectories}")
-    kind = _value(cfg.split.kind)
+    kind = enum_value(cfg.split.kind)
     if kind == "holdout":
         if cfg.split.get("k") is not None:
             raise ValueError(f"split.k={cfg.split.k} does not apply to split=holdout (it sets the folds of "
@@ -395,7 +406,7 @@ def validate(cfg: DictConfig) -> None:
     if cfg.split.get("min_per_side", 2) < 1:
         raise ValueError(f"split.min_per_side must be >= 1, got {cfg.split.min_per_side}")
     loader = cfg.backbone.get("loader")
-    quant = _value(cfg.backbone.get("quantization", "none"))
+    quant = enum_value(cfg.backbone.get("quantization", "none"))
     if quant != "none" and isinstance(loader, (DictConfig, dict)) and "quantization" not in loader:
         raise ValueError(f"backbone.quantization={quant} does not apply to backbone={cfg.backbone.name} "
                          "(its loader takes no quantization); remove the override")

@@ -22,8 +22,6 @@ from dataclasses import dataclass
 
 import torch
 
-from ipi.protocol import DEFAULT_SYSTEM_PROMPT, TOKEN_GROUPS
-
 
 @dataclass(frozen=True)
 class PromptParts:

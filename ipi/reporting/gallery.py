@@ -48,7 +48,7 @@ SURFACE_TITLES = {
 
 def _shared_dir() -> Path:
     shared = os.environ.get("IPI_SHARED")
-    return Path(shared) if shared else Path(__file__).resolve().parents[1].parent / "shared"
+    return Path(shared) if shared else Path(__file__).resolve().parents[2].parent / "shared"
 
 
 def default_tokenizer_path() -> Path:

@@ -28,7 +28,7 @@ from ipi.surfaces.controls import (
     scramble,
     scramble_tokens,
 )
-from ipi.protocol import CONTROLS_BY_SURFACE, SURFACES, VARIANTS
+from ipi.protocol import CONTROLS_BY_SURFACE, SURFACES
 from ipi.surfaces.banner import BannerSpec, banner_spec, draw_banner, text_fits
 
 if TYPE_CHECKING:

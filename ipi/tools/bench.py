@@ -56,8 +56,6 @@ import time
 import numpy as np
 import torch
 
-from ipi.config import REPO_ROOT
-from ipi.protocol import SURFACES, TOKEN_GROUPS
 
 #: Qwen2.5-VL-7B-Instruct's architecture (config.json of the checkpoint).
 QWEN2_5_VL_7B_TEXT = dict(
@@ -71,13 +69,22 @@ QWEN2_5_VL_7B_VISION = dict(
     fullatt_block_indexes=[7, 15, 23, 31],
 )
 
+from ipi.backbone import Backbone, find_decoder_layers
+from ipi.config import REPO_ROOT, register_configs
+from ipi.extraction.datamodule import ReplayDataset, StepGroupDataset, collate_steps
+from ipi.extraction.extractor import HiddenStateExtractor, base_model, collapse_statistic, pool_groups
+from ipi.extraction.run import extract_features
+from ipi.metrics.bootstrap_timing import bench_bootstrap, bench_permutation
+from ipi.progress import quiet_lightning
+from ipi.protocol import SURFACES, TOKEN_GROUPS
+from ipi.stages import layer_indices, load_data, make_rows
+
 
 def compose(overrides: list[str]):
     """Compose the ``train`` config with ``overrides`` (paths relative to the repository)."""
     from hydra import compose as hcompose
     from hydra import initialize_config_dir
 
-    from ipi.config import register_configs
 
     register_configs()
     with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
@@ -93,10 +100,9 @@ def subset_rows(overrides: list[str], n_steps: int, surfaces=SURFACES):
     Returns:
         ``(cfg, rows)`` with ``cfg`` composed for the first surface.
     """
-    from ipi import pipeline as tasks
 
     cfg = compose(overrides)
-    trajs, _, _ = tasks.load_data(cfg)
+    trajs, _, _ = load_data(cfg)
     keep, n = [], 0
     for t in trajs:
         if n >= n_steps:
@@ -111,14 +117,13 @@ def subset_rows(overrides: list[str], n_steps: int, surfaces=SURFACES):
     rows = []
     for surface in surfaces:
         scfg = compose([*overrides, f"surface={surface}"])
-        rows += [r for r in tasks.make_rows(scfg, keep, surface) if (r.trajectory_id, r.step.step) in chosen]
+        rows += [r for r in make_rows(scfg, keep, surface) if (r.trajectory_id, r.step.step) in chosen]
     return cfg, rows
 
 
 @contextlib.contextmanager
 def _identity_final_norm(model):
     """Swap the text model's final norm for the identity (hidden_states[-1] = block output)."""
-    from ipi.extraction.extractor import base_model
 
     lm = getattr(base_model(model), "language_model", base_model(model))
     norm = lm.norm
@@ -137,8 +142,6 @@ def baseline_features(cfg, rows, layers: list[int]) -> tuple[np.ndarray, np.ndar
     """
     from hydra.utils import instantiate
 
-    from ipi.extraction.datamodule import ReplayDataset
-    from ipi.extraction.extractor import collapse_statistic, pool_groups
 
     t0 = time.perf_counter()
     bb = instantiate(cfg.backbone.loader)
@@ -162,7 +165,6 @@ def project_features(cfg, rows, layers: list[int], cache_dir: str):
     Returns:
         ``(features [N, L, G, H], collapse [N, L], seconds, info)``.
     """
-    from ipi.extraction.run import extract_features
 
     cfg.extract.cache_dir = cache_dir
     cfg.extract.layers = []  # exactly `layers`: the same work as the baseline
@@ -175,7 +177,6 @@ def project_features(cfg, rows, layers: list[int], cache_dir: str):
 
 def _rss_probe(overrides: list[str], n_steps: int, shard_rows: int) -> dict:
     """Run the project path alone in this process and report its peak RSS."""
-    from ipi.pipeline import layer_indices
 
     cfg, rows = subset_rows(overrides, n_steps)
     cfg.extract.shard_rows = shard_rows
@@ -208,7 +209,6 @@ def extraction_benchmark(n_steps: int = 8, rss_steps: tuple[int, int] = (4, 16),
     Returns:
         A JSON-able dict (see the keys; ``ratio = ours_rows_per_s / baseline_rows_per_s``).
     """
-    from ipi.pipeline import layer_indices
 
     overrides = list(overrides)
     cfg, rows = subset_rows(overrides, n_steps)
@@ -256,10 +256,6 @@ def shapes_benchmark(n_steps: int, overrides: list[str], peak_tflops: float | No
     """
     from transformers import AutoProcessor, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
-    from ipi.backbone import Backbone, find_decoder_layers
-    from ipi.extraction.datamodule import StepGroupDataset, collate_steps
-    from ipi.extraction.extractor import HiddenStateExtractor
-    from ipi.pipeline import layer_indices
 
     if device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--gpu-7b-shapes needs a CUDA GPU")
@@ -357,7 +353,6 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rss-probe", type=int, default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from ipi.pipeline import quiet_lightning
 
     quiet_lightning()
     if a.rss_probe is not None:
@@ -373,12 +368,8 @@ def main(argv: list[str] | None = None) -> None:
             p.error("--rss-steps takes two sizes, e.g. 4,16")
         out["extraction"] = extraction_benchmark(a.steps, rss, a.shard_rows, a.override)
     if a.only in ("bootstrap", "all"):
-        from ipi.metrics.bootstrap_timing import bench_bootstrap
-
         out["bootstrap"] = bench_bootstrap(n_rows=a.boot_rows, n_boot=a.n_boot)
     if a.only in ("permutation", "all"):
-        from ipi.metrics.bootstrap_timing import bench_permutation
-
         out["permutation"] = bench_permutation(n_train=a.perm_train, n_features=a.perm_features, m=a.perm_m,
                                                sklearn_fits=a.perm_sklearn_fits)
     print(json.dumps(out if len(out) != 1 else next(iter(out.values()))))

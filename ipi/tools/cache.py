@@ -27,7 +27,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from ipi.extraction.cache import ActivationCache, CacheError, file_sha256
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 _ENTRY = re.compile(r"[0-9a-f]{24}")
 
 
@@ -65,8 +67,6 @@ class Entry:
 
 
 def _check(path: Path, manifest: dict, verify: bool) -> str:
-    from ipi.extraction.cache import ActivationCache, CacheError, file_sha256
-
     key = manifest.get("key") or ""
     if not key.startswith(path.name):
         return f"invalid: manifest key {key[:24]!r} is not the folder's"

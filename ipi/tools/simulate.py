@@ -60,7 +60,17 @@ import numpy as np
 import pandas as pd
 from scipy.special import ndtr
 
+from ipi.evaluation.verdict import CLAIM_DETECTS, verdict
+from ipi.io import atomic_write_text
+from ipi.metrics.estimands import evaluate_tables
+from ipi.probe.crossfit import cross_fit, make_folds
+from ipi.probe.fit import ProbeConfig
+from ipi.progress import quiet_lightning
 from ipi.protocol import CONTROLS, VARIANTS
+from ipi.reporting.sweep import claim_p_values, familywise
+from ipi.surfaces.bank import ATTACK_TEMPLATES, attack_text
+from ipi.surfaces.wording import wording_plan
+
 
 __all__ = [
     "CONTROLS",
@@ -129,7 +139,6 @@ def _directions(rng: np.random.Generator, d: int) -> dict[str, np.ndarray]:
     Template directions are orthonormal to each other and to the four when ``d >= 28``; with
     smaller ``d`` they are random unit vectors orthogonal to the four.
     """
-    from ipi.surfaces.bank import ATTACK_TEMPLATES
 
     n_t = len(ATTACK_TEMPLATES)
     if d >= 4 + n_t:
@@ -197,8 +206,6 @@ def simulate_dataset(p: SimParams, rng: np.random.Generator, dirs: dict[str, np.
     x += np.tile(np.stack([mu[v] for v in VARIANTS]), (n_steps, 1))
     ids = np.array(trajectory_ids(n_t), dtype=object)
     if template_of is None:
-        from ipi.surfaces.bank import attack_text
-
         def template_of(tid, st):
             return attack_text(tid, st)[1]["template"]
     tmpl = np.array([template_of(ids[t], int(st)) for t, st in zip(traj, step)], dtype=np.int64)
@@ -295,9 +302,6 @@ def _flat(results: dict) -> dict[str, dict]:
 
 def _split_and_templates(p: SimParams, rng: np.random.Generator, n_t: int):
     """Trajectory holdout, the held-out wording plan and the real template chooser."""
-    from ipi.probe.crossfit import make_folds
-    from ipi.surfaces.bank import attack_text
-    from ipi.surfaces.wording import wording_plan
 
     split_seed = int(rng.integers(0, 2**31 - 1))
     folds = make_folds(trajectory_ids(n_t), "holdout", test_fraction=p.test_fraction, seed=split_seed)
@@ -325,11 +329,6 @@ def run_dataset(p: SimParams, truth: str, index: int, seed: int, key: tuple | No
         A JSON-ready record: truth, index, the claim, every check's status, each estimand's
         estimate/CI with its true value and whether the CI covers it, and the wall time.
     """
-    from ipi.evaluation.verdict import verdict
-    from ipi.metrics.estimands import evaluate_tables
-    from ipi.probe.crossfit import cross_fit
-    from ipi.probe.fit import ProbeConfig
-    from ipi.reporting.sweep import claim_p_values
 
     t0 = time.perf_counter()
     pt = (replace(p, heldout_wording=False).for_truth("c") if truth == "c_shared" else p.for_truth(truth))
@@ -384,9 +383,6 @@ def coverage_dataset(p: SimParams, n_test: int, index: int, seed: int,
     Returns:
         ``{"n_test", "index", "covered": {method: {estimand: bool}}, "width": {method: {estimand: float}}}``.
     """
-    from ipi.metrics.estimands import evaluate_tables
-    from ipi.probe.crossfit import cross_fit
-    from ipi.probe.fit import ProbeConfig
 
     n = max(2, int(round(n_test / p.test_fraction)))
     while round(p.test_fraction * n) < n_test:
@@ -425,8 +421,6 @@ def sweep_dataset(p: SimParams, index: int, seed: int, n_cells: int = SWEEP_CELL
     Returns:
         ``{"index", "n_cells", "nominal_any_detects", "familywise_any_detects", "p_detects_min"}``.
     """
-    from ipi.evaluation.verdict import CLAIM_DETECTS
-    from ipi.reporting.sweep import familywise
 
     cells = [run_dataset(p, "b", index, seed, key=(30, index, j)) for j in range(n_cells)]
     df = pd.DataFrame({"job": [str(j) for j in range(n_cells)], "overrides": [f"cell={j}" for j in range(n_cells)],
@@ -444,7 +438,6 @@ def _init_worker() -> None:
     import torch
 
     torch.set_num_threads(1)
-    from ipi.pipeline import quiet_lightning
 
     quiet_lightning()
 
@@ -470,7 +463,6 @@ def summarise(records: list[dict]) -> dict:
 
     Each rate comes with its exact (Clopper–Pearson) 95% interval over datasets.
     """
-    from ipi.evaluation.verdict import CLAIM_DETECTS
 
     def rate(k: int, n: int) -> dict:
         lo, hi = _clopper_pearson(k, n)
@@ -617,7 +609,6 @@ def main(argv: list[str] | None = None) -> dict:
     command = "python -m ipi.tools.simulate " + " ".join(argv if argv is not None else sys.argv[1:])
     out = {"command": command.strip(), "params": asdict(p), "seed": args.seed, "workers": args.workers,
            "wall_s": wall, "summary": summary, "records": records}
-    from ipi.io import atomic_write_text
 
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(args.out, json.dumps(out, indent=1))

@@ -14,8 +14,8 @@ from PIL import Image
 
 from ipi.data.schema import Step, Trajectory
 from ipi.extraction.rows import build_rows
+from ipi.protocol import DEFAULT_SYSTEM_PROMPT
 from ipi.replay import (
-    DEFAULT_SYSTEM_PROMPT,
     PromptParts,
     count_plain_tokens,
     plain_encode,

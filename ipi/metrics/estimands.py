@@ -40,6 +40,7 @@ import numpy as np
 import pandas as pd
 
 from ipi.metrics.auc import bootstrap_weighted_auc, grouped_weighted_auc, weighted_auc
+from ipi.metrics.permutation import permutation_summary
 
 __all__ = [
     "ATTACK",
@@ -871,8 +872,6 @@ def evaluate_tables(
     out["p_values"] = p_values
     clusters["differences"] = diff_clusters
     if permutation is not None:
-        from ipi.metrics.permutation import permutation_summary
-
         perm = permutation_summary(main_v, permutation["null_scores"], res.e1.estimate,
                                    weights=step_weights(main_v), alpha=permutation.get("alpha", 0.05),
                                    seed=permutation.get("seed"),

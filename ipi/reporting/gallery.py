@@ -22,6 +22,7 @@ from pathlib import Path
 from PIL import Image, ImageDraw, ImageFont
 
 from ipi.data.schema import Step
+from ipi.data.webvoyager import import_webvoyager
 from ipi.io import atomic_path
 from ipi.protocol import CONTROLS_BY_SURFACE, SURFACES
 from ipi.surfaces import Variant, make_variants
@@ -333,7 +334,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         Exit status (0 on success).
     """
     args = _parser().parse_args(argv)
-    from ipi.data.webvoyager import import_webvoyager
 
     trajectories = import_webvoyager(args.data_root)
     want = args.trajectory.strip("/")

@@ -26,6 +26,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from ipi.evaluation.reportable import estimand_entries, reportability_of
 from ipi.io import atomic_path
 from ipi.metrics.estimands import ATTACK, CLEAN, is_control, step_weights, validate_table
 
@@ -156,8 +157,6 @@ def _diff_label(key: str) -> str:
 
 def _marked_forest_rows(results: Mapping):
     """As :func:`forest_rows`, each row with a fifth item: ``None`` or why it is not reportable."""
-    from ipi.evaluation.reportable import estimand_entries, reportability_of
-
     marks = reportability_of(results)
     aucs, diffs = [], []
     for key, label, x in estimand_entries(results):

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ipi.evaluation.reportable import estimand_entries, reportability_of
+from ipi.evaluation.spread import spread_lines
 from ipi.io import atomic_write_text
 from ipi.protocol import TEXT_SURFACES
 
@@ -175,8 +176,6 @@ def render_report(results: dict, figures: Mapping[str, str] | None = None) -> st
             lines += [f"Test trajectories contributing rows to both sides of each estimand "
                       f"(min_clusters {v.get('min_clusters')}):", ""] + [f"- {x}" for x in cl] + [""]
     if r.get("split_spread"):
-        from ipi.evaluation.spread import spread_lines
-
         lines += spread_lines(r["split_spread"])
     marks = reportability_of(r)
     lines += ["## Estimands (PROTOCOL.md §5)", ""]
@@ -221,7 +220,8 @@ def write_report(results: dict, out_dir: str | Path, figures: Mapping[str, str] 
     return path
 
 
-_CSS = """
+#: Stylesheet of report.html and sweep.html.
+REPORT_CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:1100px;margin:2em auto;
 padding:0 1em;color:#1a1a1a;line-height:1.45}
 h1{font-size:1.6em;margin-bottom:.2em}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}
@@ -258,15 +258,20 @@ if(f){big.setAttribute('src',f.getAttribute('src'));lb.style.display='block';}})
 </script>"""
 
 
-def _h(x) -> str:
+def html_escape(x) -> str:
+    """``str(x)`` escaped for HTML text and attribute values (quotes included)."""
     return html.escape(str(x), quote=True)
+
+
+_h = html_escape  # short name for the many f-strings below
 
 
 def _num(x, fmt: str = ".3f") -> str:
     return "n/a" if x is None else format(float(x), fmt)
 
 
-def _img_tag(path: Path, alt: str) -> str:
+def img_tag(path: Path, alt: str) -> str:
+    """An ``<img>`` tag with the PNG at ``path`` embedded as a data URI (self-contained HTML)."""
     data = base64.b64encode(path.read_bytes()).decode("ascii")
     return f'<img alt="{_h(alt)}" src="data:image/png;base64,{data}">'
 
@@ -289,7 +294,7 @@ def render_html(results: Mapping, figures: Mapping[str, str | Path] | None = Non
     run = r.get("run") or {}
     title = " · ".join(str(x) for x in (run.get("surface"), run.get("backbone")) if x) or "score table"
     out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-           f"<title>ipi report — {_h(title)}</title><style>{_CSS}</style></head><body>",
+           f"<title>ipi report — {_h(title)}</title><style>{REPORT_CSS}</style></head><body>",
            f"<h1>ipi report — {_h(title)}</h1>"]
     if r.get("source"):
         out.append(f'<p class="muted">score table: {_h(r["source"])}</p>')
@@ -360,7 +365,7 @@ def render_html(results: Mapping, figures: Mapping[str, str | Path] | None = Non
             if not path.is_file():
                 continue
             caption = FIGURES.get(name, (None, name))[1] + " Click the figure for full size."
-            out.append(f"<figure>{_img_tag(path, name)}<figcaption>{_h(caption)}</figcaption></figure>")
+            out.append(f"<figure>{img_tag(path, name)}<figcaption>{_h(caption)}</figcaption></figure>")
     counts = r.get("counts")
     if counts:
         out += ["<h2>Data</h2>", "<table>"]

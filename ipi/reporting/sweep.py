@@ -58,6 +58,7 @@ from pathlib import Path
 import pandas as pd
 
 from ipi.io import atomic_write_text
+from ipi.reporting.report import REPORT_CSS, html_escape, img_tag
 
 __all__ = ["collect", "familywise", "holm", "main", "write_sweep_report"]
 
@@ -286,7 +287,6 @@ def write_sweep_report(sweep: str | Path) -> dict[str, Path]:
     Raises:
         FileNotFoundError, ValueError: See :func:`collect` and the duplicate-cell rule.
     """
-    from ipi.reporting.report import _CSS, _h, _img_tag
     from ipi.reporting.plots import plot_heatmap
 
     sweep = Path(sweep)
@@ -335,11 +335,11 @@ def write_sweep_report(sweep: str | Path) -> dict[str, Path]:
     md += [f"![{label}]({p.name})" for label, p in figures]
     out["md"] = atomic_write_text(sweep / "sweep_report.md", "\n".join(md) + "\n")
     html = ["<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">",
-            f"<title>sweep report</title><style>{_CSS}</style></head><body>",
-            f"<h1>Sweep report</h1><p class=\"muted\">{_h(sweep)} · {len(df)} jobs</p>",
-            f"<p><strong>{_h(family)}</strong></p>"]
+            f"<title>sweep report</title><style>{REPORT_CSS}</style></head><body>",
+            f"<h1>Sweep report</h1><p class=\"muted\">{html_escape(sweep)} · {len(df)} jobs</p>",
+            f"<p><strong>{html_escape(family)}</strong></p>"]
     for label, p in figures:
-        html.append(f"<figure>{_img_tag(p, label)}<figcaption>{_h(label)} per layer × token group "
+        html.append(f"<figure>{img_tag(p, label)}<figcaption>{html_escape(label)} per layer × token group "
                     "(estimate and 95% CI)</figcaption></figure>")
     html.append(df[cols].to_html(index=False, float_format=lambda v: f"{v:.3f}", border=0))
     html.append("</body></html>")

@@ -29,6 +29,8 @@ from pathlib import Path
 
 from lightning.pytorch.loggers import WandbLogger
 
+from ipi.evaluation.reportable import estimand_entries, reportability_of
+
 log = logging.getLogger(__name__)
 
 __all__ = ["IpiWandbLogger", "finish_wandb", "log_run", "task_wrapper", "wandb_logger"]
@@ -150,7 +152,6 @@ def log_run(logger: WandbLogger, results: Mapping, figures: Mapping[str, str | P
     """
     import wandb
 
-    from ipi.evaluation.reportable import estimand_entries, reportability_of
 
     keys: list[str] = []
     if config is not None:

@@ -20,7 +20,10 @@ from typing import TYPE_CHECKING
 
 from PIL import Image
 
+from ipi.data.images import load_rgb
+from ipi.protocol import CONTROLS_BY_SURFACE, SURFACES
 from ipi.surfaces.bank import attack_text, stable_int
+from ipi.surfaces.banner import BannerSpec, banner_spec, draw_banner, text_fits
 from ipi.surfaces.controls import (
     benign_imperative,
     imperative_sentences,
@@ -28,8 +31,6 @@ from ipi.surfaces.controls import (
     scramble,
     scramble_tokens,
 )
-from ipi.protocol import CONTROLS_BY_SURFACE, SURFACES
-from ipi.surfaces.banner import BannerSpec, banner_spec, draw_banner, text_fits
 
 if TYPE_CHECKING:
     from ipi.data.schema import Step
@@ -91,8 +92,6 @@ class Variant:
             DataError: The screenshot cannot be decoded (message names the file and step; the
                 importer's header check cannot see a compressed stream forged with valid CRCs).
         """
-        from ipi.data.images import load_rgb
-
         # Any mode Pillow opens, as a person sees it (16-bit grey, transparency, CMYK, ...).
         img = load_rgb(step.screenshot, step.step)
         if self.banner is None or self.variant == "clean":

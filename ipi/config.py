@@ -27,7 +27,7 @@ from ipi.protocol import (
     DEFAULT_SYSTEM_PROMPT,
     SURFACES,
     TOKEN_GROUPS,
-    check_layer_value,
+    check_layer_spec,
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -342,10 +342,7 @@ def validate(cfg: DictConfig) -> None:
             a text-only backbone, or a non-positive bootstrap count.
     """
     resolved_controls(cfg)
-    if len(cfg.layers.spec) == 0:
-        raise ValueError("layers.spec: empty; give fractions in (0, 1] or block indices, e.g. layers=six")
-    for v in cfg.layers.spec:
-        check_layer_value(v, cfg.backbone.n_layers, where="layers.spec", backbone=cfg.backbone.name)
+    check_layer_spec(cfg.layers.spec, cfg.backbone.n_layers, where="layers.spec", backbone=cfg.backbone.name)
     groups = [enum_value(g) for g in cfg.token_group.names]
     if not groups:
         raise ValueError("token_group.names: empty; choose e.g. token_group=five")

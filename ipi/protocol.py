@@ -52,27 +52,38 @@ def transfer_source_surfaces(surface: str, multimodal: bool) -> list[str]:
     return [s for s in SURFACES if s != surface and (multimodal or s in TEXT_SURFACES)]
 
 
-def check_layer_value(v, n_layers: int | None = None, where: str = "layers", backbone: str | None = None) -> None:
-    """Refuse one entry of a layer spec that is neither a fraction in (0, 1] nor a block index.
+def check_layer_spec(spec: Sequence, n_layers: int | None = None, where: str = "layers",
+                     backbone: str | None = None) -> None:
+    """Refuse a layer spec that is not ``["all"]`` or a list of fractions in (0, 1] / block indices.
+
+    The one place layer specs are checked: :func:`ipi.config.validate` (``layers.spec``, at
+    composition) and :func:`resolve_layers` call it.
 
     Args:
-        v: A float fraction of depth, an int block index (negative counts from the end) or ``"all"``.
+        spec: The entries of ``layers.spec`` (or ``extract.layers``).
         n_layers: Decoder blocks of the backbone; when given, indices are range-checked.
         where: Name of the config key, for the message.
         backbone: Name of the backbone, for the message of an index out of range.
 
     Raises:
-        ValueError: A fraction outside (0, 1] (or NaN), an index out of range, or any other value.
+        ValueError: An empty spec, ``"all"`` beside other entries, a fraction outside (0, 1]
+            (or NaN), an index out of range, or any other value; one line naming the value.
     """
-    if v == ALL_LAYERS:
-        return
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise ValueError(f"{where}: {v!r} is neither a fraction in (0, 1] nor an integer index")
-    if isinstance(v, float) and not (0.0 < v <= 1.0 and not math.isnan(v)):
-        raise ValueError(f"{where}: fraction {v} outside (0, 1]")
-    if isinstance(v, int) and n_layers is not None and not -n_layers <= v < n_layers:
-        of = f"backbone={backbone} ({n_layers} layers)" if backbone else f"{n_layers} decoder layers"
-        raise ValueError(f"{where}: index {v} out of range for {of}")
+    spec = list(spec)
+    if not spec:
+        raise ValueError(f"{where}: empty; give fractions in (0, 1] or block indices, e.g. layers=six")
+    if ALL_LAYERS in spec and len(spec) > 1:
+        raise ValueError(f"{where}: {ALL_LAYERS!r} must be the only entry, got {spec}")
+    for v in spec:
+        if v == ALL_LAYERS:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ValueError(f"{where}: {v!r} is neither a fraction in (0, 1] nor an integer index")
+        if isinstance(v, float) and not (0.0 < v <= 1.0 and not math.isnan(v)):
+            raise ValueError(f"{where}: fraction {v} outside (0, 1]")
+        if isinstance(v, int) and n_layers is not None and not -n_layers <= v < n_layers:
+            of = f"backbone={backbone} ({n_layers} layers)" if backbone else f"{n_layers} decoder layers"
+            raise ValueError(f"{where}: index {v} out of range for {of}")
 
 
 def resolve_layers(spec: Sequence[float | int], n_layers: int) -> list[int]:
@@ -92,29 +103,20 @@ def resolve_layers(spec: Sequence[float | int], n_layers: int) -> list[int]:
         Sorted unique block indices.
 
     Raises:
-        ValueError: A fraction outside (0, 1] or an index out of range, naming the value.
+        ValueError: As :func:`check_layer_spec`, naming the value.
     """
     spec = list(spec)
+    check_layer_spec(spec, n_layers)
     if spec == [ALL_LAYERS]:
         return list(range(n_layers))
     out = set()
     for v in spec:
-        if isinstance(v, bool):
-            raise ValueError(f"layers: {v!r} is not a fraction in (0, 1] or an integer index")
         if isinstance(v, int):
-            idx = v if v >= 0 else n_layers + v
-            if not 0 <= idx < n_layers:
-                raise ValueError(f"layers: index {v} out of range for {n_layers} decoder layers")
+            out.add(v if v >= 0 else n_layers + v)
         else:
-            f = float(v)
-            if not (0.0 < f <= 1.0) or math.isnan(f):
-                raise ValueError(f"layers: fraction {v} outside (0, 1]")
-            idx = max(0, math.ceil(round(f * n_layers, 9)) - 1)
-        out.add(idx)
-    if not out:
-        raise ValueError("layers: empty layer list")
+            out.add(max(0, math.ceil(round(float(v) * n_layers, 9)) - 1))
     return sorted(out)
 
 
 __all__ = ["ALL_LAYERS", "CONTROLS", "CONTROLS_BY_SURFACE", "DEFAULT_SYSTEM_PROMPT", "SURFACES", "TEXT_SURFACES",
-           "TOKEN_GROUPS", "VARIANTS", "check_layer_value", "resolve_layers", "transfer_source_surfaces"]
+           "TOKEN_GROUPS", "VARIANTS", "check_layer_spec", "resolve_layers", "transfer_source_surfaces"]

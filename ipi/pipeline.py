@@ -45,7 +45,7 @@ from ipi.stages import (
     score_test_rows,
     select_features,
     split_folds,
-    test_trajectories,
+    fold_sides,
     transfer_source,
     verdict_kwargs,
     wording_record,
@@ -101,7 +101,7 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
                             **verdict_kwargs(cfg.evaluation), permutation=fits.permutation_input(),
                             alpha=cfg.evaluation.permutation.alpha,
                             min_boot_fraction=cfg.evaluation.min_boot_fraction)
-    test_ids = test_trajectories(folds)[1]
+    test_ids = fold_sides(folds)[1]
     gallery = (write_gallery(cfg, next(t for t in trajs if t.trajectory_id in set(test_ids)), out_dir)
                if cfg.report.gallery else None)
 

@@ -330,14 +330,14 @@ def fit_folds(cfg: DictConfig, meta: pd.DataFrame, x: np.ndarray, features, laye
                      permutation_m=ev.permutation.m, permutation_seed=ev.permutation.seed, **extra)
 
 
-def test_trajectories(folds) -> tuple[set | None, set]:
+def fold_sides(folds) -> tuple[set | None, set]:
     """``(training ids or None for k-fold, test ids)``: with k-fold every trajectory is tested once."""
     return folds[0] if len(folds) == 1 else (None, {t for _, f in folds for t in f})
 
 
 def run_counts(trajectories, meta: pd.DataFrame, rows, fits, folds, step_skips, traj_skips) -> dict:
     """``counts`` of results.json: trajectories, steps, rows per side and variant, skips (docs/outputs.md)."""
-    train_ids, test_ids = test_trajectories(folds)
+    train_ids, test_ids = fold_sides(folds)
     is_test = np.zeros(len(meta), dtype=bool)
     is_test[fits.test_index] = True
     return {

@@ -14,13 +14,13 @@ import transformers
 from hydra.utils import instantiate
 
 import ipi
-from ipi.protocol import resolve_layers
 from ipi.config import to_container
 from ipi.extraction.cache import ActivationCache, FeatureSet, stable_hash
 from ipi.extraction.datamodule import ReplayDataModule, StepGroupDataset
 from ipi.extraction.extractor import HiddenStateExtractor, ShardWriter
 from ipi.extraction.rows import ReplayRow, row_fingerprint
 from ipi.progress import extraction_callbacks
+from ipi.protocol import resolve_layers
 
 log = logging.getLogger(__name__)
 

@@ -16,6 +16,7 @@ from ipi.surfaces.bank import (
     attack_text,
     stable_int,
 )
+from ipi.surfaces.banner import BannerSpec, banner_spec, draw_banner, text_fits, wrap_text
 from ipi.surfaces.controls import (
     benign_imperative,
     imperative_tokens,
@@ -23,7 +24,6 @@ from ipi.surfaces.controls import (
     scramble,
     scramble_tokens,
 )
-from ipi.surfaces.banner import BannerSpec, banner_spec, draw_banner, text_fits, wrap_text
 from ipi.surfaces.variants import Variant, make_variants
 
 __all__ = [

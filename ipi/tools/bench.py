@@ -56,6 +56,20 @@ import time
 import numpy as np
 import torch
 
+from ipi.backbone import Backbone, find_decoder_layers
+from ipi.config import REPO_ROOT, register_configs
+from ipi.extraction.datamodule import ReplayDataset, StepGroupDataset, collate_steps
+from ipi.extraction.extractor import (
+    HiddenStateExtractor,
+    base_model,
+    collapse_statistic,
+    pool_groups,
+)
+from ipi.extraction.run import extract_features
+from ipi.metrics.bootstrap_timing import bench_bootstrap, bench_permutation
+from ipi.progress import quiet_lightning
+from ipi.protocol import SURFACES, TOKEN_GROUPS
+from ipi.stages import layer_indices, load_data, make_rows
 
 #: Qwen2.5-VL-7B-Instruct's architecture (config.json of the checkpoint).
 QWEN2_5_VL_7B_TEXT = dict(
@@ -69,15 +83,6 @@ QWEN2_5_VL_7B_VISION = dict(
     fullatt_block_indexes=[7, 15, 23, 31],
 )
 
-from ipi.backbone import Backbone, find_decoder_layers
-from ipi.config import REPO_ROOT, register_configs
-from ipi.extraction.datamodule import ReplayDataset, StepGroupDataset, collate_steps
-from ipi.extraction.extractor import HiddenStateExtractor, base_model, collapse_statistic, pool_groups
-from ipi.extraction.run import extract_features
-from ipi.metrics.bootstrap_timing import bench_bootstrap, bench_permutation
-from ipi.progress import quiet_lightning
-from ipi.protocol import SURFACES, TOKEN_GROUPS
-from ipi.stages import layer_indices, load_data, make_rows
 
 
 def compose(overrides: list[str]):

@@ -71,7 +71,6 @@ from ipi.reporting.sweep import claim_p_values, familywise
 from ipi.surfaces.bank import ATTACK_TEMPLATES, attack_text
 from ipi.surfaces.wording import wording_plan
 
-
 __all__ = [
     "CONTROLS",
     "VARIANTS",

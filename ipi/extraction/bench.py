@@ -348,7 +348,7 @@ def entry_timings(repo_root, out_dir, *, sweep: bool = True, python: str | None 
     1. ``python extract.py surface=i_vis`` fills the activation cache (or finds it): its time
        is reported as ``extract_s`` (a cold extraction when the cache was empty).
     2. ``warm_run_s``: ``python train.py surface=i_vis layers=six`` with that cache (a hit).
-    3. ``imports_s``: ``python -c "import train, ipi.tasks"`` — what every entry script pays
+    3. ``imports_s``: ``python -c "import train, ipi.pipeline"`` — what every entry script pays
        before any work; ``warm_run_cpu_beyond_imports_s`` subtracts its CPU-seconds.
     4. ``sweep30_s``: ``python train.py -m layers=six_1,...,six_6
        token_group=last_prompt,image,task,observation,action`` (30 jobs in one process).
@@ -375,7 +375,7 @@ def entry_timings(repo_root, out_dir, *, sweep: bool = True, python: str | None 
     ext = _timed_run([py, "extract.py", "surface=i_vis", "quiet=true", f"hydra.run.dir={out_dir}/extract", *extra],
                      repo_root, env)
     res["extract_s"] = ext
-    imp = _timed_run([py, "-c", "import train, ipi.tasks, ipi.cli"], repo_root, env)
+    imp = _timed_run([py, "-c", "import train, ipi.pipeline, ipi.cli"], repo_root, env)
     warm = _timed_run([py, "train.py", "surface=i_vis", "layers=six", "quiet=true", f"hydra.run.dir={out_dir}/warm",
                        *extra], repo_root, env)
     res.update({"warm_run_s": warm["wall_s"], "warm_run_cpu_s": warm["cpu_s"], "warm_run": warm,

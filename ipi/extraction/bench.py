@@ -103,7 +103,7 @@ def tasktracker_features(bb, cfg, rows, layers: Sequence[int]) -> dict:
         ``{"features": [N, L, G, H], "collapse": [N, L], "prep_s", "tokens"}``.
     """
     from ipi.extraction.extractor import collapse_statistic, pool_groups
-    from ipi.replay import TOKEN_GROUPS
+    from ipi.protocol import TOKEN_GROUPS
 
     ds = _replay_dataset(bb, cfg, rows)
     feats, coll, prep, tokens = [], [], 0.0, 0
@@ -128,7 +128,7 @@ def elk_features(bb, cfg, rows, layers: Sequence[int]) -> dict:
     """
     from ipi.extraction.datamodule import collate_rows, step_groups
     from ipi.extraction.extractor import base_model, collapse_statistic, pool_groups
-    from ipi.replay import TOKEN_GROUPS
+    from ipi.protocol import TOKEN_GROUPS
 
     ds = _replay_dataset(bb, cfg, rows)
     tok_ = bb.tokenizer
@@ -163,7 +163,7 @@ def ours_features(bb, cfg, rows, layers: Sequence[int]) -> dict:
         step groups (rendering, tokenising, collating: what DataLoader workers would do).
     """
     from ipi.extraction.run import extract_features
-    from ipi.replay import TOKEN_GROUPS
+    from ipi.protocol import TOKEN_GROUPS
 
     with tempfile.TemporaryDirectory() as tmp:
         cfg.extract.cache_dir = tmp

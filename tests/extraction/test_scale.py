@@ -346,7 +346,7 @@ def test_transfer_sources_forward_clean_and_attack_unless_the_full_entry_is_cach
     otherwise only its clean/attack rows (what the transfer probe trains on) are extracted."""
     from ipi import stages
     from ipi.extraction.run import extract_features, transfer_rows
-    from ipi.replay import TOKEN_GROUPS
+    from ipi.protocol import TOKEN_GROUPS
 
     cfg = compose_train(tmp_path, ["data.max_trajectories=2"])
     trajs = stages.load_data(cfg)[0]

@@ -168,6 +168,12 @@ def forest_rows(results: Mapping) -> tuple[list[tuple[str, float, float, float]]
         if isinstance(base, Mapping):
             add(aucs, f"{label} E1", base.get("e1"))
             add(aucs, f"{label} E2", base.get("e2"))
+    twin = results.get("random_twin")
+    if isinstance(twin, Mapping):
+        add(aucs, "random twin E1", twin.get("e1"))
+        add(aucs, "random twin E2", twin.get("e2"))
+        for c, x in sorted((twin.get("e3") or {}).items()):
+            add(aucs, f"random twin E3 vs {c}", x)
     for key, x in sorted((results.get("differences") or {}).items()):
         if isinstance(x, Mapping) and "estimate" in x:
             add(diffs, key.replace("_minus_", " − ").replace("_", " "), x)

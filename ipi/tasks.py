@@ -32,6 +32,7 @@ from ipi.probe.fit import ProbeConfig
 from ipi.progress import set_quiet, track
 from ipi.replay import TOKEN_GROUPS
 from ipi.tracking import task_wrapper
+from ipi.twin import twin_config, twin_description
 
 log = logging.getLogger(__name__)
 
@@ -174,6 +175,17 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
     meta = row_table(rows, features)
     x = select_features(features, layers, groups)
 
+    # The random-weight twin (verdict check 6; ipi.twin): the same rows through the same
+    # architecture with seeded random weights, under its own cache key.
+    x_twin, twin_info = None, None
+    if cfg.evaluation.random_twin:
+        twin_feat, twin_info = extract_features(twin_config(cfg), rows, layers, list(TOKEN_GROUPS))
+        if twin_feat is None:  # a non-zero DDP rank
+            return {}, {"extraction": info}
+        if twin_feat.row_ids != features.row_ids:
+            raise RuntimeError("random twin: its cache entry holds other rows than the backbone's")
+        x_twin = select_features(twin_feat, layers, groups)
+
     # Cross-surface transfer (PROTOCOL.md §6): clean/attack rows of the other surfaces, each
     # surface extracted (or read from the cache) under its own key.
     transfer_src, transfer_surfaces, infos = None, [], {surface: info}
@@ -208,6 +220,13 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
         logger=loggers[0] if loggers else None, default_root_dir=str(out_dir))
     baselines = fits.baselines
     te = fits.test_index
+    twin_table = None
+    if x_twin is not None:  # the same probe on the twin's features, same folds and seed
+        twin_fits = cross_fit(meta, x_twin, folds, probe_cfg=pcfg, default_root_dir=str(out_dir))
+        if not np.array_equal(twin_fits.test_index, te):
+            raise RuntimeError("random twin: its out-of-fold rows differ from the probe's")
+        twin_table = meta.iloc[te][["trajectory_id", "step", "variant"]].reset_index(drop=True)
+        twin_table["score"] = twin_fits.probe_scores(x_twin)
     te_meta = meta.iloc[te].reset_index(drop=True)
     is_test = np.zeros(len(meta), dtype=bool)
     is_test[te] = True
@@ -241,13 +260,16 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
                      else None),
         "cache_key": info["cache_key"],
         "cache_keys": {s: i["cache_key"] for s, i in infos.items()},
+        "random_twin": ({**twin_description(cfg), "cache_key": twin_info["cache_key"]} if twin_info is not None
+                        else None),
         "data_root": str(Path(cfg.data.root).resolve()),
     }
 
     # Score the test rows with the probe through Lightning; the callbacks compute and write.
     est = EstimandsCallback(te_meta, baselines, n_boot=cfg.evaluation.n_boot, seed=cfg.evaluation.seed,
                             level=cfg.evaluation.level, collapse_ceiling=cfg.evaluation.collapse_ceiling,
-                            c1_max=cfg.evaluation.c1_max, min_clusters=cfg.evaluation.min_clusters)
+                            c1_max=cfg.evaluation.c1_max, min_clusters=cfg.evaluation.min_clusters,
+                            twin=twin_table, pretrained=bool(cfg.backbone.pretrained))
     gallery = None
     if cfg.report.gallery:
         first_test = next(t for t in trajs if t.trajectory_id in set(test_ids))
@@ -264,7 +286,8 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
     atomic_write_text(out_dir / "scores.csv", est.scores.to_csv(index=False))
     elapsed = time.perf_counter() - t0
     atomic_write_text(out_dir / "run_info.json", __import__("json").dumps(
-        {"extraction": info, "extraction_by_surface": infos, "elapsed_s": round(elapsed, 2)}, indent=2))
+        {"extraction": info, "extraction_by_surface": infos, "extraction_random_twin": twin_info,
+         "elapsed_s": round(elapsed, 2)}, indent=2))
     log.info("extraction: cache %s (%d rows forwarded), %.1f MB on disk (python -m ipi.cache list); total %.1f s",
              "hit" if info["cache_hit"] else "miss", info["rows_forwarded"], info["cache_bytes"] / 2**20, elapsed)
     for lg in loggers:
@@ -279,10 +302,13 @@ def extract(cfg: DictConfig) -> tuple[dict, dict]:
     """Extract (or reuse) every activation-cache entry a ``train.py`` run with this config reads.
 
     That is the configured surface and, when ``evaluation.transfer`` is on, the transfer source
-    surfaces — so a sweep started after ``extract.py`` forwards nothing.
+    surfaces — so a sweep started after ``extract.py`` forwards nothing — and, when
+    ``evaluation.random_twin`` is on, the random-weight twin's entry for the configured surface
+    (the twin is probed on the run's own surface only; its transfer is not reported).
 
     Returns:
-        ``(info of the configured surface, {"features": ..., "extraction_by_surface": ...})``.
+        ``(info of the configured surface, {"features": ..., "extraction_by_surface": ...,
+        "extraction_random_twin": info or None})``.
     """
     validate(cfg)
     quiet_lightning()
@@ -292,11 +318,16 @@ def extract(cfg: DictConfig) -> tuple[dict, dict]:
     surfaces = [surface]
     if cfg.evaluation.transfer:
         surfaces += transfer_source_surfaces(surface, cfg.backbone.multimodal)
-    infos, features = {}, None
+    infos, features, twin_info = {}, None, None
     for s in surfaces:
-        feats, infos[s] = extract_features(cfg, make_rows(cfg, trajs, s), layer_indices(cfg), list(TOKEN_GROUPS))
-        features = feats if s == surface else features
-    return infos[surface], {"features": features, "extraction_by_surface": infos}
+        rows = make_rows(cfg, trajs, s)
+        feats, infos[s] = extract_features(cfg, rows, layer_indices(cfg), list(TOKEN_GROUPS))
+        if s == surface:
+            features = feats
+            if cfg.evaluation.random_twin:
+                _, twin_info = extract_features(twin_config(cfg), rows, layer_indices(cfg), list(TOKEN_GROUPS))
+    return infos[surface], {"features": features, "extraction_by_surface": infos,
+                            "extraction_random_twin": twin_info}
 
 
 @task_wrapper

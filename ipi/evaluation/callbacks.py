@@ -29,6 +29,15 @@ def _flat_metrics(results: dict, prefix: str = "test") -> dict[str, float]:
     add("e2", results.get("e2"))
     for c, iv in (results.get("e3") or {}).items():
         add(f"e3_{c}", iv)
+    twin = results.get("random_twin") or {}
+    add("random_twin_e1", twin.get("e1"))
+    add("random_twin_e2", twin.get("e2"))
+    for c, iv in (twin.get("e3") or {}).items():
+        add(f"random_twin_e3_{c}", iv)
+    diffs = results.get("differences") or {}
+    add("e1_minus_twin_e1", diffs.get("e1_minus_twin_e1"))
+    for c, iv in (diffs.get("e3_minus_twin_e3") or {}).items():
+        add(f"e3_minus_twin_e3_{c}", iv)
     for base in ("c1", "collapse_only", "permuted", "transfer"):
         if isinstance(results.get(base), dict):
             add(f"{base}_e1", results[base].get("e1"))
@@ -55,13 +64,17 @@ class EstimandsCallback(L.Callback):
         collapse_ceiling: Ceiling of verdict check 5.
         c1_max: Bound of verdict check 2.
         min_clusters: Fewest test trajectories for which the verdict's checks run.
+        twin: The probe's score table on the random-weight twin's features (same rows), or None
+            (verdict check 6 is then NOT RUN).
+        pretrained: ``backbone.pretrained`` (False caps the claim at "separates ..."), or None.
     """
 
     def __init__(self, rows: pd.DataFrame, baselines: Mapping[str, pd.DataFrame], *, n_boot: int = 1000,
                  seed: int = 0, level: float = 0.95, collapse_ceiling: float = 0.60, c1_max: float = 0.95,
-                 min_clusters: int = 5):
+                 min_clusters: int = 5, twin: pd.DataFrame | None = None, pretrained: bool | None = None):
         self.rows = rows.reset_index(drop=True)
         self.baselines = dict(baselines)
+        self.twin, self.pretrained = twin, pretrained
         self.n_boot, self.seed, self.level = n_boot, seed, level
         self.collapse_ceiling, self.c1_max, self.min_clusters = collapse_ceiling, c1_max, min_clusters
         self._scores: list[np.ndarray] = []
@@ -81,12 +94,13 @@ class EstimandsCallback(L.Callback):
         table = self.rows[["trajectory_id", "step", "variant"]].copy()
         table["score"] = scores
         self.scores = table
-        desc = f"bootstrap (B={self.n_boot}, {1 + len(self.baselines)} score tables)"
+        desc = f"bootstrap (B={self.n_boot}, {1 + len(self.baselines) + (self.twin is not None)} score tables)"
         with progress_bar(desc, total=1) as bar:
-            results = evaluate_tables(table, self.baselines, n_boot=self.n_boot, seed=self.seed, level=self.level)
+            results = evaluate_tables(table, self.baselines, n_boot=self.n_boot, seed=self.seed, level=self.level,
+                                      twin=self.twin)
             bar.advance()
         results["verdict"] = verdict(results, collapse_ceiling=self.collapse_ceiling, c1_max=self.c1_max,
-                                     min_clusters=self.min_clusters)
+                                     min_clusters=self.min_clusters, pretrained=self.pretrained)
         self.results = results
         metrics = _flat_metrics(results)
         for lg in trainer.loggers:

@@ -63,7 +63,8 @@ def _fmt(iv: dict | None) -> str:
 def estimand_rows(results: Mapping) -> list[tuple[str, dict | None]]:
     """``(label, interval)`` for every estimand of a results dict, in report order.
 
-    Order: E1, E2, E3 per control, each baseline's E1 (and E2), then the paired differences.
+    Order: E1, E2, E3 per control, each baseline's E1 (and E2), the random twin's E1, E2 and
+    E3 per control, then the paired differences.
     Intervals are ``{"estimate", "ci_low", "ci_high", "n_boot_used"}`` dicts.
     """
     r = results
@@ -76,12 +77,56 @@ def estimand_rows(results: Mapping) -> list[tuple[str, dict | None]]:
             rows.append((f"{label} E1", r[key].get("e1")))
             if r[key].get("e2"):
                 rows.append((f"{label} E2", r[key].get("e2")))
+    twin = r.get("random_twin")
+    if isinstance(twin, dict):
+        rows += [("random twin E1", twin.get("e1")), ("random twin E2", twin.get("e2"))]
+        rows += [(f"random twin E3 attack vs {c}", iv) for c, iv in sorted((twin.get("e3") or {}).items())]
     for k, iv in sorted((r.get("differences") or {}).items()):
         if isinstance(iv, dict) and "estimate" in iv:
             rows.append((k, iv))
         elif isinstance(iv, dict):
             rows += [(f"{k} {c}", sub) for c, sub in sorted(iv.items())]
     return rows
+
+
+def twin_rows(results: Mapping) -> list[tuple[str, dict | None, dict | None, dict | None]]:
+    """``(label, trained, twin, trained − twin)`` intervals for E1, E2 and each E3[c], side by side.
+
+    Empty when the results have no random-weight twin (``results["random_twin"]``). The
+    differences are the paired ones of ``results["differences"]`` (E1 and each E3[c]; E2 has
+    none).
+    """
+    twin = results.get("random_twin")
+    if not isinstance(twin, Mapping):
+        return []
+    d = results.get("differences") or {}
+    rows = [("E1 attack vs clean", results.get("e1"), twin.get("e1"), d.get("e1_minus_twin_e1")),
+            ("E2 paired step", results.get("e2"), twin.get("e2"), None)]
+    for c, iv in sorted((results.get("e3") or {}).items()):
+        rows.append((f"E3 attack vs {c}", iv, (twin.get("e3") or {}).get(c), (d.get("e3_minus_twin_e3") or {}).get(c)))
+    return rows
+
+
+def _short_iv(iv: dict | None) -> str:
+    if not iv or iv.get("estimate") is None:
+        return "n/a"
+    lo, hi = iv.get("ci_low"), iv.get("ci_high")
+    ci = f" [{lo:.3f}, {hi:.3f}]" if lo is not None and hi is not None else " [n/a]"
+    return f"{iv['estimate']:.3f}{ci}"
+
+
+#: Said under the side-by-side table when the backbone's own weights are random.
+RANDOM_BACKBONE_NOTE = ("The backbone's own weights are random (backbone.pretrained=false): a network with random "
+                        "weights cannot read malicious intent, so this run can license at most \"separates\"; "
+                        "its twin is the same architecture with other random weights.")
+
+
+def _twin_caption(results: Mapping) -> str:
+    tw = (results.get("run") or {}).get("random_twin") or {}
+    seed = f" (seed {tw['seed']})" if "seed" in tw else ""
+    return (f"The same probe, folds and rows on the random-weight twin{seed}: the same architecture and config "
+            "with the architecture's own random initialisation. Check 6 needs every control's paired CI of "
+            "E3 − twin E3 above 0 (docs/estimands.md).")
 
 
 def render_report(results: dict, figures: Mapping[str, str] | None = None) -> str:
@@ -106,6 +151,16 @@ def render_report(results: dict, figures: Mapping[str, str] | None = None) -> st
               "| estimand | estimate | 95% CI | replicates used |", "|---|---|---|---|"]
     lines += [f"| {label} | {_fmt(iv)} |" for label, iv in estimand_rows(r)]
     lines.append("")
+    trows = twin_rows(r)
+    if trows:
+        lines += ["## Trained vs random-weight twin (check 6)", "", _twin_caption(r), "",
+                  "| estimand | trained [95% CI] | random twin [95% CI] | trained − twin, paired [95% CI] |",
+                  "|---|---|---|---|"]
+        lines += [f"| {label} | {_short_iv(a)} | {_short_iv(b)} | {_short_iv(d) if d else '—'} |"
+                  for label, a, b, d in trows]
+        if ((r.get("run") or {}).get("random_twin") or {}).get("backbone_pretrained") is False:
+            lines += ["", RANDOM_BACKBONE_NOTE]
+        lines.append("")
     if figures:
         lines += ["## Figures", ""]
         for name, rel in figures.items():
@@ -211,6 +266,18 @@ def render_html(results: Mapping, figures: Mapping[str, str | Path] | None = Non
         out.append(f'<tr><td>{_h(label)}</td><td class="num">{_num(iv.get("estimate"))}</td>'
                    f'<td class="num">{ci}</td><td class="num">{_h(iv.get("n_boot_used", ""))}</td></tr>')
     out.append("</table>")
+    trows = twin_rows(r)
+    if trows:
+        out += ["<h2>Trained vs random-weight twin (check 6)</h2>", f"<p>{_h(_twin_caption(r))}</p>",
+                ("<table><tr><th>estimand</th><th>trained [CI]</th><th>random twin [CI]</th>"
+                 "<th>trained − twin, paired [CI]</th></tr>")]
+        for label, a, b, d in trows:
+            out.append(f'<tr><td>{_h(label)}</td><td class="num">{_h(_short_iv(a))}</td>'
+                       f'<td class="num">{_h(_short_iv(b))}</td>'
+                       f'<td class="num">{_h(_short_iv(d) if d else "—")}</td></tr>')
+        out.append("</table>")
+        if ((r.get("run") or {}).get("random_twin") or {}).get("backbone_pretrained") is False:
+            out.append(f"<p><b>{_h(RANDOM_BACKBONE_NOTE)}</b></p>")
     if bs:
         out.append('<p class="muted">Cluster bootstrap over test trajectories: '
                    + _h(", ".join(f"{k}={val}" for k, val in bs.items())) + "</p>")

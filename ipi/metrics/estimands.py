@@ -68,7 +68,7 @@ REQUIRED_COLUMNS = ("trajectory_id", "step", "variant", "score")
 #: Keys of :func:`evaluate_tables`' result (and of the reports built on it) that a baseline
 #: name may not take.
 RESERVED_KEYS = frozenset(
-    {"e1", "e2", "e3", "differences", "bootstrap", "counts", "verdict", "source", "baselines"}
+    {"e1", "e2", "e3", "differences", "bootstrap", "counts", "verdict", "source", "baselines", "random_twin"}
 )
 
 
@@ -624,6 +624,7 @@ def evaluate_tables(
     n_boot: int = 1000,
     seed: int = 0,
     level: float = 0.95,
+    twin: pd.DataFrame | None = None,
 ) -> dict:
     """Estimands of the probe and its baselines on shared draws, with paired differences.
 
@@ -635,6 +636,10 @@ def evaluate_tables(
         main: The probe's score table.
         baselines: Named baseline score tables on the same test trajectories, e.g.
             ``{"c1": ..., "collapse_only": ..., "permuted": ...}`` (PROTOCOL.md §5, §6).
+        twin: The same probe's score table on the random-weight twin's features (same rows,
+            same folds; :mod:`ipi.twin`), or None. Its E1, E2 and every E3[c] go under
+            ``"random_twin"``, and the paired differences trained − twin of E1 and of each
+            E3[c] under ``"differences"``, all on the shared draws (docs/estimands.md, check 6).
         n_boot: Replicates ``B``.
         seed: Seed of ``numpy.random.default_rng`` for the draws.
         level: Interval coverage.
@@ -644,8 +649,11 @@ def evaluate_tables(
 
             {"e1": {...}, "e2": {...}, "e3": {control: {...}},
              "<baseline>": {"e1": {...}, "e2": {...}},            # per baseline
+             "random_twin": {"e1": {...}, "e2": {...}, "e3": {control: {...}}},  # with twin
              "differences": {"e1_minus_<baseline>_e1": {...},      # per baseline, e.g. c1
-                             "e1_minus_e3": {control: {...}}},
+                             "e1_minus_e3": {control: {...}},
+                             "e1_minus_twin_e1": {...},            # with twin
+                             "e3_minus_twin_e3": {control: {...}}},  # with twin
              "bootstrap": {"n_boot": B, "seed": seed, "level": level, "n_clusters": T}}
 
         where each ``{...}`` is ``{"estimate", "ci_low", "ci_high", "n_boot_used"}`` with
@@ -663,8 +671,9 @@ def evaluate_tables(
             )
     main_v = validate_table(main, "main score table")
     base_v = {k: validate_table(v, f"baseline {k!r} score table") for k, v in baselines.items()}
+    twin_v = validate_table(twin, "random-twin score table") if twin is not None else None
     ids = set(main_v["trajectory_id"])
-    for v in base_v.values():
+    for v in (*base_v.values(), *(() if twin_v is None else (twin_v,))):
         ids |= set(v["trajectory_id"])
     draws = make_draws(ids, n_boot=n_boot, seed=seed)
 
@@ -688,6 +697,19 @@ def evaluate_tables(
             level=level,
         )
         differences["e1_minus_e3"][control] = iv.to_dict()
+    if twin_v is not None:
+        tw = estimands(twin_v, level=level, draws=draws)
+        out["random_twin"] = tw.to_dict()
+        iv, _ = paired_difference(res.e1.estimate, res.replicates["e1"], tw.e1.estimate, tw.replicates["e1"],
+                                  level=level)
+        differences["e1_minus_twin_e1"] = iv.to_dict()
+        differences["e3_minus_twin_e3"] = {}
+        for control, e3 in res.e3.items():
+            if control not in tw.e3:
+                continue
+            iv, _ = paired_difference(e3.estimate, res.replicates["e3"][control], tw.e3[control].estimate,
+                                      tw.replicates["e3"][control], level=level)
+            differences["e3_minus_twin_e3"][control] = iv.to_dict()
     out["differences"] = differences
     out["bootstrap"] = {
         "n_boot": int(draws.n_boot),

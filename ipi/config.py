@@ -353,6 +353,13 @@ def validate(cfg: DictConfig) -> None:
             "evaluation.transfer=false extract.devices=N` for each surface, then train on one device; "
             "or set evaluation.transfer=false"
         )
+    if multi and cfg.evaluation.random_twin:
+        raise ValueError(
+            "extract.devices>1 (DDP) extracts one cache entry per launch: run `python extract.py surface=<s> "
+            "evaluation.transfer=false evaluation.random_twin=false extract.devices=N`, then the twin's entry with "
+            f"`+backbone.loader.random_init_seed={cfg.evaluation.random_twin_seed}` added, then train on one device; "
+            "or set evaluation.random_twin=false"
+        )
     if not 0.0 < cfg.evaluation.level < 1.0:
         raise ValueError(f"evaluation.level must be in (0, 1), got {cfg.evaluation.level}")
     if cfg.data.max_trajectories is not None and cfg.data.max_trajectories < 1:

@@ -1,13 +1,13 @@
 """Planted-truth self-test of the statistics: ``python -m ipi.simulate`` (docs/selftest.md).
 
-Generates **feature-level** datasets with the protocol's structure (PROTOCOL.md §2–§3) under two
+Generates **feature-level** datasets with the protocol's structure (PROTOCOL.md §2–§3) under three
 known truths, runs the project's real pipeline pieces on each — trajectory split
 (:func:`~ipi.probe.crossfit.make_folds`), the Lightning :class:`~ipi.probe.LinearProbe` via
 :func:`~ipi.probe.fit_probe`, the C1 metadata baseline, the permuted-label probe and the
 collapse-only probe (all through :func:`~ipi.probe.crossfit.cross_fit`, the function
 ``train.py`` uses), :func:`~ipi.metrics.evaluate_tables` and the verdict — and reports:
 
-* the rate of the claim "detects malicious content" under truth (b), where it is false
+* the rate of the claim "detects malicious content" under truths (b) and (c), where it is false
   (must be ≤ 5%);
 * the power (rate of that claim) under truth (a), where it is true;
 * the empirical coverage of the 95% cluster-bootstrap CIs of E1 (and E2, E3[c]) for the
@@ -29,6 +29,17 @@ The generating process (one dataset; all directions are random orthonormal vecto
   surface (box/overlay and text) directions every boxed variant shares;
   truth (b): ``content = 0`` — attack and ``c_scrambled`` (and ``c_imperative``) share only the
   surface directions: nothing distinguishes malicious content;
+  truth (c): ``content = 0``, ``lexical > 0`` — attacks carry a *token-identity* direction
+  ``v_lex`` (the attack bank's vocabulary) that separates them from the controls, and the random
+  twin's features carry it just as strongly: E3 > 0.5 (check 3 passes) for a reason a network
+  with random weights shares;
+* the **random-weight twin** (verdict check 6): the same inputs (the same trajectory and step
+  effects) through another network: its features are ``Q (mu_twin[variant] + pos · (step / H_t) ·
+  v_pos + u_t + s_(t,step) + e')`` with a random rotation ``Q``, its own row noise ``e'`` of the
+  same SD, and ``mu_twin`` = ``mu`` without the content term (a random network keeps surface
+  statistics and token identity, not content). Twin draws come from their own generator
+  (``spawn_key=(truth, index, 1)``), so the trained-feature datasets are those of the two-truth
+  self-test;
 * metadata as on ``i_vis``: step, horizon, prompt length (trajectory base + per-step growth,
   equal for every variant of a step, so Δprompt length is 0);
 * collapse statistic, two layers: ``0.35 + trajectory effect + position + collapse_box ·
@@ -72,7 +83,7 @@ __all__ = [
 
 CONTROLS = ("c_scrambled", "c_imperative", "c_occlusion")
 VARIANTS = ("clean", "attack", *CONTROLS)
-TRUTHS = ("a", "b")
+TRUTHS = ("a", "b", "c")
 
 
 @dataclass(frozen=True)
@@ -89,17 +100,27 @@ class SimParams:
     pos: float = 0.8
     box: float = 0.8
     text: float = 0.8
-    content: float = 0.9  # truth (a); truth (b) sets 0
+    content: float = 0.9  # truth (a); truths (b) and (c) set 0
+    lexical: float = 0.9  # truth (c): token identity on attack rows, shared by the twin; (a), (b) set 0
     collapse_box: float = 0.002
     test_fraction: float = 0.3
     l2: float = 1.0
     n_boot: int = 1000
 
     def for_truth(self, truth: str) -> SimParams:
-        """The same process under truth ``"a"`` (content as set) or ``"b"`` (content 0)."""
+        """The process under truth ``"a"`` (content as set, no token identity), ``"b"`` (neither)
+        or ``"c"`` (token identity as set, no content)."""
         if truth not in TRUTHS:
-            raise ValueError(f"truth must be 'a' or 'b', got {truth!r}")
-        return self if truth == "a" else replace(self, content=0.0)
+            raise ValueError(f"truth must be one of {', '.join(TRUTHS)}, got {truth!r}")
+        if truth == "a":
+            return replace(self, lexical=0.0)
+        if truth == "b":
+            return replace(self, content=0.0, lexical=0.0)
+        return replace(self, content=0.0)
+
+    def twin(self) -> SimParams:
+        """The random-weight twin's process: the same, without the content term."""
+        return replace(self, content=0.0)
 
     @property
     def sigma(self) -> float:
@@ -112,12 +133,23 @@ def _directions(rng: np.random.Generator, d: int) -> dict[str, np.ndarray]:
     return {"content": q[:, 0], "box": q[:, 1], "text": q[:, 2], "pos": q[:, 3]}
 
 
+def _lexical_direction(rng: np.random.Generator, dirs: dict[str, np.ndarray]) -> np.ndarray:
+    """A unit vector orthogonal to the four directions of :func:`_directions` (token identity)."""
+    basis = np.stack([dirs[k] for k in ("content", "box", "text", "pos")], axis=1)
+    v = rng.standard_normal(basis.shape[0])
+    v -= basis @ (basis.T @ v)
+    return v / np.linalg.norm(v)
+
+
 def variant_means(p: SimParams, dirs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """``mu[variant]`` in ``R^d`` (module docstring)."""
     surface = p.box * dirs["box"] + p.text * dirs["text"]
+    attack = surface + p.content * dirs["content"]
+    if p.lexical:
+        attack = attack + p.lexical * dirs["lex"]
     return {
         "clean": np.zeros_like(dirs["box"]),
-        "attack": surface + p.content * dirs["content"],
+        "attack": attack,
         "c_scrambled": surface,
         "c_imperative": surface,
         "c_occlusion": p.box * dirs["box"],
@@ -125,22 +157,28 @@ def variant_means(p: SimParams, dirs: dict[str, np.ndarray]) -> dict[str, np.nda
 
 
 def simulate_dataset(p: SimParams, rng: np.random.Generator, dirs: dict[str, np.ndarray] | None = None,
-                     n_trajectories: int | None = None) -> tuple[pd.DataFrame, np.ndarray, np.ndarray, dict]:
-    """One dataset with the protocol's structure.
+                     n_trajectories: int | None = None, twin_rng: np.random.Generator | None = None):
+    """One dataset with the protocol's structure (and, with ``twin_rng``, its random twin's features).
 
     Args:
         p: Parameters.
         rng: Random generator.
-        dirs: Signal directions (drawn from ``rng`` when None).
+        dirs: Signal directions (drawn from ``rng`` when None; ``"lex"`` from ``twin_rng``, or
+            from ``rng`` right after the other directions when ``twin_rng`` is None, when
+            ``p.lexical``).
         n_trajectories: Overrides ``p.n_trajectories`` (e.g. a large fresh sample).
+        twin_rng: Generator of the twin's rotation and row noise (module docstring), or None.
 
     Returns:
         ``(meta, x, collapse, dirs)``: ``meta`` has ``trajectory_id, step, variant, surface,
         horizon, prompt_len, delta_prompt_len`` (one row per (trajectory, step, variant));
-        ``x`` is ``[N, d]`` float64; ``collapse`` ``[N, 2]``.
+        ``x`` is ``[N, d]`` float64; ``collapse`` ``[N, 2]``. With ``twin_rng`` two more items:
+        ``x_twin [N, d]`` and ``dirs_twin`` (the directions as the twin's features carry them).
     """
     d = p.n_features
-    dirs = dirs if dirs is not None else _directions(rng, d)
+    dirs = dict(dirs) if dirs is not None else _directions(rng, d)
+    if "lex" not in dirs and (p.lexical or twin_rng is not None):
+        dirs["lex"] = _lexical_direction(twin_rng if twin_rng is not None else rng, dirs)
     mu = variant_means(p, dirs)
     n_t = int(n_trajectories or p.n_trajectories)
     horizons = rng.integers(p.h_min, p.h_max + 1, size=n_t)
@@ -170,7 +208,13 @@ def simulate_dataset(p: SimParams, rng: np.random.Generator, dirs: dict[str, np.
         "prompt_len": np.repeat(prompt_len, nv),
         "delta_prompt_len": 0.0,
     })
-    return meta, x, collapse, dirs
+    if twin_rng is None:
+        return meta, x, collapse, dirs
+    q, _ = np.linalg.qr(twin_rng.standard_normal((d, d)))
+    mu_t = variant_means(p.twin(), dirs)
+    x_twin = np.repeat(step_part, nv, axis=0) + twin_rng.standard_normal((n_steps * nv, d)) * p.sigma_row
+    x_twin += np.tile(np.stack([mu_t[v] for v in VARIANTS]), (n_steps, 1))
+    return meta, x, collapse, dirs, x_twin @ q.T, {k: q @ v for k, v in dirs.items()}
 
 
 def _position_grid(p: SimParams) -> np.ndarray:
@@ -221,6 +265,11 @@ def true_estimands(w: np.ndarray, p: SimParams, dirs: dict[str, np.ndarray]) -> 
 def _flat(results: dict) -> dict[str, dict]:
     flat = {"e1": results["e1"], "e2": results["e2"]}
     flat.update({f"e3.{c}": iv for c, iv in results["e3"].items()})
+    twin = results.get("random_twin")
+    if twin:
+        flat.update({"twin.e1": twin["e1"], "twin.e2": twin["e2"]})
+        flat.update({f"twin.e3.{c}": iv for c, iv in twin["e3"].items()})
+        flat.update({f"diff.e3.{c}": iv for c, iv in results["differences"]["e3_minus_twin_e3"].items()})
     return flat
 
 
@@ -244,7 +293,8 @@ def run_dataset(p: SimParams, truth: str, index: int, seed: int) -> dict:
     pt = p.for_truth(truth)
     ss = np.random.SeedSequence(seed, spawn_key=(TRUTHS.index(truth), index))
     rng = np.random.default_rng(ss)
-    meta, x, collapse, dirs = simulate_dataset(pt, rng)
+    twin_rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(TRUTHS.index(truth), index, 1)))
+    meta, x, collapse, dirs, x_twin, dirs_twin = simulate_dataset(pt, rng, twin_rng=twin_rng)
     split_seed, perm_seed, boot_seed = (int(v) for v in rng.integers(0, 2**31 - 1, size=3))
     folds = make_folds(meta["trajectory_id"].unique(), "holdout", test_fraction=pt.test_fraction, seed=split_seed)
     md = meta[["step", "horizon", "prompt_len", "delta_prompt_len"]].to_numpy(dtype=np.float64)
@@ -252,10 +302,18 @@ def run_dataset(p: SimParams, truth: str, index: int, seed: int) -> dict:
                      permuted=True, permute_seed=perm_seed, l2=pt.l2)
     main_table = meta.iloc[fits.test_index][["trajectory_id", "step", "variant"]].reset_index(drop=True)
     main_table["score"] = fits.probe_scores(x)
-    results = evaluate_tables(main_table, fits.baselines, n_boot=pt.n_boot, seed=boot_seed)
-    v = verdict(results)
+    # The random-weight twin: the same probe on the same folds (verdict check 6).
+    twin_fits = cross_fit(meta, x_twin, folds, probe_cfg=ProbeConfig(l2=pt.l2, seed=0))
+    twin_table = main_table[["trajectory_id", "step", "variant"]].copy()
+    twin_table["score"] = twin_fits.probe_scores(x_twin)
+    results = evaluate_tables(main_table, fits.baselines, n_boot=pt.n_boot, seed=boot_seed, twin=twin_table)
+    v = verdict(results, pretrained=True)
     w, _ = fits.probes[0].effective_weights()
     truth_vals = true_estimands(w.detach().numpy(), pt, dirs)
+    w_twin, _ = twin_fits.probes[0].effective_weights()
+    twin_vals = true_estimands(w_twin.detach().numpy(), pt.twin(), dirs_twin)
+    truth_vals.update({f"twin.{k}": val for k, val in twin_vals.items()})
+    truth_vals.update({f"diff.e3.{c}": truth_vals[f"e3.{c}"] - twin_vals[f"e3.{c}"] for c in CONTROLS})
     est = {}
     for key, iv in _flat(results).items():
         tv = truth_vals[key]
@@ -328,21 +386,32 @@ def format_table(summary: dict) -> str:
     def pct(r: dict) -> str:
         return f"{r['rate']:.3f} ({r['k']}/{r['n']}; 95% CI {r['ci'][0]:.3f}–{r['ci'][1]:.3f})"
 
-    lines = ["| figure | truth (a): content signal | truth (b): surface only |", "|---|---|---|"]
-    a, b = summary.get("a"), summary.get("b")
+    heads = {"a": "truth (a): content signal", "b": "truth (b): surface only",
+             "c": "truth (c): token identity shared by the twin"}
+    cols = [t for t in TRUTHS if t in summary]
+    lines = ["| figure | " + " | ".join(heads[t] for t in cols) + " |", "|---|" + "---|" * len(cols)]
 
     def row(label: str, get) -> None:
-        lines.append(f"| {label} | {get(a) if a else 'n/a'} | {get(b) if b else 'n/a'} |")
+        cells = []
+        for t in cols:
+            try:
+                cells.append(get(summary[t]))
+            except KeyError:
+                cells.append("n/a")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
 
     row("claims \"detects malicious content\"", lambda s: pct(s["claim_detects"]))
     row("coverage of the 95% CI of E1", lambda s: pct(s["coverage"]["e1"]))
     for k in ("e2", *(f"e3.{c}" for c in CONTROLS)):
         row(f"coverage of the 95% CI of {k.upper() if k == 'e2' else 'E3 ' + k[3:]}", lambda s, k=k: pct(s["coverage"][k]))
+    row("coverage of the 95% CI of twin E1", lambda s: pct(s["coverage"]["twin.e1"]))
+    for c in CONTROLS:
+        row(f"coverage of the paired 95% CI of E3 − twin E3 {c}", lambda s, c=c: pct(s["coverage"][f"diff.e3.{c}"]))
     names = {"1": "separates", "2": "not a construction artifact", "3": "not surface statistics",
-             "4": "no memorisation", "5": "not generic collapse"}
+             "4": "no memorisation", "5": "not generic collapse", "6": "selective vs a random-weight twin"}
     for cid, name in names.items():
         row(f"check {cid} ({name}) PASS", lambda s, cid=cid: pct(s["check_pass"][cid]))
-    for k in ("e1", "e2", *(f"e3.{c}" for c in CONTROLS)):
+    for k in ("e1", "e2", *(f"e3.{c}" for c in CONTROLS), "twin.e3.c_scrambled", "diff.e3.c_scrambled"):
         row(f"mean true {k} / mean estimate", lambda s, k=k: f"{s['mean_true'][k]:.3f} / {s['mean_estimate'][k]:.3f}")
     row("seconds per dataset (one worker)", lambda s: f"{s['seconds_per_dataset']:.2f}")
     return "\n".join(lines)
@@ -357,16 +426,17 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--content", type=float, default=SimParams.content, help="content signal of truth (a)")
     ap.add_argument("--n-boot", type=int, default=1000, help="bootstrap replicates (default 1000)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--truths", default="a,b", help="comma-separated subset of a,b")
+    ap.add_argument("--truths", default="a,b,c", help="comma-separated subset of a,b,c")
+    ap.add_argument("--lexical", type=float, default=SimParams.lexical, help="token-identity signal of truth (c)")
     ap.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--out", default="outputs/selftest/selftest.json", help="JSON with every record + summary")
     args = ap.parse_args(argv)
     p = SimParams(n_trajectories=args.trajectories, n_features=args.features, content=args.content,
-                  n_boot=args.n_boot)
+                  lexical=args.lexical, n_boot=args.n_boot)
     truths = [t.strip() for t in args.truths.split(",") if t.strip()]
     for t in truths:
         if t not in TRUTHS:
-            ap.error(f"--truths: unknown truth {t!r} (use a, b)")
+            ap.error(f"--truths: unknown truth {t!r} (use a, b, c)")
     jobs = [(p, t, i, args.seed) for t in truths for i in range(args.n_datasets)]
     t0 = time.perf_counter()
     if args.workers > 1:

@@ -61,7 +61,11 @@ def trajectories():
 
 
 def compose_train(tmp_path: Path, overrides: list[str] = (), small: bool = True):
-    """Compose the real ``train`` config with outputs and cache under ``tmp_path``."""
+    """Compose the real ``train`` config with outputs and cache under ``tmp_path``.
+
+    The random-weight twin (a second extraction) is off unless an override sets
+    ``evaluation.random_twin``: tests that check the twin turn it on.
+    """
     from hydra import compose, initialize_config_dir
 
     from ipi.config import register_configs
@@ -72,6 +76,7 @@ def compose_train(tmp_path: Path, overrides: list[str] = (), small: bool = True)
         f"extract.cache_dir={tmp_path / 'cache'}",
         "quiet=true",
         *(SMALL_BACKBONE_OVERRIDES if small else []),
+        *([] if any(o.startswith("evaluation.random_twin=") for o in overrides) else ["evaluation.random_twin=false"]),
         *overrides,
     ]
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):

@@ -35,7 +35,7 @@ def _env(**extra) -> dict:
 
 def _base(root: Path, n_boot: int = 200) -> list[str]:
     return [f"data.root={root}", f"evaluation.n_boot={n_boot}", "logger=none", "extract.shard_rows=5",
-            "split.test_fraction=0.5", "evaluation.transfer=false"]
+            "split.test_fraction=0.5", "evaluation.transfer=false", "evaluation.random_twin=false"]
 
 
 def _cli(overrides: list[str], run: Path, cache: Path) -> list[str]:

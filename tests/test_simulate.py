@@ -36,16 +36,20 @@ def test_dataset_structure():
     assert meta.groupby(["trajectory_id", "step"]).prompt_len.nunique().eq(1).all()
     # Directions are orthonormal.
     q = np.stack(list(dirs.values()))
-    assert np.allclose(q @ q.T, np.eye(4), atol=1e-12)
+    assert np.allclose(q @ q.T, np.eye(len(q)), atol=1e-12)
+    assert set(dirs) == {"content", "box", "text", "pos", "lex"}  # lex: token identity (truth c)
 
 
 def test_truth_b_has_no_content_signal():
     p = SimParams(n_trajectories=10, n_features=8)
     pa, pb = p.for_truth("a"), p.for_truth("b")
     assert pa.content > 0 and pb.content == 0 and pb.box == pa.box and pb.text == pa.text
+    pc = p.for_truth("c")
+    assert pc.content == 0 and pc.lexical > 0 and pa.lexical == 0 and pb.lexical == 0
+    assert pa.twin().content == 0 and pc.twin().lexical == pc.lexical  # the twin keeps token identity
 
 
-@pytest.mark.parametrize("truth", ["a", "b"])
+@pytest.mark.parametrize("truth", ["a", "b", "c"])
 def test_analytic_truth_matches_a_large_monte_carlo_sample(truth):
     """The CI's target, computed analytically, equals the estimands on 4,000 fresh trajectories."""
     p = SimParams(n_features=16).for_truth(truth)
@@ -91,13 +95,14 @@ def test_cli_writes_records_and_summary(tmp_path, capsys):
     main(["--n-datasets", "2", "--trajectories", "20", "--features", "8", "--n-boot", "50",
           "--workers", "1", "--out", str(out)])
     data = json.loads(out.read_text())
-    assert len(data["records"]) == 4 and {r["truth"] for r in data["records"]} == {"a", "b"}
+    assert len(data["records"]) == 6 and {r["truth"] for r in data["records"]} == {"a", "b", "c"}
     s = data["summary"]
-    for truth in ("a", "b"):
+    printed = capsys.readouterr().out
+    assert "truth (c): token identity shared by the twin" in printed
+    for truth in ("a", "b", "c"):
         assert s[truth]["coverage"]["e1"]["n"] == 2
         k = sum(r["estimands"]["e1"]["covered"] for r in data["records"] if r["truth"] == truth)
         assert s[truth]["coverage"]["e1"]["k"] == k
-    printed = capsys.readouterr().out
     assert "coverage of the 95% CI of E1" in printed and "detects malicious content" in printed
     # Same seed -> same records, whatever the worker count.
     out2 = tmp_path / "st2.json"
@@ -107,3 +112,32 @@ def test_cli_writes_records_and_summary(tmp_path, capsys):
     first_b = [r for r in data["records"] if r["truth"] == "b"]
     for a, b in zip(first_b, again, strict=True):
         assert a["estimands"] == b["estimands"] and a["claim"] == b["claim"]
+
+
+def test_token_identity_shared_by_the_twin_is_not_licensed():
+    """Truth (c): attacks differ from controls by token identity the random twin carries as well.
+
+    Check 3 passes (E3 > 0.5 by a wide margin), yet the paired E3 − twin E3 interval is not above 0,
+    so check 6 fails and "detects" is withheld; the difference's true value is ~0 and its CI covers it.
+    """
+    p = SimParams(n_trajectories=40, n_features=64, lexical=2.0, n_boot=200)
+    for i in range(2):
+        r = run_dataset(p, "c", i, seed=0)
+        assert r["checks"]["3"] == "PASS" and r["estimands"]["e3.c_scrambled"]["estimate"] > 0.7
+        assert r["estimands"]["twin.e3.c_scrambled"]["estimate"] > 0.7
+        assert r["checks"]["6"] == "FAIL" and r["claim"] != "detects malicious content"
+        assert abs(r["estimands"]["diff.e3.c_scrambled"]["true"]) < 0.05
+        assert r["estimands"]["diff.e3.c_scrambled"]["covered"]
+    # Truth (a) with the same twin: content the twin lacks passes check 6.
+    ra = run_dataset(SimParams(n_trajectories=40, n_features=64, content=2.0, n_boot=200), "a", 0, seed=0)
+    assert ra["checks"]["6"] == "PASS" and ra["estimands"]["twin.e3.c_scrambled"]["true"] == pytest.approx(0.5, abs=1e-9)
+
+
+def test_twin_features_do_not_change_the_trained_features():
+    """The twin draws from its own generator: the trained-feature dataset is the same with or without it."""
+    p = SimParams(n_trajectories=6, n_features=8).for_truth("a")
+    m1, x1, c1, _ = simulate_dataset(p, np.random.default_rng(5))
+    m2, x2, c2, _, x_twin, dirs_twin = simulate_dataset(p, np.random.default_rng(5), twin_rng=np.random.default_rng(9))
+    assert m1.equals(m2) and np.array_equal(x1, x2) and np.array_equal(c1, c2)
+    assert x_twin.shape == x1.shape and not np.allclose(x_twin, x1)
+    assert set(dirs_twin) == {"content", "box", "text", "pos", "lex"}

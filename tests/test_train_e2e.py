@@ -30,7 +30,7 @@ def test_train_end_to_end_and_cache_reuse(tmp_path):
     # 2 test trajectories: below the default evaluation.min_clusters=5 the verdict would be NOT RUN
     # (tested in test_estimands); lowered here so all five checks run on this small data.
     ov = ["data.max_trajectories=4", "split.test_fraction=0.5", "evaluation.n_boot=200",
-          "evaluation.min_clusters=2"]
+          "evaluation.min_clusters=2", "evaluation.random_twin=true"]
     cfg = compose_train(tmp_path, ov)
     results, objs = train(cfg)
     run = tmp_path / "run"
@@ -43,7 +43,7 @@ def test_train_end_to_end_and_cache_reuse(tmp_path):
         _check_interval(iv)
     _check_interval(on_disk["c1"]["e1"])
     _check_interval(on_disk["c1"]["e2"])
-    assert [c["id"] for c in on_disk["verdict"]["checks"]] == [1, 2, 3, 4, 5]
+    assert [c["id"] for c in on_disk["verdict"]["checks"]] == [1, 2, 3, 4, 5, 6]
     assert on_disk["verdict"]["claim"] in {
         "detects malicious content", "separates clean steps from this attack surface on this split", "none"}
     counts = on_disk["counts"]
@@ -68,10 +68,32 @@ def test_train_end_to_end_and_cache_reuse(tmp_path):
     info1 = json.loads((run / "run_info.json").read_text())["extraction"]
     assert info1["cache_hit"] is False and info1["rows_forwarded"] == counts["rows"]
 
+    # The random-weight twin: every estimand on the same test rows, paired differences on the same
+    # draws, its own cache entry; the tiny backbone's own weights are random, so check 6 FAILs and
+    # says why, and the claim is at most "separates".
+    twin = on_disk["random_twin"]
+    for key in ("e1", "e2"):
+        _check_interval(twin[key])
+    assert set(twin["e3"]) == set(on_disk["e3"])
+    assert set(on_disk["differences"]["e3_minus_twin_e3"]) == set(on_disk["e3"])
+    for c, iv in on_disk["differences"]["e3_minus_twin_e3"].items():
+        assert iv["estimate"] == pytest.approx(on_disk["e3"][c]["estimate"] - twin["e3"][c]["estimate"], abs=1e-12)
+    assert on_disk["differences"]["e1_minus_twin_e1"]["estimate"] == pytest.approx(
+        on_disk["e1"]["estimate"] - twin["e1"]["estimate"], abs=1e-12)
+    tw_run = on_disk["run"]["random_twin"]
+    assert tw_run["seed"] == 1 and tw_run["backbone_pretrained"] is False
+    assert tw_run["cache_key"] not in on_disk["run"]["cache_keys"].values()
+    check6 = on_disk["verdict"]["checks"][5]
+    assert check6["status"] == "FAIL" and "backbone.pretrained=false" in check6["detail"]
+    assert on_disk["verdict"]["claim"] != "detects malicious content"
+    assert "Trained vs random-weight twin" in report and "at most" in report
+    assert json.loads((run / "run_info.json").read_text())["extraction_random_twin"]["rows_forwarded"] == counts["rows"]
+
     # Second identical run: the cache is reused (no forward pass) and results are identical.
     results2, objs2 = train(compose_train(tmp_path, ov))
     info2 = json.loads((run / "run_info.json").read_text())["extraction"]
     assert info2["cache_hit"] is True and info2["rows_forwarded"] == 0
+    assert json.loads((run / "run_info.json").read_text())["extraction_random_twin"]["cache_hit"] is True
     assert info2["cache_key"] == info1["cache_key"]
     assert json.loads((run / "results.json").read_text()) == on_disk
 

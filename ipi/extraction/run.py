@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import shutil
 from collections.abc import Sequence
@@ -163,6 +164,12 @@ def extract_features(cfg, rows: Sequence[ReplayRow], layer_indices: Sequence[int
                 if trainer.global_rank != 0:
                     return None, {"rank": trainer.global_rank, "rows_forwarded": forwarded}
                 forwarded = len(todo)  # all ranks together (rank 0 wrote only its share)
+            # Release the model before the next extraction (the random twin) builds its own: the
+            # Trainer and the module reference each other, so only the cycle collector frees them.
+            del trainer, module, backbone, dm, dataset
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
         cache.finalize(row_ids)
     features = cache.load(row_ids)
     info = {

@@ -537,6 +537,7 @@ def test_verdict_on_evaluate_tables_output():
             "collapse_only": _random_table(3, shift=0.0),
         },
         n_boot=200,
+        twin=_random_table(4, shift=0.0),
     )
     v = verdict(out)
     assert v["checks"][0]["status"] == "PASS" and v["checks"][1]["status"] == "PASS"

@@ -118,7 +118,7 @@ def test_token_identity_shared_by_the_twin_is_not_licensed():
     """Truth (c): attacks differ from controls by token identity the random twin carries as well.
 
     Check 3 passes (E3 > 0.5 by a wide margin), yet the paired E3 − twin E3 interval is not above 0,
-    so check 6 fails and "detects" is withheld; the difference's true value is ~0 and its CI covers it.
+    so check 6 fails and "detects" is withheld; the difference's true value is ~0.
     """
     p = SimParams(n_trajectories=40, n_features=64, lexical=2.0, n_boot=200)
     for i in range(2):
@@ -126,8 +126,7 @@ def test_token_identity_shared_by_the_twin_is_not_licensed():
         assert r["checks"]["3"] == "PASS" and r["estimands"]["e3.c_scrambled"]["estimate"] > 0.7
         assert r["estimands"]["twin.e3.c_scrambled"]["estimate"] > 0.7
         assert r["checks"]["6"] == "FAIL" and r["claim"] != "detects malicious content"
-        assert abs(r["estimands"]["diff.e3.c_scrambled"]["true"]) < 0.05
-        assert r["estimands"]["diff.e3.c_scrambled"]["covered"]
+        assert abs(r["estimands"]["diff.e3.c_scrambled"]["true"]) < 0.05  # coverage is a rate: selftest.md
     # Truth (a) with the same twin: content the twin lacks passes check 6.
     ra = run_dataset(SimParams(n_trajectories=40, n_features=64, content=2.0, n_boot=200), "a", 0, seed=0)
     assert ra["checks"]["6"] == "PASS" and ra["estimands"]["twin.e3.c_scrambled"]["true"] == pytest.approx(0.5, abs=1e-9)

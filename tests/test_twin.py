@@ -22,8 +22,16 @@ VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hi
 
 
 def _same_architecture_other_weights(a: torch.nn.Module, b: torch.nn.Module) -> None:
-    """Same config, same parameter names and shapes; the weight matrices all differ."""
-    assert a.config.to_dict() == b.config.to_dict()
+    """Same config, same parameter names and shapes; the weight matrices all differ.
+
+    ``quantization_config`` is left out: a model loaded from a GGUF file records where its weights
+    came from there (``{"quant_method": "gguf", ...}``); it is not part of the architecture.
+    """
+
+    def arch(m):
+        return {k: v for k, v in m.config.to_dict().items() if k != "quantization_config"}
+
+    assert arch(a) == arch(b)
     sa, sb = a.state_dict(), b.state_dict()
     assert list(sa) == list(sb)
     assert all(sa[k].shape == sb[k].shape and sa[k].dtype == sb[k].dtype for k in sa)
@@ -96,7 +104,7 @@ def test_gguf_twin_same_config_other_weights():
 
 
 @pytest.mark.needs_shared
-def test_twin_config_changes_only_the_loader_and_keys_its_own_cache_entry(tmp_path):
+def test_twin_config_changes_only_the_loader_and_keys_its_own_cache_entry(tmp_path, trajectories):
     from ipi.extraction.rows import build_rows
     from ipi.extraction.run import cache_key
     from ipi.twin import twin_config
@@ -106,11 +114,7 @@ def test_twin_config_changes_only_the_loader_and_keys_its_own_cache_entry(tmp_pa
     assert twin.backbone.loader.random_init_seed == 4 and "random_init_seed" not in cfg.backbone.loader
     a = {k: v for k, v in twin.backbone.loader.items() if k != "random_init_seed"}
     assert a == dict(cfg.backbone.loader) and twin.extract == cfg.extract and twin.layers == cfg.layers
-    from ipi.data.webvoyager import import_webvoyager
-    from tests.conftest import WEBVOYAGER
-
-    trajs, _ = import_webvoyager(WEBVOYAGER)
-    rows = build_rows(trajs[:1], "i_vis", ["c_scrambled"])
+    rows = build_rows(trajectories[:1], "i_vis", ["c_scrambled"])
     assert cache_key(twin.backbone, rows, [0], ["last_prompt"])[0] != cache_key(cfg.backbone, rows, [0],
                                                                                  ["last_prompt"])[0]
     # The entry a DDP user extracts by hand (docs/extraction.md) is the one a train run reads.

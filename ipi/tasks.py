@@ -284,6 +284,8 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
                     return_predictions=False)
 
     atomic_write_text(out_dir / "scores.csv", est.scores.to_csv(index=False))
+    if twin_table is not None:
+        atomic_write_text(out_dir / "scores_twin.csv", twin_table.to_csv(index=False))
     elapsed = time.perf_counter() - t0
     atomic_write_text(out_dir / "run_info.json", __import__("json").dumps(
         {"extraction": info, "extraction_by_surface": infos, "extraction_random_twin": twin_info,
@@ -338,7 +340,8 @@ def evaluate(cfg: DictConfig) -> tuple[dict, dict]:
     ev = cfg.evaluation
     results = evaluate_score_table(cfg.scores, n_boot=ev.n_boot, seed=ev.seed, level=ev.level,
                                    collapse_ceiling=ev.collapse_ceiling, c1_max=ev.c1_max,
-                                   min_clusters=ev.min_clusters)
+                                   min_clusters=ev.min_clusters, twin=cfg.get("twin_scores"),
+                                   pretrained=cfg.get("backbone_pretrained"))
     out_dir = Path(cfg.paths.output_dir)
     write_run_report(results, out_dir, scores=read_score_table(cfg.scores), config=to_container(cfg),
                      plots=cfg.report.plots, html_report=cfg.report.html)

@@ -88,6 +88,13 @@ def test_train_end_to_end_and_cache_reuse(tmp_path):
     assert on_disk["verdict"]["claim"] != "detects malicious content"
     assert "Trained vs random-weight twin" in report and "at most" in report
     assert json.loads((run / "run_info.json").read_text())["extraction_random_twin"]["rows_forwarded"] == counts["rows"]
+    # The written score tables re-evaluate to the same paired twin differences (evaluate.py's path).
+    from ipi.evaluation.scoretable import evaluate_score_table
+
+    again = evaluate_score_table(run / "scores.csv", twin=run / "scores_twin.csv", n_boot=200, seed=0,
+                                 min_clusters=2, pretrained=False)
+    assert again["differences"]["e3_minus_twin_e3"] == on_disk["differences"]["e3_minus_twin_e3"]
+    assert again["random_twin"] == twin and again["verdict"]["checks"][5] == check6
 
     # Second identical run: the cache is reused (no forward pass) and results are identical.
     results2, objs2 = train(compose_train(tmp_path, ov))

@@ -103,6 +103,8 @@ def evaluate_score_table(
     collapse_ceiling: float = 0.60,
     c1_max: float = 0.95,
     min_clusters: int = 5,
+    twin=None,
+    pretrained: bool | None = None,
 ) -> dict:
     """Estimands, counts and verdict of a score-table file (PROTOCOL.md §5, §7).
 
@@ -116,6 +118,10 @@ def evaluate_score_table(
             they share the bootstrap draws with the main table.
         collapse_ceiling: Ceiling of verdict check 5.
         c1_max: Bound of C1's E1 in verdict check 2.
+        min_clusters: Fewest test trajectories for which the verdict's checks run.
+        twin: The random-weight twin's score table (path or DataFrame) on the same rows, or None
+            (verdict check 6 NOT RUN).
+        pretrained: Whether the backbone's own weights are trained (False fails check 6), or None.
 
     Returns:
         :func:`ipi.metrics.estimands.evaluate_tables`'s dict plus ``"source"`` (the path),
@@ -134,9 +140,15 @@ def evaluate_score_table(
             if isinstance(item, pd.DataFrame)
             else read_score_table(item)
         )
-    results = evaluate_tables(main, loaded, n_boot=n_boot, seed=seed, level=level)
+    twin_table = None
+    if twin is not None:
+        twin_table = (validate_table(twin, "random-twin score table") if isinstance(twin, pd.DataFrame)
+                      else read_score_table(twin))
+    results = evaluate_tables(main, loaded, n_boot=n_boot, seed=seed, level=level, twin=twin_table)
     results["source"] = str(path)
+    if twin is not None and not isinstance(twin, pd.DataFrame):
+        results["source_twin"] = str(twin)
     results["counts"] = _counts(main)
     results["verdict"] = verdict(results, collapse_ceiling=collapse_ceiling, c1_max=c1_max,
-                                 min_clusters=min_clusters)
+                                 min_clusters=min_clusters, pretrained=pretrained)
     return results

@@ -245,3 +245,24 @@ def test_report_shows_trained_and_twin_side_by_side():
     r["run"]["random_twin"] = None  # twin off: no table, no error
     del r["random_twin"]
     assert "random-weight twin (check 6)" not in render_report(r)
+
+
+@pytest.mark.needs_shared
+def test_extract_fills_the_twin_entry_train_reads(tmp_path):
+    """extract.py fills the backbone's and the twin's entries of the surface (not the transfer
+    sources' twins); the train run that follows forwards nothing."""
+    import json
+
+    from ipi import tasks
+
+    ov = ["evaluation.random_twin=true", "data.max_trajectories=2", "surface=i_dom", "evaluation.transfer=false",
+          "split.test_fraction=0.5", "evaluation.n_boot=50", "logger=none", "report.plots=false",
+          "report.gallery=false"]
+    info, objs = tasks.extract(compose_train(tmp_path, ov))
+    tw = objs["extraction_random_twin"]
+    assert tw["cache_key"] != info["cache_key"] and tw["rows_forwarded"] == info["rows_forwarded"] > 0
+    assert len([p for p in (tmp_path / "cache").iterdir() if p.is_dir()]) == 2
+    results, _ = tasks.train(compose_train(tmp_path, ov))
+    run_info = json.loads((tmp_path / "run" / "run_info.json").read_text())
+    assert run_info["extraction"]["rows_forwarded"] == 0 and run_info["extraction_random_twin"]["cache_hit"] is True
+    assert results["run"]["random_twin"]["cache_key"] == tw["cache_key"]

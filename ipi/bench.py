@@ -24,6 +24,11 @@ with the number of rows.
 ``bootstrap`` runs :func:`ipi.metrics.bench.bench_bootstrap` (all estimands × 1000 cluster-bootstrap
 replicates on a 5,000-row table, vectorised vs a plain ``roc_auc_score`` loop, on one core).
 
+``permutation`` runs :func:`ipi.metrics.bench.bench_permutation`: the exact permutation test's
+199 refits (Gram matrix once, then Newton on ≤ n coefficients; ``ipi/probe/dual.py``) against 20
+scikit-learn fits, at paper width (107,520 features, 1,000 training rows) unless
+``--perm-features``/``--perm-train`` scale it down; ``ratio`` ≤ 1 is issue 10's requirement.
+
 ``--gpu-7b-shapes`` (needs a CUDA GPU) builds the real Qwen2.5-VL architecture at 7B shapes with
 random bf16 weights and reports rows/s of the project path and the model FLOP utilisation.
 
@@ -32,6 +37,7 @@ Examples::
     python -m ipi.bench                                  # extraction, 8 steps x all surfaces
     python -m ipi.bench --steps 4 --rss-steps 2,8
     python -m ipi.bench --only all
+    python -m ipi.bench --only permutation               # 199 dual refits vs 20 sklearn fits
     python -m ipi.bench --gpu-7b-shapes --steps 16       # on a GPU machine
 """
 
@@ -339,13 +345,17 @@ def _sig(x: float, digits: int = 4) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m ipi.bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--only", choices=("extraction", "bootstrap", "all"), default="extraction")
+    p.add_argument("--only", choices=("extraction", "bootstrap", "permutation", "all"), default="extraction")
     p.add_argument("--steps", type=int, default=8, help="steps of the timed subset (x every surface's variants)")
     p.add_argument("--rss-steps", default="4,16", help="two subset sizes (steps) for peak RSS; '' skips")
     p.add_argument("--shard-rows", type=int, default=16, help="rows per shard in the RSS probes")
     p.add_argument("--override", action="append", default=[], help="Hydra override of the train config")
     p.add_argument("--boot-rows", type=int, default=5000)
     p.add_argument("--n-boot", type=int, default=1000)
+    p.add_argument("--perm-features", type=int, default=107_520, help="feature width of the permutation bench")
+    p.add_argument("--perm-train", type=int, default=1000, help="training rows of the permutation bench")
+    p.add_argument("--perm-m", type=int, default=199, help="refits of the permutation bench")
+    p.add_argument("--perm-sklearn-fits", type=int, default=2, help="scikit-learn fits timed (x20 by their mean)")
     p.add_argument("--gpu-7b-shapes", action="store_true", help="7B-shaped random model on a CUDA GPU")
     p.add_argument("--peak-tflops", type=float, default=None, help="device bf16 peak for the MFU")
     p.add_argument("--rss-probe", type=int, default=None, help=argparse.SUPPRESS)
@@ -370,6 +380,11 @@ def main(argv: list[str] | None = None) -> None:
         from ipi.metrics.bench import bench_bootstrap
 
         out["bootstrap"] = bench_bootstrap(n_rows=a.boot_rows, n_boot=a.n_boot)
+    if a.only in ("permutation", "all"):
+        from ipi.metrics.bench import bench_permutation
+
+        out["permutation"] = bench_permutation(n_train=a.perm_train, n_features=a.perm_features, m=a.perm_m,
+                                               sklearn_fits=a.perm_sklearn_fits)
     print(json.dumps(out if len(out) != 1 else next(iter(out.values()))))
 
 

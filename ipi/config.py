@@ -166,6 +166,15 @@ class SplitConf:
 
 
 @dataclass
+class PermutationConf:
+    """Exact permutation test of verdict check 4 (PROTOCOL.md §7.4; docs/estimands.md)."""
+
+    m: int = 199  # permuted-label refits; 0 = not run (check 4 NOT RUN)
+    seed: int = 0  # seed of the within-(trajectory, step) label permutations
+    alpha: float = 0.05  # PASS needs p <= alpha (and a null mean near 0.5)
+
+
+@dataclass
 class EvaluationConf:
     """Estimands, bootstrap and verdict (PROTOCOL.md §5–§7)."""
 
@@ -174,8 +183,11 @@ class EvaluationConf:
     level: float = 0.95
     collapse_ceiling: float = 0.60
     c1_max: float = 0.95
-    min_clusters: int = 5  # fewer test trajectories: every verdict check NOT RUN (docs/estimands.md)
-    permuted: bool = True  # run the permuted-label check
+    # an estimand with fewer test trajectories contributing rows to both of its sides is
+    # not used: the checks relying on it are NOT RUN (docs/estimands.md)
+    min_clusters: int = 5
+    permuted: bool = True  # the single permuted-label fit (PROTOCOL.md §6; reported, decides nothing)
+    permutation: PermutationConf = field(default_factory=PermutationConf)
     collapse_only: bool = True  # run the collapse-only baseline (C2)
     transfer: bool = True  # cross-surface transfer: train on the other surfaces, score this one
     # The random-weight twin (docs/backbones.md): the same architecture and config with seeded
@@ -349,6 +361,12 @@ def validate(cfg: DictConfig) -> None:
         raise ValueError(f"surface=i_vis needs a multimodal backbone; backbone={cfg.backbone.name} is text-only")
     if cfg.evaluation.n_boot < 1:
         raise ValueError("evaluation.n_boot must be >= 1")
+    if cfg.evaluation.min_clusters < 1:
+        raise ValueError(f"evaluation.min_clusters must be >= 1, got {cfg.evaluation.min_clusters}")
+    if cfg.evaluation.permutation.m < 0:
+        raise ValueError(f"evaluation.permutation.m must be >= 0 (0 = not run), got {cfg.evaluation.permutation.m}")
+    if not 0.0 < cfg.evaluation.permutation.alpha < 1.0:
+        raise ValueError(f"evaluation.permutation.alpha must be in (0, 1), got {cfg.evaluation.permutation.alpha}")
     devices = cfg.extract.devices
     multi = (isinstance(devices, int) and devices > 1) or (isinstance(devices, (list, ListConfig)) and len(devices) > 1)
     if multi and cfg.evaluation.transfer:

@@ -5,7 +5,8 @@ known truths, runs the project's real pipeline pieces on each — trajectory spl
 (:func:`~ipi.probe.crossfit.make_folds`), the Lightning :class:`~ipi.probe.LinearProbe` via
 :func:`~ipi.probe.fit_probe`, the C1 metadata baseline, the permuted-label probe and the
 collapse-only probe (all through :func:`~ipi.probe.crossfit.cross_fit`, the function
-``train.py`` uses), :func:`~ipi.metrics.evaluate_tables` and the verdict — and reports:
+``train.py`` uses, including the M = 199 permuted-label refits of verdict check 4's exact
+permutation test), :func:`~ipi.metrics.evaluate_tables` and the verdict — and reports:
 
 * the rate of the claim "detects malicious content" under truths (b) and (c), where it is false
   (must be ≤ 5%);
@@ -106,6 +107,7 @@ class SimParams:
     test_fraction: float = 0.3
     l2: float = 1.0
     n_boot: int = 1000
+    permutation_m: int = 199  # refits of the exact permutation test (verdict check 4)
 
     def for_truth(self, truth: str) -> SimParams:
         """The process under truth ``"a"`` (content as set, no token identity), ``"b"`` (neither)
@@ -296,17 +298,20 @@ def run_dataset(p: SimParams, truth: str, index: int, seed: int) -> dict:
     twin_rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(TRUTHS.index(truth), index, 1)))
     meta, x, collapse, dirs, x_twin, dirs_twin = simulate_dataset(pt, rng, twin_rng=twin_rng)
     split_seed, perm_seed, boot_seed = (int(v) for v in rng.integers(0, 2**31 - 1, size=3))
+    null_seed = int(rng.integers(0, 2**31 - 1))
     folds = make_folds(meta["trajectory_id"].unique(), "holdout", test_fraction=pt.test_fraction, seed=split_seed)
     md = meta[["step", "horizon", "prompt_len", "delta_prompt_len"]].to_numpy(dtype=np.float64)
     fits = cross_fit(meta, x, folds, probe_cfg=ProbeConfig(l2=pt.l2, seed=0), metadata=md, collapse=collapse,
-                     permuted=True, permute_seed=perm_seed, l2=pt.l2)
+                     permuted=True, permute_seed=perm_seed, l2=pt.l2, permutation_m=pt.permutation_m,
+                     permutation_seed=null_seed)
     main_table = meta.iloc[fits.test_index][["trajectory_id", "step", "variant"]].reset_index(drop=True)
     main_table["score"] = fits.probe_scores(x)
     # The random-weight twin: the same probe on the same folds (verdict check 6).
     twin_fits = cross_fit(meta, x_twin, folds, probe_cfg=ProbeConfig(l2=pt.l2, seed=0))
     twin_table = main_table[["trajectory_id", "step", "variant"]].copy()
     twin_table["score"] = twin_fits.probe_scores(x_twin)
-    results = evaluate_tables(main_table, fits.baselines, n_boot=pt.n_boot, seed=boot_seed, twin=twin_table)
+    results = evaluate_tables(main_table, fits.baselines, n_boot=pt.n_boot, seed=boot_seed,
+                              permutation=fits.permutation_input(), twin=twin_table)
     v = verdict(results, pretrained=True)
     w, _ = fits.probes[0].effective_weights()
     truth_vals = true_estimands(w.detach().numpy(), pt, dirs)
@@ -326,6 +331,8 @@ def run_dataset(p: SimParams, truth: str, index: int, seed: int) -> dict:
         "checks": {str(c["id"]): c["status"] for c in v["checks"]},
         "estimands": est,
         "baselines": {k: results[k]["e1"]["estimate"] for k in fits.baselines},
+        "permutation": ({k: results["permutation"][k] for k in ("p_value", "null_mean", "null_sd", "e1_refit")}
+                        if "permutation" in results else None),
         "n_test_trajectories": len(folds[0][1]),
         "seconds": time.perf_counter() - t0,
     }
@@ -371,6 +378,13 @@ def summarise(records: list[dict]) -> dict:
 
         s = {"claim_detects": rate(sum(r["claim"] == CLAIM_DETECTS for r in rec))}
         s["check_pass"] = {cid: rate(sum(r["checks"][cid] == "PASS" for r in rec)) for cid in rec[0]["checks"]}
+        perm = [r["permutation"] for r in rec if r.get("permutation")]
+        if perm:
+            s["permutation"] = {
+                "mean_null_mean": float(np.mean([q["null_mean"] for q in perm])),
+                "max_abs_null_mean_off": float(np.max([abs(q["null_mean"] - 0.5) for q in perm])),
+                "p_le_0.05": rate(sum(q["p_value"] <= 0.05 for q in perm), len(perm)),
+            }
         s["coverage"] = {k: rate(sum(r["estimands"][k]["covered"] for r in rec)) for k in rec[0]["estimands"]}
         s["mean_true"] = {k: float(np.mean([r["estimands"][k]["true"] for r in rec])) for k in rec[0]["estimands"]}
         s["mean_estimate"] = {k: float(np.mean([r["estimands"][k]["estimate"] for r in rec]))
@@ -411,6 +425,10 @@ def format_table(summary: dict) -> str:
              "4": "no memorisation", "5": "not generic collapse", "6": "selective vs a random-weight twin"}
     for cid, name in names.items():
         row(f"check {cid} ({name}) PASS", lambda s, cid=cid: pct(s["check_pass"][cid]))
+    if any("permutation" in summary[t] for t in cols):
+        row("permutation null: mean of null means / max |null mean − 0.5|",
+            lambda s: (f"{s['permutation']['mean_null_mean']:.3f} / {s['permutation']['max_abs_null_mean_off']:.3f}"
+                       if "permutation" in s else "n/a"))
     for k in ("e1", "e2", *(f"e3.{c}" for c in CONTROLS), "twin.e3.c_scrambled", "diff.e3.c_scrambled"):
         row(f"mean true {k} / mean estimate", lambda s, k=k: f"{s['mean_true'][k]:.3f} / {s['mean_estimate'][k]:.3f}")
     row("seconds per dataset (one worker)", lambda s: f"{s['seconds_per_dataset']:.2f}")
@@ -425,6 +443,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--features", type=int, default=SimParams.n_features, help="feature dimension d")
     ap.add_argument("--content", type=float, default=SimParams.content, help="content signal of truth (a)")
     ap.add_argument("--n-boot", type=int, default=1000, help="bootstrap replicates (default 1000)")
+    ap.add_argument("--permutations", type=int, default=SimParams.permutation_m,
+                    help="refits M of the exact permutation test, verdict check 4 (default 199; 0: not run)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--truths", default="a,b,c", help="comma-separated subset of a,b,c")
     ap.add_argument("--lexical", type=float, default=SimParams.lexical, help="token-identity signal of truth (c)")
@@ -432,7 +452,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--out", default="outputs/selftest/selftest.json", help="JSON with every record + summary")
     args = ap.parse_args(argv)
     p = SimParams(n_trajectories=args.trajectories, n_features=args.features, content=args.content,
-                  lexical=args.lexical, n_boot=args.n_boot)
+                  lexical=args.lexical, n_boot=args.n_boot, permutation_m=args.permutations)
     truths = [t.strip() for t in args.truths.split(",") if t.strip()]
     for t in truths:
         if t not in TRUTHS:

@@ -217,7 +217,8 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
         meta, x, folds, probe_cfg=pcfg, metadata=meta[md_cols].to_numpy(dtype=np.float64),
         collapse=features.collapse[:, li].double().numpy() if cfg.evaluation.collapse_only else None,
         permuted=cfg.evaluation.permuted, permute_seed=cfg.seed, transfer=transfer_src, l2=cfg.probe.l2,
-        logger=loggers[0] if loggers else None, default_root_dir=str(out_dir))
+        logger=loggers[0] if loggers else None, default_root_dir=str(out_dir),
+        permutation_m=cfg.evaluation.permutation.m, permutation_seed=cfg.evaluation.permutation.seed)
     baselines = fits.baselines
     te = fits.test_index
     twin_table = None
@@ -269,6 +270,7 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
     est = EstimandsCallback(te_meta, baselines, n_boot=cfg.evaluation.n_boot, seed=cfg.evaluation.seed,
                             level=cfg.evaluation.level, collapse_ceiling=cfg.evaluation.collapse_ceiling,
                             c1_max=cfg.evaluation.c1_max, min_clusters=cfg.evaluation.min_clusters,
+                            permutation=fits.permutation_input(), alpha=cfg.evaluation.permutation.alpha,
                             twin=twin_table, pretrained=bool(cfg.backbone.pretrained))
     gallery = None
     if cfg.report.gallery:

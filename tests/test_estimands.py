@@ -416,6 +416,12 @@ def _iv(est, lo, hi):
     return {"estimate": est, "ci_low": lo, "ci_high": hi, "n_boot_used": 1000}
 
 
+def _perm(mean=0.5, sd=0.04, p=0.005, m=199):
+    return {"m": m, "e1": 0.85, "null_mean": mean, "null_sd": sd, "null_q025": mean - 2 * sd,
+            "null_q975": mean + 2 * sd, "p_value": p, "alpha": 0.05,
+            "tolerance": max(0.02, 3 * sd / m**0.5), "n_ge": 0}
+
+
 def _passing():
     return {
         "e1": _iv(0.85, 0.71, 0.93),
@@ -423,7 +429,8 @@ def _passing():
         "e3": {"c_scrambled": _iv(0.7, 0.6, 0.8), "c_imperative": _iv(0.75, 0.65, 0.85)},
         "c1": {"e1": _iv(0.7, 0.6, 0.8), "e2": _iv(0.7, 0.6, 0.8)},
         "permuted": {"e1": _iv(0.5, 0.45, 0.55), "e2": _iv(0.5, 0.4, 0.6)},
-        "collapse_only": {"e1": _iv(0.55, 0.5, 0.6), "e2": _iv(0.55, 0.5, 0.6)},
+        "permutation": _perm(),
+        "collapse_only": {"e1": _iv(0.55, 0.5, 0.58), "e2": _iv(0.55, 0.5, 0.6)},
         "differences": {"e1_minus_c1_e1": _iv(0.15, 0.05, 0.25), "e1_minus_e3": {},
                         "e1_minus_twin_e1": _iv(0.2, 0.1, 0.3),
                         "e3_minus_twin_e3": {"c_scrambled": _iv(0.2, 0.1, 0.3), "c_imperative": _iv(0.25, 0.1, 0.3)}},
@@ -443,7 +450,7 @@ def test_verdict_all_pass():
     assert v["claim"] == CLAIM_DETECTS
     assert v["checks"][0]["detail"] == "E1 0.850 CI [0.710, 0.930]: CI low 0.710 > 0.5"
     assert "c_imperative" in v["checks"][2]["detail"] and "c_scrambled" in v["checks"][2]["detail"]
-    assert "0.550 <= ceiling 0.600" in v["checks"][4]["detail"]
+    assert "0.550 CI [0.500, 0.580] below ceiling 0.600" in v["checks"][4]["detail"]
 
 
 @pytest.mark.parametrize(("n_clusters", "gated"), [(1, True), (4, True), (5, False), (None, False)])
@@ -468,9 +475,9 @@ def test_verdict_needs_enough_test_trajectories(n_clusters, gated):
         (2, lambda r: r.update(c1={"e1": _iv(0.96, 0.9, 0.99)})),
         (2, lambda r: r.update(c1={"e1": _iv(0.95, 0.9, 0.99)})),  # "below 0.95" is strict
         (3, lambda r: r["e3"].update(c_scrambled=_iv(0.49, 0.33, 0.65))),
-        (4, lambda r: r.update(permuted={"e1": _iv(0.6, 0.52, 0.68)})),
-        (4, lambda r: r.update(permuted={"e1": _iv(0.4, 0.32, 0.48)})),
-        (5, lambda r: r.update(collapse_only={"e1": _iv(0.634, 0.58, 0.69)})),
+        (4, lambda r: r.update(permutation=_perm(p=0.2))),
+        (4, lambda r: r.update(permutation=_perm(mean=0.45))),
+        (5, lambda r: r.update(collapse_only={"e1": _iv(0.634, 0.61, 0.69)})),
         (6, lambda r: r["differences"]["e3_minus_twin_e3"].update(c_scrambled=_iv(0.03, -0.01, 0.08))),
         (6, lambda r: r["differences"]["e3_minus_twin_e3"].update(c_imperative=_iv(0.0, 0.0, 0.08))),  # strict
     ],
@@ -488,14 +495,14 @@ def test_verdict_each_failing(check, mutate):
 def test_verdict_failing_details_carry_numbers():
     r = _passing()
     r["e3"]["c_scrambled"] = _iv(0.489, 0.327, 0.647)
-    r["collapse_only"] = {"e1": _iv(0.634, 0.58, 0.69)}
+    r["collapse_only"] = {"e1": _iv(0.634, 0.61, 0.69)}
     v = verdict(r)
     assert "c_scrambled: E3 0.489, CI low 0.327 <= 0.5" in v["checks"][2]["detail"]
     assert "c_imperative: E3 0.750, CI low 0.650 > 0.5" in v["checks"][2]["detail"]
-    assert v["checks"][4]["detail"] == "collapse-only E1 0.634 > ceiling 0.600"
+    assert v["checks"][4]["detail"] == "collapse-only E1 0.634 CI [0.610, 0.690] above ceiling 0.600"
 
 
-@pytest.mark.parametrize("missing", ["c1", "e3", "permuted", "collapse_only", "random_twin"])
+@pytest.mark.parametrize("missing", ["c1", "e3", "permutation", "collapse_only", "random_twin"])
 def test_verdict_not_run(missing):
     r = _passing()
     del r[missing]
@@ -504,7 +511,7 @@ def test_verdict_not_run(missing):
     if missing == "random_twin":
         del r["differences"]["e3_minus_twin_e3"]
     v = verdict(r)
-    check = {"c1": 2, "e3": 3, "permuted": 4, "collapse_only": 5, "random_twin": 6}[missing]
+    check = {"c1": 2, "e3": 3, "permutation": 4, "collapse_only": 5, "random_twin": 6}[missing]
     assert v["checks"][check - 1]["status"] == "NOT RUN"
     assert v["claim"] == CLAIM_SEPARATES
 
@@ -523,7 +530,8 @@ def test_verdict_c2_alias_and_thresholds():
     r = _passing()
     r["c2"] = r.pop("collapse_only")
     assert verdict(r)["checks"][4]["status"] == "PASS"
-    assert verdict(r, collapse_ceiling=0.5)["checks"][4]["status"] == "FAIL"
+    assert verdict(r, collapse_ceiling=0.45)["checks"][4]["status"] == "FAIL"
+    assert verdict(r, collapse_ceiling=0.55)["checks"][4]["status"] == "INCONCLUSIVE"
     assert verdict(r, c1_max=0.65)["checks"][1]["status"] == "FAIL"
 
 
@@ -541,7 +549,9 @@ def test_verdict_on_evaluate_tables_output():
     )
     v = verdict(out)
     assert v["checks"][0]["status"] == "PASS" and v["checks"][1]["status"] == "PASS"
-    assert all(c["status"] in ("PASS", "FAIL") for c in v["checks"])
+    assert v["checks"][3]["status"] == "NOT RUN"  # no refits: a score table cannot be permuted
+    assert all(c["status"] in ("PASS", "FAIL", "INCONCLUSIVE") for i, c in enumerate(v["checks"]) if i != 3)
+    assert out["bootstrap"]["clusters_by_estimand"]["c1"]["e1"] == out["bootstrap"]["n_clusters"]
 
 
 # ---------------------------------------------------------------------------------------------

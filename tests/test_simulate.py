@@ -86,6 +86,10 @@ def test_verdict_licenses_the_claim_under_strong_signal_only():
         assert rb["estimands"]["e3.c_scrambled"]["true"] == pytest.approx(0.5, abs=1e-12)
         for r in (ra, rb):
             assert r["n_test_trajectories"] == 12
+            # the exact permutation test ran on M = 199 refits: significant, null centred
+            assert r["checks"]["4"] == "PASS" and r["permutation"]["p_value"] == pytest.approx(1 / 200)
+            assert abs(r["permutation"]["null_mean"] - 0.5) <= 0.02
+            assert r["permutation"]["e1_refit"] == pytest.approx(r["estimands"]["e1"]["estimate"], abs=1e-4)
             for iv in r["estimands"].values():
                 assert iv["ci_low"] <= iv["estimate"] <= iv["ci_high"]
 
@@ -104,6 +108,7 @@ def test_cli_writes_records_and_summary(tmp_path, capsys):
         k = sum(r["estimands"]["e1"]["covered"] for r in data["records"] if r["truth"] == truth)
         assert s[truth]["coverage"]["e1"]["k"] == k
     assert "coverage of the 95% CI of E1" in printed and "detects malicious content" in printed
+    assert "permutation null" in printed and "permutation" in s["a"]
     # Same seed -> same records, whatever the worker count.
     out2 = tmp_path / "st2.json"
     main(["--n-datasets", "2", "--trajectories", "20", "--features", "8", "--n-boot", "50",
@@ -140,3 +145,9 @@ def test_twin_features_do_not_change_the_trained_features():
     assert m1.equals(m2) and np.array_equal(x1, x2) and np.array_equal(c1, c2)
     assert x_twin.shape == x1.shape and not np.allclose(x_twin, x1)
     assert set(dirs_twin) == {"content", "box", "text", "pos", "lex"}
+
+
+def test_permutation_test_can_be_switched_off():
+    p = SimParams(n_trajectories=20, n_features=8, n_boot=50, permutation_m=0)
+    r = run_dataset(p, "a", 0, seed=0)
+    assert r["checks"]["4"] == "NOT RUN" and r["permutation"] is None

@@ -185,8 +185,9 @@ def _results(diff_scr=(0.2, 0.1, 0.3), diff_imp=(0.25, 0.1, 0.3)):
     return {
         "e1": _iv(0.85, 0.71, 0.93), "e2": _iv(0.8, 0.7, 0.9),
         "e3": {"c_scrambled": _iv(0.7, 0.6, 0.8), "c_imperative": _iv(0.75, 0.65, 0.85)},
-        "c1": {"e1": _iv(0.7, 0.6, 0.8)}, "permuted": {"e1": _iv(0.5, 0.45, 0.55)},
-        "collapse_only": {"e1": _iv(0.55, 0.5, 0.6)},
+        "c1": {"e1": _iv(0.7, 0.6, 0.8)}, "collapse_only": {"e1": _iv(0.55, 0.5, 0.58)},
+        "permutation": {"m": 199, "e1": 0.85, "null_mean": 0.5, "null_sd": 0.04, "null_q025": 0.42,
+                        "null_q975": 0.58, "p_value": 0.005, "alpha": 0.05, "tolerance": 0.02, "n_ge": 0},
         "random_twin": {"e1": _iv(0.8, 0.7, 0.9), "e2": _iv(0.8, 0.7, 0.9),
                         "e3": {"c_scrambled": _iv(0.5, 0.4, 0.6), "c_imperative": _iv(0.5, 0.4, 0.6)}},
         "differences": {"e1_minus_c1_e1": _iv(0.15, 0.05, 0.25), "e1_minus_twin_e1": _iv(0.05, -0.02, 0.1),

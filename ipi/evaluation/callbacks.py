@@ -42,6 +42,10 @@ def _flat_metrics(results: dict, prefix: str = "test") -> dict[str, float]:
         if isinstance(results.get(base), dict):
             add(f"{base}_e1", results[base].get("e1"))
             add(f"{base}_e2", results[base].get("e2"))
+    perm = results.get("permutation")
+    if isinstance(perm, dict) and perm.get("p_value") is not None:
+        out[f"{prefix}/permutation_p"] = float(perm["p_value"])
+        out[f"{prefix}/permutation_null_mean"] = float(perm["null_mean"])
     return out
 
 
@@ -63,7 +67,11 @@ class EstimandsCallback(L.Callback):
         level: Interval coverage.
         collapse_ceiling: Ceiling of verdict check 5.
         c1_max: Bound of verdict check 2.
-        min_clusters: Fewest test trajectories for which the verdict's checks run.
+        min_clusters: Fewest test trajectories contributing to both sides of an estimand for it
+            to enter a verdict check (PROTOCOL.md §7.0).
+        permutation: The exact permutation test's refit scores
+            (:meth:`ipi.probe.crossfit.CrossFit.permutation_input`), or None (check 4 NOT RUN).
+        alpha: Level of the permutation test.
         twin: The probe's score table on the random-weight twin's features (same rows), or None
             (verdict check 6 is then NOT RUN).
         pretrained: ``backbone.pretrained`` (False caps the claim at "separates ..."), or None.
@@ -71,12 +79,14 @@ class EstimandsCallback(L.Callback):
 
     def __init__(self, rows: pd.DataFrame, baselines: Mapping[str, pd.DataFrame], *, n_boot: int = 1000,
                  seed: int = 0, level: float = 0.95, collapse_ceiling: float = 0.60, c1_max: float = 0.95,
-                 min_clusters: int = 5, twin: pd.DataFrame | None = None, pretrained: bool | None = None):
+                 min_clusters: int = 5, permutation: Mapping | None = None, alpha: float = 0.05,
+                 twin: pd.DataFrame | None = None, pretrained: bool | None = None):
         self.rows = rows.reset_index(drop=True)
         self.baselines = dict(baselines)
         self.twin, self.pretrained = twin, pretrained
         self.n_boot, self.seed, self.level = n_boot, seed, level
         self.collapse_ceiling, self.c1_max, self.min_clusters = collapse_ceiling, c1_max, min_clusters
+        self.permutation = None if permutation is None else {**permutation, "alpha": alpha}
         self._scores: list[np.ndarray] = []
         self.results: dict | None = None
         self.scores: pd.DataFrame | None = None
@@ -97,7 +107,7 @@ class EstimandsCallback(L.Callback):
         desc = f"bootstrap (B={self.n_boot}, {1 + len(self.baselines) + (self.twin is not None)} score tables)"
         with progress_bar(desc, total=1) as bar:
             results = evaluate_tables(table, self.baselines, n_boot=self.n_boot, seed=self.seed, level=self.level,
-                                      twin=self.twin)
+                                      permutation=self.permutation, twin=self.twin)
             bar.advance()
         results["verdict"] = verdict(results, collapse_ceiling=self.collapse_ceiling, c1_max=self.c1_max,
                                      min_clusters=self.min_clusters, pretrained=self.pretrained)

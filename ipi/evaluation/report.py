@@ -77,6 +77,8 @@ def estimand_rows(results: Mapping) -> list[tuple[str, dict | None]]:
             rows.append((f"{label} E1", r[key].get("e1")))
             if r[key].get("e2"):
                 rows.append((f"{label} E2", r[key].get("e2")))
+            if key == "c1":  # metadata balance of the controls (docs/estimands.md)
+                rows += [(f"{label} E3 attack vs {c}", iv) for c, iv in sorted((r[key].get("e3") or {}).items())]
     twin = r.get("random_twin")
     if isinstance(twin, dict):
         rows += [("random twin E1", twin.get("e1")), ("random twin E2", twin.get("e2"))]
@@ -129,6 +131,68 @@ def _twin_caption(results: Mapping) -> str:
             "E3 − twin E3 above 0 (docs/estimands.md).")
 
 
+_TEXT_SURFACES = ("i_dom", "i_tool")
+
+
+def construction_note(results: Mapping) -> str | None:
+    """Why verdict check 2 is decided by construction on this run's surface (docs/estimands.md).
+
+    C1 sees four metadata scalars: step, horizon, prompt length and Δprompt length. On the text
+    surfaces (``i_dom``, ``i_tool``) the injected text lengthens the prompt, so Δprompt length
+    alone separates attack from clean rows (C1 E1 = 1.000): check 2 fails whatever the probe
+    does. On ``i_vis`` the banner is drawn on the screenshot and leaves the prompt length
+    unchanged, so C1's inputs are equal for the attack and clean rows of a step (C1 E1 ≈ 0.5)
+    and check 2 reduces to the probe separating at all.
+
+    Returns:
+        One paragraph, or None without C1 results.
+    """
+    c1 = ((results.get("c1") or {}).get("e1") or {}).get("estimate")
+    if c1 is None:
+        return None
+    surface = (results.get("run") or {}).get("surface")
+    head = f"C1 (metadata baseline) E1 = {c1:.3f}. "
+    if surface in _TEXT_SURFACES:
+        return head + (f"On {surface} the injected text lengthens the prompt, so Δprompt length alone "
+                       "separates attack from clean rows by construction (expected C1 E1 = 1.000): check 2 "
+                       "is decided by the design of this surface, not by the probe.")
+    if surface == "i_vis":
+        return head + ("On i_vis the banner is drawn on the screenshot and leaves the prompt length "
+                       "unchanged (Δprompt length 0), so C1's inputs are equal for the attack and clean rows "
+                       "of a step (expected C1 E1 ≈ 0.5): check 2 is passed by construction and reduces to "
+                       "the probe separating at all.")
+    return head + ("Whether check 2 is decided by construction depends on the surface: on text surfaces "
+                   "Δprompt length separates attack from clean (C1 = 1.000), on i_vis it is 0 (C1 ≈ 0.5).")
+
+
+def permutation_lines(results: Mapping) -> list[str]:
+    """The exact permutation test's numbers (PROTOCOL.md §7.4), one fact per line."""
+    p = results.get("permutation")
+    if not isinstance(p, Mapping):
+        return []
+    out = [f"M = {p['m']} refits, labels permuted within each training (trajectory, step), seed {p.get('seed')}",
+           f"observed E1 {p['e1']:.3f}; null mean {p['null_mean']:.3f}, SD {p['null_sd']:.3f}, "
+           f"2.5–97.5% [{p['null_q025']:.3f}, {p['null_q975']:.3f}]",
+           f"p = (1 + {p['n_ge']}) / ({p['m']} + 1) = {p['p_value']:.4f}; "
+           f"null-mean tolerance max(0.02, 3·SD/√M) = {p['tolerance']:.3f}"]
+    if p.get("e1_refit") is not None:
+        out.append(f"E1 of the same refit on the true labels {p['e1_refit']:.4f} (equals E1 up to solver tolerance)")
+    return out
+
+
+def cluster_lines(results: Mapping) -> list[str]:
+    """Per-estimand contributing test trajectories (PROTOCOL.md §7.0), flagged when below the gate."""
+    v = results.get("verdict") or {}
+    rep = v.get("reportability") or {}
+    mc = v.get("min_clusters")
+    return [f"{k}: {x['clusters']}" + ("" if x["reportable"] else f" (< {mc}: not used by the verdict)")
+            for k, x in rep.items()]
+
+
+def _bootstrap_text(bs: Mapping) -> str:
+    return ", ".join(f"{k}={v}" for k, v in bs.items() if k != "clusters_by_estimand")
+
+
 def render_report(results: dict, figures: Mapping[str, str] | None = None) -> str:
     """A Markdown report a person reads: verdict first, then estimands, figures, counts.
 
@@ -145,8 +209,20 @@ def render_report(results: dict, figures: Mapping[str, str] | None = None) -> st
     v = r.get("verdict")
     if v:
         lines += ["## Verdict (PROTOCOL.md §7)", "", f"**Licensed claim: {v['claim']}**", ""]
+        if v.get("claim_note"):
+            lines += [f"*{v['claim_note']}*", ""]
         lines += [f"- [{c['status']}] {c['id']}. {c['name']}: {c['detail']}" for c in v["checks"]]
         lines.append("")
+        note = construction_note(r)
+        if note:
+            lines += [f"Check 2 on this surface: {note}", ""]
+        perm = permutation_lines(r)
+        if perm:
+            lines += ["Exact permutation test (check 4):", ""] + [f"- {x}" for x in perm] + [""]
+        cl = cluster_lines(r)
+        if cl:
+            lines += [f"Test trajectories contributing rows to both sides of each estimand "
+                      f"(min_clusters {v.get('min_clusters')}):", ""] + [f"- {x}" for x in cl] + [""]
     lines += ["## Estimands (PROTOCOL.md §5)", "",
               "| estimand | estimate | 95% CI | replicates used |", "|---|---|---|---|"]
     lines += [f"| {label} | {_fmt(iv)} |" for label, iv in estimand_rows(r)]
@@ -181,7 +257,7 @@ def render_report(results: dict, figures: Mapping[str, str] | None = None) -> st
         lines += ["## Run", ""] + [f"- {k}: {val}" for k, val in run.items()] + [""]
     bs = r.get("bootstrap")
     if bs:
-        lines += ["Cluster bootstrap over test trajectories: " + ", ".join(f"{k}={v}" for k, v in bs.items()), ""]
+        lines += ["Cluster bootstrap over test trajectories: " + _bootstrap_text(bs), ""]
     return "\n".join(lines)
 
 
@@ -201,7 +277,7 @@ h1{font-size:1.6em;margin-bottom:.2em}h2{border-bottom:1px solid #ddd;padding-bo
 .claim.none{background:#fde7e7;border:1px solid #e07b7b}
 table{border-collapse:collapse;margin:.5em 0;font-size:.92em}td,th{border:1px solid #ccc;padding:.3em .6em;text-align:left}
 th{background:#f3f3f3}td.num{text-align:right;font-variant-numeric:tabular-nums}
-.PASS{color:#1b7a1b;font-weight:600}.FAIL{color:#b21f1f;font-weight:600}.NOT.RUN,.NOTRUN{color:#777;font-weight:600}
+.PASS{color:#1b7a1b;font-weight:600}.FAIL{color:#b21f1f;font-weight:600}.INCONCLUSIVE{color:#a86b00;font-weight:600}.NOT.RUN,.NOTRUN{color:#777;font-weight:600}
 figure{margin:1em 0}figure img{max-width:100%;border:1px solid #ddd}figcaption{font-size:.9em;color:#555}
 pre{background:#f6f8fa;padding:.8em;overflow:auto;font-size:.85em;border-radius:4px}
 .muted{color:#666;font-size:.9em}
@@ -254,6 +330,20 @@ def render_html(results: Mapping, figures: Mapping[str, str | Path] | None = Non
             out.append(f'<tr><td>{c["id"]}</td><td>{_h(c["name"])}</td>'
                        f'<td class="{status_cls}">{_h(c["status"])}</td><td>{_h(c["detail"])}</td></tr>')
         out.append("</table>")
+        if v.get("claim_note"):
+            out.insert(len(out) - len(v["checks"]) - 2, f'<p class="muted">{_h(v["claim_note"])}</p>')
+        note = construction_note(r)
+        if note:
+            out.append(f"<p><b>Check 2 on this surface.</b> {_h(note)}</p>")
+        perm = permutation_lines(r)
+        if perm:
+            out.append("<p><b>Exact permutation test (check 4).</b></p><ul>"
+                       + "".join(f"<li>{_h(x)}</li>" for x in perm) + "</ul>")
+        cl = cluster_lines(r)
+        if cl:
+            out.append(f"<details><summary>Test trajectories contributing rows to both sides of each estimand "
+                       f"(min_clusters {_h(v.get('min_clusters'))})</summary><ul>"
+                       + "".join(f"<li>{_h(x)}</li>" for x in cl) + "</ul></details>")
     bs = r.get("bootstrap") or {}
     level = bs.get("level", 0.95)
     out += ["<h2>Estimands (PROTOCOL.md §5)</h2>",
@@ -280,7 +370,7 @@ def render_html(results: Mapping, figures: Mapping[str, str | Path] | None = Non
             out.append(f"<p><b>{_h(RANDOM_BACKBONE_NOTE)}</b></p>")
     if bs:
         out.append('<p class="muted">Cluster bootstrap over test trajectories: '
-                   + _h(", ".join(f"{k}={val}" for k, val in bs.items())) + "</p>")
+                   + _h(_bootstrap_text(bs)) + "</p>")
     if figures:
         out.append("<h2>Figures</h2>")
         base = Path(base_dir) if base_dir is not None else Path(".")

@@ -23,7 +23,7 @@ from ipi.metrics.estimands import (
     validate_table,
 )
 
-__all__ = ["bench_bootstrap", "bootstrap_benchmark", "synthetic_score_table"]
+__all__ = ["bench_bootstrap", "bench_permutation", "bootstrap_benchmark", "synthetic_score_table"]
 
 _VARIANTS = (CLEAN, ATTACK, "c_scrambled", "c_imperative", "c_occlusion")
 
@@ -222,4 +222,81 @@ def bench_bootstrap(n_rows: int = 5000, n_boot: int = 1000, seed: int = 0) -> di
         "target_s": TARGET_S,
         "meets_target": bool(res["vectorised_s"] < TARGET_S),
         "agree": bool(res["max_abs_diff"] <= 1e-9),
+    }
+
+
+def bench_permutation(n_train: int = 1000, n_test: int = 600, n_features: int = 107_520, m: int = 199,
+                      sklearn_fits: int = 2, seed: int = 0) -> dict:
+    """Cost of the exact permutation test's refits vs scikit-learn fits (PROTOCOL.md §7.4).
+
+    Synthetic features at the given width: trajectories of 5 steps, one clean and one attack row
+    per step (``n_train`` training rows), Gaussian features with a trajectory effect and an
+    attack shift along a random direction, float32 as the activation cache stores them. Timed:
+
+    * **ours**: :class:`ipi.probe.dual.ReducedDesign` (standardise, Gram matrices, eigen
+      decomposition — once) plus ``m`` refits (:func:`ipi.probe.dual.fit_reduced`) on labels
+      permuted within each (trajectory, step), scoring the test rows;
+    * **scikit-learn**: ``sklearn_fits`` fits of :func:`ipi.probe.fit.fit_sklearn_reference`
+      (``StandardScaler`` + ``LogisticRegression(C=1, class_weight="balanced")``, lbfgs,
+      ``tol=1e-10``) on the first permuted labellings; the cost of 20 fits is 20 × their mean.
+
+    The scikit-learn fits' test AUCs are compared with the corresponding refits'
+    (``max_auc_diff``, must be ≤ 1e-4).
+
+    Returns:
+        JSON-ready dict with the shapes, ``ours_s`` (design + refits), ``design_s``,
+        ``refits_s``, ``sklearn_fit_s`` (mean), ``sklearn_20_fits_s``, ``ratio`` (ours / 20
+        scikit-learn fits; ≤ 1 meets issue 10's requirement), ``max_auc_diff``, ``threads``.
+    """
+    from sklearn.metrics import roc_auc_score
+
+    from ipi.metrics.permutation import permute_within
+    from ipi.probe.dual import ReducedDesign, fit_reduced
+    from ipi.probe.fit import fit_sklearn_reference
+
+    rng = np.random.default_rng(seed)
+    n = n_train + n_test
+    steps = 5
+    n_traj = n // (2 * steps)
+    n = n_traj * 2 * steps
+    traj = np.repeat(np.arange(n_traj), 2 * steps)
+    step = np.tile(np.repeat(np.arange(steps), 2), n_traj)
+    y = np.tile(np.array([0, 1]), n_traj * steps)
+    direction = rng.standard_normal(n_features).astype(np.float32)
+    direction /= np.linalg.norm(direction)
+    x = rng.standard_normal((n, n_features), dtype=np.float32)
+    x += 0.5 * rng.standard_normal((n_traj, n_features), dtype=np.float32)[traj]
+    x += (3.0 * y)[:, None].astype(np.float32) * direction
+    n_train_traj = n_train // (2 * steps)
+    tr = traj < n_train_traj
+    te = ~tr
+    groups = traj[tr] * steps + step[tr]
+    t0 = time.perf_counter()
+    design = ReducedDesign.build(x[tr], x[te])
+    t_design = time.perf_counter() - t0
+    perm_rng = np.random.default_rng(seed + 1)
+    labels, aucs = [], []
+    t1 = time.perf_counter()
+    for _ in range(m):
+        yp = permute_within(groups, y[tr], perm_rng)
+        theta = fit_reduced(design.phi, yp, C=1.0)
+        s = design.phi_test @ theta[:-1] + theta[-1]
+        labels.append(yp)
+        aucs.append(roc_auc_score(y[te], s))
+    t_refits = time.perf_counter() - t1
+    ours = time.perf_counter() - t0
+    sk_times, diffs = [], []
+    for j in range(sklearn_fits):
+        t2 = time.perf_counter()
+        ref = fit_sklearn_reference(x[tr], labels[j], l2=1.0)
+        sk_times.append(time.perf_counter() - t2)
+        diffs.append(abs(roc_auc_score(y[te], ref.decision_function(x[te])) - aucs[j]))
+    sk = float(np.mean(sk_times))
+    return {
+        "n_train": int(tr.sum()), "n_test": int(te.sum()), "n_features": int(n_features), "m": int(m),
+        "rank": design.rank, "design_s": round(t_design, 2), "refits_s": round(t_refits, 2),
+        "ours_s": round(ours, 2), "sklearn_fits_timed": int(sklearn_fits), "sklearn_fit_s": round(sk, 2),
+        "sklearn_20_fits_s": round(20 * sk, 1), "ratio": round(ours / (20 * sk), 4),
+        "max_auc_diff": float(max(diffs)) if diffs else None,
+        "null_mean": round(float(np.mean(aucs)), 4), "threads": os.cpu_count(),
     }

@@ -68,7 +68,8 @@ REQUIRED_COLUMNS = ("trajectory_id", "step", "variant", "score")
 #: Keys of :func:`evaluate_tables`' result (and of the reports built on it) that a baseline
 #: name may not take.
 RESERVED_KEYS = frozenset(
-    {"e1", "e2", "e3", "differences", "bootstrap", "counts", "verdict", "source", "baselines", "random_twin"}
+    {"e1", "e2", "e3", "differences", "bootstrap", "counts", "verdict", "source", "baselines",
+     "permutation", "random_twin"}
 )
 
 
@@ -478,6 +479,10 @@ class EstimandSet(Mapping):
             (``nan`` = dropped), for paired differences with other tables on the same draws.
         draws: The draws used.
         level: Interval coverage.
+        contributors: The test trajectories contributing rows to **both** sides of each
+            estimand (PROTOCOL.md §7.0): ``{"e1": {ids}, "e2": {ids}, "e3": {control: {ids}}}``
+            — E1: trajectories with an attack and a clean row; E2: trajectories with a step
+            having both; E3[c]: trajectories with a step having an attack and a ``c`` row.
     """
 
     e1: Interval
@@ -486,6 +491,13 @@ class EstimandSet(Mapping):
     replicates: dict = field(repr=False)
     draws: Draws = field(repr=False)
     level: float = 0.95
+    contributors: dict = field(default_factory=dict, repr=False)
+
+    def cluster_counts(self) -> dict:
+        """``{"e1": n, "e2": n, "e3": {control: n}}``: sizes of :attr:`contributors`."""
+        c = self.contributors
+        return {"e1": len(c.get("e1", ())), "e2": len(c.get("e2", ())),
+                "e3": {k: len(v) for k, v in c.get("e3", {}).items()}}
 
     def __getitem__(self, key: str):
         if key not in ("e1", "e2", "e3"):
@@ -609,12 +621,25 @@ def estimands(
     # E3[c]: attack vs control c over the steps having both.
     e3: dict[str, Interval] = {}
     replicates["e3"] = {}
+    ids = np.asarray(draws.trajectory_ids, dtype=object)
+    positive_w = w > 0
+
+    def having_both(pos: np.ndarray, neg: np.ndarray) -> set[str]:
+        # trajectories with (positive-weight) rows on both sides
+        has_p = np.bincount(col[pos & positive_w], minlength=draws.n_clusters) > 0
+        has_n = np.bincount(col[neg & positive_w], minlength=draws.n_clusters) > 0
+        return set(ids[has_p & has_n])
+
+    contributors: dict = {"e1": having_both(is_attack, is_clean), "e2": having_both(is_attack & sel, is_clean & sel),
+                          "e3": {}}
     for control in sorted({v for v in variant if is_control(v)}):
         both = _both_mask(step_key, variant, ATTACK, control)
         e3[control], replicates["e3"][control] = _auc_with_replicates(
             f, w, col, is_attack & both, (variant == control) & both, m, level
         )
-    return EstimandSet(e1=e1, e2=e2, e3=e3, replicates=replicates, draws=draws, level=level)
+        contributors["e3"][control] = having_both(is_attack & both, (variant == control) & both)
+    return EstimandSet(e1=e1, e2=e2, e3=e3, replicates=replicates, draws=draws, level=level,
+                       contributors=contributors)
 
 
 def evaluate_tables(
@@ -624,6 +649,7 @@ def evaluate_tables(
     n_boot: int = 1000,
     seed: int = 0,
     level: float = 0.95,
+    permutation: Mapping | None = None,
     twin: pd.DataFrame | None = None,
 ) -> dict:
     """Estimands of the probe and its baselines on shared draws, with paired differences.
@@ -636,28 +662,40 @@ def evaluate_tables(
         main: The probe's score table.
         baselines: Named baseline score tables on the same test trajectories, e.g.
             ``{"c1": ..., "collapse_only": ..., "permuted": ...}`` (PROTOCOL.md §5, §6).
+        n_boot: Replicates ``B``.
+        seed: Seed of ``numpy.random.default_rng`` for the draws.
+        level: Interval coverage.
+        permutation: Optional exact permutation test of verdict check 4 (PROTOCOL.md §7.4):
+            ``{"null_scores": [M, n_main] array aligned with ``main``'s rows, "seed": int,
+            "alpha": float (default 0.05)[, "refit_scores": [n_main], "unit": str,
+            "design": str, "seconds": float]}``; summarised by
+            :func:`ipi.metrics.permutation.permutation_summary` against the observed E1.
         twin: The same probe's score table on the random-weight twin's features (same rows,
             same folds; :mod:`ipi.twin`), or None. Its E1, E2 and every E3[c] go under
             ``"random_twin"``, and the paired differences trained − twin of E1 and of each
             E3[c] under ``"differences"``, all on the shared draws (docs/estimands.md, check 6).
-        n_boot: Replicates ``B``.
-        seed: Seed of ``numpy.random.default_rng`` for the draws.
-        level: Interval coverage.
 
     Returns:
         JSON-ready dict::
 
             {"e1": {...}, "e2": {...}, "e3": {control: {...}},
-             "<baseline>": {"e1": {...}, "e2": {...}},            # per baseline
+             "<baseline>": {"e1": {...}, "e2": {...}, "e3": {control: {...}}},  # per baseline
              "random_twin": {"e1": {...}, "e2": {...}, "e3": {control: {...}}},  # with twin
              "differences": {"e1_minus_<baseline>_e1": {...},      # per baseline, e.g. c1
                              "e1_minus_e3": {control: {...}},
                              "e1_minus_twin_e1": {...},            # with twin
                              "e3_minus_twin_e3": {control: {...}}},  # with twin
-             "bootstrap": {"n_boot": B, "seed": seed, "level": level, "n_clusters": T}}
+             "permutation": {...},                                 # only with ``permutation``
+             "bootstrap": {"n_boot": B, "seed": seed, "level": level, "n_clusters": T,
+                           "clusters_by_estimand": {...}}}
 
         where each ``{...}`` is ``{"estimate", "ci_low", "ci_high", "n_boot_used"}`` with
-        Python floats (``None`` for undefined values).
+        Python floats (``None`` for undefined values). ``clusters_by_estimand`` counts, for
+        every estimand, the test trajectories contributing rows to both of its sides
+        (PROTOCOL.md §7.0; :attr:`EstimandSet.contributors`): keys ``e1``, ``e2``,
+        ``e3: {control: n}``, per baseline ``{"e1", "e2", "e3"}``, and ``differences`` with the
+        same keys as above counting trajectories that contribute to both sides of **both**
+        estimands of the difference.
 
     Raises:
         ValueError: On an invalid table, or a baseline name that collides with a result key.
@@ -679,15 +717,20 @@ def evaluate_tables(
 
     res = estimands(main_v, level=level, draws=draws)
     out: dict = res.to_dict()
+    clusters: dict = res.cluster_counts()
     differences: dict = {}
+    diff_clusters: dict = {}
     for name, tbl in base_v.items():
         b = estimands(tbl, level=level, draws=draws)
-        out[name] = {"e1": b.e1.to_dict(), "e2": b.e2.to_dict()}
+        out[name] = b.to_dict()
+        clusters[name] = b.cluster_counts()
         iv, _ = paired_difference(
             res.e1.estimate, res.replicates["e1"], b.e1.estimate, b.replicates["e1"], level=level
         )
         differences[f"e1_minus_{name}_e1"] = iv.to_dict()
+        diff_clusters[f"e1_minus_{name}_e1"] = len(res.contributors["e1"] & b.contributors["e1"])
     differences["e1_minus_e3"] = {}
+    diff_clusters["e1_minus_e3"] = {}
     for control, e3 in res.e3.items():
         iv, _ = paired_difference(
             res.e1.estimate,
@@ -697,24 +740,42 @@ def evaluate_tables(
             level=level,
         )
         differences["e1_minus_e3"][control] = iv.to_dict()
+        diff_clusters["e1_minus_e3"][control] = len(res.contributors["e1"] & res.contributors["e3"][control])
     if twin_v is not None:
         tw = estimands(twin_v, level=level, draws=draws)
         out["random_twin"] = tw.to_dict()
+        clusters["random_twin"] = tw.cluster_counts()
         iv, _ = paired_difference(res.e1.estimate, res.replicates["e1"], tw.e1.estimate, tw.replicates["e1"],
                                   level=level)
         differences["e1_minus_twin_e1"] = iv.to_dict()
-        differences["e3_minus_twin_e3"] = {}
+        diff_clusters["e1_minus_twin_e1"] = len(res.contributors["e1"] & tw.contributors["e1"])
+        differences["e3_minus_twin_e3"], diff_clusters["e3_minus_twin_e3"] = {}, {}
         for control, e3 in res.e3.items():
             if control not in tw.e3:
                 continue
             iv, _ = paired_difference(e3.estimate, res.replicates["e3"][control], tw.e3[control].estimate,
                                       tw.replicates["e3"][control], level=level)
             differences["e3_minus_twin_e3"][control] = iv.to_dict()
+            diff_clusters["e3_minus_twin_e3"][control] = len(res.contributors["e3"][control]
+                                                             & tw.contributors["e3"][control])
     out["differences"] = differences
+    clusters["differences"] = diff_clusters
+    if permutation is not None:
+        from ipi.metrics.permutation import permutation_summary
+
+        perm = permutation_summary(main_v, permutation["null_scores"], res.e1.estimate,
+                                   weights=step_weights(main_v), alpha=permutation.get("alpha", 0.05),
+                                   seed=permutation.get("seed"),
+                                   refit_scores=permutation.get("refit_scores"))
+        for key in ("unit", "design", "seconds"):
+            if permutation.get(key) is not None:
+                perm[key] = permutation[key]
+        out["permutation"] = perm
     out["bootstrap"] = {
         "n_boot": int(draws.n_boot),
         "seed": int(seed),
         "level": float(level),
         "n_clusters": int(draws.n_clusters),
+        "clusters_by_estimand": clusters,
     }
     return out

@@ -17,6 +17,7 @@ on trajectory ids and on the rows actually fed to each fit.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -26,6 +27,8 @@ import torch
 from lightning import LightningModule
 from torch import Tensor, nn
 
+from ipi.metrics.permutation import permute_within
+from ipi.probe.dual import ReducedDesign, fit_reduced
 from ipi.probe.fit import ProbeConfig, fit_probe, fit_sklearn_reference, score
 from ipi.probe.module import LinearProbe
 from ipi.probe.split import (
@@ -153,6 +156,13 @@ class CrossFit:
         baselines: Out-of-fold score tables (``trajectory_id, step, variant, score``) by name:
             ``c1``, ``collapse_only``, ``permuted``, ``transfer`` (those that ran).
         per_fold: One dict per fold: train/test trajectory and row counts.
+        null_scores: ``[M, n_test]`` scores of the ``test_index`` rows by the M permuted-label
+            refits of the exact permutation test (PROTOCOL.md §7.4; ``nan`` on control rows,
+            which E1 does not use), or None when it did not run.
+        permutation: Facts of the permutation refits (``refit_scores`` ``[n_test]``: the same
+            refit procedure on the true labels; ``seed``, ``unit``, ``design``, ``seconds``),
+            the ``permutation=`` argument of :func:`ipi.metrics.evaluate_tables` together with
+            ``null_scores``; None when it did not run.
     """
 
     folds: list
@@ -161,6 +171,14 @@ class CrossFit:
     test_index: np.ndarray
     baselines: dict[str, pd.DataFrame] = field(default_factory=dict)
     per_fold: list[dict] = field(default_factory=list)
+    null_scores: np.ndarray | None = None
+    permutation: dict | None = None
+
+    def permutation_input(self) -> dict | None:
+        """``permutation=`` of :func:`ipi.metrics.evaluate_tables` (None when not run)."""
+        if self.null_scores is None:
+            return None
+        return {**self.permutation, "null_scores": self.null_scores}
 
     def probe_scores(self, x: np.ndarray) -> np.ndarray:
         """Out-of-fold probe scores ``[n_test]`` of the rows ``test_index`` (each by its fold's probe)."""
@@ -221,6 +239,8 @@ def cross_fit(
     logger=None,
     default_root_dir=None,
     fit_fn=fit_probe,
+    permutation_m: int = 0,
+    permutation_seed: int = 0,
 ) -> CrossFit:
     """Fit the probe and its baselines in every fold; score each fold's test rows (§4–§6).
 
@@ -235,7 +255,18 @@ def cross_fit(
       ``numpy.random.default_rng(permute_seed)`` (one generator drawn fold after fold; true test
       labels are used for evaluation) (§6);
     * ``transfer``: the probe fitted on ``transfer``'s clean/attack rows of ``A`` (other
-      surfaces) and scored on the clean/attack rows of ``B`` (§6).
+      surfaces) and scored on the clean/attack rows of ``B`` (§6);
+    * exact permutation test (``permutation_m = M > 0``, PROTOCOL.md §7.4): replicate ``j``
+      draws one within-(trajectory, step) permutation of the attack/clean labels of **all**
+      labelled rows (:func:`ipi.metrics.permutation.permute_within`, one
+      ``numpy.random.default_rng(permutation_seed)`` drawn replicate after replicate), and
+      every fold refits the probe on its training rows' permuted labels and scores its test
+      clean/attack rows (true labels kept). With K folds a replicate's statistic is thus the
+      out-of-fold E1 of K refits — the whole cross-fitting procedure rerun on permuted labels,
+      exactly as the observed E1 was obtained. The refits are exact and cheap: per fold the
+      standardised training rows are reduced once to at most ``n`` coordinates
+      (:class:`ipi.probe.dual.ReducedDesign`) and each refit is a Newton solve there
+      (:func:`ipi.probe.dual.fit_reduced`, ``C = probe_cfg.l2``).
 
     Args:
         meta: Row table ``[N]`` with ``trajectory_id, step, variant``.
@@ -251,6 +282,8 @@ def cross_fit(
         logger: Lightning logger of the probe fit (holdout only; K-fold fits are not logged).
         default_root_dir: Trainer root of the probe fit.
         fit_fn: The probe fitter (``fit_probe``); injectable for tests.
+        permutation_m: Refits ``M`` of the exact permutation test (0: not run).
+        permutation_seed: Seed of its label permutations.
 
     Returns:
         A :class:`CrossFit`.
@@ -310,6 +343,11 @@ def cross_fit(
     test_index = np.flatnonzero(fold_of_row >= 0)
     if kind == "kfold" and len(test_index) != n:
         raise LeakageError(f"kfold: {n - len(test_index)} rows were scored by no fold")
+    null_scores, permutation = None, None
+    if int(permutation_m) > 0:
+        c = (probe_cfg or ProbeConfig()).l2
+        null_scores, permutation = _permutation_refits(
+            meta, x, folds, labelled, test_index, int(permutation_m), int(permutation_seed), c)
     baselines = {}
     for name, s in base_scores.items():
         idx = test_index[labelled[test_index]] if name == "transfer" else test_index
@@ -317,4 +355,46 @@ def cross_fit(
             raise RuntimeError(f"cross_fit: baseline {name!r} left rows unscored")
         baselines[name] = _table(meta, idx, s[idx])
     return CrossFit(folds=folds, fold_of_row=fold_of_row, probes=probes, test_index=test_index,
-                    baselines=baselines, per_fold=per_fold)
+                    baselines=baselines, per_fold=per_fold, null_scores=null_scores,
+                    permutation=permutation)
+
+
+def _permutation_refits(meta: pd.DataFrame, x: np.ndarray, folds, labelled: np.ndarray,
+                        test_index: np.ndarray, m: int, seed: int, c: float) -> tuple[np.ndarray, dict]:
+    """The M permuted-label refits of every fold (see :func:`cross_fit`); scores ``[M, n_test]``."""
+    t0 = time.perf_counter()
+    tid = meta["trajectory_id"].astype(str).to_numpy()
+    variant = meta["variant"].to_numpy()
+    lab_idx = np.flatnonzero(labelled)
+    y_lab = (variant[lab_idx] == "attack").astype(np.int64)
+    groups, _ = pd.factorize(pd.Series(tid[lab_idx]) + "\x00" + meta["step"].to_numpy()[lab_idx].astype(str))
+    pos_in_test = np.full(len(meta), -1, dtype=np.int64)
+    pos_in_test[test_index] = np.arange(len(test_index))
+    designs = []
+    for train_ids, test_ids in folds:
+        fit = lab_idx[np.isin(tid[lab_idx], list(train_ids))]
+        te = lab_idx[np.isin(tid[lab_idx], list(test_ids))]
+        assert_rows_disjoint(tid[fit], tid[te])
+        design = ReducedDesign.build(x[fit], x[te])
+        designs.append((np.searchsorted(lab_idx, fit), pos_in_test[te], design))
+    refit = np.full(len(test_index), np.nan)
+    null = np.full((m, len(test_index)), np.nan)
+    for sel, cols, design in designs:
+        theta = fit_reduced(design.phi, y_lab[sel], C=c)
+        refit[cols] = design.phi_test @ theta[:-1] + theta[-1]
+    rng = np.random.default_rng(seed)
+    for j in range(m):
+        y_perm = permute_within(groups, y_lab, rng)
+        for sel, cols, design in designs:
+            theta = fit_reduced(design.phi, y_perm[sel], C=c)
+            null[j, cols] = design.phi_test @ theta[:-1] + theta[-1]
+    info = {
+        "refit_scores": refit,
+        "seed": seed,
+        "unit": "attack/clean labels permuted within each training (trajectory, step)",
+        "design": ", ".join(f"fold {k}: {'dual' if d.dual else 'primal'} rank {d.rank} "
+                            f"({d.phi.shape[0]} training rows, {d.n_features} features)"
+                            for k, (_, _, d) in enumerate(designs)),
+        "seconds": round(time.perf_counter() - t0, 3),
+    }
+    return null, info

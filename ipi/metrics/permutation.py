@@ -1,0 +1,113 @@
+"""The exact permutation test of verdict check 4 (PROTOCOL.md §7.4).
+
+Randomisation unit: a training (trajectory, step). Within it the attack/clean labels of its
+labelled rows are permuted at random (with one attack and one clean row: a fair coin decides
+whether they swap); rows of other variants never enter the probe's training. Each replicate
+refits the probe on the permuted training labels and scores the **fixed** test rows, which keep
+their true labels; the replicate's statistic is the test E1 (PROTOCOL.md §5). Under the null
+that the probe learns nothing about attack vs clean beyond chance, the observed E1 is
+exchangeable with the M replicates, so ``p = (1 + #{E1_perm ≥ E1}) / (M + 1)`` is an exact
+p-value, and (with balanced steps, a label flip maps a fit to its negative) the null is
+symmetric around 0.5: a null mean off 0.5 means leakage or a bug.
+
+:func:`permute_within` draws the labels; :func:`permutation_summary` turns the replicate scores
+into the reported numbers. The refits themselves are :func:`ipi.probe.crossfit.cross_fit`'s
+(``permutation_m``), cheap through :mod:`ipi.probe.dual`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from ipi.metrics.auc import weighted_auc
+
+__all__ = ["null_tolerance", "permutation_summary", "permute_within"]
+
+
+def permute_within(groups: np.ndarray, y: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Permute labels at random within each group (PROTOCOL.md §7.4's randomisation unit).
+
+    Args:
+        groups: ``[n]`` integer group code of each row (a training (trajectory, step)).
+        y: ``[n]`` labels.
+        rng: Random generator (one uniform draw per row).
+
+    Returns:
+        ``[n]`` labels; each group holds the same multiset of labels as in ``y``, so class
+        counts (hence the balanced class weights) are unchanged.
+    """
+    groups = np.asarray(groups)
+    y = np.asarray(y)
+    n = y.shape[0]
+    by_position = np.lexsort((np.arange(n), groups))  # rows grouped, in their order
+    shuffled = np.lexsort((rng.random(n), groups))  # rows grouped, in random order
+    out = np.empty_like(y)
+    out[by_position] = y[shuffled]
+    return out
+
+
+def null_tolerance(sd: float, m: int) -> float:
+    """How far the null mean may lie from 0.5: ``max(0.02, 3·SD/√M)`` (PROTOCOL.md §7.4)."""
+    return max(0.02, 3.0 * float(sd) / math.sqrt(m))
+
+
+def permutation_summary(table: pd.DataFrame, null_scores: np.ndarray, e1: float, *,
+                        weights: np.ndarray | None = None, alpha: float = 0.05,
+                        seed: int | None = None, refit_scores: np.ndarray | None = None) -> dict:
+    """Null distribution, p-value and decision numbers of the permutation test (§7.4).
+
+    Args:
+        table: The probe's validated score table (``variant`` column), ``[n]`` rows.
+        null_scores: ``[M, n]`` scores of the table's rows by each permuted-label refit
+            (``nan`` allowed on rows that are neither attack nor clean).
+        e1: The observed E1 (the test statistic).
+        weights: ``[n]`` step weights (PROTOCOL.md §5); default all ones.
+        alpha: Level of the test.
+        seed: Seed of the label permutations (recorded).
+        refit_scores: Optional ``[n]`` scores of the same refit procedure on the **true**
+            labels; their E1 is reported as ``e1_refit``, a check that the cheap refits
+            reproduce the probe (it should equal ``e1`` up to the solvers' tolerance).
+
+    Returns:
+        JSON-ready ``{"m", "e1", "null_e1" [M], "null_mean", "null_sd", "null_q025",
+        "null_q975", "n_ge", "p_value", "alpha", "tolerance", "seed", "e1_refit"}``; ``null_sd`` is the
+        sample SD (``ddof=1``), the quantiles are ``numpy.quantile``'s (linear).
+
+    Raises:
+        ValueError: If ``null_scores`` does not have one column per table row, or a replicate
+            leaves an attack/clean row unscored.
+    """
+    null_scores = np.asarray(null_scores, dtype=np.float64)
+    if null_scores.ndim != 2 or null_scores.shape[1] != len(table) or null_scores.shape[0] < 1:
+        raise ValueError(f"null_scores must be [M >= 1, {len(table)}], got {null_scores.shape}")
+    variant = table["variant"].to_numpy(dtype=object)
+    pos, neg = variant == "attack", variant == "clean"
+    w = np.ones(len(table)) if weights is None else np.asarray(weights, dtype=np.float64)
+    lab = pos | neg
+    if not np.isfinite(null_scores[:, lab]).all():
+        raise ValueError("null_scores: a permuted-label refit left an attack/clean test row unscored")
+    null = np.array([weighted_auc(s[pos], s[neg], w[pos], w[neg]) for s in null_scores])
+    m = int(null.size)
+    sd = float(np.std(null, ddof=1)) if m > 1 else 0.0
+    n_ge = int(np.sum(null >= e1))
+    q025, q975 = np.quantile(null, [0.025, 0.975])
+    return {
+        "m": m,
+        "e1": float(e1),
+        "null_e1": [float(v) for v in null],
+        "null_mean": float(np.mean(null)),
+        "null_sd": sd,
+        "null_q025": float(q025),
+        "null_q975": float(q975),
+        "n_ge": n_ge,
+        "p_value": (1 + n_ge) / (m + 1),
+        "alpha": float(alpha),
+        "tolerance": null_tolerance(sd, m),
+        "seed": None if seed is None else int(seed),
+        "e1_refit": (None if refit_scores is None else
+                     float(weighted_auc(np.asarray(refit_scores)[pos], np.asarray(refit_scores)[neg],
+                                        w[pos], w[neg]))),
+    }

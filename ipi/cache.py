@@ -101,7 +101,12 @@ def scan(cache_dir: str | os.PathLike, verify: bool = False) -> list[Entry]:
         newest = max((f.stat().st_mtime for f in files), default=path.stat().st_mtime)
         mpath = path / "manifest.json"
         if not mpath.exists():
-            out.append(Entry(path, "incomplete", None, size, None, None, newest))
+            lock = root / f"{path.name}.lock"
+            status = "incomplete"
+            if lock.exists():  # a run is writing it (or crashed holding the lock: docs/extraction.md)
+                lines = lock.read_text(encoding="utf-8", errors="replace").splitlines()
+                status = f"writing (lock: pid {lines[0]} on {lines[1]})" if len(lines) >= 2 else "writing (locked)"
+            out.append(Entry(path, status, None, size, None, None, newest))
             continue
         try:
             manifest = json.loads(mpath.read_text())
@@ -201,5 +206,17 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _main_quiet_on_broken_pipe() -> int:
+    """:func:`main`, ending quietly when the reader of stdout goes away (``... list | head``)."""
+    try:
+        rc = main()
+        sys.stdout.flush()
+        return rc
+    except BrokenPipeError:
+        # Python's recipe: point stdout at devnull so the interpreter's final flush is silent.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, as a shell tool killed by the broken pipe would
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(_main_quiet_on_broken_pipe())

@@ -2,7 +2,8 @@
 
 An error caused by the user's input (a data folder, a score table, a cache, a split) ends the
 command with one line naming the file / key and exit status 2; set ``HYDRA_FULL_ERROR=1`` for
-the traceback. Anything else is a bug and keeps its full traceback.
+the traceback. Anything else is a bug and keeps its full traceback. SIGTERM and SIGINT end the
+command within seconds with status 128 + the signal (143, 130): see :mod:`ipi.interrupt`.
 """
 
 from __future__ import annotations
@@ -33,8 +34,16 @@ def run_entry(task: Callable[[DictConfig], tuple], cfg: DictConfig) -> tuple:
     Returns:
         What the task returns.
     """
+    from ipi.interrupt import Interrupted, stop_on_signals
+
     try:
-        out = task(cfg)
+        with stop_on_signals():
+            out = task(cfg)
+    except Interrupted as e:
+        print(f"{cfg.task_name}: {e}; stopped (no results written; finished cache shards kept, the same "
+              "command resumes)", file=sys.stderr)
+        sys.stderr.flush()
+        sys.exit(e.exit_code)
     except _input_errors() as e:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise

@@ -116,12 +116,12 @@ class TokenGroupConf:
 class DataConf:
     """Trajectory source."""
 
-    kind: str = "webvoyager"  # importer (ipi.data.IMPORTERS): webvoyager | online_mind2web | multimodal_mind2web | native
+    kind: str = "webvoyager"  # importer (ipi.data.IMPORTERS): webvoyager | online_mind2web | multimodal_mind2web | browser_use | native
     root: str = MISSING  # folder searched recursively for task folders (or a .jsonl for native)
     on_bad_step: OnBadStep = OnBadStep.skip
     unknown_action: UnknownAction = UnknownAction.keep  # keep (action_type "unknown") | skip | error
     max_element_chars: Optional[int] = 3000  # truncate page text (keeps prompts bounded)
-    max_trajectories: Optional[int] = None  # first N trajectories by id (quick runs)
+    max_trajectories: Optional[int] = None  # first N usable trajectories by id (quick runs); later folders are not read
     options: dict[str, Any] = field(default_factory=dict)  # importer-specific keyword arguments
 
 
@@ -160,9 +160,12 @@ class SplitConf:
     """Trajectory-disjoint split."""
 
     kind: SplitKind = SplitKind.holdout
-    test_fraction: float = 0.3  # holdout only
-    k: int = 5  # kfold only: number of folds (cross-fitting, out-of-fold scores for all)
+    # Each applies to one kind only (split=holdout sets test_fraction, split=kfold sets k); giving
+    # the other kind's option is refused by validate(), never silently ignored.
+    test_fraction: Optional[float] = None  # holdout only (conf/split/holdout.yaml: 0.3)
+    k: Optional[int] = None  # kfold only: number of folds (conf/split/kfold.yaml: 5)
     seed: int = 0
+    min_per_side: int = 2  # fewest trajectories on each side (train, test) of every fold; checked right after import
 
 
 @dataclass
@@ -186,6 +189,9 @@ class EvaluationConf:
     # an estimand with fewer test trajectories contributing rows to both of its sides is
     # not used: the checks relying on it are NOT RUN (docs/estimands.md)
     min_clusters: int = 5
+    # An estimate whose bootstrap kept fewer than this fraction of n_boot replicates is marked
+    # not reportable in the report, the forest plot and W&B (docs/outputs.md).
+    min_boot_fraction: float = 0.9
     permuted: bool = True  # the single permuted-label fit (PROTOCOL.md §6; reported, decides nothing)
     permutation: PermutationConf = field(default_factory=PermutationConf)
     collapse_only: bool = True  # run the collapse-only baseline (C2)
@@ -367,8 +373,7 @@ def validate(cfg: DictConfig) -> None:
         raise ValueError(f"evaluation.permutation.m must be >= 0 (0 = not run), got {cfg.evaluation.permutation.m}")
     if not 0.0 < cfg.evaluation.permutation.alpha < 1.0:
         raise ValueError(f"evaluation.permutation.alpha must be in (0, 1), got {cfg.evaluation.permutation.alpha}")
-    devices = cfg.extract.devices
-    multi = (isinstance(devices, int) and devices > 1) or (isinstance(devices, (list, ListConfig)) and len(devices) > 1)
+    multi = uses_ddp(cfg)
     if multi and cfg.evaluation.transfer:
         raise ValueError(
             "extract.devices>1 (DDP) extracts one surface per launch: run `python extract.py surface=<s> "
@@ -382,14 +387,69 @@ def validate(cfg: DictConfig) -> None:
             f"`+backbone.loader.random_init_seed={cfg.evaluation.random_twin_seed}` added, then train on one device; "
             "or set evaluation.random_twin=false"
         )
+    if not 0.0 < cfg.evaluation.get("min_boot_fraction", 0.9) <= 1.0:
+        raise ValueError(f"evaluation.min_boot_fraction must be in (0, 1], got {cfg.evaluation.min_boot_fraction}")
     if not 0.0 < cfg.evaluation.level < 1.0:
         raise ValueError(f"evaluation.level must be in (0, 1), got {cfg.evaluation.level}")
     if cfg.data.max_trajectories is not None and cfg.data.max_trajectories < 1:
         raise ValueError(f"data.max_trajectories must be >= 1 or null, got {cfg.data.max_trajectories}")
-    if not 0.0 < cfg.split.test_fraction < 1.0:
-        raise ValueError("split.test_fraction must be in (0, 1)")
-    if _value(cfg.split.kind) == "kfold" and cfg.split.k < 2:
-        raise ValueError(f"split.k must be >= 2 for split=kfold, got {cfg.split.k}")
+    kind = _value(cfg.split.kind)
+    if kind == "holdout":
+        if cfg.split.get("k") is not None:
+            raise ValueError(f"split.k={cfg.split.k} does not apply to split=holdout (it sets the folds of "
+                             "split=kfold); use split=kfold split.k=N, or split.test_fraction for the holdout")
+        if cfg.split.get("test_fraction") is None or not 0.0 < cfg.split.test_fraction < 1.0:
+            raise ValueError(f"split.test_fraction must be in (0, 1) for split=holdout, got {cfg.split.get('test_fraction')}")
+    else:
+        if cfg.split.get("test_fraction") is not None:
+            raise ValueError(f"split.test_fraction={cfg.split.test_fraction} does not apply to split=kfold (every "
+                             "trajectory is tested once); use split.k=N folds, or split=holdout")
+        if cfg.split.get("k") is None or cfg.split.k < 2:
+            raise ValueError(f"split.k must be >= 2 for split=kfold, got {cfg.split.get('k')}")
+    if cfg.split.get("min_per_side", 2) < 1:
+        raise ValueError(f"split.min_per_side must be >= 1, got {cfg.split.min_per_side}")
+    loader = cfg.backbone.get("loader")
+    quant = _value(cfg.backbone.get("quantization", "none"))
+    if quant != "none" and isinstance(loader, (DictConfig, dict)) and "quantization" not in loader:
+        raise ValueError(f"backbone.quantization={quant} does not apply to backbone={cfg.backbone.name} "
+                         "(its loader takes no quantization); remove the override")
+    if not cfg.backbone.multimodal and cfg.backbone.get("image_size") is not None:
+        raise ValueError(f"backbone.image_size does not apply to the text-only backbone={cfg.backbone.name}; "
+                         "remove the override")
+
+
+def uses_ddp(cfg: DictConfig) -> bool:
+    """Whether ``extract.devices`` asks for more than one device (DDP extraction)."""
+    devices = cfg.extract.devices
+    if isinstance(devices, str):
+        devices = devices.strip()
+        if devices.lstrip("-").isdigit():
+            devices = int(devices)
+        elif devices == "auto":
+            return False
+        else:
+            devices = [d for d in devices.split(",") if d.strip()]
+    return (isinstance(devices, int) and (devices > 1 or devices == -1)) or \
+        (isinstance(devices, (list, ListConfig)) and len(devices) > 1)
+
+
+#: The one-line reason a sweep refuses DDP (checked at composition: ipi.hydra_callbacks).
+DDP_IN_SWEEP = (
+    "extract.devices>1 (DDP) inside a -m sweep: Lightning's DDP launcher re-runs the whole command "
+    "in every extra process, so each would run the whole sweep again; instead extract each surface "
+    "with DDP first (`python extract.py surface=<s> evaluation.transfer=false extract.devices=N`), "
+    "then run the sweep on one device (docs/sweeps.md)"
+)
+
+
+def validate_sweep_job(cfg: DictConfig) -> None:
+    """Rules for a job of a ``-m`` sweep, on top of :func:`validate`.
+
+    Raises:
+        ValueError: ``extract.devices`` > 1 (:data:`DDP_IN_SWEEP`).
+    """
+    if uses_ddp(cfg):
+        raise ValueError(DDP_IN_SWEEP)
 
 
 def to_container(node) -> Any:

@@ -31,7 +31,7 @@ class ConfigError(ValueError):
     """An invalid combination of config values (one-line message naming key and allowed values)."""
 
 
-def check_config(config: DictConfig, where: str = "") -> None:
+def check_config(config: DictConfig, where: str = "", sweep: bool = False) -> None:
     """Run :func:`ipi.config.validate` on a composed ``train``/``extract`` config.
 
     Configs without the fields validate reads (``evaluate``) pass unchecked.
@@ -39,15 +39,19 @@ def check_config(config: DictConfig, where: str = "") -> None:
     Args:
         config: The composed config (with or without its ``hydra`` node).
         where: Prefix naming the sweep job, e.g. ``"job 3 (surface=i_dom control=occlusion): "``.
+        sweep: The config is a job of a ``-m`` sweep (:func:`ipi.config.validate_sweep_job` too:
+            no DDP inside a sweep).
 
     Raises:
         ConfigError: One line naming the key, the value and the allowed values.
     """
-    from ipi.config import validate
+    from ipi.config import validate, validate_sweep_job
 
     if not all(k in config for k in ("surface", "control", "layers", "token_group", "backbone")):
         return
     try:
+        if sweep:
+            validate_sweep_job(config)
         validate(config)
     except ValueError as e:
         raise ConfigError(f"config error: {where}{e}") from None
@@ -89,11 +93,15 @@ class ConfigCheck(Callback):
             log.debug("ConfigCheck: cannot expand the sweep (%s); jobs are checked as they start", e)
             return
         if jobs is None:
+            _exit_on_error(check_config, config, "", True)
             return
         for i, job in enumerate(jobs):
             job_cfg = loader.load_sweep_config(config, job)
-            _exit_on_error(check_config, job_cfg, f"job {i} ({' '.join(job)}): ")
+            _exit_on_error(check_config, job_cfg, f"job {i} ({' '.join(job)}): ", True)
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         # Covers sweepers whose jobs are not known up front, and remote launchers.
-        _exit_on_error(check_config, config)
+        from hydra.types import RunMode
+
+        mode = config.hydra.get("mode") if "hydra" in config else None
+        _exit_on_error(check_config, config, "", mode == RunMode.MULTIRUN)

@@ -118,7 +118,8 @@ def plot_roc(scores: pd.DataFrame, path: str | os.PathLike, title: str = "") -> 
     ax.set_ylim(0, 1.01)
     ax.set_aspect("equal")
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right", fontsize=7.5)
+    # Below the axes, never over the curves (their upper-left region is where a good probe's go).
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), fontsize=7.5, frameon=False)
     ax.set_title(title or "ROC on the test split", fontsize=10)
     return save_figure(fig, path)
 
@@ -132,14 +133,6 @@ def _iv(x) -> tuple[float, float, float] | None:
     return est, float(lo) if lo is not None else math.nan, float(hi) if hi is not None else math.nan
 
 
-BASELINE_LABELS = {
-    "c1": "C1 metadata baseline",
-    "collapse_only": "C2 collapse-only",
-    "permuted": "permuted labels",
-    "transfer": "cross-surface transfer",
-}
-
-
 def forest_rows(results: Mapping) -> tuple[list[tuple[str, float, float, float]], list[tuple[str, float, float, float]]]:
     """The estimands of a ``results.json`` as forest-plot rows.
 
@@ -151,53 +144,71 @@ def forest_rows(results: Mapping) -> tuple[list[tuple[str, float, float, float]]
         (``nan`` bounds where the interval is undefined). AUC rows: E1, E2, E3 per control, then
         every baseline's E1 and E2; difference rows: the paired differences.
     """
-    aucs: list[tuple[str, float, float, float]] = []
-    diffs: list[tuple[str, float, float, float]] = []
+    aucs, diffs = _marked_forest_rows(results)
+    return [r[:4] for r in aucs], [r[:4] for r in diffs]
 
-    def add(rows, label, x):
+
+def _diff_label(key: str) -> str:
+    parts = key.split(".")[1:]  # differences.<name>[.<control>]
+    name = parts[0].replace("_minus_", " − ").replace("_", " ")
+    return f"{name}[{parts[1]}]" if len(parts) > 1 else name
+
+
+def _marked_forest_rows(results: Mapping):
+    """As :func:`forest_rows`, each row with a fifth item: ``None`` or why it is not reportable."""
+    from ipi.evaluation.reportable import estimand_entries, reportability_of
+
+    marks = reportability_of(results)
+    aucs, diffs = [], []
+    for key, label, x in estimand_entries(results):
         iv = _iv(x)
-        if iv is not None:
-            rows.append((label, *iv))
-
-    add(aucs, "E1 attack vs clean", results.get("e1"))
-    add(aucs, "E2 paired step", results.get("e2"))
-    for c, x in sorted((results.get("e3") or {}).items()):
-        add(aucs, f"E3 attack vs {c}", x)
-    for key, label in BASELINE_LABELS.items():
-        base = results.get(key)
-        if isinstance(base, Mapping):
-            add(aucs, f"{label} E1", base.get("e1"))
-            add(aucs, f"{label} E2", base.get("e2"))
-    twin = results.get("random_twin")
-    if isinstance(twin, Mapping):
-        add(aucs, "random twin E1", twin.get("e1"))
-        add(aucs, "random twin E2", twin.get("e2"))
-        for c, x in sorted((twin.get("e3") or {}).items()):
-            add(aucs, f"random twin E3 vs {c}", x)
-    for key, x in sorted((results.get("differences") or {}).items()):
-        if isinstance(x, Mapping) and "estimate" in x:
-            add(diffs, key.replace("_minus_", " − ").replace("_", " "), x)
-        elif isinstance(x, Mapping):
-            for c, sub in sorted(x.items()):
-                add(diffs, f"{key.replace('_minus_', ' − ').replace('_', ' ')}[{c}]", sub)
+        if iv is None:
+            continue
+        if key.startswith("differences."):
+            diffs.append((_diff_label(key), *iv, marks.get(key)))
+        else:
+            aucs.append((label, *iv, marks.get(key)))
     return aucs, diffs
+
+
+GREY = "#9a9a9a"
+
+
+def short_reason(reason: str) -> str:
+    """A reportability reason shortened for a figure label (the report tables keep the long one)."""
+    import re
+
+    out = re.sub(r"only (\d+) test trajector(?:y contributes|ies contribute) \(< (\d+)\)",
+                 r"\1 contributing trajectories < \2", reason)
+    out = re.sub(r"only (\d+) of (\d+) bootstrap replicates usable \(< [^)]*\)", r"\1/\2 replicates", out)
+    return out.replace("degenerate interval (every replicate gave the same value)", "degenerate interval")
 
 
 def _forest_panel(ax, rows, ref: float, xlim):
     n = len(rows)
     ys = np.arange(n)[::-1]
-    for y, (label, est, lo, hi) in zip(ys, rows):
+    for y, (label, est, lo, hi, why) in zip(ys, rows):
         ok_ci = not (math.isnan(lo) or math.isnan(hi))
-        colour = "#1f77b4"
+        if why is not None:
+            # Not reportable: a hollow grey point, no interval bar (a bar of zero width would look
+            # like a precise result), and the reason in words.
+            ax.plot([est], [y], "o", mfc="white", mec=GREY, mew=1.5, ms=7, clip_on=False, zorder=3)
+            txt = f"{est:.3f}  not reportable: {short_reason(why)}"
+            ax.text(1.02, y, txt, transform=ax.get_yaxis_transform(), va="center", fontsize=8,
+                    color=GREY, style="italic")
+            continue
+        colour = "#2ca02c" if ok_ci and lo > ref else ("#d62728" if ok_ci and hi < ref else "#7f7f7f")
         if ok_ci:
-            colour = "#2ca02c" if lo > ref else ("#d62728" if hi < ref else "#7f7f7f")
-            ax.plot([lo, hi], [y, y], color=colour, lw=2)
-        ax.plot([est], [y], "o", color=colour, ms=6)
+            ax.plot([lo, hi], [y, y], color=colour, lw=2, clip_on=False, solid_capstyle="butt")
+        ax.plot([est], [y], "o", color=colour, ms=6, clip_on=False, zorder=3)
         txt = f"{est:.3f} [{lo:.3f}, {hi:.3f}]" if ok_ci else f"{est:.3f} [n/a]"
         ax.text(1.02, y, txt, transform=ax.get_yaxis_transform(), va="center", fontsize=8)
     ax.axvline(ref, color="black", ls="--", lw=1)
     ax.set_yticks(ys)
     ax.set_yticklabels([r[0] for r in rows], fontsize=8.5)
+    for tick, row in zip(ax.get_yticklabels(), rows):
+        if row[4] is not None:
+            tick.set_color(GREY)
     ax.set_ylim(-0.7, n - 0.3)
     if xlim is not None:
         ax.set_xlim(*xlim)
@@ -208,6 +219,10 @@ def plot_forest(results: Mapping, path: str | os.PathLike, title: str = "") -> P
     """Write the forest plot of every estimand with its CI (PROTOCOL.md §5–§6).
 
     Intervals entirely above the reference line are green, entirely below red, across it grey.
+    An estimate that is not reportable (:mod:`ipi.evaluation.reportable`: too few test
+    trajectories, too few usable replicates, a degenerate interval) is a hollow grey point with
+    no interval bar and its reason printed beside it. The AUC axis runs a little past 0 and 1 so
+    that points at 1.0 are drawn whole.
 
     Args:
         results: The dict written to ``results.json``.
@@ -220,13 +235,15 @@ def plot_forest(results: Mapping, path: str | os.PathLike, title: str = "") -> P
     Raises:
         ValueError: ``results`` holds no estimand.
     """
-    aucs, diffs = forest_rows(results)
+    aucs, diffs = _marked_forest_rows(results)
     if not aucs:
         raise ValueError("plot_forest: no estimand in results")
     heights = [max(len(aucs), 1), max(len(diffs), 1)] if diffs else [len(aucs)]
-    fig, axes = plt.subplots(len(heights), 1, figsize=(7.5, 0.42 * sum(heights) + 1.6),
+    marked = any(r[4] is not None for r in aucs + diffs)
+    fig, axes = plt.subplots(len(heights), 1, figsize=(10.5 if marked else 7.5, 0.42 * sum(heights) + 1.6),
                              gridspec_kw={"height_ratios": heights}, squeeze=False)
-    _forest_panel(axes[0, 0], aucs, 0.5, (0.0, 1.0))
+    _forest_panel(axes[0, 0], aucs, 0.5, (-0.03, 1.03))
+    axes[0, 0].set_xticks(np.linspace(0, 1, 6))
     axes[0, 0].set_xlabel("AUC (0.5 = chance)", fontsize=9)
     if diffs:
         lo = min([r[2] for r in diffs if not math.isnan(r[2])] + [r[1] for r in diffs] + [-0.05])
@@ -237,7 +254,11 @@ def plot_forest(results: Mapping, path: str | os.PathLike, title: str = "") -> P
                               fontsize=9)
     level = (results.get("bootstrap") or {}).get("level", 0.95)
     axes[0, 0].set_title(title or f"Estimands with {level:.0%} cluster-bootstrap intervals", fontsize=10)
-    fig.tight_layout()
+    n_marked = sum(r[4] is not None for r in aucs + diffs)
+    if n_marked:
+        fig.text(0.01, 0.005, f"{n_marked} estimate(s) not reportable (hollow grey): the verdict could not "
+                 "use them; do not report them as results.", fontsize=8, color="#7a4b00", ha="left", va="bottom")
+    fig.tight_layout(rect=(0, 0.03 if n_marked else 0, 1, 1))
     return save_figure(fig, path)
 
 

@@ -1,8 +1,8 @@
 """Progress bars with ETA for the long stages (import, rendering, extraction, bootstrap).
 
 Import, rendering and bootstrap use :mod:`rich.progress` through :func:`track` and
-:func:`progress_bar`; extraction, which runs inside ``Trainer.predict``, uses Lightning's
-``RichProgressBar`` callback (:func:`extraction_callbacks`). Everything is silent when quiet mode
+:func:`progress_bar`; extraction, which runs inside ``Trainer.predict``, draws the same kind of
+bar over rows from a Lightning callback (:func:`extraction_callbacks`). Everything is silent when quiet mode
 is on: ``quiet=true`` in the config (the task functions call :func:`set_quiet`), the environment
 variable ``IPI_QUIET=1``, or ``CI`` set (CI logs are not a terminal). Bars are drawn on stderr, so
 the results printed on stdout stay clean.
@@ -29,6 +29,39 @@ def set_quiet(quiet: bool | None) -> None:
     """
     global _QUIET
     _QUIET = quiet
+    if is_quiet():
+        quiet_libraries()
+
+
+def quiet_libraries() -> None:
+    """Silence the progress bars and warnings of transformers and huggingface_hub (quiet mode).
+
+    Their own progress bars (checkpoint shards, downloads) are turned off, their loggers raised
+    to ERROR, and their Python warnings ignored; the environment variables that do the same are
+    set too, so DataLoader workers and subprocesses inherit them. Errors still show.
+    """
+    import logging
+    import warnings
+
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    os.environ["TRANSFORMERS_VERBOSITY"] = "error"
+    os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = "1"
+    for name in ("transformers", "huggingface_hub", "accelerate", "datasets"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+        warnings.filterwarnings("ignore", module=rf"{name}(\.|$)")
+    try:
+        import transformers
+
+        transformers.utils.logging.set_verbosity_error()
+        transformers.utils.logging.disable_progress_bar()
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        pass
+    try:
+        import huggingface_hub
+
+        huggingface_hub.utils.disable_progress_bars()
+    except ImportError:  # pragma: no cover
+        pass
 
 
 def is_quiet() -> bool:
@@ -113,26 +146,66 @@ def track(items: Iterable[T], description: str, total: int | None = None) -> Ite
             bar.advance()
 
 
-def extraction_callbacks(quiet: bool | None = None) -> list:
+def extraction_callbacks(quiet: bool | None = None, total_rows: int | None = None) -> list:
     """Lightning callbacks that draw the extraction progress (``Trainer.predict``).
+
+    The bar counts *rows* (a batch holds whole step groups, several rows each), with elapsed
+    time and ETA, drawn by :func:`progress_bar` like the other stages.
 
     Args:
         quiet: Overrides :func:`is_quiet` when given.
+        total_rows: Rows this extraction forwards (the bar's total).
 
     Returns:
-        ``[RichProgressBar(refresh_rate=1)]`` (rows forwarded, elapsed, ETA), or ``[]`` when
-        quiet; pass ``enable_progress_bar=bool(result)`` to the Trainer.
+        ``[RowProgress]``, or ``[]`` when quiet. Lightning's own bar stays off
+        (``enable_progress_bar=False``).
     """
     if (is_quiet() if quiet is None else quiet):
         return []
-    from lightning.pytorch.callbacks import RichProgressBar
-
-    class _ExtractionBar(RichProgressBar):
-        @property
-        def predict_description(self) -> str:
-            return "extraction (rows)"
-
-    return [_ExtractionBar(refresh_rate=1, leave=True, console_kwargs={"stderr": True})]
+    return [RowProgress(total_rows)]
 
 
-__all__ = ["extraction_callbacks", "is_quiet", "progress_bar", "set_quiet", "track"]
+def _row_progress_class():
+    import lightning as L
+
+    class _RowProgress(L.Callback):
+        description = "extraction (rows)"
+
+        def __init__(self, total_rows: int | None = None):
+            self.total_rows = total_rows
+            self._cm = None
+            self._bar = None
+
+        def on_predict_start(self, trainer, pl_module) -> None:
+            if trainer.is_global_zero:
+                self._cm = progress_bar(self.description, self.total_rows)
+                self._bar = self._cm.__enter__()
+
+        def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+            if self._bar is not None:
+                # Under DDP rank 0 sees its share only: scale by the world size for the ETA.
+                self._bar.advance(len(batch["row_ids"]) * trainer.world_size)
+
+        def _close(self, *exc) -> None:
+            if self._cm is not None:
+                cm, self._cm, self._bar = self._cm, None, None
+                cm.__exit__(*(exc or (None, None, None)))
+
+        def on_predict_end(self, trainer, pl_module) -> None:
+            self._close()
+
+        def on_exception(self, trainer, pl_module, exception) -> None:
+            self._close()
+
+    return _RowProgress
+
+
+def RowProgress(total_rows: int | None = None):  # noqa: N802 - a class built on first use
+    """A Lightning callback: one rich progress bar over the rows of ``Trainer.predict``.
+
+    Lightning is imported only when the bar is built (this module stays light to import).
+    """
+    return _row_progress_class()(total_rows)
+
+
+__all__ = ["RowProgress", "extraction_callbacks", "is_quiet", "progress_bar", "quiet_libraries", "set_quiet", "track"]

@@ -3,7 +3,7 @@
 Usage (from the repository root)::
 
     python -m ipi.render [--data-root ../shared/data/webvoyager] \\
-        --trajectory examples/taskAmazon--0 --step 0 --out docs/img/gallery.png
+        --trajectory examples/taskAmazon--0 --step 0 --out outputs/gallery.png
 
 Row 1 shows the ``i_vis`` variants (downscaled screenshot plus an enlarged crop of the banner
 region); rows 2 and 3 show the ``i_dom`` and ``i_tool`` variants as text panels: the changed
@@ -72,12 +72,15 @@ def token_counter(path: str | os.PathLike) -> Callable[[str], int]:
         path: Tokenizer folder (or hub id).
 
     Returns:
-        ``f(text) -> len(tok(text, add_special_tokens=False).input_ids)``.
+        ``f(text) ->`` the number of tokens of ``text`` tokenised as plain characters, as replay
+        tokenises recorded text (:func:`ipi.replay.count_plain_tokens`).
     """
     from transformers import AutoTokenizer
 
+    from ipi.replay import count_plain_tokens
+
     tok = AutoTokenizer.from_pretrained(str(path))
-    return lambda text: len(tok(text, add_special_tokens=False).input_ids)
+    return lambda text: count_plain_tokens(tok, text)
 
 
 def _font(size: int) -> ImageFont.ImageFont:

@@ -17,6 +17,7 @@ offset mapping (image tokens by their token id). Nothing depends on hard-coded o
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import torch
@@ -81,6 +82,41 @@ def _history_text(history: tuple[str, ...]) -> str:
     return "\n".join(f"{i + 1}. {a}" for i, a in enumerate(history))
 
 
+#: Recorded (untrusted) fields of a prompt, in template order. Their text comes from logs, pages
+#: and injections; it is tokenised as plain characters (see :func:`plain_encode`).
+UNTRUSTED_FIELDS: tuple[str, ...] = ("task", "history", "tool_result", "element_text", "gold")
+
+
+def _sentinel(i: int) -> str:
+    # Private-use code points: no tokenizer's added tokens, and no chat template, touch them.
+    return f"\ue000{i}\ue001"
+
+
+def _messages(parts: PromptParts, fields: dict[str, str]) -> list[dict]:
+    user: list[dict] = [
+        {"type": "text", "text": f"Task: {fields['task']}\nPrevious actions:\n{fields['history']}\n"}
+    ]
+    if parts.has_image:
+        user.append({"type": "image"})
+    user.append(
+        {
+            "type": "text",
+            "text": f"\nResult of the previous action:\n{fields['tool_result']}\nPage elements:\n"
+                    f"{fields['element_text']}",
+        }
+    )
+    return [
+        {"role": "system", "content": [{"type": "text", "text": parts.system}]},
+        {"role": "user", "content": user},
+        {"role": "assistant", "content": [{"type": "text", "text": fields["gold"]}]},
+    ]
+
+
+def _field_values(parts: PromptParts) -> dict[str, str]:
+    return {"task": parts.task, "history": _history_text(parts.history), "tool_result": parts.tool_result,
+            "element_text": parts.element_text, "gold": parts.gold}
+
+
 def build_messages(parts: PromptParts) -> tuple[list[dict], list[tuple[str, str]]]:
     """Build chat messages and the ordered list of segments to locate.
 
@@ -91,44 +127,204 @@ def build_messages(parts: PromptParts) -> tuple[list[dict], list[tuple[str, str]
         ``(messages, segments)`` where segments are ``(name, text)`` in template order; names
         are ``task``, ``tool_result``, ``element_text``, ``gold``.
     """
-    user: list[dict] = [
-        {"type": "text", "text": f"Task: {parts.task}\nPrevious actions:\n{_history_text(parts.history)}\n"}
-    ]
-    if parts.has_image:
-        user.append({"type": "image"})
-    user.append(
-        {
-            "type": "text",
-            "text": f"\nResult of the previous action:\n{parts.tool_result}\nPage elements:\n{parts.element_text}",
-        }
-    )
-    messages = [
-        {"role": "system", "content": [{"type": "text", "text": parts.system}]},
-        {"role": "user", "content": user},
-        {"role": "assistant", "content": [{"type": "text", "text": parts.gold}]},
-    ]
-    segments = [
-        ("task", parts.task),
-        ("tool_result", parts.tool_result),
-        ("element_text", parts.element_text),
-        ("gold", parts.gold),
-    ]
-    return messages, segments
+    fields = _field_values(parts)
+    segments = [(n, fields[n]) for n in UNTRUSTED_FIELDS if n != "history"]
+    return _messages(parts, fields), segments
 
 
-def _locate(text: str, segments: list[tuple[str, str]], start: int) -> dict[str, tuple[int, int]]:
+@dataclass(frozen=True)
+class RenderedPrompt:
+    """A chat-template rendering with the exact character span of every recorded field.
+
+    Attributes:
+        pieces: ``(text, trusted)`` in order; ``trusted`` pieces come from the chat template and
+            the system prompt (their special tokens are the prompt's structure), the others are
+            the recorded fields verbatim.
+        spans: ``{field: (start, end)}`` character span of each field of
+            :data:`UNTRUSTED_FIELDS` in ``text``.
+    """
+
+    pieces: tuple[tuple[str, bool], ...]
+    spans: dict[str, tuple[int, int]]
+
+    @property
+    def text(self) -> str:
+        """The rendered prompt."""
+        return "".join(t for t, _ in self.pieces)
+
+
+def render_prompt(processor, parts: PromptParts) -> RenderedPrompt:
+    """Render the chat template with the recorded fields placed verbatim at known spans.
+
+    The template is rendered once with a placeholder per field; each placeholder is then
+    replaced by the field's text. So a field's span is known exactly (never searched for), and
+    every special token of the trusted pieces belongs to the template, whatever the fields hold.
+
+    Args:
+        processor: A processor or tokenizer with a chat template.
+        parts: The prompt pieces.
+
+    Returns:
+        The rendered prompt.
+
+    Raises:
+        ValueError: The chat template dropped or repeated a field.
+    """
+    fields = _field_values(parts)
+    marks = {n: _sentinel(i) for i, n in enumerate(UNTRUSTED_FIELDS)}
+    template = processor.apply_chat_template(_messages(parts, marks), tokenize=False)
+    pieces: list[tuple[str, bool]] = []
     spans: dict[str, tuple[int, int]] = {}
-    cursor = start
-    for name, seg in segments:
-        if not seg:
-            spans[name] = (cursor, cursor)
+    rest, pos = template, 0
+    for n in UNTRUSTED_FIELDS:
+        if template.count(marks[n]) != 1:
+            raise ValueError(f"replay: the chat template does not show field {n!r} exactly once")
+        head, rest = rest.split(marks[n], 1)
+        pieces.append((head, True))
+        pos += len(head)
+        pieces.append((fields[n], False))
+        spans[n] = (pos, pos + len(fields[n]))
+        pos += len(fields[n])
+    pieces.append((rest, True))
+    return RenderedPrompt(tuple(pieces), spans)
+
+
+def _backend(tok):
+    return getattr(tok, "backend_tokenizer", None)
+
+
+def plain_tokenizer(tok):
+    """A copy of ``tok``'s fast tokenizer without its added (special or not) tokens.
+
+    It runs the same normaliser, pre-tokeniser and BPE model, so on text without added-token
+    strings it gives exactly ``tok``'s ids, while ``"<|im_end|>"`` comes out as the
+    characters ``<|``, ``im``, ``_end``, ``|>``. Built once per tokenizer and kept on it.
+
+    Args:
+        tok: A ``transformers`` fast tokenizer.
+
+    Returns:
+        A ``tokenizers.Tokenizer``, or None when ``tok`` is not a fast tokenizer.
+    """
+    plain = getattr(tok, "_ipi_plain_tokenizer", None)
+    if plain is None and _backend(tok) is not None:
+        import json
+
+        from tokenizers import Tokenizer
+
+        spec = json.loads(_backend(tok).to_str())
+        spec["added_tokens"] = []
+        spec["post_processor"] = None
+        spec["truncation"] = None
+        spec["padding"] = None
+        plain = Tokenizer.from_str(json.dumps(spec))
+        tok._ipi_plain_tokenizer = plain
+    return plain
+
+
+def plain_encode(tok, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+    """Tokenise untrusted ``text`` as plain characters: no special or added token can arise.
+
+    Args:
+        tok: A ``transformers`` tokenizer.
+        text: Any text (a task, a thought, a page's element list, an injected string).
+
+    Returns:
+        ``(ids, offsets)``: token ids and their ``(start, end)`` character offsets in ``text``.
+    """
+    tok = getattr(tok, "tokenizer", tok)
+    if not text:
+        return [], []
+    plain = plain_tokenizer(tok)
+    if plain is not None:
+        enc = plain.encode(text, add_special_tokens=False)
+        return list(enc.ids), [tuple(o) for o in enc.offsets]
+    # Slow tokenizer: its own switch (leaves non-special added tokens whole).
+    enc = tok(text, add_special_tokens=False, split_special_tokens=True, return_offsets_mapping=True)
+    return list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
+
+
+def count_plain_tokens(tok, text: str) -> int:
+    """Number of tokens of ``text`` tokenised as plain characters (:func:`plain_encode`)."""
+    return len(plain_encode(tok, text)[0])
+
+
+def _added_tokens(tok) -> dict[str, int]:
+    table = getattr(tok, "_ipi_added_tokens", None)
+    if table is None:
+        table = {str(k): int(v) for k, v in tok.get_added_vocab().items()}
+        tok._ipi_added_tokens = table
+    return table
+
+
+def encode_prompt(tok, rendered: RenderedPrompt, *, image_pad: str | None = None,
+                  n_image_tokens: int = 0) -> tuple[str, torch.Tensor, torch.Tensor, dict[str, tuple[int, int]]]:
+    """Tokenise a rendered prompt: template special tokens as tokens, recorded fields as text.
+
+    The prompt is cut at every added token of the trusted pieces; each stretch between two
+    such tokens (template text and recorded fields together, so merges across their borders
+    are the tokenizer's own) is tokenised by :func:`plain_encode`. On a prompt whose fields
+    hold no added-token string this gives exactly the ids and offsets of ``tok(text)`` (checked
+    in tests); a field that holds ``"<|image_pad|>"`` or ``"<|im_end|>"`` stays text.
+
+    Args:
+        tok: A ``transformers`` tokenizer.
+        rendered: From :func:`render_prompt`.
+        image_pad: The image placeholder token; its one template occurrence becomes
+            ``n_image_tokens`` copies.
+        n_image_tokens: Image tokens of the screenshot (``grid.prod() // merge**2``).
+
+    Returns:
+        ``(text, input_ids [T], offsets [T, 2], spans)``: the expanded prompt, its ids and
+        character offsets, and the field spans in the expanded text.
+    """
+    added = _added_tokens(tok)
+    pattern = re.compile("|".join(re.escape(a) for a in sorted(added, key=len, reverse=True))) if added else None
+    runs: list[tuple[str, bool]] = []  # (text, is_special)
+    spans: dict[str, tuple[int, int]] = {}
+    field_iter = iter(UNTRUSTED_FIELDS)
+    pos = 0
+    for text, trusted in rendered.pieces:
+        if not trusted:
+            name = next(field_iter)
+            spans[name] = (pos, pos + len(text))
+            runs.append((text, False))
+            pos += len(text)
             continue
-        i = text.find(seg, cursor)
-        if i < 0:
-            raise ValueError(f"replay: segment {name!r} not found in the rendered chat template")
-        spans[name] = (i, i + len(seg))
-        cursor = i + len(seg)
-    return spans
+        if image_pad and image_pad in text:
+            text = text.replace(image_pad, image_pad * n_image_tokens, 1)
+        last = 0
+        for m in (pattern.finditer(text) if pattern else ()):
+            runs.append((text[last:m.start()], False))
+            runs.append((m.group(), True))
+            last = m.end()
+        runs.append((text[last:], False))
+        pos += len(text)
+    ids: list[int] = []
+    offsets: list[tuple[int, int]] = []
+    pos = 0
+    buf, buf_at = [], 0
+
+    def flush():
+        chunk = "".join(buf)
+        i, o = plain_encode(tok, chunk)
+        ids.extend(i)
+        offsets.extend((a + buf_at, b + buf_at) for a, b in o)
+        buf.clear()
+
+    for text, special in runs:
+        if special:
+            flush()
+            ids.append(added[text])
+            offsets.append((pos, pos + len(text)))
+            pos += len(text)
+            buf_at = pos
+        else:
+            buf.append(text)
+            pos += len(text)
+    flush()
+    full = "".join(t for t, _ in runs)
+    return full, torch.tensor(ids, dtype=torch.long), torch.tensor(offsets, dtype=torch.long).reshape(-1, 2), spans
 
 
 def _tokens_in(offsets: torch.Tensor, span: tuple[int, int]) -> torch.Tensor:
@@ -144,6 +340,12 @@ def tokenise(processor, parts: PromptParts, image=None, *, image_size: dict | No
              image_token_id: int | None = None, image_inputs: dict | None = None) -> TokenisedRow:
     """Render the chat template for one row, tokenise it and locate the token groups.
 
+    Recorded text (task, history, tool result, page elements, gold turn) is untrusted: it is
+    tokenised as plain characters, so a literal ``<|image_pad|>``, ``<|im_end|>`` or any other
+    special or added token in it adds no image slot, ends no turn and shifts no span
+    (:func:`encode_prompt`; ``docs/replay.md``). Field spans are exact by construction
+    (:func:`render_prompt`).
+
     Args:
         processor: A Qwen2.5-VL processor (or a text tokenizer with a chat template).
         parts: Prompt pieces; ``parts.has_image`` must agree with ``image``.
@@ -152,8 +354,7 @@ def tokenise(processor, parts: PromptParts, image=None, *, image_size: dict | No
         image_token_id: Id of the image placeholder token (required with an image).
         image_inputs: The image processor's output for ``image`` (``pixel_values``,
             ``image_grid_thw``), computed once and shared by every variant showing the same
-            screenshot; the image is then not processed again and only the text is tokenised
-            (same ids and offsets as the processor's own call, checked in tests).
+            screenshot; the image is then not processed again.
 
     Returns:
         The tokenised row with token groups (PROTOCOL.md §3):
@@ -161,41 +362,34 @@ def tokenise(processor, parts: PromptParts, image=None, *, image_size: dict | No
         tokens), ``task``, ``observation`` (tool result + page text) and ``action`` (gold action).
 
     Raises:
-        ValueError: A segment cannot be located, or the gold action is empty.
+        ValueError: The chat template lost a field, or the gold action is empty.
     """
-    messages, segments = build_messages(parts)
-    text = processor.apply_chat_template(messages, tokenize=False)
+    rendered = render_prompt(processor, parts)
+    tok = getattr(processor, "tokenizer", processor)
     has_image = image is not None or image_inputs is not None
+    extra: dict[str, torch.Tensor] = {}
     if has_image:
-        pad = "<|image_pad|>"
-        merge = getattr(processor.image_processor, "merge_size", 2)
         if image_inputs is None:
-            enc = processor(
-                text=[text], images=[image], return_tensors="pt", return_offsets_mapping=True,
-                images_kwargs={"size": image_size} if image_size else {},
-            )
-            grid = enc["image_grid_thw"]
-            expanded = text.replace(pad, pad * (int(grid.prod().item()) // (merge * merge)), 1)
-        else:
-            grid = image_inputs["image_grid_thw"]
-            expanded = text.replace(pad, pad * (int(grid.prod().item()) // (merge * merge)), 1)
-            tok = getattr(processor, "tokenizer", processor)
-            enc = dict(tok([expanded], return_tensors="pt", return_offsets_mapping=True))
-            enc["pixel_values"] = image_inputs["pixel_values"]
-            enc["image_grid_thw"] = grid
+            out = processor.image_processor(images=[image], return_tensors="pt",
+                                            **({"size": image_size} if image_size else {}))
+            image_inputs = {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}
+        merge = getattr(processor.image_processor, "merge_size", 2)
+        grid = image_inputs["image_grid_thw"]
+        n_image = int(grid.prod().item()) // (merge * merge)
+        expanded, ids, offsets, spans = encode_prompt(tok, rendered, image_pad="<|image_pad|>",
+                                                      n_image_tokens=n_image)
+        if int((ids == image_token_id).sum()) != n_image:
+            raise ValueError(f"replay: {int((ids == image_token_id).sum())} image tokens for {n_image} image features")
+        extra = {"pixel_values": image_inputs["pixel_values"], "image_grid_thw": grid}
+    else:
+        expanded, ids, offsets, spans = encode_prompt(tok, rendered)
+    if ids.numel() == 0 or int(offsets[-1, 1]) != len(expanded):
+        raise ValueError("replay: tokenizer offsets do not cover the rendered prompt")
+    enc: dict[str, torch.Tensor] = {"input_ids": ids[None], "attention_mask": torch.ones(1, ids.numel(), dtype=torch.long),
+                                    **extra}
+    if has_image:
         # Modality of each token (1 = image): Qwen2.5-VL needs it for its 3-D (M-RoPE) positions.
         enc["mm_token_type_ids"] = (enc["input_ids"] == image_token_id).to(torch.int32)
-    else:
-        tok = getattr(processor, "tokenizer", processor)
-        enc = tok([text], return_tensors="pt", return_offsets_mapping=True, add_special_tokens=False)
-        expanded = text
-    offsets = enc.pop("offset_mapping")[0]
-    ids = enc["input_ids"][0]
-    if int(offsets[-1, 1]) != len(expanded):
-        raise ValueError("replay: tokenizer offsets do not cover the rendered prompt")
-    # Segments live in the user and assistant turns: search after the system prompt.
-    start = expanded.find(parts.system) + len(parts.system) if parts.system else 0
-    spans = _locate(expanded, segments, start)
     action = _tokens_in(offsets, spans["gold"])
     if action.numel() == 0:
         raise ValueError("replay: empty gold action")
@@ -209,4 +403,4 @@ def tokenise(processor, parts: PromptParts, image=None, *, image_size: dict | No
         "observation": torch.unique(obs),
         "action": action,
     }
-    return TokenisedRow(inputs=dict(enc), groups=groups, prompt_len=prompt_len, seq_len=int(ids.numel()))
+    return TokenisedRow(inputs=enc, groups=groups, prompt_len=prompt_len, seq_len=int(ids.numel()))

@@ -6,8 +6,10 @@ Each task takes a composed config and returns ``(metrics, objects)``; the script
 
 from __future__ import annotations
 
+import json
 import logging
 import time
+import warnings
 from pathlib import Path
 
 import lightning as L
@@ -46,20 +48,65 @@ def quiet_lightning() -> None:
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.pytorch.accelerators.cuda",
                  "lightning.fabric.utilities.rank_zero"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    # Lightning <= 2.6 builds torch's deprecated ``LeafSpec()`` for every DataLoader it wraps
+    # (CombinedLoader -> lightning.pytorch.utilities._pytree); torch >= 2.9 warns on each
+    # Trainer.predict. Not ours to fix and harmless (Lightning-AI/pytorch-lightning#21326).
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+                            category=FutureWarning)
+
+
+def _importer_kwargs(cfg: DictConfig) -> dict:
+    from ipi.data import IMPORTERS
+    from ipi.data.images import image_limits_for
+
+    kind = cfg.data.kind
+    kwargs = {"on_bad_step": _value(cfg.data.on_bad_step)}
+    if kind in ("webvoyager", "native", "browser_use"):  # importers of free-form agent actions
+        kwargs["unknown_action"] = _value(cfg.data.unknown_action)
+    if kind != "native":
+        kwargs["max_element_chars"] = cfg.data.max_element_chars
+    if kind in IMPORTERS:
+        if kind != "multimodal_mind2web":  # it takes data.options.limit (its config sets it)
+            # data.max_trajectories is applied while importing: later folders are never read.
+            kwargs["limit"] = cfg.data.max_trajectories
+        # Screenshots the backbone's processor would refuse are counted skips at import.
+        kwargs["image_limits"] = (image_limits_for(to_container(cfg.backbone.get("image_size")),
+                                                   cfg.backbone.get("tokenizer_path"))
+                                  if cfg.backbone.get("multimodal", True) else None)
+    kwargs.update(to_container(cfg.data.get("options") or {}))
+    return kwargs
+
+
+def exclusion_report(skips: list[dict], limit: int = 10) -> str:
+    """What was left out, as counts per reason then the first ``limit`` folders with their reason."""
+    from ipi.data.discover import summarise_skips
+
+    if not skips:
+        return "nothing left out"
+    lines = [f"left out {len(skips)}: " + "; ".join(f"{n} × {kind}" for kind, n in summarise_skips(skips))]
+    lines += [f"  {d['path']}: {d['reason']}" for d in skips[:limit]]
+    if len(skips) > limit:
+        lines.append(f"  ... and {len(skips) - limit} more (results.json counts.skipped_trajectories)")
+    return "\n".join(lines)
 
 
 def load_data(cfg: DictConfig):
     """Import trajectories and collect every skip (trajectory-level and step-level).
 
+    Discovery, ``data.max_trajectories`` (applied while importing, before duplicate checks) and
+    every import-time check run here, before any rendering or extraction. What was left out is
+    logged as counts per reason (:func:`exclusion_report`).
+
     Returns:
         ``(trajectories, skipped_trajectories, skipped_steps)``.
+
+    Raises:
+        DataError: No usable trajectory remains; the message says which folders were found and
+            why each was left out (counts per reason).
     """
-    kwargs = {"on_bad_step": _value(cfg.data.on_bad_step)}
-    if cfg.data.kind in ("webvoyager", "native"):  # importers of free-form agent actions
-        kwargs["unknown_action"] = _value(cfg.data.unknown_action)
-    if cfg.data.kind != "native":
-        kwargs["max_element_chars"] = cfg.data.max_element_chars
-    kwargs.update(to_container(cfg.data.get("options") or {}))
+    from ipi.data import DataError
+
+    kwargs = _importer_kwargs(cfg)
     trajs, traj_skips = load_trajectories(cfg.data.kind, cfg.data.root, **kwargs)
     if cfg.data.max_trajectories is not None:
         trajs = trajs[: cfg.data.max_trajectories]
@@ -67,17 +114,57 @@ def load_data(cfg: DictConfig):
         {"trajectory_id": t.trajectory_id, "step": s.step, "reason": s.reason, "path": s.path}
         for t in trajs for s in t.skipped
     ]
+    where = f"data.root={cfg.data.root} (data={cfg.data.kind})"
     if not trajs:
-        raise ValueError(f"data.root={cfg.data.root}: no trajectories found")
+        found = "nothing that looks like a task folder was found" if not traj_skips else exclusion_report(traj_skips)
+        raise DataError(f"{where}: no usable trajectory; {found}")
+    log.info("data: %d trajectories, %d steps (%d steps skipped) from %s%s", len(trajs),
+             sum(len(t.steps) for t in trajs), len(step_skips), where,
+             "" if not traj_skips else "; " + exclusion_report(traj_skips))
     return trajs, traj_skips, step_skips
+
+
+def check_split_feasible(cfg: DictConfig, trajectory_ids: list[str], min_per_side: int | None = None) -> None:
+    """Refuse, before any heavy work, a split with fewer than ``min_per_side`` trajectories on a side.
+
+    Every fold of ``cfg.split`` (PROTOCOL.md §4) needs at least ``min_per_side`` training and
+    ``min_per_side`` test trajectories (default ``split.min_per_side``, 2).
+
+    Raises:
+        ValueError: The split cannot be made or a fold side is too small (message gives the
+            counts and what to change).
+    """
+    if min_per_side is None:
+        min_per_side = cfg.split.get("min_per_side", 2)
+    n = len(set(trajectory_ids))
+    kind = _value(cfg.split.kind)
+    design = (f"split=holdout test_fraction={cfg.split.test_fraction}" if kind == "holdout"
+              else f"split=kfold k={cfg.split.k}")
+    advice = ("more trajectories (data.root, data.max_trajectories) or another split "
+              "(split.test_fraction, split.k)")
+    try:
+        folds = make_folds(sorted(set(trajectory_ids)), kind, test_fraction=cfg.split.test_fraction,
+                           k=cfg.split.k, seed=cfg.split.seed)
+    except ValueError as e:
+        raise ValueError(f"{n} usable trajectories cannot be split by {design}: {e}; needs {advice}") from e
+    for i, (train, test) in enumerate(folds):
+        if min(len(train), len(test)) < min_per_side:
+            raise ValueError(
+                f"{n} usable trajectories: {design} gives fold {i} {len(train)} training and "
+                f"{len(test)} test trajectories; each side of each fold needs >= {min_per_side} "
+                f"(split.min_per_side); "
+                f"needs {advice}")
 
 
 def token_counter(cfg: DictConfig):
     """Token counter of the backbone's tokenizer (loaded once per process)."""
     from ipi.backbone_text import load_tokenizer
 
+    from ipi.replay import count_plain_tokens
+
     tok = load_tokenizer(cfg.backbone.tokenizer_path, **to_container(cfg.backbone.get("tokenizer_kwargs") or {}))
-    return lambda s: len(tok(s, add_special_tokens=False)["input_ids"])
+    # Recorded and injected text is tokenised as plain characters in replay; count it the same way.
+    return lambda s: count_plain_tokens(tok, s)
 
 
 def make_rows(cfg: DictConfig, trajectories, surface: str, controls: list[str] | None = None):
@@ -168,6 +255,7 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
     layers = layer_indices(cfg)
 
     trajs, traj_skips, step_skips = load_data(cfg)
+    check_split_feasible(cfg, [t.trajectory_id for t in trajs])  # before any rendering or extraction
     rows = make_rows(cfg, trajs, surface)
     features, info = extract_features(cfg, rows, layers, list(TOKEN_GROUPS))
     if features is None:  # a non-zero DDP rank: rank 0 evaluates
@@ -205,8 +293,9 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
     # Trajectory-disjoint folds (PROTOCOL.md §4): one holdout fold or K cross-fitting folds;
     # leakage asserted per fold on ids and on the rows of every fit.
     split_kind = _value(cfg.split.kind)
-    folds = make_folds(sorted({t.trajectory_id for t in trajs}), split_kind, test_fraction=cfg.split.test_fraction,
-                       k=cfg.split.k, seed=cfg.split.seed)
+    folds = make_folds(sorted({t.trajectory_id for t in trajs}), split_kind,
+                       **({"test_fraction": cfg.split.test_fraction} if split_kind == "holdout" else {"k": cfg.split.k}),
+                       seed=cfg.split.seed)
     pcfg = ProbeConfig(l2=cfg.probe.l2, max_iter=cfg.probe.max_iter, tol=cfg.probe.tol, seed=cfg.seed)
     loggers = [lg for lg in (instantiate(n) for n in (cfg.logger or {}).values()) if lg is not None]
     md_cols = ["step", "horizon", "prompt_len", "delta_prompt_len"]
@@ -244,6 +333,10 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
         "rows_test": int(is_test.sum()),
         "folds": fits.per_fold,
         "rows_by_variant": {k: int(v) for k, v in meta.variant.value_counts().sort_index().items()},
+        # Text-surface controls whose token count could not be matched exactly with whole
+        # sentences / the scrambled text (docs/surfaces.md); each keeps its row, reported here.
+        "control_token_mismatches": sum(1 for r in rows if r.variant.variant.startswith("c_")
+                                        and (r.variant.meta or {}).get("token_delta", 0) != 0),
         "skipped_steps": step_skips,
         "skipped_trajectories": traj_skips,
     }
@@ -271,13 +364,23 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
                             level=cfg.evaluation.level, collapse_ceiling=cfg.evaluation.collapse_ceiling,
                             c1_max=cfg.evaluation.c1_max, min_clusters=cfg.evaluation.min_clusters,
                             permutation=fits.permutation_input(), alpha=cfg.evaluation.permutation.alpha,
+                            min_boot_fraction=cfg.evaluation.min_boot_fraction,
                             twin=twin_table, pretrained=bool(cfg.backbone.pretrained))
     gallery = None
     if cfg.report.gallery:
         first_test = next(t for t in trajs if t.trajectory_id in set(test_ids))
         gallery = write_gallery(cfg, first_test, out_dir)
+    def write_side_files() -> None:  # before results.json, which is written last
+        atomic_write_text(out_dir / "scores.csv", est.scores.to_csv(index=False))
+        if twin_table is not None:
+            atomic_write_text(out_dir / "scores_twin.csv", twin_table.to_csv(index=False))
+        atomic_write_text(out_dir / "run_info.json", json.dumps(
+            {**run_info(info, infos, time.perf_counter() - t0), "extraction_random_twin": twin_info,
+             "permutation_s": (fits.permutation or {}).get("seconds")}, indent=2))
+
     rep = ReportCallback(est, out_dir, {"counts": counts, "run": run}, config=to_container(cfg),
-                         gallery=gallery, plots=cfg.report.plots, html=cfg.report.html)
+                         gallery=gallery, plots=cfg.report.plots, html=cfg.report.html,
+                         before_results=write_side_files)
     trainer = L.Trainer(accelerator="cpu", devices=1, logger=loggers or False, callbacks=[est, rep],
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     x_te = torch.from_numpy(np.ascontiguousarray(x[te], dtype=np.float64))
@@ -285,13 +388,7 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
     trainer.predict(FoldedProbe(fits.probes), DataLoader(TensorDataset(x_te, fold_te), batch_size=4096),
                     return_predictions=False)
 
-    atomic_write_text(out_dir / "scores.csv", est.scores.to_csv(index=False))
-    if twin_table is not None:
-        atomic_write_text(out_dir / "scores_twin.csv", twin_table.to_csv(index=False))
     elapsed = time.perf_counter() - t0
-    atomic_write_text(out_dir / "run_info.json", __import__("json").dumps(
-        {"extraction": info, "extraction_by_surface": infos, "extraction_random_twin": twin_info,
-         "elapsed_s": round(elapsed, 2)}, indent=2))
     log.info("extraction: cache %s (%d rows forwarded), %.1f MB on disk (python -m ipi.cache list); total %.1f s",
              "hit" if info["cache_hit"] else "miss", info["rows_forwarded"], info["cache_bytes"] / 2**20, elapsed)
     for lg in loggers:
@@ -322,6 +419,7 @@ def extract(cfg: DictConfig) -> tuple[dict, dict]:
     surfaces = [surface]
     if cfg.evaluation.transfer:
         surfaces += transfer_source_surfaces(surface, cfg.backbone.multimodal)
+    t0 = time.perf_counter()
     infos, features, twin_info = {}, None, None
     for s in surfaces:
         rows = make_rows(cfg, trajs, s)
@@ -330,8 +428,24 @@ def extract(cfg: DictConfig) -> tuple[dict, dict]:
             features = feats
             if cfg.evaluation.random_twin:
                 _, twin_info = extract_features(twin_config(cfg), rows, layer_indices(cfg), list(TOKEN_GROUPS))
+    if features is not None:  # rank 0 (a non-zero DDP rank writes nothing)
+        atomic_write_text(Path(cfg.paths.output_dir) / "run_info.json", json.dumps(
+            {**run_info(infos[surface], infos, time.perf_counter() - t0), "extraction_random_twin": twin_info},
+            indent=2))
     return infos[surface], {"features": features, "extraction_by_surface": infos,
                             "extraction_random_twin": twin_info}
+
+
+def run_info(info: dict, infos: dict[str, dict], elapsed_s: float) -> dict:
+    """What ``run_info.json`` holds: extraction per surface, rows forwarded in all, wall time.
+
+    ``rows_forwarded`` counts the rows this run sent through the backbone, over every surface it
+    extracted (0 when every entry was already in the cache, or another run filled it while this
+    one waited for the entry's lock).
+    """
+    return {"extraction": info, "extraction_by_surface": infos,
+            "rows_forwarded": int(sum(i.get("rows_forwarded", 0) for i in infos.values())),
+            "elapsed_s": round(elapsed_s, 2)}
 
 
 @task_wrapper
@@ -342,8 +456,8 @@ def evaluate(cfg: DictConfig) -> tuple[dict, dict]:
     ev = cfg.evaluation
     results = evaluate_score_table(cfg.scores, n_boot=ev.n_boot, seed=ev.seed, level=ev.level,
                                    collapse_ceiling=ev.collapse_ceiling, c1_max=ev.c1_max,
-                                   min_clusters=ev.min_clusters, twin=cfg.get("twin_scores"),
-                                   pretrained=cfg.get("backbone_pretrained"))
+                                   min_clusters=ev.min_clusters, min_boot_fraction=ev.min_boot_fraction,
+                                   twin=cfg.get("twin_scores"), pretrained=cfg.get("backbone_pretrained"))
     out_dir = Path(cfg.paths.output_dir)
     write_run_report(results, out_dir, scores=read_score_table(cfg.scores), config=to_container(cfg),
                      plots=cfg.report.plots, html_report=cfg.report.html)

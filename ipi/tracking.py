@@ -8,7 +8,9 @@ and uploaded later with ``wandb sync <run dir>/wandb/offline-run-*``. ``WANDB_MO
 At the end of a run :func:`log_run` logs, into that run: the resolved config, every estimand
 with its CI (``test/e1``, ``test/e1_ci_low`` … as metrics, and the ``estimands`` table), the
 verdict (``verdict`` table, ``verdict/claim``), the data counts, and the figures (``plots/roc``,
-``plots/forest``). The render gallery (``gallery``) shows a real screenshot, which can hold
+``plots/forest``). Each estimate carries its reportability (:mod:`ipi.evaluation.reportable`):
+the ``estimands`` table has ``reportable`` and ``not_reportable_because`` columns and the run
+summary a ``reportable/<estimand key>`` flag. The render gallery (``gallery``) shows a real screenshot, which can hold
 personal data; it is uploaded only with ``logger.wandb.upload_screenshots=true``.
 
 :func:`task_wrapper` wraps a task function so that ``wandb.finish()`` runs in a ``finally``:
@@ -148,18 +150,22 @@ def log_run(logger: WandbLogger, results: Mapping, figures: Mapping[str, str | P
     """
     import wandb
 
-    from ipi.evaluation.report import estimand_rows
+    from ipi.evaluation.reportable import estimand_entries, reportability_of
 
     keys: list[str] = []
     if config is not None:
         logger.log_hyperparams(dict(config))
         keys.append("config")
+    marks = reportability_of(results)
     data = []
-    for label, iv in estimand_rows(results):
+    for key, label, iv in estimand_entries(results):
         iv = iv or {}
-        data.append([label, iv.get("estimate"), iv.get("ci_low"), iv.get("ci_high"), iv.get("n_boot_used")])
-    payload: dict = {"estimands": wandb.Table(columns=["estimand", "estimate", "ci_low", "ci_high", "n_boot_used"],
-                                              data=data)}
+        why = marks.get(key)
+        data.append([label, iv.get("estimate"), iv.get("ci_low"), iv.get("ci_high"), iv.get("n_boot_used"),
+                     why is None, why or ""])
+    payload: dict = {"estimands": wandb.Table(
+        columns=["estimand", "estimate", "ci_low", "ci_high", "n_boot_used", "reportable", "not_reportable_because"],
+        data=data)}
     verdict = results.get("verdict")
     if verdict:
         payload["verdict"] = wandb.Table(columns=["id", "check", "status", "detail"],
@@ -174,7 +180,8 @@ def log_run(logger: WandbLogger, results: Mapping, figures: Mapping[str, str | P
     run = logger.experiment
     run.log(payload)
     keys += list(payload)
-    summary = {}
+    # One flag per estimate, beside its test/<key> metrics: filter W&B panels on it.
+    summary = {f"reportable/{key}": why is None for key, why in marks.items()}
     if verdict:
         summary["verdict/claim"] = verdict["claim"]
         summary.update({f"verdict/check_{c['id']}": c["status"] for c in verdict["checks"]})

@@ -20,76 +20,7 @@ def _png_bytes(colour=(200, 30, 30), size=(64, 48), fmt="PNG") -> bytes:
     return buf.getvalue()
 
 
-# ---------------------------------------------------------------------------------------------
-# Online-Mind2Web: <root>/<task_id>/result.json + trajectory/<k>_full_screenshot.png
-# ---------------------------------------------------------------------------------------------
-
-
-def _om2w_task(root, task_id, actions, thoughts=None, shots=None, extra=None):
-    folder = root / task_id
-    (folder / "trajectory").mkdir(parents=True)
-    result = {"task_id": task_id, "task": f"Task of {task_id}", "final_result_response": "done",
-              "action_history": actions, **(extra or {})}
-    if thoughts is not None:
-        result["thoughts"] = thoughts
-    (folder / "result.json").write_text(json.dumps(result))
-    for k in (range(len(actions) + 1) if shots is None else shots):  # +1: the final page
-        (folder / "trajectory" / f"{k}_full_screenshot.png").write_bytes(_png_bytes((10 * k, 0, 0)))
-    return folder
-
-
-def test_online_mind2web_layout(tmp_path):
-    a = ["<input> Search -> TYPE: boots", "<button> Go -> CLICK", "<a> Boots size 9 -> CLICK"]
-    _om2w_task(tmp_path, "b7f3", a, thoughts=["type the query", "submit", "open result"], shots=[0, 2, 3])
-    _om2w_task(tmp_path, "a0c1", ["<select> Sort -> SELECT: price"])  # no thoughts in the log
-    (tmp_path / "a0c1" / "trajectory" / "0_full_screenshot.png").write_bytes(b"not a png")
-    trajs, skipped = load_trajectories("online_mind2web", tmp_path)
-    assert skipped == []
-    assert [t.trajectory_id for t in trajs] == ["a0c1", "b7f3"]
-    t = trajs[1]
-    assert t.task == "Task of b7f3" and t.source == "online_mind2web" and t.horizon == 3
-    assert [s.step for s in t.steps] == [0, 2]  # screenshot 1 is missing
-    assert [(k.step, k.reason) for k in t.skipped] == [(1, "missing screenshot")]
-    assert t.skipped[0].path.endswith("b7f3/trajectory/1_full_screenshot.png")
-    s0, s2 = t.steps
-    assert s0.screenshot.endswith("trajectory/0_full_screenshot.png")
-    assert s2.screenshot.endswith("trajectory/2_full_screenshot.png")
-    assert (s0.thought, s0.action, s0.action_type) == ("type the query", a[0], "type")
-    assert s0.tool_result == "No previous action."
-    assert s2.tool_result == f"Action executed: {a[1]}" and s2.history == tuple(a[:2])
-    assert s2.action_type == "click" and s0.element_text == "" and s0.element_text_omitted
-    # The unreadable screenshot is a counted skip; no thoughts -> empty thought.
-    u = trajs[0]
-    assert u.steps == () and [k.reason for k in u.skipped] == ["unreadable screenshot: UnidentifiedImageError"]
-    with pytest.raises(DataError, match="a0c1.*step 0: unreadable screenshot"):
-        load_trajectories("online_mind2web", tmp_path, on_bad_step="error")
-    # Round trip through the native schema.
-    write_native(trajs, tmp_path / "n.jsonl")
-    assert read_native(tmp_path / "n.jsonl") == trajs
-
-
-def test_online_mind2web_v2_and_bad_folders(tmp_path):
-    folder = tmp_path / "v2task"
-    (folder / "trajectory").mkdir(parents=True)
-    (folder / "trajectory" / "shot_a.png").write_bytes(_png_bytes())
-    (folder / "result.json").write_text(json.dumps({
-        "schema_version": "online-mind2web-v2", "task_id": "v2task", "task": "Find a flight",
-        "action_history": [{"action": "click [3]", "thought": "open menu", "screenshot": "shot_a.png"},
-                           {"action": "ANSWER: none", "thought": "done", "screenshot": "missing.png"}]}))
-    _om2w_task(tmp_path, "mismatch", ["a -> CLICK", "b -> CLICK"], thoughts=["only one"])
-    bad = tmp_path / "badjson"
-    bad.mkdir()
-    (bad / "result.json").write_text("{nope")
-    trajs, skipped = load_trajectories("online_mind2web", tmp_path)
-    assert [t.trajectory_id for t in trajs] == ["v2task"]
-    (t,) = trajs
-    assert [(s.step, s.thought, s.action_type) for s in t.steps] == [(0, "open menu", "click")]
-    assert [(k.step, k.reason) for k in t.skipped] == [(1, "missing screenshot")]
-    reasons = {d["path"].split("/")[-2]: d["reason"] for d in skipped}
-    assert reasons["mismatch"] == "'thoughts' has 1 entries for 2 actions"
-    assert reasons["badjson"].startswith("not valid JSON (line 1, column 2")
-    with pytest.raises(DataError, match="badjson/result.json: not valid JSON"):
-        load_trajectories("online_mind2web", tmp_path, on_bad_step="error")
+# Online-Mind2Web: tests/test_data_online_mind2web.py
 
 
 def test_mind2web_action_type():
@@ -98,6 +29,17 @@ def test_mind2web_action_type():
     assert mind2web_action_type("[svg]   -> HOVER") == "hover"
     assert mind2web_action_type("scroll down") == "scroll"
     assert mind2web_action_type("Thinking about it") == "unknown"
+    # Online-Mind2Web v2 verbs and compact call forms.
+    assert mind2web_action_type("-> NAVIGATE: https://www.united.com") == "navigate"
+    assert mind2web_action_type("<body> -> PRESS_KEY: Enter") == "press"
+    assert mind2web_action_type("-> GO_BACK") == "goback"
+    assert mind2web_action_type("-> GO_FORWARD") == "goforward"
+    assert mind2web_action_type("-> REFRESH") == "refresh"
+    assert mind2web_action_type("click_at(412, 88)") == "click"
+    assert mind2web_action_type('type_at(120, 40, "boots")') == "type"
+    assert mind2web_action_type('press_key("Enter")') == "press"
+    assert mind2web_action_type('navigate("https://example.com/a->b")') == "navigate"
+    assert mind2web_action_type("TASK_COMPLETE -> ANSWER: 42 -> 43") == "answer"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -463,5 +463,5 @@ def test_bad_arguments(tmp_path):
         import_webvoyager(tmp_path / "nope")
     with pytest.raises(ValueError, match="native.*webvoyager"):
         load_trajectories("mind2web", tmp_path)
-    assert set(IMPORTERS) == {"webvoyager", "native", "online_mind2web", "multimodal_mind2web"}
+    assert set(IMPORTERS) == {"webvoyager", "native", "online_mind2web", "multimodal_mind2web", "browser_use"}
     assert issubclass(DataError, ValueError)

@@ -369,7 +369,8 @@ def test_paired_differences_use_same_draws():
     r_c1 = estimands(c1, draws=draws)
     r_perm = estimands(perm, draws=draws)
     assert out["e1"] == r_main.e1.to_dict()
-    assert out["c1"] == {"e1": r_c1.e1.to_dict(), "e2": r_c1.e2.to_dict()}
+    assert out["c1"] == {"e1": r_c1.e1.to_dict(), "e2": r_c1.e2.to_dict(),
+                         "e3": {c: iv.to_dict() for c, iv in r_c1.e3.items()}}
     assert out["permuted"]["e1"] == r_perm.e1.to_dict()
 
     iv, diff = paired_difference(
@@ -385,7 +386,9 @@ def test_paired_differences_use_same_draws():
         assert got["ci_low"] == pytest.approx(np.quantile(d, 0.025))
         assert got["ci_high"] == pytest.approx(np.quantile(d, 0.975))
         assert got["estimate"] == pytest.approx(r_main.e1.estimate - r_main.e3[c].estimate)
+    clusters = out["bootstrap"].pop("clusters_by_estimand")
     assert out["bootstrap"] == {"n_boot": 200, "seed": 9, "level": 0.95, "n_clusters": 12}
+    assert clusters["e1"] == r_main.cluster_counts()["e1"] and clusters["c1"] == r_c1.cluster_counts()
     for v in out["e1"].values():
         assert type(v) in (float, int)
 

@@ -20,7 +20,7 @@ def test_train_run_folder_with_wandb_offline(tmp_path, monkeypatch):
 
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.setenv("WANDB_SILENT", "true")
-    cfg = compose_train(tmp_path, ["data.max_trajectories=3", "split.test_fraction=0.5", "evaluation.n_boot=100",
+    cfg = compose_train(tmp_path, ["data.max_trajectories=4", "split.test_fraction=0.5", "evaluation.n_boot=100",
                                    "logger=wandb", "layers=last"])
     results, _ = train(cfg)
     run = tmp_path / "run"

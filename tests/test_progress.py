@@ -20,8 +20,8 @@ def test_track_shows_bar_with_eta_and_passes_items(capsys, monkeypatch):
     assert list(progress.track(iter(range(5)), "rendering", total=5)) == [0, 1, 2, 3, 4]
     err = capsys.readouterr().err
     assert "rendering" in err and "5/5" in err and "ETA" in err
-    cbs = progress.extraction_callbacks()
-    assert len(cbs) == 1 and cbs[0].predict_description == "extraction (rows)"
+    cbs = progress.extraction_callbacks(total_rows=7)
+    assert len(cbs) == 1 and cbs[0].description == "extraction (rows)" and cbs[0].total_rows == 7
 
 
 def test_quiet_mode_prints_nothing(capsys, monkeypatch):
@@ -39,3 +39,54 @@ def test_quiet_mode_prints_nothing(capsys, monkeypatch):
     assert progress.is_quiet() is True
     monkeypatch.setenv("IPI_QUIET", "0")
     assert progress.is_quiet() is False
+
+
+def test_extraction_bar_counts_rows_not_batches(capsys, monkeypatch):
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.delenv("IPI_QUIET", raising=False)
+    progress.set_quiet(False)
+    (bar,) = progress.extraction_callbacks(total_rows=12)
+
+    class Trainer:  # what the callback reads from Lightning's Trainer
+        is_global_zero, world_size = True, 1
+
+    bar.on_predict_start(Trainer(), None)
+    for n in (5, 5, 2):  # three batches (step groups of 5, 5 and 2 rows)
+        bar.on_predict_batch_end(Trainer(), None, None, {"row_ids": [f"r{i}" for i in range(n)]}, 0)
+    bar.on_predict_end(Trainer(), None)
+    err = capsys.readouterr().err
+    assert "extraction (rows)" in err and "12/12" in err and "3/12" not in err
+
+
+def test_quiet_silences_transformers_and_hub_bars_and_warnings(monkeypatch):
+    import logging
+
+    import huggingface_hub
+    import transformers
+
+    for var in ("HF_HUB_DISABLE_PROGRESS_BARS", "TRANSFORMERS_VERBOSITY", "TRANSFORMERS_NO_ADVISORY_WARNINGS"):
+        monkeypatch.delenv(var, raising=False)
+    before = transformers.utils.logging.get_verbosity()
+    try:
+        progress.set_quiet(True)
+        assert transformers.utils.logging.get_verbosity() == logging.ERROR
+        assert not transformers.utils.logging.is_progress_bar_enabled()
+        assert huggingface_hub.utils.are_progress_bars_disabled()
+        import os
+
+        assert os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"
+        # A transformers warning (logger) is not printed in quiet mode.
+        handler_records = []
+
+        class Grab(logging.Handler):
+            def emit(self, record):
+                handler_records.append(record)
+
+        h = Grab()
+        transformers.utils.logging.get_logger("transformers.test").addHandler(h)
+        transformers.utils.logging.get_logger("transformers.test").warning("loud")
+        assert handler_records == []
+    finally:
+        transformers.utils.logging.set_verbosity(before)
+        transformers.utils.logging.enable_progress_bar()
+        huggingface_hub.utils.enable_progress_bars()

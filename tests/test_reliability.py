@@ -106,7 +106,13 @@ _DRIVER = textwrap.dedent("""
     (["-m", "surface=i_vis,i_dom", "control=occlusion"],
      "config error: job 1 (surface=i_dom control=occlusion): control=c_occlusion does not apply to "
      "surface=i_dom; allowed: c_scrambled, c_imperative"),
-], ids=["control", "fraction-high", "fraction-zero", "text-only-image", "sweep-job-1"])
+    (["-m", "surface=i_vis,i_dom", "extract.devices=2", "evaluation.transfer=false"],
+     "config error: job 0 (surface=i_vis extract.devices=2 evaluation.transfer=False): extract.devices>1 "
+     "(DDP) inside a -m sweep: Lightning's DDP launcher re-runs the whole command in every extra process, "
+     "so each would run the whole sweep again; instead extract each surface with DDP first "
+     "(`python extract.py surface=<s> evaluation.transfer=false extract.devices=N`), then run the sweep "
+     "on one device (docs/sweeps.md)"),
+], ids=["control", "fraction-high", "fraction-zero", "text-only-image", "sweep-job-1", "ddp-in-sweep"])
 def test_cross_field_errors_are_one_line_before_any_heavy_import(tmp_path, overrides, line):
     proc = subprocess.run([PY, "-c", _DRIVER, *overrides, f"hydra.run.dir={tmp_path / 'run'}",
                            f"hydra.sweep.dir={tmp_path / 'sweep'}"],
@@ -146,7 +152,8 @@ def test_sigkill_during_extraction_then_same_command_resumes_to_identical_result
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     assert proc.returncode == -signal.SIGKILL
-    (entry,) = cache.iterdir()
+    (entry,) = [p for p in cache.iterdir() if p.is_dir()]
+    assert [p.name for p in cache.glob("*.lock")] == [f"{entry.name}.lock"]  # stale: its holder is dead
     assert not (entry / "manifest.json").exists()
     assert not (run / "results.json").exists()
     n_done = 5 * len(list(entry.glob("shard-*.safetensors")))
@@ -156,6 +163,7 @@ def test_sigkill_during_extraction_then_same_command_resumes_to_identical_result
     assert proc.returncode == 0, proc.stderr[-3000:]
     info = json.loads((run / "run_info.json").read_text())["extraction"]
     assert info["cache_hit"] is False and info["rows_forwarded"] == N_ROWS - n_done
+    assert list(cache.glob("*.lock")) == []  # the stale lock was broken, the new one released
     # Byte-identical to the uninterrupted in-process run (another process, another hash seed).
     assert (run / "results.json").read_bytes() == (reference / "run" / "results.json").read_bytes()
     assert (run / "scores.csv").read_bytes() == (reference / "run" / "scores.csv").read_bytes()
@@ -171,10 +179,22 @@ _KILL_DRIVER = textwrap.dedent("""
             marker.write_text("bootstrap started")
             return original(*a, **k)
         cb.evaluate_tables = evaluate_tables
+    elif os.environ["IPI_TEST_WHERE"] == "import":
+        import ipi.tasks as tasks
+        original = tasks.load_trajectories
+        def load_trajectories(*a, **k):
+            out = original(*a, **k)
+            marker.write_text("import")
+            time.sleep(600)
+            return out
+        tasks.load_trajectories = load_trajectories
     else:  # slow down the write of results.json so the kill lands inside it
         import ipi.evaluation.report as rep
         from ipi.io import atomic_path
+        original_write = rep.atomic_write_text
         def atomic_write_text(path, text):
+            if pathlib.Path(path).name != "results.json":
+                return original_write(path, text)
             with atomic_path(path) as tmp:
                 with open(tmp, "w", encoding="utf-8") as f:
                     f.write(text[: len(text) // 2]); f.flush(); os.fsync(f.fileno())
@@ -202,8 +222,9 @@ def test_sigkill_during_bootstrap_leaves_no_partial_results(tmp_path, syn_root, 
         assert proc.poll() is None, "the run finished before it could be killed"
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-    assert not (run / "results.json").exists() and not (run / "report.md").exists()
-    assert sorted(p.name for p in run.glob("*.json")) == []  # nothing a reader would take for results
+    assert not (run / "results.json").exists()
+    # results.json is written last: scores.csv, run_info.json and the reports may exist, never it.
+    assert "results.json" not in [p.name for p in run.glob("*.json")]
     stray = sorted(run.glob(".results.json.*.tmp"))
     if where == "results_write":
         # The half-written text exists only under the hidden temporary name, and is not JSON.
@@ -212,6 +233,168 @@ def test_sigkill_during_bootstrap_leaves_no_partial_results(tmp_path, syn_root, 
             json.loads(stray[0].read_text())
     else:
         assert stray == []
+
+
+# ------------------------------------------------------------------- stopped by a signal
+
+
+def _no_temporaries(*folders: Path) -> list[str]:
+    return sorted(str(p) for d in folders if d.exists() for p in d.rglob(".*.tmp"))
+
+
+@pytest.mark.needs_shared
+def test_sigterm_during_extraction_stops_within_seconds_then_same_command_resumes_to_identical_results(
+        tmp_path, syn_root, reference):
+    run, cache = tmp_path / "run", tmp_path / "cache"
+    cmd = [PY, "train.py", *_cli(_base(syn_root), run, cache)]
+    with open(tmp_path / "log1", "wb") as log:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=log, stderr=subprocess.STDOUT)
+        _wait_for(lambda: len(list(cache.glob("*/shard-*.safetensors"))) >= 3, proc, "3 shards")
+        t_signal = time.monotonic()
+        proc.send_signal(signal.SIGTERM)  # what timeout, SLURM's time limit, docker stop send
+        proc.wait(timeout=60)
+        stop_s = time.monotonic() - t_signal
+    log_text = (tmp_path / "log1").read_text()
+    assert proc.returncode == 128 + signal.SIGTERM == 143, log_text[-3000:]
+    assert stop_s < 10, f"took {stop_s:.1f} s to stop"
+    assert "train: interrupted by SIGTERM; stopped" in log_text and "Traceback" not in log_text
+    (entry,) = [p for p in cache.iterdir() if p.is_dir()]
+    assert not (entry / "manifest.json").exists()
+    assert not (run / "results.json").exists()
+    assert _no_temporaries(run, cache) == []
+    assert list(cache.glob("*.lock")) == []  # the writer lock was released
+    n_done = 5 * len(list(entry.glob("shard-*.safetensors")))
+    assert 15 <= n_done < N_ROWS
+
+    proc = subprocess.run(cmd, cwd=REPO, env=_env(PYTHONHASHSEED="8"), capture_output=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert b"LeafSpec" not in proc.stderr and b"Warning" not in proc.stderr, proc.stderr[-3000:]
+    info = json.loads((run / "run_info.json").read_text())
+    assert info["rows_forwarded"] == N_ROWS - n_done
+    assert (run / "results.json").read_bytes() == (reference / "run" / "results.json").read_bytes()
+    assert (run / "scores.csv").read_bytes() == (reference / "run" / "scores.csv").read_bytes()
+
+
+@pytest.mark.needs_shared
+@pytest.mark.parametrize(("where", "sig"), [("import", signal.SIGINT), ("bootstrap", signal.SIGTERM),
+                                            ("results_write", signal.SIGTERM)])
+def test_signal_in_any_stage_exits_128_plus_signal_with_no_results(tmp_path, syn_root, reference, where, sig):
+    run, marker = tmp_path / "run", tmp_path / "marker"
+    n_boot = 100_000 if where == "bootstrap" else 50
+    cmd = [PY, "-c", _KILL_DRIVER, *_cli(_base(syn_root, n_boot), run, reference / "cache")]
+    with open(tmp_path / "log", "wb") as log:
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                                env=_env(IPI_TEST_MARKER=str(marker), IPI_TEST_WHERE=where))
+        _wait_for(marker.exists, proc, f"the {where} marker")
+        time.sleep(0.3)
+        assert proc.poll() is None, "the run finished before the signal"
+        t_signal = time.monotonic()
+        proc.send_signal(sig)
+        proc.wait(timeout=60)
+        stop_s = time.monotonic() - t_signal
+    log_text = (tmp_path / "log").read_text()
+    assert proc.returncode == 128 + sig, log_text[-3000:]
+    assert stop_s < 10, f"took {stop_s:.1f} s to stop"
+    assert f"interrupted by {signal.Signals(sig).name}" in log_text and "Traceback" not in log_text
+    assert not (run / "results.json").exists()
+    assert _no_temporaries(run) == []  # the half-written results.json went with its temporary name
+
+
+def test_stop_on_signals_keeps_submitit_handlers_and_restores_previous():
+    from ipi.interrupt import Interrupted, stop_on_signals
+
+    before = signal.getsignal(signal.SIGTERM)
+    with stop_on_signals():
+        with pytest.raises(Interrupted) as e:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        assert e.value.exit_code == 143
+    assert signal.getsignal(signal.SIGTERM) is before
+
+    class SignalHandler:  # what submitit installs in a SLURM job (it requeues on its own signal)
+        def bypass(self, signum, frame):
+            return None
+    SignalHandler.__module__ = "submitit.core.job_environment"
+    bypass = SignalHandler().bypass
+    signal.signal(signal.SIGTERM, bypass)
+    try:
+        with stop_on_signals():
+            assert signal.getsignal(signal.SIGTERM) == bypass
+            assert signal.getsignal(signal.SIGINT) != signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+# ------------------------------------------------------------------ several runs, one cache
+
+
+@pytest.mark.needs_shared
+def test_two_extract_runs_started_together_forward_each_row_once(tmp_path, syn_root):
+    cache = tmp_path / "cache"
+    procs = []
+    for i in range(2):
+        cmd = [PY, "extract.py", *_cli(_base(syn_root), tmp_path / f"run{i}", cache)]
+        log = open(tmp_path / f"log{i}", "wb")
+        procs.append((subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=log, stderr=subprocess.STDOUT), log))
+    for p, log in procs:
+        p.wait(timeout=600)
+        log.close()
+    logs = [(tmp_path / f"log{i}").read_text() for i in range(2)]
+    assert [p.returncode for p, _ in procs] == [0, 0], logs
+    infos = [json.loads((tmp_path / f"run{i}" / "run_info.json").read_text()) for i in range(2)]
+    forwarded = sorted(i["rows_forwarded"] for i in infos)
+    assert forwarded == [0, N_ROWS], forwarded  # every row once, between the two runs
+    waiter = next(i for i in infos if i["rows_forwarded"] == 0)
+    assert waiter["extraction"]["lock_wait_s"] > 0 and waiter["extraction"]["cache_hit"] is True
+    (entry,) = [p for p in cache.iterdir() if p.is_dir()]
+    manifest = json.loads((entry / "manifest.json").read_text())
+    assert manifest["n_rows"] == N_ROWS and manifest["duplicates_ignored"] == 0
+    assert list(cache.glob("*.lock")) == []
+    assert any("is being written by pid" in text for text in logs)
+    assert not any("LeafSpec" in text or "Received SIGTERM" in text for text in logs)
+
+
+def test_writer_lock_waits_for_a_live_holder_and_breaks_a_dead_ones(tmp_path, caplog):
+    from ipi.extraction.cache import ActivationCache
+
+    entry = ActivationCache(tmp_path, "ab" * 32, {})
+    holder = textwrap.dedent(f"""
+        import sys, time
+        from ipi.extraction.cache import ActivationCache
+        with ActivationCache({str(tmp_path)!r}, {"ab" * 32!r}, {{}}).writer_lock():
+            print("held", flush=True)
+            time.sleep(float(sys.argv[1]))
+    """)
+    # A live holder: the second writer waits, names it, then gets the lock once it is released.
+    proc = subprocess.Popen([PY, "-c", holder, "2"], cwd=REPO, env=_env(), stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    assert entry.lock_holder().startswith(f"pid {proc.pid} on host ")
+    with caplog.at_level("WARNING", logger="ipi.extraction.cache"):
+        with entry.writer_lock() as waited:
+            assert waited > 1.0
+    assert proc.wait(timeout=30) == 0
+    assert f"being written by pid {proc.pid}" in caplog.text
+    assert not entry.lock_path.exists()
+    # A holder killed with SIGKILL (no cleanup ran): its lock file stays, and is broken at once.
+    proc = subprocess.Popen([PY, "-c", holder, "600"], cwd=REPO, env=_env(), stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    proc.kill()
+    proc.wait()
+    assert entry.lock_path.exists()
+    t0 = time.monotonic()
+    with entry.writer_lock() as waited:
+        assert waited < 5
+    assert time.monotonic() - t0 < 5 and not entry.lock_path.exists()
+
+
+def test_cache_list_into_a_closed_pipe_is_quiet(tmp_path):
+    cache = tmp_path / "cache"
+    for i in range(3000):  # more output than a pipe buffer holds, so `head` closes it mid-write
+        (cache / f"{i:024x}").mkdir(parents=True)
+    proc = subprocess.run(f"{PY} -m ipi.cache --cache-dir {cache} list | head -2", shell=True, cwd=REPO,
+                          env=_env(), capture_output=True, text=True, timeout=120)
+    assert proc.stdout.splitlines()[0] == f"cache: {cache}"
+    assert proc.stderr == "", proc.stderr
 
 
 # ----------------------------------------------------------------------------- determinism
@@ -563,8 +746,8 @@ _OFFLINE_DRIVER = textwrap.dedent("""
 def test_tiny_backbone_runs_with_hf_offline_and_no_network(tmp_path, syn_root):
     """HF_HUB_OFFLINE=1 and every socket refused: the tiny path runs; a hub id fails without trying."""
     run = tmp_path / "run"
-    ov = [f"data.root={syn_root}", "data.max_trajectories=4", "surface=i_dom", "evaluation.n_boot=20",
-          "logger=none"]
+    ov = [f"data.root={syn_root}", "data.max_trajectories=4", "split.test_fraction=0.5", "surface=i_dom",
+          "evaluation.n_boot=20", "logger=none"]
     proc = subprocess.run([PY, "-c", _OFFLINE_DRIVER, *_cli(ov, run, tmp_path / "cache")], cwd=REPO,
                           capture_output=True, text=True, timeout=600, env=_env(HF_HUB_OFFLINE="1"))
     assert proc.returncode == 0, proc.stderr[-3000:]

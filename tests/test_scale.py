@@ -248,7 +248,7 @@ def test_layer_by_token_group_sweep_forwards_nothing_after_one_extraction(tmp_pa
     from ipi import tasks
     from ipi.extraction import run
 
-    base = ["data.max_trajectories=2", "split.test_fraction=0.5", "evaluation.n_boot=50", "logger=none"]
+    base = ["data.max_trajectories=4", "split.test_fraction=0.5", "evaluation.n_boot=50", "logger=none"]
     info = tasks.extract(compose_train(tmp_path, base))[0]
     assert info["rows_forwarded"] > 0 and info["layers"] == [0, 1, 2, 3]
 

@@ -386,3 +386,55 @@ def test_gallery_cli(tmp_path):
     bad = subprocess.run(cmd[:-4] + ["--step", "99", "--out", str(out)], capture_output=True,
                          text=True, cwd=REPO, timeout=60)
     assert bad.returncode == 2 and "usable steps" in bad.stderr
+
+
+# --------------------------------------------------- c_imperative on text surfaces: whole sentences
+
+
+def _sentences(text: str) -> list[str]:
+    """Split a control text after each sentence end (the bank's sentences end in '.' or '!')."""
+    import re
+
+    return [s for s in re.split(r"(?<=[.!?])\s+", text.strip()) if s]
+
+
+@needs_tokenizer
+@needs_data
+@pytest.mark.parametrize("surface", ["i_dom", "i_tool"])
+def test_imperative_control_is_whole_sentences_with_the_attacks_token_count(count_tokens, surface):
+    """Every c_imperative text on real WebVoyager steps: complete bank sentences, exact count."""
+    from ipi.data.webvoyager import import_webvoyager
+    from ipi.surfaces.bank import BENIGN_IMPERATIVES, NEUTRAL_SENTENCES
+
+    allowed = set(BENIGN_IMPERATIVES) | set(NEUTRAL_SENTENCES)
+    trajs = import_webvoyager(WEBVOYAGER)
+    checked = 0
+    for t in trajs[:12]:
+        for step in t.steps[:3]:
+            vs = make_variants(t.trajectory_id, step, surface, ("c_imperative",), count_tokens=count_tokens)
+            attack, ctrl = vs[1], vs[2]
+            sentences = _sentences(ctrl.injected_text)
+            assert sentences and all(s in allowed for s in sentences), ctrl.injected_text
+            field = (lambda v: v.element_text) if surface == "i_dom" else (lambda v: v.tool_result)
+            assert count_tokens(field(ctrl)) == count_tokens(field(attack)), (attack.injected_text,
+                                                                              ctrl.injected_text)
+            assert ctrl.meta["token_delta"] == 0
+            checked += 1
+    assert checked >= 30
+
+
+@needs_tokenizer
+def test_imperative_sentences_short_targets_and_reported_mismatch(count_tokens):
+    from ipi.surfaces.bank import BENIGN_IMPERATIVES, NEUTRAL_SENTENCES
+    from ipi.surfaces.controls import imperative_sentences
+
+    allowed = set(BENIGN_IMPERATIVES) | set(NEUTRAL_SENTENCES)
+    for target in range(2, 40):
+        out = imperative_sentences(target, f"k{target}", count_tokens)
+        assert count_tokens(out) == target, (target, out)
+        assert all(s in allowed for s in _sentences(out))
+    assert imperative_sentences(0, "k", count_tokens) == ""
+    # One token cannot be a whole sentence here: the closest whole-sentence text comes back and
+    # the caller sees (and reports) the difference, instead of a cut sentence.
+    one = imperative_sentences(1, "k", count_tokens)
+    assert all(s in allowed for s in _sentences(one)) and count_tokens(one) != 1

@@ -66,8 +66,14 @@ def test_log_run_offline_holds_keys_and_gates_screenshots(tmp_path, offline, all
     # The estimands table: one row per estimand, values equal to results.json.
     (table_file,) = list(run_dir.glob("files/media/table/estimands_*.table.json"))
     table = json.loads(table_file.read_text())
-    assert table["columns"] == ["estimand", "estimate", "ci_low", "ci_high", "n_boot_used"]
+    assert table["columns"] == ["estimand", "estimate", "ci_low", "ci_high", "n_boot_used", "reportable",
+                                "not_reportable_because"]
     by_name = {r[0]: r for r in table["data"]}
+    # C1 scores every row 0: its E1 is 0.5 [0.5, 0.5], a degenerate interval, marked as such.
+    assert by_name["C1 metadata baseline E1"][5:] == [
+        False, "degenerate interval (every replicate gave the same value)"]
+    assert by_name["E1 attack vs clean"][5:] == [True, ""]
+    assert s["summary"]["reportable/c1.e1"] is False and s["summary"]["reportable/e1"] is True
     assert by_name["E1 attack vs clean"][1:4] == pytest.approx(
         [res["e1"]["estimate"], res["e1"]["ci_low"], res["e1"]["ci_high"]])
     assert by_name["E3 attack vs c_scrambled"][1] == pytest.approx(res["e3"]["c_scrambled"]["estimate"])

@@ -123,7 +123,8 @@ def test_train_end_to_end_and_cache_reuse(tmp_path):
         assert line in report
 
     # K-fold cross-fitting on the cached features: every trajectory scored exactly once out of fold.
-    cfg_k = compose_train(tmp_path, [*ov, "split=kfold", "split.k=2"])
+    cfg_k = compose_train(tmp_path, [*(o for o in ov if not o.startswith("split.test_fraction")),
+                                     "split=kfold", "split.k=2"])
     res_k, objs_k = train(cfg_k)
     scores_k = pd.read_csv(run / "scores.csv")
     assert scores_k.trajectory_id.nunique() == 4 and len(scores_k) == counts["rows"]
@@ -205,7 +206,7 @@ def test_multirun_over_surfaces(tmp_path):
     sweep = tmp_path / "sweep"
     env = {**os.environ, "IPI_CACHE_DIR": str(tmp_path / "cache")}
     proc = subprocess.run(
-        [sys.executable, "train.py", "-m", "surface=i_vis,i_dom,i_tool", "data.max_trajectories=2",
+        [sys.executable, "train.py", "-m", "surface=i_vis,i_dom,i_tool", "data.max_trajectories=4", "split.test_fraction=0.5",
          "evaluation.n_boot=50", "quiet=true", f"hydra.sweep.dir={sweep}", *SMALL_BACKBONE_OVERRIDES],
         cwd=REPO, capture_output=True, text=True, timeout=900, env=env,
     )

@@ -12,14 +12,15 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+from ipi.data.browser_use import import_browser_use_report
+from ipi.data.images import DEFAULT_LIMITS, ImageLimits, screenshot_problem
 from ipi.data.multimodal_mind2web import import_multimodal_mind2web_report
 from ipi.data.online_mind2web import import_online_mind2web_report
-from ipi.data.schema import DataError, Skip, Step, Trajectory, read_native, write_native
+from ipi.data.schema import DataError, Skip, Step, Trajectory, iter_native, read_native, write_native
 from ipi.data.webvoyager import (
     UNKNOWN_ACTION_POLICIES,
     import_webvoyager,
     import_webvoyager_report,
-    screenshot_problem,
 )
 
 
@@ -28,6 +29,8 @@ def load_native(
     *,
     on_bad_step: str = "skip",
     unknown_action: str = "keep",
+    limit: int | None = None,
+    image_limits: ImageLimits | None = DEFAULT_LIMITS,
 ) -> tuple[list[Trajectory], list[dict]]:
     """Read a native-schema JSONL file, in the importer signature, checking every step.
 
@@ -41,6 +44,9 @@ def load_native(
             ``"error"``: raise :class:`DataError` naming the screenshot and step.
         unknown_action: ``"keep"``, ``"skip"`` or ``"error"`` (see
             :func:`ipi.data.webvoyager.import_webvoyager_report`).
+        limit: Stop after this many usable trajectories, in file order (lines after it are
+            not read, so a repeated id there is not looked at). None reads the whole file.
+        image_limits: The backbone's image limits (:func:`ipi.data.images.screenshot_problem`).
 
     Returns:
         ``(trajectories, skipped)``: the trajectories in file order, and
@@ -59,12 +65,14 @@ def load_native(
             f"unknown_action must be one of {', '.join(UNKNOWN_ACTION_POLICIES)}, not {unknown_action!r}"
         )
     trajectories, skipped = [], []
-    for t in read_native(path):
+    for t in iter_native(path):
+        if limit is not None and len(trajectories) >= limit:
+            break
         steps, skips = [], list(t.skipped)
         for s in t.steps:
             problem = (
                 "missing screenshot" if not Path(s.screenshot).is_file()
-                else (f"unreadable screenshot: {p}" if (p := screenshot_problem(s.screenshot)) else None)
+                else (f"unreadable screenshot: {p}" if (p := screenshot_problem(s.screenshot, limits=image_limits)) else None)
             )
             if problem is None and s.action_type == "unknown" and unknown_action != "keep":
                 what = f"unknown action {s.action!r}" if s.action else "no action in the agent turn"
@@ -91,6 +99,7 @@ IMPORTERS: dict[str, Callable[..., tuple[list[Trajectory], list[dict]]]] = {
     "webvoyager": import_webvoyager_report,
     "online_mind2web": import_online_mind2web_report,
     "multimodal_mind2web": import_multimodal_mind2web_report,
+    "browser_use": import_browser_use_report,
     "native": load_native,
 }
 
@@ -101,10 +110,11 @@ def load_trajectories(
     """Load trajectories with the importer registered under ``kind``.
 
     Args:
-        kind: A key of :data:`IMPORTERS` (``"webvoyager"``, ``"native"``).
+        kind: A key of :data:`IMPORTERS` (``"webvoyager"``, ``"online_mind2web"``,
+            ``"multimodal_mind2web"``, ``"browser_use"``, ``"native"``).
         root: What the importer reads: a folder of WebVoyager task folders, a ``.jsonl`` file.
-        **kwargs: Passed to the importer (``on_bad_step``, ``unknown_action``; also
-            ``max_element_chars`` for ``"webvoyager"``).
+        **kwargs: Passed to the importer (``on_bad_step``, ``unknown_action``, ``limit``,
+            ``image_limits``, ``max_element_chars`` and importer options).
 
     Returns:
         ``(trajectories, skipped)`` as the importer returns them; ``skipped`` holds
@@ -128,6 +138,7 @@ __all__ = [
     "Skip",
     "Step",
     "Trajectory",
+    "import_browser_use_report",
     "import_multimodal_mind2web_report",
     "import_online_mind2web_report",
     "import_webvoyager",

@@ -54,6 +54,7 @@ from pathlib import Path
 
 from PIL import Image
 
+from ipi.data.images import DEFAULT_LIMITS, ImageLimits, screenshot_problem
 from ipi.data.online_mind2web import NO_PREVIOUS_ACTION, mind2web_action_type
 from ipi.data.schema import DataError, Skip, Step, Trajectory
 from ipi.io import atomic_path
@@ -227,6 +228,7 @@ def import_multimodal_mind2web_report(
     limit: int | None = None,
     on_bad_step: str = "skip",
     max_element_chars: int | None = None,
+    image_limits: ImageLimits | None = DEFAULT_LIMITS,
 ) -> tuple[list[Trajectory], list[dict]]:
     """Import Multimodal-Mind2Web rows from a local copy into native-schema trajectories.
 
@@ -238,12 +240,16 @@ def import_multimodal_mind2web_report(
         image_dir: Where screenshots are written (default ``$IPI_CACHE_DIR`` or
             ``outputs/cache``, then ``multimodal_mind2web/``).
         limit: Import only the first ``limit`` annotation ids in sorted order.
+        image_limits: The backbone's image limits: a screenshot its processor would refuse is a
+            counted skip (:func:`ipi.data.images.screenshot_problem`).
         on_bad_step: ``"skip"`` records unreadable screenshots as skips; ``"error"`` raises
             :class:`DataError` naming the task and step.
         max_element_chars: Truncate ``element_text`` to this many characters.
 
     Returns:
-        ``(trajectories sorted by annotation_id, [])`` (nothing is left out at folder level).
+        ``(trajectories sorted by annotation_id, left_out)``: a task none of whose steps is
+        usable is left out as ``{"path": "<root> (annotation_id=<id>)", "reason": "no usable
+        step: ..."}``.
 
     Raises:
         FileNotFoundError: ``root`` missing or no Parquet files.
@@ -288,7 +294,7 @@ def import_multimodal_mind2web_report(
             "image": _image_bytes(r.get("screenshot")),
             "element_text": html_to_element_text(html, max_element_chars),
         }
-    trajectories = []
+    trajectories, left_out = [], []
     for aid in sorted(rows_by_task):
         task, reprs = meta[aid]
         horizon = max(len(reprs), max(rows_by_task[aid]) + 1)
@@ -312,6 +318,11 @@ def import_multimodal_mind2web_report(
                 skipped.append(Skip(k, f"unreadable screenshot: {type(e).__name__}", where))
                 continue
             path = _write_image(row["image"], folder, _safe(row["action_uid"]))
+            if (problem := screenshot_problem(path, limits=image_limits)) is not None:
+                if on_bad_step == "error":
+                    raise DataError(f"{where}: step {k}: unreadable screenshot: {problem}")
+                skipped.append(Skip(k, f"unreadable screenshot: {problem}", str(path)))
+                continue
             history = tuple(reprs[:k])
             prev = reprs[k - 1] if 0 < k <= len(reprs) else None
             steps.append(Step(
@@ -321,5 +332,10 @@ def import_multimodal_mind2web_report(
                 thought="", action=row["action"].strip(), action_type=_op(row["op"], row["action"]),
                 history=history,
             ))
+        if not steps:
+            reasons = sorted({k.reason for k in skipped})
+            left_out.append({"path": f"{root} (annotation_id={aid})",
+                             "reason": f"no usable step: all {horizon} step(s) skipped ({'; '.join(reasons)})"})
+            continue
         trajectories.append(Trajectory(aid, task.strip(), SOURCE, horizon, tuple(steps), tuple(skipped)))
-    return trajectories, []
+    return trajectories, left_out

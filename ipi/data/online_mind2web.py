@@ -3,30 +3,40 @@
 Online-Mind2Web stores one folder per task, named by its ``task_id``::
 
     <root>/<task_id>/result.json
-    <root>/<task_id>/trajectory/0_full_screenshot.png
-    <root>/<task_id>/trajectory/1_full_screenshot.png
-    ...
+    <root>/<task_id>/trajectory/<k>_full_screenshot.png   (or any name starting with an integer)
 
-``result.json`` (format v1, what the benchmark's agents write) holds ``task_id``, ``task`` (the
-instruction), ``action_history`` (one string per action, e.g. ``"<button> Search -> CLICK"``),
-``thoughts`` (one string per action; optional) and ``final_result_response``. Format v2
-(``"schema_version": "online-mind2web-v2"``) holds ``action_history`` as a list of objects
-``{"action", "thought", "screenshot"}`` with ``screenshot`` relative to ``trajectory/``.
+The official reader (``src/run.py``) reads two schemas:
 
-Mapping onto the native schema (see ``docs/data.md``):
+* **v1**: ``task_id``, ``task``, ``action_history`` (one string per action, e.g.
+  ``"<button> Search -> CLICK"``), ``thoughts`` (optional, one per action),
+  ``final_result_response``; frames are the files of ``trajectory/`` ordered by the first
+  integer in their names.
+* **v2** (``"schema_version": "online-mind2web-v2"``): ``action_history`` is a list of
+  ``{"action", "thought", "screenshot"}`` (``screenshot`` relative to ``trajectory/``); the last
+  entry is the agent's answer (``"TASK_COMPLETE -> ANSWER: ..."``), which the reader drops.
 
-* step ``k`` (0-based) is ``action_history[k]``; its screenshot is the page the action was taken
-  on: ``trajectory/<k>_full_screenshot.png`` (v1; a file whose name starts with the integer
-  ``k`` otherwise) or the step's ``screenshot`` (v2). A missing screenshot is a counted skip.
-  Screenshots beyond the last action (the final page) are not steps.
-* ``thought`` is ``thoughts[k]`` (``""`` when the log has no ``thoughts``; a ``thoughts`` list
-  whose length differs from ``action_history`` makes the trajectory unusable: the alignment of
-  thoughts to actions would be a guess).
-* Online-Mind2Web records no page text: ``element_text = ""``, ``element_text_omitted = True``.
-* ``tool_result`` follows the WebVoyager convention for logs without environment feedback:
-  ``"No previous action."`` at step 0, ``"Action executed: <previous action>"`` later.
-* ``trajectory_id`` is ``task_id`` (the folder name when absent); ``horizon`` =
-  ``len(action_history)``; ``source = "online_mind2web"``.
+Pairing each action with the frame the agent saw when choosing it (``docs/data.md`` has the
+table; ``options.frames`` overrides the detection):
+
+* v2: the step's own ``screenshot``; the final answer step is dropped as the reader does.
+* v1, frames numbered from 0 (``frames: before``): frame ``k`` is the page before action ``k``;
+  frames beyond the last action (the final page) are not steps.
+* v1, frames numbered from 1 (``frames: after``, what published agents write): frame ``j`` is
+  the page *after* the ``j``-th model call, so call ``b`` (0-based) acted on frame ``b``; the first
+  call has no frame (counted skip ``"no frame before the first action ..."``).
+* v1, batched actions: consecutive actions that repeat one non-empty thought were sent in one
+  model call and share its frame (``options.batches: false`` treats every action as its own call).
+
+Other rules:
+
+* ``.png``, ``.jpg``/``.jpeg`` and ``.webp`` frames; a Git LFS pointer file is a skip naming it.
+* Online-Mind2Web records no page text: ``element_text = ""``, ``element_text_omitted = True``;
+  ``tool_result`` is ``"No previous action."`` at step 0, ``"Action executed: <previous action>"``.
+* ``trajectory_id`` is ``task_id`` when it equals the folder's name (or there is no
+  ``task_id``), else the folder's path under the root; both are kept in ``Trajectory.meta``.
+* A result without an action history (only ``task_id, task, final_result_response, judge``: an
+  evaluation record) is a counted skip naming that, as is a second folder with an id already
+  imported (a task folder nested in another).
 """
 
 from __future__ import annotations
@@ -36,37 +46,56 @@ import os
 import re
 from pathlib import Path
 
-from PIL import Image
-
+from ipi.data.discover import walk
+from ipi.data.images import DEFAULT_LIMITS, ImageLimits, screenshot_problem
 from ipi.data.schema import DataError, Skip, Step, Trajectory
 from ipi.progress import track
 
-__all__ = ["RESULT_NAME", "SOURCE", "import_online_mind2web_report", "mind2web_action_type"]
+__all__ = ["FRAME_LAYOUTS", "RESULT_NAME", "SOURCE", "import_online_mind2web_report", "mind2web_action_type"]
 
 RESULT_NAME = "result.json"
 SOURCE = "online_mind2web"
 V2 = "online-mind2web-v2"
 NO_PREVIOUS_ACTION = "No previous action."
 MISSING_SCREENSHOT = "missing screenshot"
+NO_FIRST_FRAME = "no frame before the first action (frames are taken after each action)"
+NO_ACTION_HISTORY = "no action history"
+#: ``options.frames`` values.
+FRAME_LAYOUTS = ("auto", "before", "after")
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp")
 
-_OPS = ("click", "type", "select", "hover", "enter", "scroll", "goback", "wait", "answer", "press")
-_FIRST_INT = re.compile(r"^(\d+)")
+_OPS = ("click", "type", "select", "hover", "enter", "scroll", "goback", "goforward", "refresh",
+        "navigate", "wait", "answer", "press")
+_VERBS = {"go_back": "goback", "go_forward": "goforward", "type_text": "type", "click_element": "click",
+          "click_at": "click", "type_at": "type", "type_text_at": "type", "press_key": "press",
+          "key_press": "press", "hover_at": "hover", "scroll_at": "scroll", "scroll_document": "scroll",
+          "navigate_to": "navigate", "goto": "navigate", "open_url": "navigate", "go_to_url": "navigate",
+          "reload": "refresh", "task_complete": "answer", "done": "answer", "select_option": "select"}
+_FIRST_INT = re.compile(r"\d+")
 
 
 def mind2web_action_type(action: str) -> str:
     """Verb of a Mind2Web-style action string, lower case.
 
     ``"[combobox]  Pick up -> TYPE: Brooklyn"`` → ``"type"``; ``"<button> Search -> CLICK"`` →
-    ``"click"``; an action starting with a known verb (``"click [12]"``, ``"scroll down"``) →
-    that verb; anything else → ``"unknown"``. Known verbs: click, type, select, hover, enter,
-    scroll, goback, wait, answer, press.
+    ``"click"``; v2 verbs ``"-> NAVIGATE: url"``, ``PRESS_KEY``, ``GO_BACK``, ``GO_FORWARD``,
+    ``REFRESH``; compact calls ``click_at(412, 88)`` → ``"click"``, ``type_at(...)`` → ``"type"``,
+    ``press_key("Enter")`` → ``"press"``, ``navigate("https://...")`` → ``"navigate"``; an action
+    starting with a known verb (``"click [12]"``, ``"scroll down"``) → that verb;
+    ``"TASK_COMPLETE -> ANSWER: ..."`` → ``"answer"``; anything else → ``"unknown"``. Known verbs:
+    click, type, select, hover, enter, scroll, goback, goforward, refresh, navigate, wait, answer,
+    press.
     """
     text = action.strip()
+    call = re.match(r"([A-Za-z_]+)\s*\(", text)
+    if call:
+        verb = _VERBS.get(call.group(1).lower(), call.group(1).lower())
+        return verb if verb in _OPS else "unknown"
     if "->" in text:
-        text = text.rsplit("->", 1)[1].strip()
+        text = text.split("->", 1)[1].strip() if text.upper().startswith("TASK_COMPLETE") else text.rsplit("->", 1)[1].strip()
     m = re.match(r"[A-Za-z_]+", text)
     verb = m.group(0).lower() if m else ""
-    verb = {"go_back": "goback", "type_text": "type", "click_element": "click"}.get(verb, verb)
+    verb = _VERBS.get(verb, verb)
     return verb if verb in _OPS else "unknown"
 
 
@@ -76,34 +105,20 @@ class _Problem(Exception):
         self.path, self.reason = path, reason
 
 
-def _screenshot_index(folder: Path) -> dict[int, Path]:
-    """``{k: path}`` of ``trajectory/``: ``<k>_full_screenshot.png`` first, else any ``<k>...`` image."""
+def _frames(folder: Path) -> dict[int, Path]:
+    """``{n: path}`` of ``trajectory/`` by the first integer in each image name (the reader's order)."""
     out: dict[int, Path] = {}
     if not folder.is_dir():
         return out
-    exact = re.compile(r"^(\d+)_full_screenshot\.(?:png|jpe?g)$", re.IGNORECASE)
-    files = sorted(p for p in folder.iterdir() if p.is_file())
+    exact = re.compile(r"^(\d+)_full_screenshot\.", re.IGNORECASE)
+    files = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
     for p in files:
-        m = exact.match(p.name)
-        if m:
+        if (m := exact.match(p.name)):
             out.setdefault(int(m.group(1)), p)
     for p in files:
-        m = _FIRST_INT.match(p.name)
-        if m and p.suffix.lower() in (".png", ".jpg", ".jpeg"):
-            out.setdefault(int(m.group(1)), p)
+        if (m := _FIRST_INT.search(p.name)):
+            out.setdefault(int(m.group(0)), p)
     return out
-
-
-def _check_image(path: Path, step: int, on_bad_step: str) -> str | None:
-    """``None`` if Pillow can verify the image, else the skip reason (or raise under "error")."""
-    try:
-        with Image.open(path) as im:
-            im.verify()
-        return None
-    except Exception as e:
-        if on_bad_step == "error":
-            raise DataError(f"{path}: step {step}: unreadable screenshot ({type(e).__name__}: {e})") from e
-        return f"unreadable screenshot: {type(e).__name__}"
 
 
 def _load_result(path: Path) -> dict:
@@ -113,29 +128,49 @@ def _load_result(path: Path) -> dict:
         raise _Problem(path, f"not valid UTF-8 ({e.reason})") from e
     except json.JSONDecodeError as e:
         raise _Problem(path, f"not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from e
+    except OSError as e:
+        raise _Problem(path, f"cannot read ({type(e).__name__})") from e
     if not isinstance(data, dict):
         raise _Problem(path, f"not a JSON object (got {type(data).__name__})")
     return data
 
 
-def _import_task(folder: Path, on_bad_step: str) -> Trajectory:
+def _batches(thoughts: list[str]) -> list[int]:
+    """Model-call index of each action: consecutive actions repeating one non-empty thought share a call."""
+    out, b = [], -1
+    for k, t in enumerate(thoughts):
+        if k == 0 or not t.strip() or t != thoughts[k - 1]:
+            b += 1
+        out.append(b)
+    return out
+
+
+def _import_task(folder: Path, rel: str, on_bad_step: str, frames: str, batches: bool,
+                 limits: ImageLimits | None) -> Trajectory:
     res_path = folder / RESULT_NAME
     data = _load_result(res_path)
     task = data.get("task") or data.get("confirmed_task")
     if not isinstance(task, str) or not task.strip():
         raise _Problem(res_path, "no 'task' string")
     history = data.get("action_history")
-    if not isinstance(history, list) or not history:
-        raise _Problem(res_path, "no non-empty 'action_history' list")
+    if history is None or history == []:
+        keys = ", ".join(sorted(data)) or "none"
+        raise _Problem(res_path, f"{NO_ACTION_HISTORY} (an evaluation record, not a trajectory; keys: {keys})")
+    if not isinstance(history, list):
+        raise _Problem(res_path, f"'action_history' is {type(history).__name__}, not a list")
     traj_dir = folder / "trajectory"
+    layout = "v2"
     if data.get("schema_version") == V2:
-        actions, thoughts, shots = [], [], []
         for k, item in enumerate(history):
             if not isinstance(item, dict) or not isinstance(item.get("action"), str):
                 raise _Problem(res_path, f"action_history[{k}] is not an object with an 'action' string")
-            actions.append(item["action"])
-            thoughts.append(str(item.get("thought") or ""))
-            shots.append(traj_dir / item["screenshot"] if item.get("screenshot") else None)
+        steps_v2 = history[:-1]  # the last entry is the agent's answer; the official reader drops it
+        if not steps_v2:
+            raise _Problem(res_path, f"{NO_ACTION_HISTORY} (v2: only the final answer step)")
+        actions = [it["action"] for it in steps_v2]
+        thoughts = [str(it.get("thought") or "") for it in steps_v2]
+        shots = [traj_dir / it["screenshot"] if it.get("screenshot") else None for it in steps_v2]
+        expected = [s or traj_dir / f"<no screenshot for step {k}>" for k, s in enumerate(shots)]
     else:
         if not all(isinstance(a, str) for a in history):
             raise _Problem(res_path, "'action_history' holds a non-string entry")
@@ -148,26 +183,41 @@ def _import_task(folder: Path, on_bad_step: str) -> Trajectory:
             raise _Problem(res_path, f"'thoughts' has {n} entries for {len(actions)} actions")
         else:
             thoughts = [str(t or "") for t in raw]
-        index = _screenshot_index(traj_dir)
-        shots = [index.get(k) for k in range(len(actions))]
-    trajectory_id = str(data.get("task_id") or folder.name)
+        index = _frames(traj_dir)
+        layout = frames
+        if layout == "auto":
+            layout = "after" if index and min(index) >= 1 else "before"
+        call = _batches(thoughts) if batches else list(range(len(actions)))
+        # Call b acted on frame b: before-frames count from 0, after-frames from 1 (frame b is the
+        # page after call b-1, numbered b), so the first call has no after-frame.
+        shots = [index.get(b) for b in call]
+        expected = [traj_dir / (f"{b}_full_screenshot.png" if layout == "before" or b > 0 else NO_FIRST_FRAME)
+                    for b in call]
+        layout = f"v1 {layout}-action frames" + (", batched" if call and call[-1] + 1 < len(call) else "")
+    task_id = data.get("task_id")
+    if task_id is not None and str(task_id) != folder.name:
+        trajectory_id = rel
+    else:
+        trajectory_id = str(task_id) if task_id is not None else rel
     steps, skipped = [], []
     for k, (action, thought, shot) in enumerate(zip(actions, thoughts, shots)):
-        expected = shot or traj_dir / f"{k}_full_screenshot.png"
         if shot is None or not shot.is_file():
-            skipped.append(Skip(k, MISSING_SCREENSHOT, str(expected)))
+            reason = NO_FIRST_FRAME if expected[k].name == NO_FIRST_FRAME else MISSING_SCREENSHOT
+            skipped.append(Skip(k, reason, str(expected[k] if reason == MISSING_SCREENSHOT else traj_dir)))
             continue
-        bad = _check_image(shot, k, on_bad_step)
-        if bad:
-            skipped.append(Skip(k, bad, str(shot)))
+        if (problem := screenshot_problem(shot, limits=limits)) is not None:
+            if on_bad_step == "error":
+                raise DataError(f"{shot}: step {k}: unreadable screenshot: {problem}")
+            skipped.append(Skip(k, f"unreadable screenshot: {problem}", str(shot)))
             continue
         steps.append(Step(
             step=k, screenshot=str(shot), element_text="", element_text_omitted=True,
-            tool_result=NO_PREVIOUS_ACTION if k == 0 else f"Action executed: {actions[k - 1]}",
+            tool_result=NO_PREVIOUS_ACTION if k == 0 else f"Action executed: {actions[k - 1].strip()}",
             thought=thought.strip(), action=action.strip(), action_type=mind2web_action_type(action),
             history=tuple(a.strip() for a in actions[:k]),
         ))
-    return Trajectory(trajectory_id, task.strip(), SOURCE, len(actions), tuple(steps), tuple(skipped))
+    meta = {"task_id": None if task_id is None else str(task_id), "folder": rel, "layout": layout}
+    return Trajectory(trajectory_id, task.strip(), SOURCE, len(actions), tuple(steps), tuple(skipped), meta)
 
 
 def import_online_mind2web_report(
@@ -175,44 +225,74 @@ def import_online_mind2web_report(
     *,
     on_bad_step: str = "skip",
     max_element_chars: int | None = None,
+    limit: int | None = None,
+    image_limits: ImageLimits | None = DEFAULT_LIMITS,
+    frames: str = "auto",
+    batches: bool = True,
 ) -> tuple[list[Trajectory], list[dict]]:
     """Import every Online-Mind2Web task folder (a folder with ``result.json``) under ``root``.
 
     Args:
-        root: A folder searched recursively for ``result.json`` files, or one task folder.
+        root: A folder searched recursively (symlinks followed once each) for ``result.json``
+            files, or one task folder.
         on_bad_step: ``"skip"``: unusable task folders are reported and unreadable screenshots
             are counted skips; ``"error"``: both raise :class:`DataError` naming the file.
             Missing screenshots are always counted skips.
         max_element_chars: Accepted for a uniform importer signature (the logs have no page
             text).
+        limit: Stop after this many usable trajectories, in folder-path order
+            (``data.max_trajectories``); later folders are not read.
+        image_limits: The backbone's image limits (:func:`ipi.data.images.screenshot_problem`).
+        frames: v1 frame layout: ``"auto"`` (numbered from 0: before-action; from 1:
+            after-action), ``"before"`` or ``"after"`` (module docstring).
+        batches: Whether consecutive v1 actions repeating one thought share a frame.
 
     Returns:
-        ``(trajectories sorted by id, [{"path", "reason"} per folder left out])``.
+        ``(trajectories sorted by id, [{"path", "reason"} per folder left out])``; a folder whose
+        id was already imported is left out with reason ``"duplicate trajectory id ..."``.
 
     Raises:
-        ValueError: Bad ``on_bad_step``.
+        ValueError: Bad ``on_bad_step`` or ``frames``.
         FileNotFoundError: ``root`` does not exist.
-        DataError: Malformed input under ``on_bad_step="error"``, or two folders with the same
-            ``task_id``.
+        DataError: Malformed input under ``on_bad_step="error"``.
     """
     if on_bad_step not in ("skip", "error"):
         raise ValueError(f"on_bad_step must be 'skip' or 'error', not {on_bad_step!r}")
+    if frames not in FRAME_LAYOUTS:
+        raise ValueError(f"frames must be one of {', '.join(FRAME_LAYOUTS)}, not {frames!r}")
     root = Path(os.path.abspath(root))
     if not root.exists():
         raise FileNotFoundError(f"Online-Mind2Web root {root} does not exist")
-    folders = sorted({p.parent for p in root.rglob(RESULT_NAME)})
-    trajectories: list[Trajectory] = []
     skipped: list[dict] = []
-    for folder in track(folders, "import online_mind2web"):
+    folders: list[tuple[str, Path]] = []
+    for folder, files, left_out in walk(root):
+        skipped.extend(left_out)
+        if RESULT_NAME in files:
+            rel = folder.relative_to(root).as_posix()
+            folders.append((root.name if rel == "." else rel, folder))
+    folders.sort()
+    trajectories: list[Trajectory] = []
+    first: dict[str, Path] = {}
+    for rel, folder in track(folders, "import online_mind2web"):
+        if limit is not None and len(trajectories) >= limit:
+            break
         try:
-            trajectories.append(_import_task(folder, on_bad_step))
+            t = _import_task(folder, rel, on_bad_step, frames, batches, image_limits)
+            if t.trajectory_id in first:
+                raise _Problem(folder / RESULT_NAME, f"duplicate trajectory id {t.trajectory_id!r} "
+                                                     f"(already imported from {first[t.trajectory_id]})")
         except _Problem as e:
             if on_bad_step == "error":
                 raise DataError(f"{e.path}: {e.reason}") from e
             skipped.append({"path": str(e.path), "reason": e.reason})
-    ids = [t.trajectory_id for t in trajectories]
-    if len(set(ids)) != len(ids):
-        dup = sorted({i for i in ids if ids.count(i) > 1})
-        raise DataError(f"{root}: duplicate task_id(s) {', '.join(dup[:5])}")
+            continue
+        first[t.trajectory_id] = folder
+        if not t.steps:
+            reasons = sorted({k.reason for k in t.skipped})
+            skipped.append({"path": str(folder), "reason": f"no usable step: all {t.horizon} step(s) skipped "
+                                                            f"({'; '.join(reasons)})"})
+            continue
+        trajectories.append(t)
     trajectories.sort(key=lambda t: t.trajectory_id)
+    skipped.sort(key=lambda d: d["path"])
     return trajectories, skipped

@@ -97,6 +97,8 @@ class Trajectory:
         horizon: Number of agent turns in the trajectory (skipped ones included).
         steps: Usable steps, ordered by ``step``.
         skipped: Steps left out, each with a reason and the offending file.
+        meta: Importer details kept for the record (e.g. Online-Mind2Web's ``task_id`` and
+            folder when they differ, the frame layout); not used by replay.
     """
 
     trajectory_id: str
@@ -105,6 +107,7 @@ class Trajectory:
     horizon: int
     steps: tuple[Step, ...]
     skipped: tuple[Skip, ...] = field(default=())
+    meta: dict = field(default_factory=dict, compare=False, hash=False)
 
 
 def _to_json(t: Trajectory) -> dict:
@@ -129,6 +132,7 @@ def _from_json(d: dict, base: Path) -> Trajectory:
         horizon=int(d["horizon"]),
         steps=tuple(steps),
         skipped=skipped,
+        meta=dict(d.get("meta") or {}),
     )
 
 
@@ -146,11 +150,13 @@ def write_native(trajectories: list[Trajectory], path: str | os.PathLike) -> Pat
     return atomic_write_text(path, text)
 
 
-def read_native(path: str | os.PathLike) -> list[Trajectory]:
+def read_native(path: str | os.PathLike, limit: int | None = None) -> list[Trajectory]:
     """Read a native-schema JSONL file.
 
     Args:
         path: A ``.jsonl`` file written by :func:`write_native` or by hand.
+        limit: Stop reading after this many trajectories (None: the whole file); a repeated
+            id after them is not looked at.
 
     Returns:
         The trajectories, in file order.
@@ -159,8 +165,24 @@ def read_native(path: str | os.PathLike) -> list[Trajectory]:
         DataError: A line is not UTF-8, not valid JSON, lacks a required key, or repeats a
             ``trajectory_id`` (message names the file and line); a ``ValueError`` subclass.
     """
-    path = Path(path)
     out = []
+    for t in iter_native(path):
+        if limit is not None and len(out) >= limit:
+            break
+        out.append(t)
+    return out
+
+
+def iter_native(path: str | os.PathLike):
+    """Yield the trajectories of a native-schema JSONL file one line at a time.
+
+    Lines are parsed (and ids checked for repeats) only as far as the caller reads, so a
+    consumer that stops early (``data.max_trajectories``) never looks at the rest.
+
+    Raises:
+        DataError: As :func:`read_native`, for the lines read.
+    """
+    path = Path(path)
     first_line: dict[str, int] = {}
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, 1):
@@ -180,5 +202,4 @@ def read_native(path: str | os.PathLike) -> list[Trajectory]:
                     f"{first_line[t.trajectory_id]} (ids must be unique: they are the split unit)"
                 )
             first_line[t.trajectory_id] = lineno
-            out.append(t)
-    return out
+            yield t

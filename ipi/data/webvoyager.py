@@ -32,8 +32,14 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from PIL import Image
-
+from ipi.data.discover import walk
+from ipi.data.images import (
+    DEFAULT_LIMITS,
+    MAX_SCREENSHOT_PIXELS,
+    MIN_SCREENSHOT_SIDE,
+    ImageLimits,
+    screenshot_problem,
+)
 from ipi.data.schema import DataError, Skip, Step, Trajectory
 from ipi.progress import track
 
@@ -58,14 +64,6 @@ ACTION_TYPES = ("click", "type", "scroll", "wait", "goback", "google", "answer")
 
 #: What the importer does with a step whose action is not one of :data:`ACTION_TYPES`.
 UNKNOWN_ACTION_POLICIES = ("keep", "skip", "error")
-#: Largest screenshot (width × height) the importer accepts: Pillow's decompression-bomb limit
-#: (``PIL.Image.MAX_IMAGE_PIXELS``, 89,478,485 by default). Checked from the header, before any
-#: pixel is decoded; Pillow itself only warns between 1× and 2× this limit.
-MAX_SCREENSHOT_PIXELS = Image.MAX_IMAGE_PIXELS or 89_478_485
-#: Smallest screenshot side the importer accepts (an ``i_vis`` banner needs 32 x 32 pixels;
-#: ``ipi.surfaces.render.banner_spec``). Real screenshots are hundreds of pixels wide.
-MIN_SCREENSHOT_SIDE = 32
-
 NO_PREVIOUS_ACTION = "No previous action."
 MISSING_SCREENSHOT = "missing screenshot"
 #: Reason of a missing screenshot that the log does not explain (WebVoyager saves no screenshot
@@ -73,6 +71,7 @@ MISSING_SCREENSHOT = "missing screenshot"
 MISSING_SCREENSHOT_UNEXPECTED = "missing screenshot (the log has an observation for this step)"
 NO_LOG = f"screenshots but no {LOG_NAME}"
 NO_USABLE_STEP = "no usable step"
+OTHER_LAYOUT = "an Online-Mind2Web result folder, not a WebVoyager task folder (data=online_mind2web reads it)"
 
 _TASK_PREFIX = "Now given a task:"
 _TASK_END = "  Please interact with"
@@ -86,7 +85,13 @@ _PREAMBLE_START = re.compile(
     re.IGNORECASE,
 )
 _OMITTED = "A screenshot and some texts. (Omitted in context.)"
-_SCREENSHOT_FILE = re.compile(r"screenshot\d+(?:_no_box)?\.png")
+#: ``screenshot{k}.png`` (WebVoyager) or ``screenshot_<site>__{k}.png`` (forks that put the site
+#: in the name); ``..._no_box`` copies (the page without Set-of-Mark boxes) are not steps.
+_SCREENSHOT_FILE = re.compile(r"screenshot(?:_(?P<site>.+)__)?(?P<k>\d+)(?P<nobox>_no_box)?\.png")
+# Where a reply invents the next turn of the chat ("Action: Click [38]\nuser: Observation: ...").
+_INVENTED_TURN = re.compile(r"\n\s*(?:(?:user|human|assistant|system)\s*:|Observation\s*:)", re.IGNORECASE)
+# "Observation:" opening a line: text before it in a user message is feedback (a reflection).
+_OBSERVATION_AT = re.compile(r"(?:^|\n)[ \t]*Observation:")
 
 
 class _TrajectoryProblem(Exception):
@@ -176,11 +181,18 @@ def _parse_task(text: str, log: Path) -> tuple[str, int]:
 
 def _parse_user(text: str) -> tuple[_Observation | None, list[str]]:
     """Split a user message into its observation (if any) and feedback/warning texts."""
-    body = text.lstrip()
-    if not body.startswith(_OBSERVATION):
+    m = _OBSERVATION_AT.search(text)
+    if m is None:
         # Environment feedback replacing the observation: failed action, format error,
         # reflection prompt, ...
         return None, ([text.strip()] if text.strip() else [])
+    # Text before "Observation:" (a reflection paragraph some forks add) is feedback too.
+    before = text[: m.start()].strip()
+    obs, fb = _parse_observation(text[m.end() - len(_OBSERVATION):].lstrip())
+    return obs, ([before] if before else []) + fb
+
+
+def _parse_observation(body: str) -> tuple[_Observation | None, list[str]]:
     rest = body[len(_OBSERVATION):]
     cut = rest.find(_PREAMBLE_END)
     if cut >= 0:
@@ -197,7 +209,16 @@ def _parse_user(text: str) -> tuple[_Observation | None, list[str]]:
 
 
 def _parse_agent(text: str) -> tuple[str, str]:
-    """``(thought, action)`` of an assistant turn, split on its last ``"Action:"``."""
+    """``(thought, action)`` of an assistant turn, split on its last ``"Action:"``.
+
+    A reply that goes on to invent the next turn of the chat (``"Action: Click [38]\nuser:
+    Observation: ..."``) is cut where the invented turn starts (after its first ``Action:``).
+    """
+    first = text.find("Action:")
+    if first >= 0:
+        m = _INVENTED_TURN.search(text, first)
+        if m:
+            text = text[: m.start()]
     if "Action:" in text:
         before, action = text.rsplit("Action:", 1)
         action = action.strip()
@@ -214,45 +235,6 @@ def _action_type(action: str) -> str:
         if low.startswith(verb):
             return verb
     return "unknown"
-
-
-def screenshot_problem(path: str | os.PathLike, max_pixels: int | None = None) -> str | None:
-    """Why an existing screenshot cannot be used, or None (cheap check: no pixel is decoded).
-
-    Reads the header and walks the file's chunks (``PIL.Image.verify``: structure and CRCs),
-    so an empty, truncated, bit-flipped or non-image file is caught, and an image whose header
-    claims more than ``max_pixels`` pixels is refused before anything is decoded (a
-    decompression bomb), as is one with a side under :data:`MIN_SCREENSHOT_SIDE` pixels. A file that passes can still fail to decode if its compressed stream
-    was forged with valid checksums; :meth:`ipi.surfaces.variants.Variant.image` then raises
-    :class:`DataError` naming the file and step.
-
-    Args:
-        path: The screenshot.
-        max_pixels: Largest accepted ``width * height``; default :data:`MAX_SCREENSHOT_PIXELS`.
-
-    Returns:
-        A one-line reason, or None when the file is usable.
-    """
-    limit = MAX_SCREENSHOT_PIXELS if max_pixels is None else max_pixels
-    try:
-        size = os.stat(path).st_size
-        if size == 0:
-            return "empty file (0 bytes)"
-        with warnings.catch_warnings():
-            # Pillow warns between 1x and 2x its limit; the explicit check below decides.
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            with Image.open(path) as im:
-                w, h = im.size
-                if w * h > limit:
-                    return f"image too large ({w}x{h} = {w * h} pixels > {limit})"
-                if min(w, h) < MIN_SCREENSHOT_SIDE:
-                    return f"image too small ({w}x{h}; at least {MIN_SCREENSHOT_SIDE}x{MIN_SCREENSHOT_SIDE})"
-                im.verify()
-    except Image.DecompressionBombError as e:
-        return f"image too large ({e})"
-    except Exception as e:  # PIL raises OSError, SyntaxError, struct.error, ValueError, ...
-        return f"{type(e).__name__}: {e}"
-    return None
 
 
 def _read_turns(log: Path, raw: bytes | None = None) -> tuple[str, list[_Turn]]:
@@ -302,9 +284,11 @@ def _import_task(
     max_element_chars: int | None,
     unknown_action: str = "keep",
     raw: bytes | None = None,
+    limits: ImageLimits | None = DEFAULT_LIMITS,
 ) -> Trajectory:
     log = folder / LOG_NAME
     task, turns = _read_turns(log, raw)
+    shots = _screenshot_index(folder)
     steps: list[Step] = []
     skipped: list[Skip] = []
     history: list[str] = []
@@ -317,14 +301,14 @@ def _import_task(
     for step, turn in enumerate(turns):
         thought, action = _parse_agent(turn.text)
         action_type = _action_type(action)
-        shot = folder / f"screenshot{step + 1}.png"
+        shot = shots.get(step + 1, folder / f"screenshot{step + 1}.png")
         if not shot.is_file():
             if turn.observation is None:
                 # WebVoyager saves no screenshot after a failed action: expected, always a skip.
                 skipped.append(Skip(step, MISSING_SCREENSHOT, str(shot)))
             else:
                 bad(step, MISSING_SCREENSHOT_UNEXPECTED, shot)
-        elif (problem := screenshot_problem(shot)) is not None:
+        elif (problem := screenshot_problem(shot, limits=limits)) is not None:
             bad(step, f"unreadable screenshot: {problem}", shot)
         elif action_type == "unknown" and unknown_action != "keep":
             what = f"unknown action {action!r}" if action else "no action in the agent turn"
@@ -370,6 +354,18 @@ def _import_task(
     )
 
 
+def _screenshot_index(folder: Path) -> dict[int, Path]:
+    """``{k: path}`` of the step screenshots of a task folder (``screenshot{k}.png`` first)."""
+    out: dict[int, Path] = {}
+    for name in sorted(os.listdir(folder), key=lambda n: (not n.startswith("screenshot1"), n)):
+        m = _SCREENSHOT_FILE.fullmatch(name)
+        if m and not m.group("nobox"):
+            k = int(m.group("k"))
+            if m.group("site") is None or k not in out:
+                out[k] = folder / name
+    return out
+
+
 def _same_files(a: Path, b: Path) -> bool:
     """Whether two task folders hold the same screenshot names with byte-identical contents."""
     names = sorted(f for f in os.listdir(a) if _SCREENSHOT_FILE.fullmatch(f))
@@ -378,16 +374,21 @@ def _same_files(a: Path, b: Path) -> bool:
     return all(filecmp.cmp(a / n, b / n, shallow=False) for n in names)
 
 
-def _discover(root: Path) -> tuple[list[Path], list[Path]]:
-    """Task folders (holding the log) and screenshot folders without a log, under ``root``."""
-    tasks, orphans = [], []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        if LOG_NAME in filenames:
-            tasks.append(Path(dirpath))
-        elif any(_SCREENSHOT_FILE.fullmatch(f) for f in filenames):
-            orphans.append(Path(dirpath))
-    return tasks, orphans
+def _discover(root: Path) -> tuple[list[Path], list[Path], list[dict]]:
+    """Task folders (holding the log), screenshot folders without a log, and discovery skips.
+
+    Symlinked folders are followed, each real folder once (:func:`ipi.data.discover.walk`).
+    """
+    tasks, orphans, skips = [], [], []
+    for folder, files, left_out in walk(root):
+        skips.extend(left_out)
+        if LOG_NAME in files:
+            tasks.append(folder)
+        elif any(_SCREENSHOT_FILE.fullmatch(f) for f in files):
+            orphans.append(folder)
+        elif "result.json" in files:
+            skips.append({"path": str(folder / "result.json"), "reason": OTHER_LAYOUT})
+    return tasks, orphans, skips
 
 
 def import_webvoyager_report(
@@ -396,6 +397,8 @@ def import_webvoyager_report(
     on_bad_step: str = "skip",
     max_element_chars: int | None = None,
     unknown_action: str = "keep",
+    limit: int | None = None,
+    image_limits: ImageLimits | None = DEFAULT_LIMITS,
 ) -> tuple[list[Trajectory], list[dict]]:
     """Import every WebVoyager task folder under ``root``, reporting what was left out.
 
@@ -421,6 +424,12 @@ def import_webvoyager_report(
             (e.g. ``"Refresh the page."``, or a reply without ``Action:``): ``"keep"`` it with
             ``action_type="unknown"`` (default; the gold text is replayed as recorded),
             ``"skip"`` it (reason ``unknown action '...'``), or raise :class:`DataError`.
+        limit: Stop after this many usable trajectories, in ``trajectory_id`` order
+            (``data.max_trajectories``): later folders are not read, so neither their
+            duplicates nor their problems are looked at. None reads everything.
+        image_limits: The backbone's image limits: a screenshot its processor would refuse is a
+            counted skip (:func:`ipi.data.images.screenshot_problem`); None checks only that
+            the file is a readable image.
 
     Returns:
         ``(trajectories, skipped)``: the trajectories sorted by ``trajectory_id`` (the task
@@ -459,13 +468,19 @@ def import_webvoyager_report(
     if not root.is_dir():
         raise NotADirectoryError(f"WebVoyager root {root} is not a folder")
 
-    tasks, orphans = _discover(root)
+    tasks, orphans, skipped = _discover(root)
+    skipped += [{"path": str(p), "reason": NO_LOG} for p in orphans]
+    ids = {}
+    for folder in tasks:
+        rel = folder.relative_to(root).as_posix()
+        ids[folder] = root.name if rel == "." else rel
+    tasks.sort(key=lambda f: ids[f])
     trajectories: list[Trajectory] = []
-    skipped: list[dict] = [{"path": str(p), "reason": NO_LOG} for p in orphans]
     seen: dict[str, tuple[str, Path]] = {}  # sha256 of the log -> (first id, folder)
     for folder in track(tasks, "import webvoyager"):
-        rel = folder.relative_to(root).as_posix()
-        trajectory_id = root.name if rel == "." else rel
+        if limit is not None and len(trajectories) >= limit:
+            break
+        trajectory_id = ids[folder]
         log = folder / LOG_NAME
         try:
             try:
@@ -478,7 +493,8 @@ def import_webvoyager_report(
                     log, f"duplicate of {seen[digest][0]} (identical log and screenshots)"
                 )
             seen.setdefault(digest, (trajectory_id, folder))
-            t = _import_task(folder, trajectory_id, on_bad_step, max_element_chars, unknown_action, raw)
+            t = _import_task(folder, trajectory_id, on_bad_step, max_element_chars, unknown_action, raw,
+                             image_limits)
         except _TrajectoryProblem as e:
             if on_bad_step == "error":
                 raise DataError(f"{e.path}: {e.reason}") from e.__cause__

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from ipi.evaluation.report import write_run_report
+from ipi.evaluation.reportable import mark_reportability
 from ipi.evaluation.verdict import verdict
 from ipi.metrics.estimands import evaluate_tables
 from ipi.progress import progress_bar
@@ -72,6 +73,8 @@ class EstimandsCallback(L.Callback):
         permutation: The exact permutation test's refit scores
             (:meth:`ipi.probe.crossfit.CrossFit.permutation_input`), or None (check 4 NOT RUN).
         alpha: Level of the permutation test.
+        min_boot_fraction: Fewest usable bootstrap replicates (fraction of ``n_boot``) for an
+            estimate to be reportable (:mod:`ipi.evaluation.reportable`).
         twin: The probe's score table on the random-weight twin's features (same rows), or None
             (verdict check 6 is then NOT RUN).
         pretrained: ``backbone.pretrained`` (False caps the claim at "separates ..."), or None.
@@ -80,13 +83,15 @@ class EstimandsCallback(L.Callback):
     def __init__(self, rows: pd.DataFrame, baselines: Mapping[str, pd.DataFrame], *, n_boot: int = 1000,
                  seed: int = 0, level: float = 0.95, collapse_ceiling: float = 0.60, c1_max: float = 0.95,
                  min_clusters: int = 5, permutation: Mapping | None = None, alpha: float = 0.05,
-                 twin: pd.DataFrame | None = None, pretrained: bool | None = None):
+                 min_boot_fraction: float = 0.9, twin: pd.DataFrame | None = None,
+                 pretrained: bool | None = None):
         self.rows = rows.reset_index(drop=True)
         self.baselines = dict(baselines)
         self.twin, self.pretrained = twin, pretrained
         self.n_boot, self.seed, self.level = n_boot, seed, level
         self.collapse_ceiling, self.c1_max, self.min_clusters = collapse_ceiling, c1_max, min_clusters
         self.permutation = None if permutation is None else {**permutation, "alpha": alpha}
+        self.min_boot_fraction = min_boot_fraction
         self._scores: list[np.ndarray] = []
         self.results: dict | None = None
         self.scores: pd.DataFrame | None = None
@@ -111,6 +116,7 @@ class EstimandsCallback(L.Callback):
             bar.advance()
         results["verdict"] = verdict(results, collapse_ceiling=self.collapse_ceiling, c1_max=self.c1_max,
                                      min_clusters=self.min_clusters, pretrained=self.pretrained)
+        results["reportability"] = mark_reportability(results, self.min_clusters, self.min_boot_fraction)
         self.results = results
         metrics = _flat_metrics(results)
         for lg in trainer.loggers:
@@ -134,17 +140,20 @@ class ReportCallback(L.Callback):
             when the logger allows screenshots), or None.
         plots: Draw the figures.
         html: Write ``report.html``.
+        before_results: Called after the reports and before ``results.json`` (which is written
+            last, so that it exists only for a finished run), or None.
     """
 
     def __init__(self, estimands: EstimandsCallback, out_dir: str | Path, extra: Mapping,
                  config: Mapping | None = None, gallery: str | Path | None = None,
-                 plots: bool = True, html: bool = True):
+                 plots: bool = True, html: bool = True, before_results=None):
         self.estimands = estimands
         self.out_dir = Path(out_dir)
         self.extra = dict(extra)
         self.config = config
         self.gallery = gallery
         self.plots, self.html = plots, html
+        self.before_results = before_results
         self.results: dict | None = None
         self.paths: dict[str, Path] = {}
 
@@ -156,7 +165,7 @@ class ReportCallback(L.Callback):
             return
         self.paths = write_run_report(self.results, self.out_dir, scores=self.estimands.scores,
                                       config=self.config, gallery=self.gallery, plots=self.plots,
-                                      html_report=self.html)
+                                      html_report=self.html, before_results=self.before_results)
         figures = {k: p for k, p in self.paths.items() if k in ("roc", "forest", "gallery")}
         from lightning.pytorch.loggers import WandbLogger
 

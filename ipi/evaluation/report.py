@@ -15,6 +15,7 @@ import math
 from collections.abc import Mapping
 from pathlib import Path
 
+from ipi.evaluation.reportable import estimand_entries, reportability_of
 from ipi.io import atomic_write_text
 
 #: Figure file names in a run folder, in report order, with their captions.
@@ -22,7 +23,8 @@ FIGURES = {
     "roc": ("roc.png", ("ROC curves on the test split: attack vs clean (E1) and attack vs each "
                         "control (E3), step-weighted like the estimands.")),
     "forest": ("forest.png", ("Every estimand with its cluster-bootstrap interval; the dashed line "
-                              "is chance (0.5) for AUCs and 0 for paired differences.")),
+                              "is chance (0.5) for AUCs and 0 for paired differences. Grey hollow points are "
+                              "not reportable; the reason is printed beside them.")),
     "gallery": ("gallery.png", "Every surface × variant of one test step (what the probe saw)."),
 }
 
@@ -67,28 +69,18 @@ def estimand_rows(results: Mapping) -> list[tuple[str, dict | None]]:
     E3 per control, then the paired differences.
     Intervals are ``{"estimate", "ci_low", "ci_high", "n_boot_used"}`` dicts.
     """
-    r = results
-    rows: list[tuple[str, dict | None]] = [("E1 attack vs clean", r.get("e1")), ("E2 paired step", r.get("e2"))]
-    rows += [(f"E3 attack vs {c}", iv) for c, iv in sorted((r.get("e3") or {}).items())]
-    names = {"c1": "C1 metadata baseline", "collapse_only": "C2 collapse-only", "permuted": "permuted labels",
-             "transfer": "cross-surface transfer"}
-    for key, label in names.items():
-        if isinstance(r.get(key), dict):
-            rows.append((f"{label} E1", r[key].get("e1")))
-            if r[key].get("e2"):
-                rows.append((f"{label} E2", r[key].get("e2")))
-            if key == "c1":  # metadata balance of the controls (docs/estimands.md)
-                rows += [(f"{label} E3 attack vs {c}", iv) for c, iv in sorted((r[key].get("e3") or {}).items())]
-    twin = r.get("random_twin")
-    if isinstance(twin, dict):
-        rows += [("random twin E1", twin.get("e1")), ("random twin E2", twin.get("e2"))]
-        rows += [(f"random twin E3 attack vs {c}", iv) for c, iv in sorted((twin.get("e3") or {}).items())]
-    for k, iv in sorted((r.get("differences") or {}).items()):
-        if isinstance(iv, dict) and "estimate" in iv:
-            rows.append((k, iv))
-        elif isinstance(iv, dict):
-            rows += [(f"{k} {c}", sub) for c, sub in sorted(iv.items())]
-    return rows
+    return [(label, iv) for _key, label, iv in estimand_entries(results)]
+
+
+def _not_reportable_note(marks: Mapping[str, str | None], results: Mapping) -> str | None:
+    n = sum(v is not None for v in marks.values())
+    if not n:
+        return None
+    rep = results.get("reportability") or {}
+    return (f"{n} of {len(marks)} estimates are marked not reportable (the verdict could not use them: "
+            f"fewer than {rep.get('min_clusters', 5)} contributing test trajectories, fewer than "
+            f"{rep.get('min_boot_fraction', 0.9):.0%} of the bootstrap replicates usable, or a degenerate "
+            "interval). Do not report them as results.")
 
 
 def twin_rows(results: Mapping) -> list[tuple[str, dict | None, dict | None, dict | None]]:
@@ -223,9 +215,17 @@ def render_report(results: dict, figures: Mapping[str, str] | None = None) -> st
         if cl:
             lines += [f"Test trajectories contributing rows to both sides of each estimand "
                       f"(min_clusters {v.get('min_clusters')}):", ""] + [f"- {x}" for x in cl] + [""]
-    lines += ["## Estimands (PROTOCOL.md §5)", "",
-              "| estimand | estimate | 95% CI | replicates used |", "|---|---|---|---|"]
-    lines += [f"| {label} | {_fmt(iv)} |" for label, iv in estimand_rows(r)]
+    marks = reportability_of(r)
+    lines += ["## Estimands (PROTOCOL.md §5)", ""]
+    note = _not_reportable_note(marks, r)
+    if note:
+        lines += [f"**{note}**", ""]
+    lines += ["| estimand | estimate | 95% CI | replicates used | reportable |", "|---|---|---|---|---|"]
+    for key, label, iv in estimand_entries(r):
+        why = marks.get(key)
+        mark = "yes" if why is None else f"**no**: {why}"
+        label = label if why is None else f"~~{label}~~"
+        lines.append(f"| {label} | {_fmt(iv)} | {mark} |")
     lines.append("")
     trows = twin_rows(r)
     if trows:
@@ -281,7 +281,28 @@ th{background:#f3f3f3}td.num{text-align:right;font-variant-numeric:tabular-nums}
 figure{margin:1em 0}figure img{max-width:100%;border:1px solid #ddd}figcaption{font-size:.9em;color:#555}
 pre{background:#f6f8fa;padding:.8em;overflow:auto;font-size:.85em;border-radius:4px}
 .muted{color:#666;font-size:.9em}
+td.num{white-space:nowrap}
+tr.unreportable td{color:#8a8a8a;background:#f4f4f4}tr.unreportable td.est{text-decoration:line-through}
+td.why{font-size:.88em}.warn{background:#fff3cd;border:1px solid #e0b84d;padding:.5em .8em;border-radius:4px}
+figure img{cursor:zoom-in}
+#lightbox{display:none;position:fixed;inset:0;z-index:10;background:rgba(20,20,20,.9);overflow:auto;cursor:zoom-out}
+#lightbox img{display:block;margin:1em auto;max-width:none;background:#fff;border:0}
+#lightbox p{color:#eee;text-align:center;margin:.5em;font-size:.9em}
 """
+
+#: Click any figure to see it at full size (the gallery is far wider than the page); click again to
+#: close. ``report.html#full-gallery`` (or ``#full-forest``, ``#full-roc``) opens with it shown.
+_LIGHTBOX = """<div id="lightbox" title="click to close"><p>full size: click anywhere or press Esc to close</p>
+<img alt="figure at full size"></div>
+<script>
+(function(){var lb=document.getElementById('lightbox'),big=lb.querySelector('img');
+document.querySelectorAll('figure img').forEach(function(im){im.title='click for full size';
+im.addEventListener('click',function(){big.setAttribute('src',im.getAttribute('src'));lb.style.display='block';});});
+lb.addEventListener('click',function(){lb.style.display='none';});
+document.addEventListener('keydown',function(e){if(e.key==='Escape'){lb.style.display='none';}});
+var m=/^#full-(\w+)$/.exec(location.hash),f=m&&document.querySelector('img[alt="'+m[1]+'"]');
+if(f){big.setAttribute('src',f.getAttribute('src'));lb.style.display='block';}})();
+</script>"""
 
 
 def _h(x) -> str:
@@ -346,15 +367,23 @@ def render_html(results: Mapping, figures: Mapping[str, str | Path] | None = Non
                        + "".join(f"<li>{_h(x)}</li>" for x in cl) + "</ul></details>")
     bs = r.get("bootstrap") or {}
     level = bs.get("level", 0.95)
-    out += ["<h2>Estimands (PROTOCOL.md §5)</h2>",
-            (f"<table><tr><th>estimand</th><th>estimate</th><th>{level:.0%} CI</th>"
-             "<th>replicates used</th></tr>")]
-    for label, iv in estimand_rows(r):
+    marks = reportability_of(r)
+    out.append("<h2>Estimands (PROTOCOL.md §5)</h2>")
+    note = _not_reportable_note(marks, r)
+    if note:
+        out.append(f'<p class="warn">{_h(note)}</p>')
+    out.append(f"<table><tr><th>estimand</th><th>estimate</th><th>{level:.0%} CI</th>"
+               "<th>replicates used</th><th>reportable</th></tr>")
+    for key, label, iv in estimand_entries(r):
         iv = iv or {}
+        why = marks.get(key)
         ci = (f"[{_num(iv.get('ci_low'))}, {_num(iv.get('ci_high'))}]"
               if iv.get("ci_low") is not None and iv.get("ci_high") is not None else "n/a")
-        out.append(f'<tr><td>{_h(label)}</td><td class="num">{_num(iv.get("estimate"))}</td>'
-                   f'<td class="num">{ci}</td><td class="num">{_h(iv.get("n_boot_used", ""))}</td></tr>')
+        cls = "" if why is None else ' class="unreportable"'
+        mark = "yes" if why is None else f"no: {_h(why)}"
+        out.append(f'<tr{cls}><td>{_h(label)}</td><td class="num est">{_num(iv.get("estimate"))}</td>'
+                   f'<td class="num est">{ci}</td><td class="num">{_h(iv.get("n_boot_used", ""))}</td>'
+                   f'<td class="why">{mark}</td></tr>')
     out.append("</table>")
     trows = twin_rows(r)
     if trows:
@@ -378,7 +407,7 @@ def render_html(results: Mapping, figures: Mapping[str, str | Path] | None = Non
             path = Path(rel) if Path(rel).is_absolute() else base / rel
             if not path.is_file():
                 continue
-            caption = FIGURES.get(name, (None, name))[1]
+            caption = FIGURES.get(name, (None, name))[1] + " Click the figure for full size."
             out.append(f"<figure>{_img_tag(path, name)}<figcaption>{_h(caption)}</figcaption></figure>")
     counts = r.get("counts")
     if counts:
@@ -404,14 +433,19 @@ def render_html(results: Mapping, figures: Mapping[str, str | Path] | None = Non
         out.append("</table>")
     if config_yaml:
         out += ["<h2>Resolved config</h2>", f"<pre>{_h(config_yaml)}</pre>"]
+    if figures:
+        out.append(_LIGHTBOX)
     out.append("</body></html>")
     return "\n".join(out)
 
 
 def write_run_report(results: dict, out_dir: str | Path, *, scores=None, config: Mapping | None = None,
                      gallery: str | Path | None = None, plots: bool = True, html_report: bool = True,
-                     title: str = "") -> dict[str, Path]:
-    """Write ``results.json``, the figures, ``report.md`` and ``report.html`` of a run.
+                     title: str = "", before_results=None) -> dict[str, Path]:
+    """Write the figures, ``report.md``, ``report.html`` and, last, ``results.json`` of a run.
+
+    ``results.json`` is written last (atomically), so its presence means the run finished: a run
+    stopped by a signal or a kill at any point before leaves none (docs/reliability.md).
 
     Args:
         results: JSON-ready results (estimands, verdict, counts, run).
@@ -423,12 +457,14 @@ def write_run_report(results: dict, out_dir: str | Path, *, scores=None, config:
         plots: Whether to draw ``roc.png`` and ``forest.png``.
         html_report: Whether to write ``report.html``.
         title: Figure title (default: surface and backbone of ``results["run"]``).
+        before_results: Called (no arguments) after the reports and before ``results.json``:
+            for the caller's own files (``scores.csv``, ``run_info.json``), or None.
 
     Returns:
         ``{"results", "report_md", "report_html"?, "roc"?, "forest"?, "gallery"?}`` → paths.
     """
     out_dir = Path(out_dir)
-    paths: dict[str, Path] = {"results": write_results(results, out_dir)}
+    paths: dict[str, Path] = {}
     run = results.get("run") or {}
     title = title or " · ".join(str(x) for x in (run.get("surface"), run.get("backbone"),
                                                  run.get("layers_config"),
@@ -454,4 +490,7 @@ def write_run_report(results: dict, out_dir: str | Path, *, scores=None, config:
             cfg_yaml = OmegaConf.to_yaml(OmegaConf.create(dict(config)))
         paths["report_html"] = atomic_write_text(
             out_dir / "report.html", render_html(results, figures, cfg_yaml, base_dir=out_dir))
+    if before_results is not None:
+        before_results()
+    paths["results"] = write_results(results, out_dir)
     return paths

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from ipi.evaluation.reportable import mark_reportability
 from ipi.evaluation.verdict import verdict
 from ipi.metrics.estimands import evaluate_tables, validate_table
 
-__all__ = ["CSV_SUFFIXES", "PARQUET_SUFFIXES", "evaluate_score_table", "read_score_table"]
+__all__ = ["CSV_SUFFIXES", "PARQUET_SUFFIXES", "check_score_rows", "evaluate_score_table", "read_score_table"]
 
 CSV_SUFFIXES = (".csv",)
 PARQUET_SUFFIXES = (".parquet", ".pq")
@@ -80,7 +81,58 @@ def read_score_table(path) -> pd.DataFrame:
         def row_name(i: int) -> str:
             return f"row {i}"
 
-    return validate_table(table, str(p), row_name=row_name)
+    return check_score_rows(validate_table(table, str(p), row_name=row_name), str(p), row_name)
+
+
+def check_score_rows(table: pd.DataFrame, source: str, row_name=None) -> pd.DataFrame:
+    """Refuse what :func:`validate_table` lets through but is almost surely a mistake.
+
+    * a control the project does not know (``c_scrambld``): a misspelt control would be reported
+      as an estimand of its own, and its rows missing from the real control's;
+    * an exact duplicate of an earlier row (every column equal): a pasted or concatenated table
+      would double-count a step;
+    * a variant whose rows all have weight 0 (``weight`` column): its estimands are 0/0, and the
+      run would write a results.json of nulls before failing.
+
+    Args:
+        table: A table returned by :func:`validate_table`.
+        source: Name used at the start of messages (the file path).
+        row_name: Maps a 0-based row position to its name in messages (default ``"row <i>"``).
+
+    Returns:
+        ``table`` unchanged.
+
+    Raises:
+        ValueError: One line naming the file, the row(s) and the problem.
+    """
+    import difflib
+
+    from ipi.config import Control
+
+    name = row_name or (lambda i: f"row {i}")
+    known = [c.value for c in Control]
+    variant = table["variant"].to_numpy()
+    for i, v in enumerate(variant):
+        if v.startswith("c_") and v not in known:
+            near = difflib.get_close_matches(v, known, n=1)
+            hint = f"did you mean {near[0]!r}? " if near else ""
+            raise ValueError(f"{source}: column 'variant' {name(i)}: unknown control {v!r} "
+                             f"({hint}known: {', '.join(known)})")
+    dup = table.duplicated(keep="first").to_numpy()
+    if dup.any():
+        i = int(dup.nonzero()[0][0])
+        same = (table == table.iloc[i]).all(axis=1).to_numpy()
+        j = int(same.nonzero()[0][0])
+        raise ValueError(f"{source}: {name(i)} repeats {name(j)} exactly (trajectory_id="
+                         f"{table['trajectory_id'].iloc[i]!r}, step={table['step'].iloc[i]}, "
+                         f"variant={variant[i]!r}); remove the copy")
+    if "weight" in table.columns:
+        totals = table.groupby("variant", sort=True)["weight"].sum()
+        zero = [str(v) for v, w in totals.items() if not w > 0]
+        if zero:
+            raise ValueError(f"{source}: column 'weight': every {zero[0]!r} row has weight 0, so its "
+                             "estimands are undefined; give those rows positive weights or drop them")
+    return table
 
 
 def _counts(table: pd.DataFrame) -> dict:
@@ -103,6 +155,7 @@ def evaluate_score_table(
     collapse_ceiling: float = 0.60,
     c1_max: float = 0.95,
     min_clusters: int = 5,
+    min_boot_fraction: float = 0.9,
     twin=None,
     pretrained: bool | None = None,
 ) -> dict:
@@ -136,7 +189,7 @@ def evaluate_score_table(
     loaded = {}
     for name, item in (baselines or {}).items():
         loaded[name] = (
-            validate_table(item, f"baseline {name!r}")
+            check_score_rows(validate_table(item, f"baseline {name!r}"), f"baseline {name!r}")
             if isinstance(item, pd.DataFrame)
             else read_score_table(item)
         )
@@ -151,4 +204,5 @@ def evaluate_score_table(
     results["counts"] = _counts(main)
     results["verdict"] = verdict(results, collapse_ceiling=collapse_ceiling, c1_max=c1_max,
                                  min_clusters=min_clusters, pretrained=pretrained)
+    results["reportability"] = mark_reportability(results, min_clusters, min_boot_fraction)
     return results

@@ -12,13 +12,27 @@ groups, cache dtype, the system prompt, and every row's content: prompt texts, s
 banner geometry) and nothing that does not (device, batch size, workers). Shards are written to a
 temporary name and renamed, so a killed run leaves only whole shards; rerunning the same command
 skips rows that finished shards already hold. Only safetensors is ever read: no pickle.
+
+One writer per entry: a run that extracts takes the entry's lock file ``<cache_dir>/<key>.lock``
+(:meth:`ActivationCache.writer_lock`, a ``filelock.SoftFileLock`` holding the writer's pid, host
+and process start time) for as long as it forwards rows and writes the manifest. A second run
+for the same entry waits, then finds the manifest and reads (it forwards nothing). A lock left
+by a crashed writer on the same host (pid no longer running, or running a different process) is
+broken by the next run, which forwards only the rows the finished shards lack. On a shared
+filesystem, a lock left by a crashed writer on *another* host cannot be proved stale: the waiting
+run names the holder (pid and host) every minute; delete the lock file once that run is known to
+be gone (docs/extraction.md, *Several runs, one cache*).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +45,8 @@ from ipi.io import atomic_path, atomic_write_text  # noqa: F401  (re-exported)
 
 CACHE_FORMAT = 1
 MANIFEST = "manifest.json"
+
+log = logging.getLogger(__name__)
 
 
 class CacheError(RuntimeError):
@@ -91,6 +107,57 @@ class ActivationCache:
     def manifest_path(self) -> Path:
         """Path of the manifest (exists only for a complete entry)."""
         return self.dir / MANIFEST
+
+    @property
+    def lock_path(self) -> Path:
+        """The entry's lock file, beside the entry folder (``<cache_dir>/<key>.lock``)."""
+        return self.root / f"{self.key[:24]}.lock"
+
+    def lock_holder(self) -> str | None:
+        """``"pid N on host H"`` of the run holding the lock, or None (free or unreadable)."""
+        try:
+            lines = self.lock_path.read_text(encoding="utf-8", errors="replace").splitlines()
+        except OSError:
+            return None
+        return f"pid {lines[0]} on host {lines[1]}" if len(lines) >= 2 else "a run that recorded no pid"
+
+    @contextmanager
+    def writer_lock(self, poll_s: float = 0.5, report_every_s: float = 60.0) -> Iterator[float]:
+        """Hold the entry's writer lock while the block runs (one writer per entry).
+
+        Waits (polling every ``poll_s`` seconds; a signal ends the wait) while another live run
+        holds it, logging the holder at once and every ``report_every_s`` seconds. A lock file
+        whose holder died on this host is broken (``filelock.SoftFileLock`` checks pid, host and
+        the process start time). The lock is released when the block ends, whatever the reason.
+
+        Args:
+            poll_s: Seconds between attempts.
+            report_every_s: Seconds between "still waiting" messages.
+
+        Yields:
+            Seconds spent waiting for the lock.
+        """
+        from filelock import SoftFileLock, Timeout
+
+        self.root.mkdir(parents=True, exist_ok=True)
+        lock = SoftFileLock(str(self.lock_path))
+        t0 = last = time.monotonic()
+        reported = False
+        while True:
+            try:
+                lock.acquire(timeout=poll_s, poll_interval=min(0.05, poll_s))
+                break
+            except Timeout:
+                now = time.monotonic()
+                if not reported or now - last >= report_every_s:
+                    log.warning("cache entry %s is being written by %s (lock file %s); waiting, then "
+                                "reading it (delete the lock file if that run is gone)",
+                                self.dir, self.lock_holder(), self.lock_path)
+                    reported, last = True, now
+        try:
+            yield time.monotonic() - t0
+        finally:
+            lock.release()
 
     def is_complete(self) -> bool:
         """Whether a manifest for this key exists."""

@@ -6,6 +6,7 @@ import gc
 import logging
 import shutil
 from collections.abc import Sequence
+from contextlib import nullcontext
 
 import lightning as L
 import safetensors
@@ -122,65 +123,81 @@ def extract_features(cfg, rows: Sequence[ReplayRow], layer_indices: Sequence[int
     key, spec = cache_key(cfg.backbone, rows, layers, token_groups)
     cache = ActivationCache(cfg.extract.cache_dir, key, spec)
     row_ids = [r.row_id for r in rows]
-    if cfg.extract.force and cache.dir.exists() and _rank_zero_env():
-        shutil.rmtree(cache.dir)
-    hit = cache.is_complete()
-    forwarded = 0
+    hit = cache.is_complete() and not cfg.extract.force
+    forwarded, waited = 0, 0.0
     if not hit:
-        done = cache.finished_row_ids()
-        todo = [r for r in rows if r.row_id not in done]
-        log.info("extraction: %d rows to forward (%d already in finished shards)", len(todo), len(done))
-        if todo:
-            backbone = instantiate(cfg.backbone.loader)
-            if backbone.n_layers != cfg.backbone.n_layers:
-                raise ValueError(
-                    f"backbone={cfg.backbone.name}: model has {backbone.n_layers} decoder layers, "
-                    f"config says n_layers={cfg.backbone.n_layers}"
-                )
-            dataset = StepGroupDataset(todo, backbone.processor, cfg.backbone.system_prompt,
-                                       backbone.multimodal, backbone.image_size, backbone.image_token_id)
-            tok = backbone.tokenizer
-            pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-            per_step = max(len(g) for g in dataset.groups)
-            dm = ReplayDataModule(dataset, pad, batch_size=max(1, cfg.backbone.batch_size // per_step),
-                                  num_workers=cfg.extract.num_workers)
-            writer = ShardWriter(cache, shard_rows=cfg.extract.shard_rows, dtype=cfg.backbone.cache_dtype)
-            bars = extraction_callbacks(True if cfg.quiet else None)  # RichProgressBar with ETA
-            trainer = L.Trainer(
-                accelerator=cfg.extract.accelerator, devices=cfg.extract.devices,
-                strategy=cfg.extract.strategy, precision=resolve_precision(cfg.extract.precision),
-                callbacks=[writer, *bars], logger=False, enable_checkpointing=False,
-                enable_model_summary=False, enable_progress_bar=bool(bars),
-            )
-            module = HiddenStateExtractor(backbone, layers, token_groups, max_rows=cfg.backbone.batch_size)
-            trainer.predict(module, datamodule=dm, return_predictions=False)
-            forwarded = writer.rows_written
-            if trainer.world_size > 1:
-                # All ranks passed the writer's barrier: every shard is on disk. Leave the process
-                # group so that later single-process steps (the probe's metrics) do not try to
-                # synchronise with ranks that have returned.
-                if torch.distributed.is_available() and torch.distributed.is_initialized():
-                    torch.distributed.destroy_process_group()
-                if trainer.global_rank != 0:
-                    return None, {"rank": trainer.global_rank, "rows_forwarded": forwarded}
-                forwarded = len(todo)  # all ranks together (rank 0 wrote only its share)
-            # Release the model before the next extraction (the random twin) builds its own: the
-            # Trainer and the module reference each other, so only the cycle collector frees them.
-            del trainer, module, backbone, dm, dataset
-            gc.collect()
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-        cache.finalize(row_ids)
+        # One writer per entry: a concurrent run for the same entry waits here, then reads.
+        # DDP ranks other than 0 (started by Lightning inside predict) never take the lock.
+        with (cache.writer_lock() if _rank_zero_env() else nullcontext(0.0)) as waited:
+            if cfg.extract.force and cache.dir.exists() and _rank_zero_env():
+                shutil.rmtree(cache.dir)
+            hit = cache.is_complete()  # another run may have finished it while we waited
+            if not hit:
+                forwarded = _forward_missing(cfg, cache, rows, layers, token_groups)
+                if forwarded is None or isinstance(forwarded, dict):  # a non-zero DDP rank
+                    return None, forwarded
+                cache.finalize(row_ids)
     features = cache.load(row_ids)
     info = {
         "cache_key": key,
         "cache_dir": str(cache.dir),
         "cache_hit": hit,
         "rows_forwarded": forwarded,
+        "lock_wait_s": round(waited, 2),
         "cache_bytes": sum(p.stat().st_size for p in cache.shard_paths()),
         "layers": layers,
     }
     return features, info
+
+
+def _forward_missing(cfg, cache: ActivationCache, rows: Sequence[ReplayRow], layers: list[int],
+                     token_groups: Sequence[str]) -> int | dict:
+    """Forward the rows that finished shards lack; return how many (a dict on a non-zero DDP rank)."""
+    done = cache.finished_row_ids()
+    todo = [r for r in rows if r.row_id not in done]
+    log.info("extraction: %d rows to forward (%d already in finished shards)", len(todo), len(done))
+    if not todo:
+        return 0
+    backbone = instantiate(cfg.backbone.loader)
+    if backbone.n_layers != cfg.backbone.n_layers:
+        raise ValueError(
+            f"backbone={cfg.backbone.name}: model has {backbone.n_layers} decoder layers, "
+            f"config says n_layers={cfg.backbone.n_layers}"
+        )
+    dataset = StepGroupDataset(todo, backbone.processor, cfg.backbone.system_prompt,
+                               backbone.multimodal, backbone.image_size, backbone.image_token_id)
+    tok = backbone.tokenizer
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    per_step = max(len(g) for g in dataset.groups)
+    dm = ReplayDataModule(dataset, pad, batch_size=max(1, cfg.backbone.batch_size // per_step),
+                          num_workers=cfg.extract.num_workers)
+    writer = ShardWriter(cache, shard_rows=cfg.extract.shard_rows, dtype=cfg.backbone.cache_dtype)
+    bars = extraction_callbacks(True if cfg.quiet else None, total_rows=len(todo))  # rows, elapsed, ETA
+    trainer = L.Trainer(
+        accelerator=cfg.extract.accelerator, devices=cfg.extract.devices,
+        strategy=cfg.extract.strategy, precision=resolve_precision(cfg.extract.precision),
+        callbacks=[writer, *bars], logger=False, enable_checkpointing=False,
+        enable_model_summary=False, enable_progress_bar=False,
+    )
+    module = HiddenStateExtractor(backbone, layers, token_groups, max_rows=cfg.backbone.batch_size)
+    trainer.predict(module, datamodule=dm, return_predictions=False)
+    forwarded = writer.rows_written
+    if trainer.world_size > 1:
+        # All ranks passed the writer's barrier: every shard is on disk. Leave the process
+        # group so that later single-process steps (the probe's metrics) do not try to
+        # synchronise with ranks that have returned.
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+        if trainer.global_rank != 0:
+            return {"rank": trainer.global_rank, "rows_forwarded": forwarded}
+        forwarded = len(todo)  # all ranks together (rank 0 wrote only its share)
+    # Release the model before the next extraction (the random twin) builds its own: the Trainer
+    # and the module reference each other, so only the cycle collector frees them.
+    del trainer, module, backbone
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return forwarded
 
 
 def _rank_zero_env() -> bool:

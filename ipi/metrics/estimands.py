@@ -668,7 +668,7 @@ def evaluate_tables(
         permutation: Optional exact permutation test of verdict check 4 (PROTOCOL.md §7.4):
             ``{"null_scores": [M, n_main] array aligned with ``main``'s rows, "seed": int,
             "alpha": float (default 0.05)[, "refit_scores": [n_main], "unit": str,
-            "design": str, "seconds": float]}``; summarised by
+            "design": str]}``; summarised by
             :func:`ipi.metrics.permutation.permutation_summary` against the observed E1.
         twin: The same probe's score table on the random-weight twin's features (same rows,
             same folds; :mod:`ipi.twin`), or None. Its E1, E2 and every E3[c] go under
@@ -767,7 +767,7 @@ def evaluate_tables(
                                    weights=step_weights(main_v), alpha=permutation.get("alpha", 0.05),
                                    seed=permutation.get("seed"),
                                    refit_scores=permutation.get("refit_scores"))
-        for key in ("unit", "design", "seconds"):
+        for key in ("unit", "design"):  # no timings: results.json is reproducible bit for bit
             if permutation.get(key) is not None:
                 perm[key] = permutation[key]
         out["permutation"] = perm

@@ -4,7 +4,7 @@ Public API::
 
     from ipi.surfaces import make_variants, Variant, SURFACES, CONTROLS_BY_SURFACE
     variants = make_variants(trajectory_id, step, "i_dom", ("c_scrambled", "c_imperative"),
-                             count_tokens=lambda s: len(tok(s, add_special_tokens=False).input_ids))
+                             count_tokens=lambda s: count_plain_tokens(tok, s))  # ipi.replay
 """
 
 from ipi.surfaces.bank import (

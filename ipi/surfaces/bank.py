@@ -180,3 +180,20 @@ def all_attack_texts() -> list[str]:
         ``len(ATTACK_TEMPLATES) * len(ATTACK_GOAL_LIST)`` strings.
     """
     return [t.format(goal=g) for t in ATTACK_TEMPLATES for _, g in ATTACK_GOAL_LIST]
+
+
+#: Short neutral sentences that pad a ``c_imperative`` text on the text surfaces to the attack's
+#: exact token count (whole sentences, no instruction, no attacker goal, no double quote):
+#: :func:`ipi.surfaces.controls.imperative_sentences`.
+NEUTRAL_SENTENCES: tuple[str, ...] = (
+    "Thanks.",
+    "OK.",
+    "Thank you.",
+    "Welcome.",
+    "Got it.",
+    "Enjoy.",
+    "See you soon.",
+    "Have a nice day.",
+    "All set.",
+    "Noted.",
+)

@@ -3,9 +3,12 @@
 * :func:`scramble` — gibberish with the same character count and layout as a text.
 * :func:`benign_imperative` — benign UI imperatives cut to an exact character count.
 * :func:`match_token_count` — trim or extend a text until a tokenizer counts a target number
-  of tokens; :func:`scramble_tokens` and :func:`imperative_tokens` combine it with the two above
-  for the text surfaces (``i_dom``, ``i_tool``), where the control must match the attack's
-  token count rather than its character count.
+  of tokens; :func:`scramble_tokens` combines it with :func:`scramble` for the text surfaces
+  (``i_dom``, ``i_tool``), where the control must match the attack's token count rather than
+  its character count.
+* :func:`imperative_sentences` — the ``c_imperative`` text of the text surfaces: *whole*
+  benign sentences, chosen (and padded with short neutral sentences) to the attack's exact
+  token count; never a sentence cut mid-way (docs/surfaces.md, *Token matching*).
 
 Every function is deterministic: randomness comes from ``random.Random`` seeded with the
 SHA-256 of a caller-given ``seed_key`` (never from Python's salted ``hash()``).
@@ -18,7 +21,7 @@ import random
 import string
 from collections.abc import Callable
 
-from ipi.surfaces.bank import BENIGN_IMPERATIVES
+from ipi.surfaces.bank import BENIGN_IMPERATIVES, NEUTRAL_SENTENCES
 
 CountTokens = Callable[[str], int]
 
@@ -275,3 +278,84 @@ def imperative_tokens(target_tokens: int, seed_key: str, count_tokens: CountToke
     """
     source = benign_imperative(max(64, 8 * target_tokens), seed_key)
     return match_token_count(source, target_tokens, count_tokens)
+
+
+def imperative_sentences(target_tokens: int, seed_key: str, count_tokens: CountTokens, *,
+                         max_calls: int = 600) -> str:
+    """Whole benign imperative sentences with exactly ``target_tokens`` tokens (where reachable).
+
+    The ``c_imperative`` control of the text surfaces (PROTOCOL.md §2). Decision (documented in
+    docs/surfaces.md): the text is made of **complete sentences only**; the exact token count
+    comes from *choosing* sentences, then *padding* with short neutral sentences
+    (:data:`~ipi.surfaces.bank.NEUTRAL_SENTENCES`: "Thanks.", "Thank you.", ...); when no
+    combination within the budget hits the count, the closest one is returned and the mismatch is
+    *reported* (the row's ``token_delta``, and ``counts`` of the run), never hidden by cutting a
+    sentence.
+
+    Search (deterministic; the order is a seeded shuffle of
+    :data:`~ipi.surfaces.bank.BENIGN_IMPERATIVES`):
+
+    1. greedy fill: walk the shuffled sentences, appending each one that keeps the count
+       ``<= target`` (then ``<= target - 2``, ``- 3``, ``- 4``: room for padding);
+    2. pad the fill with one to three neutral sentences until the count is exact;
+    3. if no fill and padding hits the target, start the walk at a later sentence and repeat.
+
+    Args:
+        target_tokens: Token count wanted.
+        seed_key: Seed of the shuffles (e.g. ``"<trajectory>|<step>|c_imperative"``).
+        count_tokens: Token counter; it may wrap the text in its context before counting.
+        max_calls: Budget of ``count_tokens`` calls.
+
+    Returns:
+        Space-joined complete sentences (``""`` when ``target_tokens <= 0``).
+    """
+    if target_tokens <= 0:
+        return ""
+    rng = _rng(seed_key, "imperative-sentences")
+    order = list(BENIGN_IMPERATIVES)
+    rng.shuffle(order)
+    pads = list(NEUTRAL_SENTENCES)
+    rng.shuffle(pads)
+    cache: dict[str, int] = {}
+
+    def count(parts: list[str]) -> int:
+        s = " ".join(parts)
+        if s not in cache:
+            cache[s] = count_tokens(s)
+        return cache[s]
+
+    def fill(start: int, cap: int) -> list[str]:
+        out: list[str] = []
+        for i in range(len(order)):
+            if len(cache) >= max_calls or cap <= 0:
+                break
+            s = order[(start + i) % len(order)]
+            if count(out + [s]) <= cap:
+                out.append(s)
+                if count(out) == cap:
+                    break
+        return out
+
+    def padded(base: list[str]) -> list[str] | None:
+        if base and count(base) == target_tokens:
+            return base
+        combos = [[p] for p in pads] + [[p, q] for p in pads for q in pads] + \
+            [[p, q, r] for p in pads[:5] for q in pads[:5] for r in pads[:5]]
+        for extra in combos:
+            if len(cache) >= max_calls:
+                return None
+            if count(base + extra) == target_tokens:
+                return base + extra
+        return None
+
+    # Fill up to the target, or leave 2-4 tokens of room for the neutral padding; then other
+    # starting points in the shuffled order.
+    for start in (0, 7, 14, 21):
+        for slack in (0, 2, 3, 4):
+            hit = padded(fill(start, target_tokens - slack))
+            if hit is not None:
+                return " ".join(hit)
+            if len(cache) >= max_calls:
+                break
+    # Closest complete-sentence text seen (ties: the shorter); the caller reports the mismatch.
+    return min((abs(v - target_tokens), len(s), s) for s, v in cache.items() if s)[2]

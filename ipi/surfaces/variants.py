@@ -23,7 +23,7 @@ from PIL import Image
 from ipi.surfaces.bank import attack_text, stable_int
 from ipi.surfaces.controls import (
     benign_imperative,
-    imperative_tokens,
+    imperative_sentences,
     match_token_count,
     scramble,
     scramble_tokens,
@@ -83,7 +83,7 @@ class Variant:
     meta: dict
 
     def image(self, step: Step) -> Image.Image:
-        """Return the screenshot the prompt will show (a new RGB image).
+        """Return the screenshot the prompt will show (a new RGB image, :func:`ipi.data.images.to_rgb`).
 
         Args:
             step: The step this variant was made from (its ``screenshot`` is opened).
@@ -96,16 +96,10 @@ class Variant:
             DataError: The screenshot cannot be decoded (message names the file and step; the
                 importer's header check cannot see a compressed stream forged with valid CRCs).
         """
-        try:
-            with Image.open(step.screenshot) as im:
-                img = im.convert("RGB")
-        except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
-            from ipi.data.schema import DataError
+        from ipi.data.images import load_rgb
 
-            raise DataError(
-                f"{step.screenshot}: step {step.step}: cannot decode screenshot "
-                f"({type(e).__name__}: {e})"
-            ) from e
+        # Any mode Pillow opens, as a person sees it (16-bit grey, transparency, CMYK, ...).
+        img = load_rgb(step.screenshot, step.step)
         if self.banner is None or self.variant == "clean":
             return img
         return draw_banner(img, self.banner, self.injected_text)
@@ -203,6 +197,8 @@ def make_variants(
     ``i_vis``: ``c_scrambled`` is :func:`~ipi.surfaces.controls.scramble` of the attack text,
     ``c_imperative`` is :func:`~ipi.surfaces.controls.benign_imperative` of the attack's
     character count, ``c_occlusion`` the empty box; page text and tool result are unchanged.
+    On ``i_dom``/``i_tool``, ``c_imperative`` is whole sentences
+    (:func:`~ipi.surfaces.controls.imperative_sentences`).
 
     ``i_dom``/``i_tool``: controls are inserted at the attack's place with the attack's wrapper
     and token count. Matching first counts the injected unit alone (``[n]: "<text>";`` or
@@ -291,9 +287,12 @@ def make_variants(
             if field_count(text) != target_field:
                 text = match_token_count(scramble(a0_text, key), target_field, field_count)
         else:
-            text = imperative_tokens(target_line, key, line_count)
+            # Whole sentences only (docs/surfaces.md): matched on the inserted line, then, if the
+            # page context shifts a boundary token, on the whole field.
+            text = imperative_sentences(target_line, key, line_count)
             if field_count(text) != target_field:
-                source = benign_imperative(max(64, 8 * target_line), key)
-                text = match_token_count(source, target_field, field_count)
+                alt = imperative_sentences(target_field, key, field_count)
+                if abs(field_count(alt) - target_field) < abs(field_count(text) - target_field):
+                    text = alt
         out.append(row(c, 0, text, dict(a0_meta)))
     return out

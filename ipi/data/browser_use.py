@@ -1,0 +1,291 @@
+"""Importer for browser-use agent histories (github.com/browser-use/browser-use).
+
+browser-use saves a run with ``AgentHistoryList.save_to_file(path)``: one JSON file::
+
+    {"history": [
+       {"model_output": {                      # null when the model call failed
+            "thinking": "...", "evaluation_previous_goal": "...", "memory": "...",
+            "next_goal": "...",                # current versions (flat)
+            "current_state": {"evaluation_previous_goal": ..., "memory": ..., "next_goal": ...},
+                                               # older versions (nested) instead
+            "action": [{"click_element_by_index": {"index": 12}}, {"input_text": {...}}]},
+        "result": [{"is_done": false, "success": null, "extracted_content": "...",
+                    "error": null, "long_term_memory": "...", "include_in_memory": true}],
+        "state": {"url": "...", "title": "...", "tabs": [...],
+                  "interacted_element": [{...} | null, ...],
+                  "screenshot_path": ".../step_3.png"    # current versions
+                  "screenshot": "<base64 PNG>"},         # older versions
+        "metadata": {"step_start_time": ..., "step_end_time": ..., "step_number": 3, ...}},
+       ...]}
+
+Mapping onto the native schema (``docs/data.md``, "browser-use"):
+
+* One trajectory per history file; ``trajectory_id`` is the file's path under the root without
+  ``.json``. The file does not hold the task: it comes from a top-level ``"task"`` string (as
+  wrappers that add it write) or a ``task.txt`` beside the file; without either the file is a
+  counted skip.
+* ``state`` is captured at the start of a step, before the model is called, so its screenshot is
+  the page the step's actions were chosen on. Every action of ``model_output.action`` becomes
+  one step (a batch of actions shares that screenshot), in order.
+* ``action`` is the action written as a call, ``click_element_by_index(index=12)``;
+  ``action_type`` maps browser-use's action names onto the WebVoyager verbs (click, type,
+  scroll, goback, google, answer, wait) plus navigate and press; others are ``unknown``.
+* ``thought`` is the model's ``thinking`` (if any) then ``evaluation_previous_goal``, ``memory``
+  and ``next_goal``, one per line as ``Name: text``.
+* ``tool_result`` is the result of the previous action (browser-use keeps one ``result`` entry
+  per executed action: its ``error``, else ``extracted_content``, else ``long_term_memory``),
+  ``"Action executed: <previous action>"`` when it has none, ``"No previous action."`` at step 0.
+* browser-use records no page text in the history: ``element_text = ""``,
+  ``element_text_omitted = True``.
+* A base64 ``screenshot`` is written once (atomically) to ``<image_dir>/<trajectory_id>/<k>.png``;
+  a ``screenshot_path`` that is not absolute, or no longer exists where it was written, is looked
+  up beside the history file. A step without model output (a failed call) has no action and is
+  not a step; a missing screenshot is a counted skip.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from ipi.data.discover import walk
+from ipi.data.images import DEFAULT_LIMITS, ImageLimits, screenshot_problem
+from ipi.data.schema import DataError, Skip, Step, Trajectory
+from ipi.io import atomic_path
+from ipi.progress import track
+
+__all__ = ["SOURCE", "browser_use_action", "browser_use_action_type", "import_browser_use_report"]
+
+SOURCE = "browser_use"
+NO_PREVIOUS_ACTION = "No previous action."
+NOT_A_HISTORY = "not a browser-use history (no 'history' list of steps)"
+NO_TASK = ("no task (browser-use does not store it in the history: add a top-level \"task\" or a "
+           "task.txt beside the file)")
+
+_ACTION_TYPES = {
+    "click_element_by_index": "click", "click_element": "click", "click": "click",
+    "input_text": "type", "type": "type", "input": "type",
+    "scroll_down": "scroll", "scroll_up": "scroll", "scroll": "scroll", "scroll_to_text": "scroll",
+    "go_back": "goback", "search_google": "google", "search": "google",
+    "go_to_url": "navigate", "navigate": "navigate", "open_tab": "navigate",
+    "send_keys": "press", "wait": "wait", "done": "answer",
+    "select_dropdown_option": "select", "get_dropdown_options": "unknown",
+}
+
+
+def browser_use_action(action: dict) -> tuple[str, str]:
+    """``(name, call)`` of one browser-use action: ``{"input_text": {"index": 3, "text": "x"}}`` →
+    ``("input_text", "input_text(index=3, text='x')")``."""
+    if not isinstance(action, dict) or not action:
+        raise ValueError(f"action is not an object with one action name: {action!r}")
+    (name, params), *rest = action.items()
+    if rest:  # an exclude_none dump keeps one key per action; extra keys are params of none
+        params = {k: v for k, v in action.items()}
+        name = "+".join(action)
+    if isinstance(params, dict):
+        args = ", ".join(f"{k}={v!r}" for k, v in params.items())
+    elif params is None:
+        args = ""
+    else:
+        args = repr(params)
+    return name, f"{name}({args})"
+
+
+def browser_use_action_type(name: str) -> str:
+    """WebVoyager-style verb of a browser-use action name (``"unknown"`` if none fits)."""
+    return _ACTION_TYPES.get(name, "unknown")
+
+
+def _thought(out: dict) -> str:
+    state = out.get("current_state") if isinstance(out.get("current_state"), dict) else out
+    parts = []
+    if isinstance(out.get("thinking"), str) and out["thinking"].strip():
+        parts.append(out["thinking"].strip())
+    for key, label in (("evaluation_previous_goal", "Evaluation"), ("memory", "Memory"), ("next_goal", "Next goal")):
+        v = state.get(key)
+        if isinstance(v, str) and v.strip():
+            parts.append(f"{label}: {v.strip()}")
+    return "\n".join(parts)
+
+
+def _result_text(results) -> str:
+    lines = []
+    for r in results if isinstance(results, list) else []:
+        if not isinstance(r, dict):
+            continue
+        for key in ("error", "extracted_content", "long_term_memory"):
+            v = r.get(key)
+            if isinstance(v, str) and v.strip():
+                lines.append(f"Error: {v.strip()}" if key == "error" else v.strip())
+                break
+    return "\n".join(lines)
+
+
+class _Problem(Exception):
+    def __init__(self, path: Path, reason: str):
+        super().__init__(reason)
+        self.path, self.reason = path, reason
+
+
+def _screenshot(state: dict, file: Path, image_dir: Path, trajectory_id: str, k: int) -> Path | None:
+    path = state.get("screenshot_path")
+    if isinstance(path, str) and path:
+        p = Path(path)
+        for cand in ((p,) if p.is_absolute() else ()) + (file.parent / p, file.parent / p.name):
+            if cand.is_file():
+                return cand
+        return p if p.is_absolute() else file.parent / p
+    data = state.get("screenshot")
+    if isinstance(data, str) and data:
+        if data.startswith("data:") and "," in data:
+            data = data.split(",", 1)[1]
+        try:
+            raw = base64.b64decode(data, validate=True)
+        except (binascii.Error, ValueError):
+            return image_dir / trajectory_id / f"{k}.invalid-base64"
+        out = image_dir / trajectory_id / f"{k}.png"
+        if not out.is_file() or out.read_bytes() != raw:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            with atomic_path(out) as tmp:
+                Path(tmp).write_bytes(raw)
+        return out
+    return None
+
+
+def _import_file(file: Path, trajectory_id: str, image_dir: Path, on_bad_step: str, unknown_action: str,
+                 limits: ImageLimits | None) -> Trajectory:
+    try:
+        data = json.loads(file.read_text(encoding="utf-8-sig"))
+    except UnicodeDecodeError as e:
+        raise _Problem(file, f"not valid UTF-8 ({e.reason})") from e
+    except json.JSONDecodeError as e:
+        raise _Problem(file, f"not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from e
+    if not isinstance(data, dict) or not isinstance(data.get("history"), list):
+        raise _Problem(file, NOT_A_HISTORY)
+    task = data.get("task")
+    if not (isinstance(task, str) and task.strip()) and (file.parent / "task.txt").is_file():
+        task = (file.parent / "task.txt").read_text(encoding="utf-8").strip()
+    if not (isinstance(task, str) and task.strip()):
+        raise _Problem(file, NO_TASK)
+    steps: list[Step] = []
+    skipped: list[Skip] = []
+    history: list[str] = []
+    k = 0
+    prev_result = ""
+    for i, item in enumerate(data["history"]):
+        if not isinstance(item, dict):
+            raise _Problem(file, f"history[{i}] is not an object")
+        out = item.get("model_output")
+        state = item.get("state") if isinstance(item.get("state"), dict) else {}
+        if isinstance(out, dict) and isinstance(out.get("action"), list) and out["action"]:
+            thought = _thought(out)
+            shot = _screenshot(state, file, image_dir, trajectory_id, i)
+            results = item.get("result") if isinstance(item.get("result"), list) else []
+            for j, action in enumerate(out["action"]):
+                try:
+                    name, call = browser_use_action(action)
+                except ValueError as e:
+                    raise _Problem(file, f"history[{i}]: {e}") from e
+                verb = browser_use_action_type(name)
+                tool_result = (prev_result or f"Action executed: {history[-1]}") if history else NO_PREVIOUS_ACTION
+                if shot is None or not shot.is_file():
+                    skipped.append(Skip(k, "missing screenshot", str(shot or file)))
+                elif (problem := screenshot_problem(shot, limits=limits)) is not None:
+                    if on_bad_step == "error":
+                        raise DataError(f"{shot}: step {k}: unreadable screenshot: {problem}")
+                    skipped.append(Skip(k, f"unreadable screenshot: {problem}", str(shot)))
+                elif verb == "unknown" and unknown_action != "keep":
+                    if unknown_action == "error":
+                        raise DataError(f"{file}: step {k}: unknown action {call!r}")
+                    skipped.append(Skip(k, f"unknown action {call!r}", str(file)))
+                else:
+                    steps.append(Step(step=k, screenshot=str(shot), element_text="", element_text_omitted=True,
+                                      tool_result=tool_result, thought=thought, action=call, action_type=verb,
+                                      history=tuple(history)))
+                history.append(call)
+                # browser-use keeps one result per executed action: the next action's feedback.
+                prev_result = _result_text(results[j: j + 1]) if j < len(results) else ""
+                k += 1
+        else:  # a failed model call: its result (an error) is feedback for the next action
+            prev_result = _result_text(item.get("result")) or prev_result
+    if k == 0:
+        raise _Problem(file, "no action in the history (every step lacks model output)")
+    meta = {"file": file.name}
+    return Trajectory(trajectory_id, task.strip(), SOURCE, k, tuple(steps), tuple(skipped), meta)
+
+
+def import_browser_use_report(
+    root: str | os.PathLike,
+    *,
+    on_bad_step: str = "skip",
+    max_element_chars: int | None = None,
+    unknown_action: str = "keep",
+    limit: int | None = None,
+    image_limits: ImageLimits | None = DEFAULT_LIMITS,
+    image_dir: str | os.PathLike | None = None,
+) -> tuple[list[Trajectory], list[dict]]:
+    """Import every browser-use history file (``*.json`` with a ``history`` list) under ``root``.
+
+    Args:
+        root: A folder searched recursively (symlinks followed once each), or one ``.json`` file.
+        on_bad_step: ``"skip"``: unusable files are reported and unreadable screenshots are
+            counted skips; ``"error"``: both raise :class:`DataError` naming the file.
+        max_element_chars: Accepted for a uniform importer signature (no page text recorded).
+        unknown_action: ``"keep"``, ``"skip"`` or ``"error"`` for actions none of the verbs fit.
+        limit: Stop after this many usable trajectories, in id order (``data.max_trajectories``).
+        image_limits: The backbone's image limits (:func:`ipi.data.images.screenshot_problem`).
+        image_dir: Where base64 screenshots are written (default: a folder in the system's
+            temporary directory).
+
+    Returns:
+        ``(trajectories sorted by id, [{"path", "reason"} per file left out])``.
+
+    Raises:
+        ValueError: Bad ``on_bad_step`` or ``unknown_action``.
+        FileNotFoundError: ``root`` does not exist.
+        DataError: Malformed input under ``on_bad_step="error"`` (or ``unknown_action="error"``).
+    """
+    if on_bad_step not in ("skip", "error"):
+        raise ValueError(f"on_bad_step must be 'skip' or 'error', not {on_bad_step!r}")
+    if unknown_action not in ("keep", "skip", "error"):
+        raise ValueError(f"unknown_action must be keep, skip or error, not {unknown_action!r}")
+    root = Path(os.path.abspath(root))
+    if not root.exists():
+        raise FileNotFoundError(f"browser-use root {root} does not exist")
+    image_dir = Path(image_dir) if image_dir is not None else Path(tempfile.gettempdir()) / "ipi_browser_use"
+    skipped: list[dict] = []
+    files: list[tuple[str, Path]] = []
+    if root.is_file():
+        files.append((root.stem, root))
+    else:
+        for folder, names, left_out in walk(root):
+            skipped.extend(left_out)
+            for n in names:
+                if n.lower().endswith(".json"):
+                    f = folder / n
+                    files.append((f.relative_to(root).as_posix()[: -len(".json")], f))
+    files.sort()
+    trajectories: list[Trajectory] = []
+    for tid, f in track(files, "import browser_use"):
+        if limit is not None and len(trajectories) >= limit:
+            break
+        try:
+            t = _import_file(f, tid, image_dir, on_bad_step, unknown_action, image_limits)
+        except _Problem as e:
+            if on_bad_step == "error":
+                raise DataError(f"{e.path}: {e.reason}") from e
+            skipped.append({"path": str(e.path), "reason": e.reason})
+            continue
+        if not t.steps:
+            reasons = sorted({s.reason for s in t.skipped})
+            skipped.append({"path": str(f), "reason": f"no usable step: all {t.horizon} step(s) skipped "
+                                                       f"({'; '.join(reasons)})"})
+            continue
+        trajectories.append(t)
+    trajectories.sort(key=lambda t: t.trajectory_id)
+    skipped.sort(key=lambda d: d["path"])
+    return trajectories, skipped

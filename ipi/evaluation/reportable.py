@@ -1,0 +1,169 @@
+"""Which estimates may be reported: an estimate the verdict could not use is marked, never dressed up.
+
+An interval from a cluster bootstrap over too few test trajectories, from too few usable
+replicates, or one that collapsed to a point (``ci_low == ci_high``: every replicate gave the
+same value, e.g. E2 = 1.000 [1.000, 1.000] on 2 trajectories) is not a result. The verdict
+already answers NOT RUN for such runs (PROTOCOL.md §7; docs/estimands.md); this module gives
+every single estimate the same treatment, so that the estimands table (``report.md``,
+``report.html``), the forest plot and W&B all say *which* numbers are not reportable and why
+(docs/outputs.md, *Reportable estimates*).
+
+:func:`reportability` maps each estimand key (:func:`estimand_entries`) to ``None``
+(reportable) or a one-line reason (every rule that applies, joined by ``"; "``). The rules:
+
+1. **undefined**: no estimate, or no interval;
+2. **too few clusters**: fewer than ``min_clusters`` test trajectories contribute rows to both
+   sides of this estimand (``results["bootstrap"]["clusters_by_estimand"]``, PROTOCOL.md §7.0;
+   results without per-estimand counts use ``results["bootstrap"]["n_clusters"]``), the same
+   gate the verdict applies;
+3. **too few replicates**: ``n_boot_used`` below ``min_boot_fraction`` × ``n_boot`` (the other
+   replicates had no positive or no negative row and were dropped, so the interval describes
+   the unusual draws that remained);
+4. **degenerate interval**: ``ci_low == ci_high`` up to float rounding (relative 1e-9; a paired
+   difference of two AUCs can differ from itself in the 16th digit across replicates).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+__all__ = ["BASELINE_LABELS", "estimand_entries", "mark_reportability", "reportability", "reportability_of"]
+
+#: Display names of the baselines' estimands.
+BASELINE_LABELS = {
+    "c1": "C1 metadata baseline",
+    "collapse_only": "C2 collapse-only",
+    "permuted": "permuted labels",
+    "transfer": "cross-surface transfer",
+}
+
+
+def estimand_entries(results: Mapping) -> list[tuple[str, str, Mapping | None]]:
+    """``(key, label, interval)`` for every estimand of a results dict, in report order.
+
+    Keys are dotted paths into ``results`` (``e1``, ``e3.c_scrambled``, ``c1.e1``,
+    ``c1.e3.c_scrambled``, ``differences.e1_minus_e3.c_scrambled``), the keys of
+    ``bootstrap.clusters_by_estimand`` and of the verdict's ``reportability``. Order: E1, E2, E3
+    per control, each baseline's E1 (and E2; C1's E3 per control), then the paired differences.
+    """
+    r = results
+    rows: list[tuple[str, str, Mapping | None]] = [("e1", "E1 attack vs clean", r.get("e1")),
+                                                   ("e2", "E2 paired step", r.get("e2"))]
+    rows += [(f"e3.{c}", f"E3 attack vs {c}", iv) for c, iv in sorted((r.get("e3") or {}).items())]
+    for key, label in BASELINE_LABELS.items():
+        if isinstance(r.get(key), Mapping):
+            rows.append((f"{key}.e1", f"{label} E1", r[key].get("e1")))
+            if r[key].get("e2"):
+                rows.append((f"{key}.e2", f"{label} E2", r[key].get("e2")))
+            if key == "c1":  # metadata balance of the controls (docs/estimands.md)
+                rows += [(f"c1.e3.{c}", f"{label} E3 attack vs {c}", iv)
+                         for c, iv in sorted((r[key].get("e3") or {}).items())]
+    twin = r.get("random_twin")
+    if isinstance(twin, Mapping):  # the same probe on the random-weight twin (verdict check 6)
+        rows += [("random_twin.e1", "random twin E1", twin.get("e1")),
+                 ("random_twin.e2", "random twin E2", twin.get("e2"))]
+        rows += [(f"random_twin.e3.{c}", f"random twin E3 attack vs {c}", iv)
+                 for c, iv in sorted((twin.get("e3") or {}).items())]
+    for k, iv in sorted((r.get("differences") or {}).items()):
+        if isinstance(iv, Mapping) and "estimate" in iv:
+            rows.append((f"differences.{k}", k, iv))
+        elif isinstance(iv, Mapping):
+            rows += [(f"differences.{k}.{c}", f"{k} {c}", sub) for c, sub in sorted(iv.items())]
+    return rows
+
+
+def _num(x) -> float | None:
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(x) or math.isinf(x) else x
+
+
+def _count(v) -> int | None:
+    if isinstance(v, Mapping):
+        v = v.get("n_clusters")
+    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _clusters(boot: Mapping, key: str) -> int | None:
+    """Test trajectories behind one estimand: per-estimand count if recorded, else the run's."""
+    by = boot.get("clusters_by_estimand")
+    if isinstance(by, Mapping):
+        v = by.get(key)
+        if v is None:  # nested, e.g. {"e3": {"c_scrambled": 4}}
+            v = by
+            for part in key.split("."):
+                v = v.get(part) if isinstance(v, Mapping) else None
+        if _count(v) is not None:
+            return _count(v)
+    return _count(boot.get("n_clusters"))
+
+
+def reportability(results: Mapping, *, min_clusters: int = 5, min_boot_fraction: float = 0.9,
+                  ) -> dict[str, str | None]:
+    """Whether each estimate may be reported, and if not, why (rules in the module docstring).
+
+    Args:
+        results: A results dict (``results.json``): intervals ``{"estimate", "ci_low",
+            "ci_high", "n_boot_used"}`` and ``bootstrap`` (``n_boot``, ``n_clusters``, and
+            ``clusters_by_estimand`` when present).
+        min_clusters: Fewest test trajectories (``evaluation.min_clusters``).
+        min_boot_fraction: Fewest usable replicates as a fraction of ``n_boot``
+            (``evaluation.min_boot_fraction``).
+
+    Returns:
+        ``{estimand key: None | reason}``, keys as in :func:`estimand_entries`; an undefined
+        estimate gets that reason alone, otherwise every failed rule is listed.
+    """
+    boot = results.get("bootstrap") or {}
+    n_boot = boot.get("n_boot")
+    out: dict[str, str | None] = {}
+    for key, _label, iv in estimand_entries(results):
+        iv = iv or {}
+        est, lo, hi = (_num(iv.get(k)) for k in ("estimate", "ci_low", "ci_high"))
+        n_clusters = _clusters(boot, key)
+        used = iv.get("n_boot_used")
+        if est is None:
+            out[key] = "undefined (no estimate)"
+            continue
+        if lo is None or hi is None:
+            out[key] = "undefined interval"
+            continue
+        reasons = []
+        if n_clusters is not None and n_clusters < min_clusters:
+            reasons.append(f"only {n_clusters} test trajector{'y contributes' if n_clusters == 1 else 'ies contribute'} "
+                           f"(< {min_clusters})")
+        if isinstance(n_boot, (int, float)) and isinstance(used, (int, float)) and n_boot > 0 \
+                and used < min_boot_fraction * n_boot:
+            reasons.append(f"only {int(used)} of {int(n_boot)} bootstrap replicates usable "
+                           f"(< {min_boot_fraction:.0%})")
+        if math.isclose(lo, hi, rel_tol=1e-9, abs_tol=1e-12):  # equal up to float rounding
+            reasons.append("degenerate interval (every replicate gave the same value)")
+        out[key] = "; ".join(reasons) or None
+    return out
+
+
+def mark_reportability(results: Mapping, min_clusters: int = 5, min_boot_fraction: float = 0.9) -> dict:
+    """``results["reportability"]``: the thresholds and :func:`reportability`'s marks.
+
+    Returns:
+        ``{"min_clusters", "min_boot_fraction", "estimands": {key: None | reason},
+        "not_reportable": int}``.
+    """
+    marks = reportability(results, min_clusters=min_clusters, min_boot_fraction=min_boot_fraction)
+    return {"min_clusters": int(min_clusters), "min_boot_fraction": float(min_boot_fraction),
+            "estimands": marks, "not_reportable": sum(v is not None for v in marks.values())}
+
+
+def reportability_of(results: Mapping) -> dict[str, str | None]:
+    """The marks stored in ``results["reportability"]``, or computed with the default thresholds.
+
+    Runs record theirs (with the configured thresholds) in ``results.json``; a results dict
+    without them (an older file) gets :func:`reportability` with the defaults.
+    """
+    stored = results.get("reportability")
+    if isinstance(stored, Mapping) and isinstance(stored.get("estimands"), Mapping):
+        return dict(stored["estimands"])
+    return reportability(results)

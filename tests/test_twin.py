@@ -256,7 +256,8 @@ def test_extract_fills_the_twin_entry_train_reads(tmp_path):
 
     from ipi import tasks
 
-    ov = ["evaluation.random_twin=true", "data.max_trajectories=2", "surface=i_dom", "evaluation.transfer=false",
+    ov = ["evaluation.random_twin=true", "data.max_trajectories=2", "split.min_per_side=1", "surface=i_dom",
+          "evaluation.transfer=false",
           "split.test_fraction=0.5", "evaluation.n_boot=50", "logger=none", "report.plots=false",
           "report.gallery=false"]
     info, objs = tasks.extract(compose_train(tmp_path, ov))

@@ -241,7 +241,7 @@ def build_tiny_qwen2_5_vl(
     if random_init_seed is not None:
         if int(random_init_seed) == int(seed):
             raise ValueError(f"backbone={name}: the random twin's seed ({random_init_seed}) equals the backbone's "
-                             "weight seed; set evaluation.random_twin_seed to another value")
+                             "weight seed; choose other evaluation.random_twin_seeds")
         twin_of, seed = int(seed), int(random_init_seed)
     quantization = getattr(quantization, "value", quantization)
     if quantization != "none":

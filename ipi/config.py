@@ -57,6 +57,13 @@ class SplitKind(str, Enum):
     kfold = "kfold"
 
 
+class IntervalKind(str, Enum):
+    """Bootstrap interval methods (docs/estimands.md; percentile is PROTOCOL.md §5's)."""
+
+    percentile = "percentile"
+    bca = "bca"
+
+
 class Quantization(str, Enum):
     """Weight quantisation of a pretrained backbone (bitsandbytes through ``BitsAndBytesConfig``)."""
 
@@ -150,7 +157,10 @@ class BackboneConf:
 class ProbeConf:
     """Linear probe (PROTOCOL.md §4): standardised, L2 logistic regression, balanced classes."""
 
-    l2: float = 1.0  # scikit-learn's C (inverse regularisation strength)
+    # scikit-learn's C (inverse regularisation strength): the pre-registered constant 1.0, or
+    # "auto" = grouped inner CV over l2_grid on each fold's training trajectories (docs/probe.md)
+    l2: Any = 1.0
+    l2_grid: list[float] = field(default_factory=lambda: [0.001, 0.01, 0.1, 1.0, 10.0])
     max_iter: int = 500
     tol: float = 1e-8
 
@@ -164,8 +174,11 @@ class SplitConf:
     # the other kind's option is refused by validate(), never silently ignored.
     test_fraction: Optional[float] = None  # holdout only (conf/split/holdout.yaml: 0.3)
     k: Optional[int] = None  # kfold only: number of folds (conf/split/kfold.yaml: 5)
-    seed: int = 0
+    seed: int = 0  # the pre-registered split
     min_per_side: int = 2  # fewest trajectories on each side (train, test) of every fold; checked right after import
+    # >1: also rerun the split with seeds seed+1 .. seed+repeats-1 and report each estimand's
+    # spread and how many seeds license each claim beside the pre-registered verdict
+    repeats: int = 1
 
 
 @dataclass
@@ -184,6 +197,9 @@ class EvaluationConf:
     n_boot: int = 1000
     seed: int = 0
     level: float = 0.95
+    # percentile (PROTOCOL.md §5, the protocol cases of §9) | bca (bias-corrected, accelerated by
+    # the cluster jackknife); coverage of both measured in docs/selftest.md
+    interval: IntervalKind = IntervalKind.percentile
     collapse_ceiling: float = 0.60
     c1_max: float = 0.95
     # an estimand with fewer test trajectories contributing rows to both of its sides is
@@ -196,11 +212,22 @@ class EvaluationConf:
     permutation: PermutationConf = field(default_factory=PermutationConf)
     collapse_only: bool = True  # run the collapse-only baseline (C2)
     transfer: bool = True  # cross-surface transfer: train on the other surfaces, score this one
+    # Held-out attack wording (PROTOCOL.md §7 check 3): test trajectories' attack templates, goals
+    # and benign imperatives come from bank families no training trajectory uses (docs/surfaces.md)
+    heldout_wording: bool = True
+    # One sweep cell named before the sweep by its overrides ("layers=six_3 token_group=task"):
+    # python -m ipi.sweep_report licenses it at the nominal level; the rest under Holm (docs/sweeps.md)
+    preregistered: Optional[str] = None
     # The random-weight twin (docs/backbones.md): the same architecture and config with seeded
     # random weights, extracted on the same rows, probed on the same folds; verdict check 6
     # needs it ("detects" is never licensed without it).
     random_twin: bool = True
-    random_twin_seed: int = 1  # torch seed of the twin's weights (the tiny backbone's own is 0)
+    # Torch seeds of the twins' weights (the tiny backbone's own is 0), one cache entry and one
+    # probe per seed; check 6 needs the trained backbone to beat every seed (docs/estimands.md:
+    # S seeds bound the false pass from init variance at 1/(S+1)).
+    random_twin_seeds: list[int] = field(default_factory=lambda: [1, 2, 3])
+    # Replaced by random_twin_seeds; kept only so that the old key fails with a clear message.
+    random_twin_seed: Optional[int] = None
 
 
 @dataclass
@@ -365,6 +392,13 @@ def validate(cfg: DictConfig) -> None:
         )
     if not cfg.backbone.multimodal and _value(cfg.surface.name) == "i_vis":
         raise ValueError(f"surface=i_vis needs a multimodal backbone; backbone={cfg.backbone.name} is text-only")
+    l2 = cfg.probe.l2
+    if not (l2 == "auto" or (isinstance(l2, (int, float)) and not isinstance(l2, bool) and l2 > 0)):
+        raise ValueError(f"probe.l2: {l2!r} is neither a positive number (scikit-learn's C) nor 'auto'")
+    if l2 == "auto" and (not cfg.probe.l2_grid or min(cfg.probe.l2_grid) <= 0):
+        raise ValueError("probe.l2_grid: give positive C values for probe.l2=auto")
+    if cfg.split.repeats < 1:
+        raise ValueError(f"split.repeats must be >= 1, got {cfg.split.repeats}")
     if cfg.evaluation.n_boot < 1:
         raise ValueError("evaluation.n_boot must be >= 1")
     if cfg.evaluation.min_clusters < 1:
@@ -380,11 +414,23 @@ def validate(cfg: DictConfig) -> None:
             "evaluation.transfer=false extract.devices=N` for each surface, then train on one device; "
             "or set evaluation.transfer=false"
         )
+    if cfg.evaluation.get("random_twin_seed") is not None:
+        raise ValueError(
+            f"evaluation.random_twin_seed={cfg.evaluation.random_twin_seed} was replaced by "
+            "evaluation.random_twin_seeds, a list (one twin per seed; check 6 needs the backbone to beat every "
+            f"one): use evaluation.random_twin_seeds=[{cfg.evaluation.random_twin_seed}] or more seeds, e.g. "
+            "[1,2,3] (docs/estimands.md)"
+        )
+    if cfg.evaluation.random_twin:
+        from ipi.twin import twin_seeds
+
+        twin_seeds(cfg)  # non-empty, distinct, not the backbone's own seed
     if multi and cfg.evaluation.random_twin:
+        seeds = list(cfg.evaluation.random_twin_seeds)
         raise ValueError(
             "extract.devices>1 (DDP) extracts one cache entry per launch: run `python extract.py surface=<s> "
-            "evaluation.transfer=false evaluation.random_twin=false extract.devices=N`, then the twin's entry with "
-            f"`+backbone.loader.random_init_seed={cfg.evaluation.random_twin_seed}` added, then train on one device; "
+            "evaluation.transfer=false evaluation.random_twin=false extract.devices=N`, then each twin's entry "
+            f"(seeds {seeds}) with `+backbone.loader.random_init_seed=<seed>` added, then train on one device; "
             "or set evaluation.random_twin=false"
         )
     if not 0.0 < cfg.evaluation.get("min_boot_fraction", 0.9) <= 1.0:

@@ -17,6 +17,35 @@ it, the layer and token-group labels from its ``run`` section (``layers_config``
 * ``sweep_report.md`` and a self-contained ``sweep_report.html`` with the heatmaps embedded.
 
 A cell that two jobs claim (the sweep varied something else too) is an error naming both jobs.
+
+**Family-wise error control** (PROTOCOL.md §7: "a claim for one cell of a sweep needs
+family-wise error control over the sweep's cells, or a cell named as pre-registered before the
+sweep"). Every job of the folder is one cell of the family (``N`` cells, stated in the report).
+A cell's claim as its own run states it (``claim``, nominal level) is re-licensed under Holm's
+step-down procedure over the ``N`` cells (``claim_familywise``; :func:`familywise`):
+
+* ``p_separates`` = the one-sided bootstrap p-value of ``E1 <= 0.5`` (``results.json``
+  ``p_values.e1``), when the cell's check 1 passed; 1 otherwise.
+* ``p_detects`` = the largest of the bootstrap p-values of the claim's tests — E1 (check 1),
+  the paired ``E1 − C1 E1 <= 0`` (check 2), every ``E3[c] <= 0.5`` (check 3), and with a
+  random-weight twin every ``E3[c] − max_s E3_twin_s[c] <= 0`` (check 6) — when the cell's
+  own verdict licenses "detects malicious content"; 1 otherwise. The claim holds only if every
+  test rejects (an intersection-union test), so the largest p is a valid p-value for it
+  (Berger 1982). The other conditions (C1 E1 below 0.95, check 4's permutation test with its
+  null centred on 0.5, check 5, the cluster gate) must hold in the cell's own verdict at their
+  nominal levels: they guard against a broken pipeline and generic collapse rather than against
+  chance separation, and with M = 199 refits a permutation p cannot fall below 1/200, above any
+  Holm threshold of a 30-cell family (0.025/30). ``p_permutation`` is reported beside them.
+* Holm at one-sided ``α = (1 − level)/2`` (0.025 for 95% intervals: the level of a single
+  cell's "CI low > 0.5" check): sort the ``N`` p-values; the ``i``-th smallest is rejected while
+  ``p_(i) <= α / (N − i + 1)`` for it and every smaller one. Holm controls the family-wise error
+  under any dependence between cells (they share test trajectories). Run separately for the two
+  claims; a cell gets "detects" when its ``p_detects`` is rejected, else "separates" when its
+  ``p_separates`` is, else "none".
+* ``evaluation.preregistered`` (the same in every job: set it on the sweep's command line, e.g.
+  ``'evaluation.preregistered="layers=six_3 token_group=last_prompt"'``) names one cell by its
+  overrides before the sweep runs; that cell keeps its nominal claim. The other cells still get
+  Holm over all ``N`` cells.
 """
 
 from __future__ import annotations
@@ -31,7 +60,10 @@ import pandas as pd
 
 from ipi.io import atomic_write_text
 
-__all__ = ["collect", "main", "write_sweep_report"]
+__all__ = ["collect", "familywise", "holm", "main", "write_sweep_report"]
+
+CLAIM_DETECTS = "detects malicious content"
+CLAIM_SEPARATES = "separates clean steps from this attack surface on this split"
 
 HEATMAP_ESTIMANDS = ("e1", "e3.c_scrambled")
 
@@ -48,6 +80,113 @@ def _overrides(job: Path) -> list[str]:
     from omegaconf import OmegaConf
 
     return [str(x) for x in OmegaConf.load(f)]
+
+
+def _preregistered(job: Path) -> str | None:
+    f = job / ".hydra" / "config.yaml"
+    if not f.is_file():
+        return None
+    from omegaconf import OmegaConf
+
+    v = OmegaConf.select(OmegaConf.load(f), "evaluation.preregistered", default=None)
+    return None if v in (None, "") else str(v)
+
+
+def _check_status(res: dict, cid: int) -> str | None:
+    for c in (res.get("verdict") or {}).get("checks") or []:
+        if c.get("id") == cid:
+            return c.get("status")
+    return None
+
+
+def _permutation_p(res: dict) -> float | None:
+    """The check-4 permutation p-value when the run has one (exact permutation test)."""
+    for path in (("permutation", "p_value"), ("permutation", "p")):
+        cur = res
+        for k in path:
+            cur = cur.get(k) if isinstance(cur, dict) else None
+        if isinstance(cur, (int, float)):
+            return float(cur)
+    return None
+
+
+def claim_p_values(res: dict) -> tuple[float, float]:
+    """``(p_separates, p_detects)`` of one cell's ``results.json`` (module docstring).
+
+    A p-value a run did not record (older ``results.json``) counts as 1: no claim is licensed
+    without its test.
+    """
+    claim = (res.get("verdict") or {}).get("claim")
+    pv = res.get("p_values") or {}
+
+    def num(x) -> float:
+        return float(x) if isinstance(x, (int, float)) else 1.0
+
+    p_sep = num(pv.get("e1")) if _check_status(res, 1) == "PASS" else 1.0
+    if claim != CLAIM_DETECTS:
+        return p_sep, 1.0
+    parts = [num(pv.get("e1")), num(pv.get("e1_minus_c1_e1"))]
+    e3 = pv.get("e3") or {}
+    parts += [num(e3.get(c)) for c in (res.get("e3") or {})]
+    if _check_status(res, 6) is not None:  # check 6: E3[c] − max over twin seeds (docs/estimands.md)
+        twin = pv.get("e3_minus_twin_e3") or {}
+        parts += [num(twin.get(c)) for c in (res.get("e3") or {})]
+    return p_sep, max(parts)
+
+
+def holm(p_values, alpha: float) -> list[bool]:
+    """Holm's step-down procedure: which hypotheses are rejected at family-wise level ``alpha``.
+
+    Args:
+        p_values: One p-value per hypothesis (the family), shape ``[N]``.
+        alpha: Family-wise error rate.
+
+    Returns:
+        ``[N]`` booleans, True where rejected (the ``i``-th smallest p is rejected when
+        ``p_(j) <= alpha / (N − j + 1)`` for every ``j <= i``).
+    """
+    p = [float(x) for x in p_values]
+    order = sorted(range(len(p)), key=lambda i: p[i])
+    out = [False] * len(p)
+    for rank, i in enumerate(order):
+        if p[i] > alpha / (len(p) - rank):
+            break
+        out[i] = True
+    return out
+
+
+def familywise(df: pd.DataFrame, alpha: float, preregistered: str | None = None) -> pd.DataFrame:
+    """Add ``p_separates, p_detects, claim_familywise, preregistered`` to a :func:`collect` table.
+
+    Args:
+        df: One row per cell with ``claim``, ``p_separates``, ``p_detects`` and ``overrides``.
+        alpha: Family-wise level (one-sided), e.g. 0.025.
+        preregistered: Space-separated ``key=value`` overrides naming one cell, or None.
+
+    Returns:
+        A copy with ``claim_familywise`` (Holm over all ``len(df)`` cells; the pre-registered
+        cell keeps its own claim) and ``preregistered`` (bool).
+
+    Raises:
+        ValueError: ``preregistered`` names no cell or several cells of the sweep.
+    """
+    out = df.copy()
+    sep = holm(out["p_separates"], alpha)
+    det = holm(out["p_detects"], alpha)
+    out["claim_familywise"] = [CLAIM_DETECTS if d else CLAIM_SEPARATES if s else "none"
+                               for s, d in zip(sep, det)]
+    out["preregistered"] = False
+    if preregistered:
+        want = set(preregistered.split())
+        hit = [i for i, o in enumerate(out["overrides"]) if want <= set(str(o).split())]
+        if len(hit) != 1:
+            jobs = ", ".join(out["job"].iloc[hit]) if hit else "none"
+            raise ValueError(f"evaluation.preregistered={preregistered!r} must name exactly one cell of the "
+                             f"sweep by its overrides; it matches {len(hit)} (jobs: {jobs})")
+        i = out.index[hit[0]]
+        out.loc[i, "preregistered"] = True
+        out.loc[i, "claim_familywise"] = out.loc[i, "claim"]
+    return out
 
 
 def _token_group_name(job: Path, run: dict) -> str:
@@ -71,7 +210,8 @@ def collect(sweep: str | Path) -> pd.DataFrame:
     Returns:
         Columns ``job, overrides, surface, backbone, layers, token_group`` and, for every
         estimand ``k`` found (``e1``, ``e2``, ``e3.<control>``), ``k``, ``k_ci_low``,
-        ``k_ci_high``; plus ``claim``.
+        ``k_ci_high``; plus ``claim``, ``level``, ``preregistered_spec`` (the jobs'
+        ``evaluation.preregistered``), ``p_separates`` and ``p_detects`` (:func:`claim_p_values`).
 
     Raises:
         FileNotFoundError: ``sweep`` does not exist or holds no job with ``results.json``.
@@ -99,7 +239,11 @@ def collect(sweep: str | Path) -> pd.DataFrame:
             "layers": layer_label,
             "token_group": _token_group_name(job, run),
             "claim": (res.get("verdict") or {}).get("claim"),
+            "level": float((res.get("bootstrap") or {}).get("level", 0.95)),
+            "preregistered_spec": _preregistered(job),
         }
+        row["p_separates"], row["p_detects"] = claim_p_values(res)
+        row["p_permutation"] = _permutation_p(res)
         ivs = {"e1": res.get("e1"), "e2": res.get("e2")}
         ivs.update({f"e3.{c}": iv for c, iv in (res.get("e3") or {}).items()})
         for k, iv in ivs.items():
@@ -151,6 +295,22 @@ def write_sweep_report(sweep: str | Path) -> dict[str, Path]:
 
     sweep = Path(sweep)
     df = collect(sweep)
+    specs = set(df["preregistered_spec"].dropna())
+    if len(specs) > 1:
+        raise ValueError(f"{sweep}: jobs name different pre-registered cells ({sorted(specs)}); "
+                         "set evaluation.preregistered once for the whole sweep")
+    levels = set(df["level"])
+    if len(levels) > 1:
+        raise ValueError(f"{sweep}: jobs use different evaluation.level values {sorted(levels)}")
+    prereg = next(iter(specs), None)
+    alpha = (1.0 - levels.pop()) / 2.0
+    df = familywise(df, alpha, prereg).drop(columns=["preregistered_spec"])
+    n_cells = len(df)
+    family = (f"Family: {n_cells} cells (every job of this sweep). A claim is licensed under Holm's "
+              f"family-wise error control at one-sided alpha = {alpha:g} over the {n_cells} cells "
+              f"(column claim_familywise); the column claim is each cell's own verdict at the nominal level"
+              + (f". Pre-registered cell: {prereg} (keeps its nominal claim)." if prereg else
+                 "; no cell was pre-registered (evaluation.preregistered)."))
     out: dict[str, Path] = {}
     csv = df.to_csv(index=False)
     out["csv"] = atomic_write_text(sweep / "sweep.csv", csv)
@@ -169,8 +329,9 @@ def write_sweep_report(sweep: str | Path) -> dict[str, Path]:
             figures.append((label, path))
             out[path.stem] = path
     cols = ["job", "layers", "token_group", "surface", "e1", "e1_ci_low", "e1_ci_high"]
-    cols += [c for c in ("e3.c_scrambled", "e3.c_scrambled_ci_low", "e3.c_scrambled_ci_high", "claim") if c in df]
-    md = [f"# Sweep report — {sweep}", "", f"{len(df)} jobs.", ""]
+    cols += [c for c in ("e3.c_scrambled", "e3.c_scrambled_ci_low", "e3.c_scrambled_ci_high", "claim",
+                         "p_separates", "p_detects", "claim_familywise", "preregistered") if c in df]
+    md = [f"# Sweep report — {sweep}", "", f"{len(df)} jobs.", "", family, ""]
     md += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for _, r in df[cols].iterrows():
         md.append("| " + " | ".join(f"{v:.3f}" if isinstance(v, float) else str(v) for v in r) + " |")
@@ -179,7 +340,8 @@ def write_sweep_report(sweep: str | Path) -> dict[str, Path]:
     out["md"] = atomic_write_text(sweep / "sweep_report.md", "\n".join(md) + "\n")
     html = ["<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">",
             f"<title>sweep report</title><style>{_CSS}</style></head><body>",
-            f"<h1>Sweep report</h1><p class=\"muted\">{_h(sweep)} · {len(df)} jobs</p>"]
+            f"<h1>Sweep report</h1><p class=\"muted\">{_h(sweep)} · {len(df)} jobs</p>",
+            f"<p><strong>{_h(family)}</strong></p>"]
     for label, p in figures:
         html.append(f"<figure>{_img_tag(p, label)}<figcaption>{_h(label)} per layer × token group "
                     "(estimate and 95% CI)</figcaption></figure>")
@@ -202,6 +364,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     for name, path in paths.items():
         print(f"{name}: {path}")
+    df = pd.read_csv(paths["csv"])
+    print(f"family: {len(df)} cells; claims licensed family-wise (Holm): "
+          + ", ".join(f"{c}: {int((df.claim_familywise == c).sum())}" for c in (CLAIM_DETECTS, CLAIM_SEPARATES))
+          + (f"; pre-registered: job {df.job[df.preregistered].iloc[0]}" if df.preregistered.any() else ""))
     return 0
 
 

@@ -25,7 +25,7 @@ from ipi.config import CONTROLS_BY_SURFACE, resolved_controls, to_container, val
 from ipi.data import load_trajectories
 from ipi.evaluation.callbacks import EstimandsCallback, ReportCallback
 from ipi.evaluation.report import write_run_report
-from ipi.evaluation.scoretable import evaluate_score_table
+from ipi.evaluation.scoretable import evaluate_score_table, twin_score_table
 from ipi.extraction.rows import build_rows
 from ipi.extraction.run import extract_features
 from ipi.io import atomic_write_text
@@ -34,7 +34,7 @@ from ipi.probe.fit import ProbeConfig
 from ipi.progress import set_quiet, track
 from ipi.replay import TOKEN_GROUPS
 from ipi.tracking import task_wrapper
-from ipi.twin import twin_config, twin_description
+from ipi.twin import twin_config, twin_description, twin_seeds
 
 log = logging.getLogger(__name__)
 
@@ -167,20 +167,43 @@ def token_counter(cfg: DictConfig):
     return lambda s: count_plain_tokens(tok, s)
 
 
-def make_rows(cfg: DictConfig, trajectories, surface: str, controls: list[str] | None = None):
+def split_folds(cfg: DictConfig, trajectories, seed: int | None = None):
+    """Trajectory folds of the configured split design and the held-out wording plan.
+
+    Args:
+        cfg: Run config (``split``, ``evaluation.heldout_wording``).
+        trajectories: Imported trajectories.
+        seed: Split seed (default ``split.seed``; ``split.repeats`` passes others).
+
+    Returns:
+        ``(folds, plan)``; ``plan`` is None when ``evaluation.heldout_wording`` is off.
+    """
+    from ipi.surfaces.wording import wording_plan
+
+    seed = cfg.split.seed if seed is None else seed
+    kind = _value(cfg.split.kind)
+    folds = make_folds(sorted({t.trajectory_id for t in trajectories}), kind,
+                       **({"test_fraction": cfg.split.test_fraction} if kind == "holdout" else {"k": cfg.split.k}),
+                       seed=seed)
+    plan = wording_plan(folds, seed) if cfg.evaluation.heldout_wording else None
+    return folds, plan
+
+
+def make_rows(cfg: DictConfig, trajectories, surface: str, controls: list[str] | None = None, wording=None):
     """Replay rows of one surface.
 
     The run's own surface gets the configured controls; any other surface (the transfer
     sources) gets every control that applies to it, so its rows — and its activation-cache
     entry — are exactly those of a run on that surface, and a ``-m surface=...`` sweep or an
     ``extract.py`` run before it fills each entry once. ``controls`` overrides both.
+    ``wording`` is the held-out wording plan of the split (:func:`split_folds`), or None.
     """
     count_tokens = token_counter(cfg) if surface != "i_vis" else None
     if controls is None:
         controls = (resolved_controls(cfg) if _value(cfg.surface.name) == surface
                     else list(CONTROLS_BY_SURFACE[surface]))
     return build_rows(track(trajectories, f"rendering {surface} variants"), surface, controls,
-                      n_attacks=cfg.surface.n_attacks, count_tokens=count_tokens)
+                      n_attacks=cfg.surface.n_attacks, count_tokens=count_tokens, wording=wording)
 
 
 def write_gallery(cfg: DictConfig, trajectory, out_dir: Path) -> Path | None:
@@ -232,6 +255,54 @@ def select_features(features, layers: list[int], groups: list[str]) -> np.ndarra
     return x.reshape(x.shape[0], -1).float().numpy()
 
 
+def _wording_record(rows, folds, plan) -> dict:
+    """``run.wording`` of results.json: held-out wording on/off and the train/test overlap (must be 0 when on)."""
+    from ipi.surfaces.wording import wording_overlap
+
+    meta = [{"trajectory_id": r.trajectory_id, "variant": r.variant.variant, **r.variant.meta} for r in rows]
+    rec = wording_overlap(meta, folds, plan)
+    if plan is not None and rec["overlap"] != 0:  # by construction impossible: a bug, never a number to report
+        raise AssertionError(f"held-out wording: {rec['overlap']} bank entries on both sides of a fold")
+    if plan is not None and plan.scheme == "holdout":
+        rec["train_families"] = plan.families["train"].to_dict()
+        rec["test_families"] = plan.families["test"].to_dict()
+    return rec
+
+
+def evaluate_split(cfg: DictConfig, trajs, seed: int, layers, groups, pcfg, l2, l2_grid) -> dict:
+    """Estimands and verdict of the run on the split of ``seed`` (``split.repeats``).
+
+    The same pipeline as the pre-registered split — held-out wording families of that split
+    (so its own rows and cache entry), probe, C1, collapse-only and permuted baselines, shared
+    bootstrap draws, verdict — without the transfer probe (it does not enter the verdict).
+    """
+    from ipi.evaluation.verdict import verdict
+    from ipi.metrics.estimands import evaluate_tables
+
+    surface = _value(cfg.surface.name)
+    folds, plan = split_folds(cfg, trajs, seed)
+    rows = make_rows(cfg, trajs, surface, wording=plan)
+    features, _ = extract_features(cfg, rows, layers, list(TOKEN_GROUPS))
+    meta = row_table(rows, features)
+    x = select_features(features, layers, groups)
+    li = [features.layers.index(i) for i in layers]
+    fits = cross_fit(meta, x, folds, probe_cfg=pcfg,
+                     metadata=meta[["step", "horizon", "prompt_len", "delta_prompt_len"]].to_numpy(dtype=np.float64),
+                     collapse=features.collapse[:, li].double().numpy() if cfg.evaluation.collapse_only else None,
+                     permuted=cfg.evaluation.permuted, permute_seed=cfg.seed, l2=l2, l2_grid=l2_grid,
+                     permutation_m=cfg.evaluation.permutation.m, permutation_seed=cfg.evaluation.permutation.seed)
+    table = meta.iloc[fits.test_index][["trajectory_id", "step", "variant"]].reset_index(drop=True)
+    table["score"] = fits.probe_scores(x)
+    ev = cfg.evaluation
+    perm = fits.permutation_input()
+    res = evaluate_tables(table, fits.baselines, n_boot=ev.n_boot, seed=ev.seed, level=ev.level,
+                          interval=_value(ev.interval),
+                          permutation=None if perm is None else {**perm, "alpha": ev.permutation.alpha})
+    res["verdict"] = verdict(res, collapse_ceiling=ev.collapse_ceiling, c1_max=ev.c1_max,
+                             min_clusters=ev.min_clusters)
+    return res
+
+
 @task_wrapper
 def train(cfg: DictConfig) -> tuple[dict, dict]:
     """Run the main job: replay, extract (cached), probe, estimands, verdict, report.
@@ -256,23 +327,28 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
 
     trajs, traj_skips, step_skips = load_data(cfg)
     check_split_feasible(cfg, [t.trajectory_id for t in trajs])  # before any rendering or extraction
-    rows = make_rows(cfg, trajs, surface)
+    # Trajectory-disjoint folds (PROTOCOL.md §4) first: with held-out wording a trajectory's
+    # attack and imperative texts come from the wording family of the fold it is tested in.
+    split_kind = _value(cfg.split.kind)
+    folds, plan = split_folds(cfg, trajs)
+    rows = make_rows(cfg, trajs, surface, wording=plan)
     features, info = extract_features(cfg, rows, layers, list(TOKEN_GROUPS))
     if features is None:  # a non-zero DDP rank: rank 0 evaluates
         return {}, {"extraction": info}
     meta = row_table(rows, features)
     x = select_features(features, layers, groups)
 
-    # The random-weight twin (verdict check 6; ipi.twin): the same rows through the same
-    # architecture with seeded random weights, under its own cache key.
-    x_twin, twin_info = None, None
-    if cfg.evaluation.random_twin:
-        twin_feat, twin_info = extract_features(twin_config(cfg), rows, layers, list(TOKEN_GROUPS))
+    # The random-weight twins (verdict check 6; ipi.twin): the same rows through the same
+    # architecture with seeded random weights, one cache entry per seed.
+    x_twin, twin_info = {}, {}
+    for seed in twin_seeds(cfg):
+        twin_feat, twin_info[seed] = extract_features(twin_config(cfg, seed), rows, layers, list(TOKEN_GROUPS))
         if twin_feat is None:  # a non-zero DDP rank
             return {}, {"extraction": info}
         if twin_feat.row_ids != features.row_ids:
-            raise RuntimeError("random twin: its cache entry holds other rows than the backbone's")
-        x_twin = select_features(twin_feat, layers, groups)
+            raise RuntimeError(f"random twin seed {seed}: its cache entry holds other rows than the backbone's")
+        x_twin[seed] = select_features(twin_feat, layers, groups)
+        del twin_feat
 
     # Cross-surface transfer (PROTOCOL.md §6): clean/attack rows of the other surfaces, each
     # surface extracted (or read from the cache) under its own key.
@@ -281,7 +357,7 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
         transfer_surfaces = transfer_source_surfaces(surface, cfg.backbone.multimodal)
         src_meta, src_x = [], []
         for s in transfer_surfaces:
-            s_rows = make_rows(cfg, trajs, s)
+            s_rows = make_rows(cfg, trajs, s, wording=plan)
             s_feat, infos[s] = extract_features(cfg, s_rows, layers, list(TOKEN_GROUPS))
             if s_feat is None:  # a non-zero DDP rank
                 return {}, {"extraction": info}
@@ -290,13 +366,11 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
         if transfer_surfaces:
             transfer_src = TransferSource.from_rows(pd.concat(src_meta, ignore_index=True), np.concatenate(src_x))
 
-    # Trajectory-disjoint folds (PROTOCOL.md §4): one holdout fold or K cross-fitting folds;
-    # leakage asserted per fold on ids and on the rows of every fit.
-    split_kind = _value(cfg.split.kind)
-    folds = make_folds(sorted({t.trajectory_id for t in trajs}), split_kind,
-                       **({"test_fraction": cfg.split.test_fraction} if split_kind == "holdout" else {"k": cfg.split.k}),
-                       seed=cfg.split.seed)
-    pcfg = ProbeConfig(l2=cfg.probe.l2, max_iter=cfg.probe.max_iter, tol=cfg.probe.tol, seed=cfg.seed)
+    # Leakage is asserted per fold on ids and on the rows of every fit (cross_fit).
+    auto_l2 = cfg.probe.l2 == "auto"
+    l2 = 1.0 if auto_l2 else float(cfg.probe.l2)  # auto: per-fold inner CV; baselines keep 1.0
+    l2_grid = list(cfg.probe.l2_grid) if auto_l2 else None
+    pcfg = ProbeConfig(l2=l2, max_iter=cfg.probe.max_iter, tol=cfg.probe.tol, seed=cfg.seed)
     loggers = [lg for lg in (instantiate(n) for n in (cfg.logger or {}).values()) if lg is not None]
     md_cols = ["step", "horizon", "prompt_len", "delta_prompt_len"]
     li = [features.layers.index(i) for i in layers]
@@ -305,18 +379,19 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
     fits = cross_fit(
         meta, x, folds, probe_cfg=pcfg, metadata=meta[md_cols].to_numpy(dtype=np.float64),
         collapse=features.collapse[:, li].double().numpy() if cfg.evaluation.collapse_only else None,
-        permuted=cfg.evaluation.permuted, permute_seed=cfg.seed, transfer=transfer_src, l2=cfg.probe.l2,
+        permuted=cfg.evaluation.permuted, permute_seed=cfg.seed, transfer=transfer_src, l2=l2, l2_grid=l2_grid,
         logger=loggers[0] if loggers else None, default_root_dir=str(out_dir),
         permutation_m=cfg.evaluation.permutation.m, permutation_seed=cfg.evaluation.permutation.seed)
     baselines = fits.baselines
     te = fits.test_index
-    twin_table = None
-    if x_twin is not None:  # the same probe on the twin's features, same folds and seed
-        twin_fits = cross_fit(meta, x_twin, folds, probe_cfg=pcfg, default_root_dir=str(out_dir))
+    twin_tables = {}
+    for seed, xt in x_twin.items():  # the same probe on each twin's features, same folds, seed and l2
+        twin_fits = cross_fit(meta, xt, folds, probe_cfg=pcfg, l2=l2, l2_grid=l2_grid, default_root_dir=str(out_dir))
         if not np.array_equal(twin_fits.test_index, te):
-            raise RuntimeError("random twin: its out-of-fold rows differ from the probe's")
-        twin_table = meta.iloc[te][["trajectory_id", "step", "variant"]].reset_index(drop=True)
-        twin_table["score"] = twin_fits.probe_scores(x_twin)
+            raise RuntimeError(f"random twin seed {seed}: its out-of-fold rows differ from the probe's")
+        tbl = meta.iloc[te][["trajectory_id", "step", "variant"]].reset_index(drop=True)
+        tbl["score"] = twin_fits.probe_scores(xt)
+        twin_tables[seed] = tbl
     te_meta = meta.iloc[te].reset_index(drop=True)
     is_test = np.zeros(len(meta), dtype=bool)
     is_test[te] = True
@@ -352,10 +427,11 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
                   else f"kfold k={cfg.split.k} seed={cfg.split.seed} (out-of-fold scores from {len(folds)} probes)"),
         "transfer": ({"train_surfaces": transfer_surfaces, "test_surface": surface} if transfer_src is not None
                      else None),
+        "wording": _wording_record(rows, folds, plan),
         "cache_key": info["cache_key"],
         "cache_keys": {s: i["cache_key"] for s, i in infos.items()},
-        "random_twin": ({**twin_description(cfg), "cache_key": twin_info["cache_key"]} if twin_info is not None
-                        else None),
+        "random_twin": ({**twin_description(cfg), "cache_keys": {str(k): i["cache_key"] for k, i in twin_info.items()}}
+                        if twin_info else None),
         "data_root": str(Path(cfg.data.root).resolve()),
     }
 
@@ -365,20 +441,28 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
                             c1_max=cfg.evaluation.c1_max, min_clusters=cfg.evaluation.min_clusters,
                             permutation=fits.permutation_input(), alpha=cfg.evaluation.permutation.alpha,
                             min_boot_fraction=cfg.evaluation.min_boot_fraction,
-                            twin=twin_table, pretrained=bool(cfg.backbone.pretrained))
+                            interval=_value(cfg.evaluation.interval),
+                            twins=twin_tables or None, pretrained=bool(cfg.backbone.pretrained))
     gallery = None
     if cfg.report.gallery:
         first_test = next(t for t in trajs if t.trajectory_id in set(test_ids))
         gallery = write_gallery(cfg, first_test, out_dir)
     def write_side_files() -> None:  # before results.json, which is written last
         atomic_write_text(out_dir / "scores.csv", est.scores.to_csv(index=False))
-        if twin_table is not None:
-            atomic_write_text(out_dir / "scores_twin.csv", twin_table.to_csv(index=False))
+        if twin_tables:
+            atomic_write_text(out_dir / "scores_twin.csv", twin_score_table(twin_tables).to_csv(index=False))
         atomic_write_text(out_dir / "run_info.json", json.dumps(
-            {**run_info(info, infos, time.perf_counter() - t0), "extraction_random_twin": twin_info,
+            {**run_info(info, infos, time.perf_counter() - t0),
+             "extraction_random_twin": {str(k): i for k, i in twin_info.items()} or None,
              "permutation_s": (fits.permutation or {}).get("seconds")}, indent=2))
 
-    rep = ReportCallback(est, out_dir, {"counts": counts, "run": run}, config=to_container(cfg),
+    extra = {"counts": counts, "run": run}
+    if cfg.split.repeats > 1:  # re-rolled splits beside the pre-registered one (docs/estimands.md)
+        seeds = [cfg.split.seed + i for i in range(cfg.split.repeats)]
+        extra["split_repeats"] = {"seeds": seeds, "results": [
+            evaluate_split(cfg, trajs, s, layers, groups, pcfg, l2, l2_grid)
+            for s in track(seeds[1:], "split.repeats")]}
+    rep = ReportCallback(est, out_dir, extra, config=to_container(cfg),
                          gallery=gallery, plots=cfg.report.plots, html=cfg.report.html,
                          before_results=write_side_files)
     trainer = L.Trainer(accelerator="cpu", devices=1, logger=loggers or False, callbacks=[est, rep],
@@ -404,36 +488,40 @@ def extract(cfg: DictConfig) -> tuple[dict, dict]:
 
     That is the configured surface and, when ``evaluation.transfer`` is on, the transfer source
     surfaces — so a sweep started after ``extract.py`` forwards nothing — and, when
-    ``evaluation.random_twin`` is on, the random-weight twin's entry for the configured surface
-    (the twin is probed on the run's own surface only; its transfer is not reported).
+    ``evaluation.random_twin`` is on, the random-weight twins' entries (one per seed of
+    ``evaluation.random_twin_seeds``) for the configured surface (the twins are probed on the
+    run's own surface only; their transfer is not reported).
 
     Returns:
         ``(info of the configured surface, {"features": ..., "extraction_by_surface": ...,
-        "extraction_random_twin": info or None})``.
+        "extraction_random_twin": {seed: info} or None})``.
     """
     validate(cfg)
     quiet_lightning()
     set_quiet(True if cfg.quiet else None)  # None: auto (quiet under CI or IPI_QUIET=1)
     surface = _value(cfg.surface.name)
     trajs, _, _ = load_data(cfg)
+    # rows' wording depends on the split (held-out wording); without it no split is needed
+    plan = split_folds(cfg, trajs)[1] if cfg.evaluation.heldout_wording else None
     surfaces = [surface]
     if cfg.evaluation.transfer:
         surfaces += transfer_source_surfaces(surface, cfg.backbone.multimodal)
     t0 = time.perf_counter()
-    infos, features, twin_info = {}, None, None
+    infos, features, twin_info = {}, None, {}
     for s in surfaces:
-        rows = make_rows(cfg, trajs, s)
+        rows = make_rows(cfg, trajs, s, wording=plan)
         feats, infos[s] = extract_features(cfg, rows, layer_indices(cfg), list(TOKEN_GROUPS))
         if s == surface:
             features = feats
-            if cfg.evaluation.random_twin:
-                _, twin_info = extract_features(twin_config(cfg), rows, layer_indices(cfg), list(TOKEN_GROUPS))
+            for seed in twin_seeds(cfg):
+                _, twin_info[str(seed)] = extract_features(twin_config(cfg, seed), rows, layer_indices(cfg),
+                                                           list(TOKEN_GROUPS))
     if features is not None:  # rank 0 (a non-zero DDP rank writes nothing)
         atomic_write_text(Path(cfg.paths.output_dir) / "run_info.json", json.dumps(
-            {**run_info(infos[surface], infos, time.perf_counter() - t0), "extraction_random_twin": twin_info},
-            indent=2))
+            {**run_info(infos[surface], infos, time.perf_counter() - t0),
+             "extraction_random_twin": twin_info or None}, indent=2))
     return infos[surface], {"features": features, "extraction_by_surface": infos,
-                            "extraction_random_twin": twin_info}
+                            "extraction_random_twin": twin_info or None}
 
 
 def run_info(info: dict, infos: dict[str, dict], elapsed_s: float) -> dict:
@@ -457,6 +545,7 @@ def evaluate(cfg: DictConfig) -> tuple[dict, dict]:
     results = evaluate_score_table(cfg.scores, n_boot=ev.n_boot, seed=ev.seed, level=ev.level,
                                    collapse_ceiling=ev.collapse_ceiling, c1_max=ev.c1_max,
                                    min_clusters=ev.min_clusters, min_boot_fraction=ev.min_boot_fraction,
+                                   interval=_value(ev.interval),
                                    twin=cfg.get("twin_scores"), pretrained=cfg.get("backbone_pretrained"))
     out_dir = Path(cfg.paths.output_dir)
     write_run_report(results, out_dir, scores=read_score_table(cfg.scores), config=to_container(cfg),

@@ -387,7 +387,7 @@ def test_paired_differences_use_same_draws():
         assert got["ci_high"] == pytest.approx(np.quantile(d, 0.975))
         assert got["estimate"] == pytest.approx(r_main.e1.estimate - r_main.e3[c].estimate)
     clusters = out["bootstrap"].pop("clusters_by_estimand")
-    assert out["bootstrap"] == {"n_boot": 200, "seed": 9, "level": 0.95, "n_clusters": 12}
+    assert out["bootstrap"] == {"n_boot": 200, "seed": 9, "level": 0.95, "n_clusters": 12, "interval": "percentile"}
     assert clusters["e1"] == r_main.cluster_counts()["e1"] and clusters["c1"] == r_c1.cluster_counts()
     for v in out["e1"].values():
         assert type(v) in (float, int)
@@ -548,7 +548,7 @@ def test_verdict_on_evaluate_tables_output():
             "collapse_only": _random_table(3, shift=0.0),
         },
         n_boot=200,
-        twin=_random_table(4, shift=0.0),
+        twins={1: _random_table(4, shift=0.0), 2: _random_table(5, shift=0.0)},
     )
     v = verdict(out)
     assert v["checks"][0]["status"] == "PASS" and v["checks"][1]["status"] == "PASS"

@@ -110,7 +110,8 @@ def test_cache_reuse_and_invalidation(tmp_path, monkeypatch):
 def test_cache_refuses_tampered_shards(tmp_path):
     from ipi import tasks
 
-    cfg = compose_train(tmp_path, ["data.max_trajectories=1", "layers=last"])
+    # one trajectory: no train/test split exists, so no held-out wording families either
+    cfg = compose_train(tmp_path, ["data.max_trajectories=1", "layers=last", "evaluation.heldout_wording=false"])
     info = tasks.extract(cfg)[0]
     shard = next((tmp_path / "cache" / info["cache_key"][:24]).glob("shard-*.safetensors"))
     shard.write_bytes(shard.read_bytes() + b"\0")

@@ -109,20 +109,34 @@ def test_twin_config_changes_only_the_loader_and_keys_its_own_cache_entry(tmp_pa
     from ipi.extraction.run import cache_key
     from ipi.twin import twin_config
 
-    cfg = compose_train(tmp_path, ["evaluation.random_twin=true", "evaluation.random_twin_seed=4"])
-    twin = twin_config(cfg)
+    cfg = compose_train(tmp_path, ["evaluation.random_twin=true", "evaluation.random_twin_seeds=[4,5]"])
+    twin = twin_config(cfg, 4)
     assert twin.backbone.loader.random_init_seed == 4 and "random_init_seed" not in cfg.backbone.loader
     a = {k: v for k, v in twin.backbone.loader.items() if k != "random_init_seed"}
     assert a == dict(cfg.backbone.loader) and twin.extract == cfg.extract and twin.layers == cfg.layers
     rows = build_rows(trajectories[:1], "i_vis", ["c_scrambled"])
-    assert cache_key(twin.backbone, rows, [0], ["last_prompt"])[0] != cache_key(cfg.backbone, rows, [0],
-                                                                                 ["last_prompt"])[0]
+    keys = {cache_key(c.backbone, rows, [0], ["last_prompt"])[0] for c in (cfg, twin, twin_config(cfg, 5))}
+    assert len(keys) == 3  # the backbone and each twin seed: their own entries
     # The entry a DDP user extracts by hand (docs/extraction.md) is the one a train run reads.
     by_hand = compose_train(tmp_path, ["evaluation.random_twin=false", "+backbone.loader.random_init_seed=4"])
     assert cache_key(by_hand.backbone, rows, [0], ["last_prompt"])[0] == cache_key(twin.backbone, rows, [0],
                                                                                     ["last_prompt"])[0]
     with pytest.raises(ValueError, match="the twin would be the backbone itself"):
-        twin_config(compose_train(tmp_path, ["evaluation.random_twin=true", "evaluation.random_twin_seed=0"]))
+        twin_config(cfg, 0)
+
+
+@pytest.mark.needs_shared
+def test_twin_seeds_validated_and_the_old_single_seed_key_refused(tmp_path):
+    from ipi.config import validate
+    from ipi.twin import twin_seeds
+
+    assert twin_seeds(compose_train(tmp_path, ["evaluation.random_twin=true"])) == [1, 2, 3]  # the default
+    assert twin_seeds(compose_train(tmp_path, [])) == []  # twin off
+    for seeds, msg in (("[]", "is empty"), ("[1,1]", "repeats a seed"), ("[0,2]", "backbone itself")):
+        with pytest.raises(ValueError, match=msg):
+            validate(compose_train(tmp_path, ["evaluation.random_twin=true", f"evaluation.random_twin_seeds={seeds}"]))
+    with pytest.raises(ValueError, match=r"was replaced by evaluation.random_twin_seeds.*\[4\]"):
+        validate(compose_train(tmp_path, ["evaluation.random_twin=true", "evaluation.random_twin_seed=4"]))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -144,9 +158,10 @@ def _table(seed: int, shift_clean: float, shift_ctrl: float, n_traj: int = 12) -
 
 
 def test_twin_differences_are_paired_on_the_shared_draws():
-    """E3 − twin E3: recomputed with scikit-learn on the documented draws (paired replicates)."""
-    main, twin = _table(0, 1.5, 1.0), _table(1, 1.5, 0.3)
-    out = evaluate_tables(main, {}, n_boot=300, seed=3, twin=twin)
+    """E3 − twin E3 per seed and against the envelope (max over seeds per draw): recomputed with
+    scikit-learn on the documented draws (paired replicates)."""
+    main, twin, twin2 = _table(0, 1.5, 1.0), _table(1, 1.5, 0.3), _table(2, 1.5, 0.6)
+    out = evaluate_tables(main, {}, n_boot=300, seed=3, twins={7: twin, 9: twin2})
     draws = make_draws(main.trajectory_id, n_boot=300, seed=3)
 
     def reps(table, control):
@@ -157,19 +172,44 @@ def test_twin_differences_are_paired_on_the_shared_draws():
         return np.array([roc_auc_score(y, sub.score, sample_weight=draws.multiplicity[b, col])
                          for b in range(draws.n_boot)])
 
+    def auc(table, control):
+        sub = table[table.variant.isin(["attack", control])]
+        both = sub.groupby(["trajectory_id", "step"]).variant.transform("nunique") == 2
+        return roc_auc_score((sub.variant[both] == "attack").astype(int), sub.score[both])
+
+    assert out["random_twin"]["seeds"] == ["7", "9"]
     for c in ("c_scrambled", "c_imperative"):
-        d = reps(main, c) - reps(twin, c)
+        r_main, r7, r9 = reps(main, c), reps(twin, c), reps(twin2, c)
+        for seed, r_tw in (("7", r7), ("9", r9)):  # each seed's own paired difference
+            iv = out["differences"]["e3_minus_twin_e3_by_seed"][seed][c]
+            lo, hi = np.quantile(r_main - r_tw, [0.025, 0.975])
+            assert iv["ci_low"] == pytest.approx(lo, abs=1e-9) and iv["ci_high"] == pytest.approx(hi, abs=1e-9)
+        # The envelope: per draw the larger twin; the estimate is the larger twin estimate.
+        env = out["random_twin"]["e3"][c]
+        assert env["estimate"] == pytest.approx(max(auc(twin, c), auc(twin2, c)), abs=1e-12)
+        d = r_main - np.maximum(r7, r9)
         iv = out["differences"]["e3_minus_twin_e3"][c]
-        assert iv["estimate"] == pytest.approx(out["e3"][c]["estimate"] - out["random_twin"]["e3"][c]["estimate"])
+        assert iv["estimate"] == pytest.approx(out["e3"][c]["estimate"] - env["estimate"])
         lo, hi = np.quantile(d, [0.025, 0.975])
         assert iv["ci_low"] == pytest.approx(lo, abs=1e-9) and iv["ci_high"] == pytest.approx(hi, abs=1e-9)
-    # The twin's own estimands are those of its table alone on the same draws.
+        # "CI low of E3 − envelope > 0" is "beats every seed on the same draws": never weaker
+        # than any one seed's paired CI low.
+        assert iv["ci_low"] <= min(out["differences"]["e3_minus_twin_e3_by_seed"][s][c]["ci_low"] for s in ("7", "9"))
+    # Each twin's own estimands are those of its table alone on the same draws.
     alone = evaluate_tables(twin, {}, n_boot=300, seed=3)
-    assert out["random_twin"] == {k: alone[k] for k in ("e1", "e2", "e3")}
+    assert out["random_twin"]["by_seed"]["7"] == {k: alone[k] for k in ("e1", "e2", "e3")}
+    # One twin: the envelope is that twin.
+    one = evaluate_tables(main, {}, n_boot=300, seed=3, twins={7: twin})
+    assert {k: one["random_twin"][k] for k in ("e1", "e2", "e3")} == {k: alone[k] for k in ("e1", "e2", "e3")}
     # A twin whose scores equal the probe's: every paired difference is exactly 0, CI [0, 0].
-    same = evaluate_tables(main, {}, n_boot=100, twin=main.copy())
+    same = evaluate_tables(main, {}, n_boot=100, twins={1: main.copy()})
     for iv in [same["differences"]["e1_minus_twin_e1"], *same["differences"]["e3_minus_twin_e3"].values()]:
         assert (iv["estimate"], iv["ci_low"], iv["ci_high"]) == (0.0, 0.0, 0.0)
+    # BCa: the envelope's jackknife is the per-value max too; the intervals are defined.
+    bca = evaluate_tables(main, {}, n_boot=200, seed=3, interval="bca", twins={7: twin, 9: twin2})
+    assert all(bca["differences"]["e3_minus_twin_e3"][c]["ci_low"] is not None for c in ("c_scrambled", "c_imperative"))
+    with pytest.raises(TypeError, match="one table per twin seed"):
+        evaluate_tables(main, {}, n_boot=10, twins=twin)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -232,17 +272,30 @@ def test_check6_not_run_without_twin_or_with_undefined_difference():
     assert selectivity_check(r, pretrained=True)["status"] == FAIL  # a defined failure wins
 
 
-def test_report_shows_trained_and_twin_side_by_side():
+def test_report_shows_trained_every_twin_seed_and_the_envelope():
     r = _results()
+    r["random_twin"]["seeds"] = ["1", "2"]
+    r["random_twin"]["by_seed"] = {
+        "1": {"e1": _iv(0.8, 0.7, 0.9), "e2": _iv(0.8, 0.7, 0.9),
+              "e3": {"c_scrambled": _iv(0.5, 0.4, 0.6), "c_imperative": _iv(0.45, 0.4, 0.6)}},
+        "2": {"e1": _iv(0.7, 0.6, 0.8), "e2": _iv(0.7, 0.6, 0.8),
+              "e3": {"c_scrambled": _iv(0.42, 0.4, 0.6), "c_imperative": _iv(0.5, 0.4, 0.6)}}}
+    r["differences"]["e3_minus_twin_e3_by_seed"] = {
+        "1": {"c_scrambled": _iv(0.2, 0.1, 0.3), "c_imperative": _iv(0.3, 0.2, 0.4)},
+        "2": {"c_scrambled": _iv(0.28, 0.2, 0.35), "c_imperative": _iv(0.25, 0.1, 0.3)}}
     r["verdict"] = verdict(r, pretrained=False)
-    r["run"] = {"surface": "i_dom", "random_twin": {"seed": 1, "backbone_pretrained": False}}
+    r["run"] = {"surface": "i_dom", "random_twin": {"seeds": [1, 2], "backbone_pretrained": False}}
     md = render_report(r)
-    assert "| estimand | trained [95% CI] | random twin [95% CI] | trained − twin, paired [95% CI] |" in md
-    assert "| E3 attack vs c_scrambled | 0.700 [0.600, 0.800] | 0.500 [0.400, 0.600] | 0.200 [0.100, 0.300] |" in md
-    assert "| E2 paired step | 0.800 [0.700, 0.900] | 0.800 [0.700, 0.900] | — |" in md
-    assert "backbone.pretrained=false" in md and "(seed 1)" in md
+    assert ("| estimand | trained [95% CI] | twin seed 1 [95% CI] | twin seed 2 [95% CI] | max over twin seeds "
+            "[95% CI] | trained − max over twin seeds, paired [95% CI] |") in md
+    assert ("| E3 attack vs c_scrambled | 0.700 [0.600, 0.800] | 0.500 [0.400, 0.600] | 0.420 [0.400, 0.600] | "
+            "0.500 [0.400, 0.600] | 0.200 [0.100, 0.300] |") in md
+    assert "| E2 paired step | 0.800 [0.700, 0.900] | 0.800 [0.700, 0.900] | 0.700 [0.600, 0.800] | 0.800" in md
+    assert "| E3 attack vs c_imperative | 0.300 [0.200, 0.400] | 0.250 [0.100, 0.300] |" in md  # per-seed diffs
+    assert "backbone.pretrained=false" in md and "2 random-weight twins (seeds 1, 2)" in md and "1/3" in md
     html = render_html(r)
-    assert "trained − twin, paired [CI]" in html and "0.200 [0.100, 0.300]" in html
+    assert "trained − max over twin seeds, paired [CI]" in html and "0.200 [0.100, 0.300]" in html
+    assert "trained − twin seed 2, paired [CI]" in html
     r["run"]["random_twin"] = None  # twin off: no table, no error
     del r["random_twin"]
     assert "random-weight twin (check 6)" not in render_report(r)
@@ -256,15 +309,17 @@ def test_extract_fills_the_twin_entry_train_reads(tmp_path):
 
     from ipi import tasks
 
-    ov = ["evaluation.random_twin=true", "data.max_trajectories=2", "split.min_per_side=1", "surface=i_dom",
+    ov = ["evaluation.random_twin=true", "evaluation.random_twin_seeds=[1,2]", "data.max_trajectories=2", "split.min_per_side=1", "surface=i_dom",
           "evaluation.transfer=false",
           "split.test_fraction=0.5", "evaluation.n_boot=50", "logger=none", "report.plots=false",
           "report.gallery=false"]
     info, objs = tasks.extract(compose_train(tmp_path, ov))
     tw = objs["extraction_random_twin"]
-    assert tw["cache_key"] != info["cache_key"] and tw["rows_forwarded"] == info["rows_forwarded"] > 0
-    assert len([p for p in (tmp_path / "cache").iterdir() if p.is_dir()]) == 2
+    assert set(tw) == {"1", "2"} and len({t["cache_key"] for t in tw.values()} | {info["cache_key"]}) == 3
+    assert all(t["rows_forwarded"] == info["rows_forwarded"] > 0 for t in tw.values())
+    assert len([p for p in (tmp_path / "cache").iterdir() if p.is_dir()]) == 3
     results, _ = tasks.train(compose_train(tmp_path, ov))
     run_info = json.loads((tmp_path / "run" / "run_info.json").read_text())
-    assert run_info["extraction"]["rows_forwarded"] == 0 and run_info["extraction_random_twin"]["cache_hit"] is True
-    assert results["run"]["random_twin"]["cache_key"] == tw["cache_key"]
+    assert run_info["extraction"]["rows_forwarded"] == 0
+    assert all(t["cache_hit"] for t in run_info["extraction_random_twin"].values())
+    assert results["run"]["random_twin"]["cache_keys"] == {s: t["cache_key"] for s, t in tw.items()}

@@ -108,7 +108,7 @@ def test_hostile_text_on_every_surface_keeps_spans_and_runs_through_the_model(pr
     traj = Trajectory("t<|im_end|>", f"Buy {h} now", "test", 1, (step,))
     real_attack = variants_mod.attack_text
     monkeypatch.setattr(variants_mod, "attack_text",
-                        lambda tid, s, k: (real_attack(tid, s, k)[0] + " " + h, real_attack(tid, s, k)[1]))
+                        lambda tid, s, k, **kw: (real_attack(tid, s, k, **kw)[0] + " " + h, real_attack(tid, s, k, **kw)[1]))
     tok = processor.tokenizer
     count = lambda s: count_plain_tokens(tok, s)  # noqa: E731
     model = small_backbone.model

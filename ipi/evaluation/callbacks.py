@@ -39,6 +39,9 @@ def _flat_metrics(results: dict, prefix: str = "test") -> dict[str, float]:
     add("e1_minus_twin_e1", diffs.get("e1_minus_twin_e1"))
     for c, iv in (diffs.get("e3_minus_twin_e3") or {}).items():
         add(f"e3_minus_twin_e3_{c}", iv)
+    for seed, by_c in (diffs.get("e3_minus_twin_e3_by_seed") or {}).items():
+        for c, iv in by_c.items():
+            add(f"e3_minus_twin{seed}_e3_{c}", iv)
     for base in ("c1", "collapse_only", "permuted", "transfer"):
         if isinstance(results.get(base), dict):
             add(f"{base}_e1", results[base].get("e1"))
@@ -75,19 +78,21 @@ class EstimandsCallback(L.Callback):
         alpha: Level of the permutation test.
         min_boot_fraction: Fewest usable bootstrap replicates (fraction of ``n_boot``) for an
             estimate to be reportable (:mod:`ipi.evaluation.reportable`).
-        twin: The probe's score table on the random-weight twin's features (same rows), or None
-            (verdict check 6 is then NOT RUN).
+        twins: The probe's score tables on the random-weight twins' features (same rows), one
+            per seed ``{seed: table}``, or None (verdict check 6 is then NOT RUN).
         pretrained: ``backbone.pretrained`` (False caps the claim at "separates ..."), or None.
     """
 
     def __init__(self, rows: pd.DataFrame, baselines: Mapping[str, pd.DataFrame], *, n_boot: int = 1000,
                  seed: int = 0, level: float = 0.95, collapse_ceiling: float = 0.60, c1_max: float = 0.95,
                  min_clusters: int = 5, permutation: Mapping | None = None, alpha: float = 0.05,
-                 min_boot_fraction: float = 0.9, twin: pd.DataFrame | None = None,
+                 min_boot_fraction: float = 0.9, interval: str = "percentile",
+                 twins: Mapping[int | str, pd.DataFrame] | None = None,
                  pretrained: bool | None = None):
         self.rows = rows.reset_index(drop=True)
+        self.interval = interval
         self.baselines = dict(baselines)
-        self.twin, self.pretrained = twin, pretrained
+        self.twins, self.pretrained = (dict(twins) if twins else None), pretrained
         self.n_boot, self.seed, self.level = n_boot, seed, level
         self.collapse_ceiling, self.c1_max, self.min_clusters = collapse_ceiling, c1_max, min_clusters
         self.permutation = None if permutation is None else {**permutation, "alpha": alpha}
@@ -109,10 +114,10 @@ class EstimandsCallback(L.Callback):
         table = self.rows[["trajectory_id", "step", "variant"]].copy()
         table["score"] = scores
         self.scores = table
-        desc = f"bootstrap (B={self.n_boot}, {1 + len(self.baselines) + (self.twin is not None)} score tables)"
+        desc = f"bootstrap (B={self.n_boot}, {1 + len(self.baselines) + len(self.twins or {})} score tables)"
         with progress_bar(desc, total=1) as bar:
             results = evaluate_tables(table, self.baselines, n_boot=self.n_boot, seed=self.seed, level=self.level,
-                                      permutation=self.permutation, twin=self.twin)
+                                      permutation=self.permutation, interval=self.interval, twins=self.twins)
             bar.advance()
         results["verdict"] = verdict(results, collapse_ceiling=self.collapse_ceiling, c1_max=self.c1_max,
                                      min_clusters=self.min_clusters, pretrained=self.pretrained)
@@ -161,6 +166,11 @@ class ReportCallback(L.Callback):
         if self.estimands.results is None:
             raise RuntimeError("ReportCallback: EstimandsCallback must come first in the callback list")
         self.results = {**self.estimands.results, **self.extra}
+        repeats = self.results.pop("split_repeats", None)
+        if repeats:
+            from ipi.evaluation.spread import split_spread
+
+            self.results["split_spread"] = split_spread(self.results, repeats["results"], repeats["seeds"])
         if not trainer.is_global_zero:
             return
         self.paths = write_run_report(self.results, self.out_dir, scores=self.estimands.scores,

@@ -83,22 +83,66 @@ def _not_reportable_note(marks: Mapping[str, str | None], results: Mapping) -> s
             "interval). Do not report them as results.")
 
 
-def twin_rows(results: Mapping) -> list[tuple[str, dict | None, dict | None, dict | None]]:
-    """``(label, trained, twin, trained − twin)`` intervals for E1, E2 and each E3[c], side by side.
+def twin_rows(results: Mapping) -> list[tuple[str, dict | None, list[dict | None], dict | None, dict | None]]:
+    """``(label, trained, [twin seed ...], envelope, trained − envelope)`` for E1, E2, each E3[c].
 
-    Empty when the results have no random-weight twin (``results["random_twin"]``). The
-    differences are the paired ones of ``results["differences"]`` (E1 and each E3[c]; E2 has
-    none).
+    Empty when the results have no random-weight twin (``results["random_twin"]``). The twin
+    columns follow ``results["random_twin"]["seeds"]``; the envelope is the per-draw maximum
+    over the seeds (``results["random_twin"]``'s own intervals) and the difference the paired
+    one of ``results["differences"]`` (E1 and each E3[c]; E2 has none).
     """
     twin = results.get("random_twin")
     if not isinstance(twin, Mapping):
         return []
+    seeds = [str(s) for s in twin.get("seeds") or []]
+    by_seed = twin.get("by_seed") or {}
     d = results.get("differences") or {}
-    rows = [("E1 attack vs clean", results.get("e1"), twin.get("e1"), d.get("e1_minus_twin_e1")),
-            ("E2 paired step", results.get("e2"), twin.get("e2"), None)]
+
+    def per_seed(name: str, control: str | None = None) -> list[dict | None]:
+        out = []
+        for s in seeds:
+            est = by_seed.get(s) or {}
+            out.append((est.get("e3") or {}).get(control) if control else est.get(name))
+        return out
+
+    rows = [("E1 attack vs clean", results.get("e1"), per_seed("e1"), twin.get("e1"), d.get("e1_minus_twin_e1")),
+            ("E2 paired step", results.get("e2"), per_seed("e2"), twin.get("e2"), None)]
     for c, iv in sorted((results.get("e3") or {}).items()):
-        rows.append((f"E3 attack vs {c}", iv, (twin.get("e3") or {}).get(c), (d.get("e3_minus_twin_e3") or {}).get(c)))
+        rows.append((f"E3 attack vs {c}", iv, per_seed("e3", c), (twin.get("e3") or {}).get(c),
+                     (d.get("e3_minus_twin_e3") or {}).get(c)))
     return rows
+
+
+def twin_difference_rows(results: Mapping) -> list[tuple[str, list[dict | None]]]:
+    """``(label, [trained − twin seed, paired ...])`` for E1 and each E3[c], seeds in order."""
+    twin = results.get("random_twin")
+    if not isinstance(twin, Mapping):
+        return []
+    seeds = [str(s) for s in twin.get("seeds") or []]
+    d = results.get("differences") or {}
+    e1 = d.get("e1_minus_twin_e1_by_seed") or {}
+    e3 = d.get("e3_minus_twin_e3_by_seed") or {}
+    rows = [("E1 attack vs clean", [e1.get(s) for s in seeds])]
+    for c in sorted(results.get("e3") or {}):
+        rows.append((f"E3 attack vs {c}", [(e3.get(s) or {}).get(c) for s in seeds]))
+    return rows
+
+
+def _twin_headers(results: Mapping) -> tuple[list[str], list[str]]:
+    """Column heads of the two twin tables (the side-by-side one, the per-seed differences)."""
+    seeds = [str(s) for s in (results.get("random_twin") or {}).get("seeds") or []]
+    env = "max over twin seeds" if len(seeds) > 1 else "random twin"
+    main = (["estimand", "trained"] + [f"twin seed {s}" for s in seeds]
+            + ([env] if len(seeds) > 1 else []) + [f"trained − {env}, paired"])
+    return main, ["estimand"] + [f"trained − twin seed {s}, paired" for s in seeds]
+
+
+def _twin_cells(row) -> list[str]:
+    label, a, per, env, d = row
+    cells = [label, _short_iv(a), *(_short_iv(x) for x in per)]
+    if len(per) > 1:
+        cells.append(_short_iv(env))
+    return cells + [_short_iv(d) if d else "—"]
 
 
 def _short_iv(iv: dict | None) -> str:
@@ -116,11 +160,16 @@ RANDOM_BACKBONE_NOTE = ("The backbone's own weights are random (backbone.pretrai
 
 
 def _twin_caption(results: Mapping) -> str:
-    tw = (results.get("run") or {}).get("random_twin") or {}
-    seed = f" (seed {tw['seed']})" if "seed" in tw else ""
-    return (f"The same probe, folds and rows on the random-weight twin{seed}: the same architecture and config "
-            "with the architecture's own random initialisation. Check 6 needs every control's paired CI of "
-            "E3 − twin E3 above 0 (docs/estimands.md).")
+    seeds = [str(s) for s in (results.get("random_twin") or {}).get("seeds") or []]
+    n = len(seeds)
+    which = (f"{n} random-weight twins (seeds {', '.join(seeds)})" if n > 1
+             else f"the random-weight twin{f' (seed {seeds[0]})' if seeds else ''}")
+    bound = (f" With {n} twins, features no better than random ones would beat all of them with probability "
+             f"at most 1/{n + 1} whatever the CI." if n else "")
+    return (f"The same probe, folds and rows on {which}: the same architecture and config with the "
+            "architecture's own random initialisation. Check 6 needs every control's paired CI of "
+            f"E3 − {'max over twin seeds (per bootstrap draw)' if n > 1 else 'twin'} E3 above 0, i.e. the "
+            f"trained backbone beats every twin seed (docs/estimands.md).{bound}")
 
 
 _TEXT_SURFACES = ("i_dom", "i_tool")
@@ -215,6 +264,10 @@ def render_report(results: dict, figures: Mapping[str, str] | None = None) -> st
         if cl:
             lines += [f"Test trajectories contributing rows to both sides of each estimand "
                       f"(min_clusters {v.get('min_clusters')}):", ""] + [f"- {x}" for x in cl] + [""]
+    if r.get("split_spread"):
+        from ipi.evaluation.spread import spread_lines
+
+        lines += spread_lines(r["split_spread"])
     marks = reportability_of(r)
     lines += ["## Estimands (PROTOCOL.md §5)", ""]
     note = _not_reportable_note(marks, r)
@@ -229,11 +282,16 @@ def render_report(results: dict, figures: Mapping[str, str] | None = None) -> st
     lines.append("")
     trows = twin_rows(r)
     if trows:
+        head, dhead = _twin_headers(r)
         lines += ["## Trained vs random-weight twin (check 6)", "", _twin_caption(r), "",
-                  "| estimand | trained [95% CI] | random twin [95% CI] | trained − twin, paired [95% CI] |",
-                  "|---|---|---|---|"]
-        lines += [f"| {label} | {_short_iv(a)} | {_short_iv(b)} | {_short_iv(d) if d else '—'} |"
-                  for label, a, b, d in trows]
+                  "| " + " | ".join(h if i == 0 else f"{h} [95% CI]" for i, h in enumerate(head)) + " |",
+                  "|---" * len(head) + "|"]
+        lines += ["| " + " | ".join(_twin_cells(row)) + " |" for row in trows]
+        drows = twin_difference_rows(r)
+        if len(dhead) > 2:  # several seeds: each seed's own paired difference too
+            lines += ["", "| " + " | ".join(h if i == 0 else f"{h} [95% CI]" for i, h in enumerate(dhead)) + " |",
+                      "|---" * len(dhead) + "|"]
+            lines += ["| " + " | ".join([label, *(_short_iv(x) for x in ivs)]) + " |" for label, ivs in drows]
         if ((r.get("run") or {}).get("random_twin") or {}).get("backbone_pretrained") is False:
             lines += ["", RANDOM_BACKBONE_NOTE]
         lines.append("")
@@ -277,7 +335,7 @@ h1{font-size:1.6em;margin-bottom:.2em}h2{border-bottom:1px solid #ddd;padding-bo
 .claim.none{background:#fde7e7;border:1px solid #e07b7b}
 table{border-collapse:collapse;margin:.5em 0;font-size:.92em}td,th{border:1px solid #ccc;padding:.3em .6em;text-align:left}
 th{background:#f3f3f3}td.num{text-align:right;font-variant-numeric:tabular-nums}
-.PASS{color:#1b7a1b;font-weight:600}.FAIL{color:#b21f1f;font-weight:600}.INCONCLUSIVE{color:#a86b00;font-weight:600}.NOT.RUN,.NOTRUN{color:#777;font-weight:600}
+.PASS{color:#1b7a1b;font-weight:600}.FAIL{color:#b21f1f;font-weight:600}.INCONCLUSIVE{color:#a86b00;font-weight:600}.NOT.RUN,.NOTRUN{color:#777;font-weight:600;white-space:nowrap}
 figure{margin:1em 0}figure img{max-width:100%;border:1px solid #ddd}figcaption{font-size:.9em;color:#555}
 pre{background:#f6f8fa;padding:.8em;overflow:auto;font-size:.85em;border-radius:4px}
 .muted{color:#666;font-size:.9em}
@@ -365,6 +423,17 @@ def render_html(results: Mapping, figures: Mapping[str, str | Path] | None = Non
             out.append(f"<details><summary>Test trajectories contributing rows to both sides of each estimand "
                        f"(min_clusters {_h(v.get('min_clusters'))})</summary><ul>"
                        + "".join(f"<li>{_h(x)}</li>" for x in cl) + "</ul></details>")
+    sp = r.get("split_spread")
+    if sp:
+        out += [f"<h2>Split spread ({sp['n_splits']} splits; pre-registered seed {sp['preregistered_seed']})</h2>",
+                "<p>The verdict above is the pre-registered split's. Re-rolled splits "
+                f"(seeds {_h(', '.join(map(str, sp['seeds'])))}):</p>",
+                "<table><tr><th>estimand</th><th>min</th><th>median</th><th>max</th></tr>"]
+        for k, d in sp["estimands"].items():
+            out.append(f"<tr><td>{_h(k)}</td>" + "".join(f"<td>{_num(d[x])}</td>" for x in ("min", "median", "max"))
+                       + "</tr>")
+        out.append("</table><ul>" + "".join(f"<li>splits licensing &quot;{_h(c)}&quot;: {k}/{sp['n_splits']}</li>"
+                                            for c, k in sp["claims"].items()) + "</ul>")
     bs = r.get("bootstrap") or {}
     level = bs.get("level", 0.95)
     marks = reportability_of(r)
@@ -387,14 +456,22 @@ def render_html(results: Mapping, figures: Mapping[str, str | Path] | None = Non
     out.append("</table>")
     trows = twin_rows(r)
     if trows:
+        head, dhead = _twin_headers(r)
         out += ["<h2>Trained vs random-weight twin (check 6)</h2>", f"<p>{_h(_twin_caption(r))}</p>",
-                ("<table><tr><th>estimand</th><th>trained [CI]</th><th>random twin [CI]</th>"
-                 "<th>trained − twin, paired [CI]</th></tr>")]
-        for label, a, b, d in trows:
-            out.append(f'<tr><td>{_h(label)}</td><td class="num">{_h(_short_iv(a))}</td>'
-                       f'<td class="num">{_h(_short_iv(b))}</td>'
-                       f'<td class="num">{_h(_short_iv(d) if d else "—")}</td></tr>')
+                "<table><tr>" + "".join(f"<th>{_h(h if i == 0 else h + ' [CI]')}</th>" for i, h in enumerate(head))
+                + "</tr>"]
+        for row in trows:
+            cells = _twin_cells(row)
+            out.append(f"<tr><td>{_h(cells[0])}</td>" + "".join(f'<td class="num">{_h(c)}</td>' for c in cells[1:])
+                       + "</tr>")
         out.append("</table>")
+        if len(dhead) > 2:
+            out.append("<table><tr>" + "".join(f"<th>{_h(h if i == 0 else h + ' [CI]')}</th>"
+                                               for i, h in enumerate(dhead)) + "</tr>")
+            for label, ivs in twin_difference_rows(r):
+                out.append(f"<tr><td>{_h(label)}</td>" + "".join(f'<td class="num">{_h(_short_iv(x))}</td>'
+                                                                  for x in ivs) + "</tr>")
+            out.append("</table>")
         if ((r.get("run") or {}).get("random_twin") or {}).get("backbone_pretrained") is False:
             out.append(f"<p><b>{_h(RANDOM_BACKBONE_NOTE)}</b></p>")
     if bs:

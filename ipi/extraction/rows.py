@@ -10,6 +10,7 @@ from functools import lru_cache
 from ipi.data.schema import Step, Trajectory
 from ipi.replay import PromptParts
 from ipi.surfaces.variants import Variant, make_variants
+from ipi.surfaces.wording import WordingPlan
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,7 @@ def build_rows(
     *,
     n_attacks: int = 1,
     count_tokens: Callable[[str], int] | None = None,
+    wording: WordingPlan | None = None,
 ) -> list[ReplayRow]:
     """Expand trajectories into replay rows for one surface.
 
@@ -92,6 +94,9 @@ def build_rows(
         controls: Controls to build (must apply to the surface).
         n_attacks: Attack rows per step.
         count_tokens: Token counter for text-surface controls (matched token count).
+        wording: Held-out wording plan (:func:`ipi.surfaces.wording.wording_plan`): each
+            trajectory's attack and imperative texts come from its own family only. None: every
+            row draws from the whole bank.
 
     Returns:
         Rows in (trajectory, step, variant) order.
@@ -99,8 +104,9 @@ def build_rows(
     rows = []
     for t in trajectories:
         for s in t.steps:
+            fam = wording.family(t.trajectory_id) if wording is not None else None
             for v in make_variants(t.trajectory_id, s, surface, controls, n_attacks=n_attacks,
-                                   count_tokens=count_tokens):
+                                   count_tokens=count_tokens, wording=fam):
                 rid = f"{t.trajectory_id}|{s.step}|{surface}|{v.variant}|{v.attack_index}"
                 rows.append(ReplayRow(rid, t.trajectory_id, t.task, t.horizon, s, v))
     ids = [r.row_id for r in rows]

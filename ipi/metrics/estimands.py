@@ -50,7 +50,11 @@ __all__ = [
     "Draws",
     "EstimandSet",
     "Interval",
+    "INTERVALS",
+    "bca_interval",
+    "bootstrap_p",
     "draw_multiplicities",
+    "make_interval",
     "estimands",
     "evaluate_tables",
     "is_control",
@@ -69,7 +73,7 @@ REQUIRED_COLUMNS = ("trajectory_id", "step", "variant", "score")
 #: name may not take.
 RESERVED_KEYS = frozenset(
     {"e1", "e2", "e3", "differences", "bootstrap", "counts", "verdict", "source", "baselines",
-     "permutation", "random_twin"}
+     "permutation", "p_values", "random_twin"}
 )
 
 
@@ -311,6 +315,88 @@ def percentile_interval(estimate: float, replicates, level: float = 0.95) -> Int
     return Interval(float(estimate), float(low), float(high), int(kept.size))
 
 
+INTERVALS = ("percentile", "bca")
+"""Interval methods of :func:`estimands` (``evaluation.interval``; docs/estimands.md)."""
+
+
+def bca_interval(estimate: float, replicates, jackknife, level: float = 0.95) -> Interval:
+    """Bias-corrected and accelerated (BCa) bootstrap interval (Efron 1987; DiCiccio & Efron 1996).
+
+    ``z0 = Φ⁻¹((#{θ* < θ̂} + ½ #{θ* = θ̂}) / B)`` (ties count half: AUC replicates are discrete),
+    acceleration ``a = Σ (θ̄ − θ₍ᵢ₎)³ / (6 [Σ (θ̄ − θ₍ᵢ₎)²]^{3/2})`` from the leave-one-cluster-out
+    (jackknife) values ``θ₍ᵢ₎`` (one per test trajectory; undefined ones dropped), and bounds the
+    ``Φ(z0 + (z0 + z_q)/(1 − a(z0 + z_q)))`` quantiles of the replicates for
+    ``q = (1 ∓ level)/2``. Falls back to the percentile interval when ``z0`` is infinite (every
+    replicate on one side of the estimate) or fewer than 3 jackknife values are defined.
+
+    Args:
+        estimate: Point estimate.
+        replicates: Bootstrap replicates ``[B]`` (``nan`` = dropped).
+        jackknife: Leave-one-cluster-out estimates ``[T]`` (``nan`` = undefined).
+        level: Coverage.
+
+    Returns:
+        The :class:`Interval`.
+    """
+    from scipy.special import ndtr, ndtri
+
+    level = _check_level(level)
+    reps = np.asarray(replicates, dtype=np.float64).reshape(-1)
+    kept = reps[np.isfinite(reps)]
+    jack = np.asarray(jackknife, dtype=np.float64).reshape(-1)
+    jack = jack[np.isfinite(jack)]
+    if kept.size == 0 or not math.isfinite(float(estimate)):
+        return percentile_interval(estimate, reps, level)
+    frac = (np.sum(kept < estimate) + 0.5 * np.sum(kept == estimate)) / kept.size
+    z0 = float(ndtri(frac))
+    if not math.isfinite(z0) or jack.size < 3:
+        return percentile_interval(estimate, reps, level)
+    d = jack.mean() - jack
+    ss = float(np.sum(d**2))
+    a = float(np.sum(d**3)) / (6.0 * ss**1.5) if ss > 0 else 0.0
+    alpha = 1.0 - level
+    qs = []
+    for z in (ndtri(alpha / 2.0), ndtri(1.0 - alpha / 2.0)):
+        qs.append(float(ndtr(z0 + (z0 + z) / (1.0 - a * (z0 + z)))))
+    low, high = np.quantile(kept, qs)
+    return Interval(float(estimate), float(low), float(high), int(kept.size))
+
+
+def bootstrap_p(replicates, null: float) -> float | None:
+    """One-sided bootstrap p-value of ``H0: θ <= null`` against ``θ > null``.
+
+    The achieved significance level of the percentile bootstrap (Efron & Tibshirani 1993,
+    §16.4): the fraction of kept replicates ``<= null``. A check "CI low > null" of a two-sided
+    percentile interval at ``level`` is (up to quantile interpolation) the test ``p < (1 −
+    level)/2``; ``ipi.sweep_report`` applies Holm's procedure to these p-values.
+
+    Args:
+        replicates: Bootstrap replicates ``[B]`` (``nan`` = dropped).
+        null: The null boundary (0.5 for an AUC, 0 for a difference).
+
+    Returns:
+        The p-value, or None when no replicate was kept.
+    """
+    reps = np.asarray(replicates, dtype=np.float64).reshape(-1)
+    kept = reps[np.isfinite(reps)]
+    return float(np.mean(kept <= null)) if kept.size else None
+
+
+def make_interval(method: str, estimate: float, replicates, jackknife=None, level: float = 0.95) -> Interval:
+    """The interval of ``method`` (``"percentile"`` or ``"bca"``; see :data:`INTERVALS`).
+
+    Raises:
+        ValueError: Unknown method, or ``bca`` without jackknife values.
+    """
+    if method == "percentile":
+        return percentile_interval(estimate, replicates, level)
+    if method == "bca":
+        if jackknife is None:
+            raise ValueError("interval=bca needs the jackknife values")
+        return bca_interval(estimate, replicates, jackknife, level)
+    raise ValueError(f"interval {method!r} unknown; expected one of {', '.join(INTERVALS)}")
+
+
 def paired_difference(
     estimate_a: float,
     replicates_a,
@@ -318,6 +404,9 @@ def paired_difference(
     replicates_b,
     *,
     level: float = 0.95,
+    interval: str = "percentile",
+    jackknife_a=None,
+    jackknife_b=None,
 ) -> tuple[Interval, np.ndarray]:
     """Paired bootstrap interval of ``A − B`` on shared replicates (PROTOCOL.md §5).
 
@@ -331,6 +420,10 @@ def paired_difference(
         estimate_b: Point estimate of ``B``.
         replicates_b: Replicates of ``B``, shape ``[B]`` (same draws as ``A``).
         level: Coverage of the interval.
+        interval: ``"percentile"`` or ``"bca"`` (then ``jackknife_a``/``jackknife_b``, the
+            leave-one-cluster-out values ``[T]`` on the same clusters, are required).
+        jackknife_a: Jackknife values of ``A`` (``bca`` only).
+        jackknife_b: Jackknife values of ``B`` (``bca`` only).
 
     Returns:
         ``(interval, difference_replicates)``; the replicates are ``nan`` where dropped.
@@ -345,7 +438,12 @@ def paired_difference(
             f"paired replicates must come from the same draws: shapes {ra.shape} vs {rb.shape}"
         )
     diff = ra - rb  # nan wherever either side is undefined
-    return percentile_interval(float(estimate_a) - float(estimate_b), diff, level), diff
+    jack = None
+    if interval == "bca":
+        if jackknife_a is None or jackknife_b is None:
+            raise ValueError("interval=bca needs the jackknife values of both sides")
+        jack = np.asarray(jackknife_a, dtype=np.float64) - np.asarray(jackknife_b, dtype=np.float64)
+    return make_interval(interval, float(estimate_a) - float(estimate_b), diff, jack, level), diff
 
 
 def draw_multiplicities(trajectory_ids: Sequence[str], n_boot: int, seed: int) -> np.ndarray:
@@ -479,6 +577,9 @@ class EstimandSet(Mapping):
             (``nan`` = dropped), for paired differences with other tables on the same draws.
         draws: The draws used.
         level: Interval coverage.
+        jackknife: Leave-one-cluster-out values ``{"e1": [T], "e2": [T], "e3": {c: [T]}}``
+            (``interval="bca"`` only; None otherwise).
+        interval: The interval method.
         contributors: The test trajectories contributing rows to **both** sides of each
             estimand (PROTOCOL.md §7.0): ``{"e1": {ids}, "e2": {ids}, "e3": {control: {ids}}}``
             — E1: trajectories with an attack and a clean row; E2: trajectories with a step
@@ -491,6 +592,8 @@ class EstimandSet(Mapping):
     replicates: dict = field(repr=False)
     draws: Draws = field(repr=False)
     level: float = 0.95
+    jackknife: dict | None = field(default=None, repr=False)
+    interval: str = "percentile"
     contributors: dict = field(default_factory=dict, repr=False)
 
     def cluster_counts(self) -> dict:
@@ -535,11 +638,16 @@ def _auc_with_replicates(
     negative: np.ndarray,
     m: np.ndarray,
     level: float,
-) -> tuple[Interval, np.ndarray]:
+    interval: str = "percentile",
+    n_boot: int | None = None,
+) -> tuple[Interval, np.ndarray, np.ndarray | None]:
+    # m holds the B bootstrap rows, then (interval="bca") T jackknife rows.
     estimate = weighted_auc(f[positive], f[negative], w[positive], w[negative])
     rows = positive | negative
     reps = bootstrap_weighted_auc(f[rows], positive[rows], w[rows], m, clusters=col[rows])
-    return percentile_interval(estimate, reps, level), reps
+    b = m.shape[0] if n_boot is None else n_boot
+    reps, jack = reps[:b], (reps[b:] if interval == "bca" else None)
+    return make_interval(interval, estimate, reps, jack, level), reps, jack
 
 
 def estimands(
@@ -549,6 +657,7 @@ def estimands(
     seed: int = 0,
     level: float = 0.95,
     draws: Draws | None = None,
+    interval: str = "percentile",
 ) -> EstimandSet:
     """E1, E2 and E3[c] of a score table with cluster-bootstrap intervals (PROTOCOL.md §5).
 
@@ -570,6 +679,9 @@ def estimands(
         draws: Shared draws (from :func:`make_draws`) to pair this table with others; every
             trajectory of the table must be one of its clusters. Default: fresh draws over the
             table's own trajectories.
+        interval: ``"percentile"`` (PROTOCOL.md §5, the default) or ``"bca"`` (bias-corrected
+            and accelerated, acceleration from the leave-one-trajectory-out jackknife, computed
+            with the same vectorised code as the replicates; :func:`bca_interval`).
 
     Returns:
         An :class:`EstimandSet` (intervals plus the raw replicate arrays in ``.replicates``).
@@ -579,11 +691,16 @@ def estimands(
             trajectory missing from ``draws``.
     """
     level = _check_level(level)
+    if interval not in INTERVALS:
+        raise ValueError(f"interval {interval!r} unknown; expected one of {', '.join(INTERVALS)}")
     t = validate_table(table)
     if draws is None:
         draws = make_draws(t["trajectory_id"], n_boot=n_boot, seed=seed)
     col = draws.columns(t["trajectory_id"])
     m = np.asarray(draws.multiplicity, dtype=np.float64)
+    nb = m.shape[0]
+    if interval == "bca":  # append the T leave-one-cluster-out rows: jackknife values, same code path
+        m = np.vstack([m, 1.0 - np.eye(draws.n_clusters)])
     f = t["score"].to_numpy(dtype=np.float64)
     w = step_weights(t)
     variant = t["variant"].to_numpy(dtype=object)
@@ -595,8 +712,10 @@ def estimands(
     is_clean = variant == CLEAN
 
     replicates: dict = {}
+    jackknife: dict = {"e3": {}}
     # E1: pooled over all attack and clean rows.
-    e1, replicates["e1"] = _auc_with_replicates(f, w, col, is_attack, is_clean, m, level)
+    e1, replicates["e1"], jackknife["e1"] = _auc_with_replicates(f, w, col, is_attack, is_clean, m, level,
+                                                                 interval, nb)
 
     # E2: within-step AUCs (fixed under the cluster bootstrap), averaged per replicate with the
     # trajectories' multiplicities as weights.
@@ -612,11 +731,11 @@ def estimands(
     n_steps = np.bincount(step_col[defined], minlength=draws.n_clusters).astype(np.float64)
     numer = m @ auc_sum
     denom = m @ n_steps
-    e2_reps = np.full(draws.n_boot, np.nan)
+    e2_reps = np.full(m.shape[0], np.nan)
     ok = denom > 0
     e2_reps[ok] = numer[ok] / denom[ok]
-    replicates["e2"] = e2_reps
-    e2 = percentile_interval(e2_estimate, e2_reps, level)
+    replicates["e2"], jackknife["e2"] = e2_reps[:nb], (e2_reps[nb:] if interval == "bca" else None)
+    e2 = make_interval(interval, e2_estimate, replicates["e2"], jackknife["e2"], level)
 
     # E3[c]: attack vs control c over the steps having both.
     e3: dict[str, Interval] = {}
@@ -634,12 +753,126 @@ def estimands(
                           "e3": {}}
     for control in sorted({v for v in variant if is_control(v)}):
         both = _both_mask(step_key, variant, ATTACK, control)
-        e3[control], replicates["e3"][control] = _auc_with_replicates(
-            f, w, col, is_attack & both, (variant == control) & both, m, level
+        e3[control], replicates["e3"][control], jackknife["e3"][control] = _auc_with_replicates(
+            f, w, col, is_attack & both, (variant == control) & both, m, level, interval, nb
         )
         contributors["e3"][control] = having_both(is_attack & both, (variant == control) & both)
     return EstimandSet(e1=e1, e2=e2, e3=e3, replicates=replicates, draws=draws, level=level,
+                       jackknife=jackknife if interval == "bca" else None, interval=interval,
                        contributors=contributors)
+
+
+def _twin_tables(twins) -> dict[str, pd.DataFrame]:
+    """``{str(seed): validated table}`` of the random-weight twins (empty for None)."""
+    if twins is None:
+        return {}
+    if isinstance(twins, pd.DataFrame) or not isinstance(twins, Mapping):
+        raise TypeError("twins must be a mapping {twin seed: score table} (one table per twin seed)")
+    out = {}
+    for seed, tbl in twins.items():
+        if str(seed) in out:
+            raise ValueError(f"twin seed {seed!r} given twice")
+        out[str(seed)] = validate_table(tbl, f"random-twin (seed {seed}) score table")
+    return out
+
+
+def _envelope(sets: Sequence[EstimandSet], get, interval: str, level: float):
+    """Interval, replicates and jackknife of ``max over twins`` of one estimand on shared draws.
+
+    Per bootstrap draw (and per jackknife value) the maximum over the twins' values of that
+    draw; a draw where any twin's value is undefined is dropped (``nan``). The point estimate
+    is the maximum of the twins' estimates.
+    """
+    est = max(float(get(s, "iv").estimate) for s in sets)
+    reps = np.max(np.stack([np.asarray(get(s, "rep"), dtype=np.float64) for s in sets]), axis=0)
+    jack = None
+    if interval == "bca":
+        jack = np.max(np.stack([np.asarray(get(s, "jack"), dtype=np.float64) for s in sets]), axis=0)
+    return make_interval(interval, est, reps, jack, level), reps, jack
+
+
+def _twin_envelope(res: EstimandSet, twins: Mapping[str, pd.DataFrame], *, draws: Draws, level: float,
+                   interval: str, differences: dict, diff_clusters: dict, p_values: dict) -> tuple[dict, dict]:
+    """The random-weight twins' estimands, their envelope and the paired differences (check 6).
+
+    For each twin seed ``s``: ``E1_s, E2_s, E3_s[c]`` on the shared draws, and the paired
+    differences ``E1 − E1_s``, ``E3[c] − E3_s[c]``. The **envelope** ``max_s`` is taken per
+    draw, so the interval of ``E3[c] − max_s E3_s[c]`` has its lower bound above 0 exactly when
+    the trained probe beats every twin seed on (at least) the upper ``(1+level)/2`` share of the
+    draws (docs/estimands.md, check 6). Fills ``differences``, ``diff_clusters`` and
+    ``p_values`` (``e3_minus_twin_e3``: one-sided p of the envelope difference ``<= 0``).
+
+    Returns:
+        ``(random_twin, clusters)``: the envelope's ``{"e1", "e2", "e3"}`` plus ``"seeds"`` and
+        ``"by_seed"``; trajectory counts contributing to every seed's estimand (§7.0).
+    """
+    sets = {seed: estimands(tbl, level=level, draws=draws, interval=interval) for seed, tbl in twins.items()}
+    ts = list(sets.values())
+    jk = res.jackknife or {"e1": None, "e2": None, "e3": {}}
+
+    def side(name, control=None):
+        def get(s: EstimandSet, what: str):
+            if what == "iv":
+                return s.e3[control] if control else getattr(s, name)
+            if what == "rep":
+                return s.replicates["e3"][control] if control else s.replicates[name]
+            return (s.jackknife["e3"][control] if control else s.jackknife[name])
+        return get
+
+    env: dict = {}
+    env_rep: dict = {"e3": {}}
+    env_jack: dict = {"e3": {}}
+    for name in ("e1", "e2"):
+        iv, env_rep[name], env_jack[name] = _envelope(ts, side(name), interval, level)
+        env[name] = iv.to_dict()
+    controls = [c for c in res.e3 if all(c in s.e3 for s in ts)]
+    env["e3"] = {}
+    for c in controls:
+        iv, env_rep["e3"][c], env_jack["e3"][c] = _envelope(ts, side("e3", c), interval, level)
+        env["e3"][c] = iv.to_dict()
+
+    def both(a: set, sides: list[set]) -> int:
+        out = set(a)
+        for x in sides:
+            out &= x
+        return len(out)
+
+    def pair(est_a, rep_a, jack_a, est_b, rep_b, jack_b):
+        return paired_difference(est_a, rep_a, est_b, rep_b, level=level, interval=interval,
+                                 jackknife_a=jack_a, jackknife_b=jack_b)
+
+    iv, _ = pair(res.e1.estimate, res.replicates["e1"], jk["e1"], env["e1"]["estimate"], env_rep["e1"],
+                 env_jack["e1"])
+    differences["e1_minus_twin_e1"] = iv.to_dict()
+    diff_clusters["e1_minus_twin_e1"] = both(res.contributors["e1"], [s.contributors["e1"] for s in ts])
+    differences["e3_minus_twin_e3"], diff_clusters["e3_minus_twin_e3"] = {}, {}
+    p_values["e3_minus_twin_e3"] = {}
+    for c in controls:
+        iv, diff = pair(res.e3[c].estimate, res.replicates["e3"][c], jk["e3"].get(c), env["e3"][c]["estimate"],
+                        env_rep["e3"][c], env_jack["e3"][c])
+        differences["e3_minus_twin_e3"][c] = iv.to_dict()
+        diff_clusters["e3_minus_twin_e3"][c] = both(res.contributors["e3"][c], [s.contributors["e3"][c] for s in ts])
+        p_values["e3_minus_twin_e3"][c] = bootstrap_p(diff, 0.0)
+    by_seed_e1, by_seed_e3, cl_e1, cl_e3 = {}, {}, {}, {}
+    for seed, s in sets.items():
+        iv, _ = pair(res.e1.estimate, res.replicates["e1"], jk["e1"], s.e1.estimate, s.replicates["e1"],
+                     (s.jackknife or {}).get("e1"))
+        by_seed_e1[seed] = iv.to_dict()
+        cl_e1[seed] = both(res.contributors["e1"], [s.contributors["e1"]])
+        by_seed_e3[seed], cl_e3[seed] = {}, {}
+        for c in controls:
+            iv, _ = pair(res.e3[c].estimate, res.replicates["e3"][c], jk["e3"].get(c), s.e3[c].estimate,
+                         s.replicates["e3"][c], ((s.jackknife or {}).get("e3") or {}).get(c))
+            by_seed_e3[seed][c] = iv.to_dict()
+            cl_e3[seed][c] = both(res.contributors["e3"][c], [s.contributors["e3"][c]])
+    differences["e1_minus_twin_e1_by_seed"], diff_clusters["e1_minus_twin_e1_by_seed"] = by_seed_e1, cl_e1
+    differences["e3_minus_twin_e3_by_seed"], diff_clusters["e3_minus_twin_e3_by_seed"] = by_seed_e3, cl_e3
+    clusters = {"e1": both(set(draws.trajectory_ids), [s.contributors["e1"] for s in ts]),
+                "e2": both(set(draws.trajectory_ids), [s.contributors["e2"] for s in ts]),
+                "e3": {c: both(set(draws.trajectory_ids), [s.contributors["e3"][c] for s in ts]) for c in controls},
+                "by_seed": {seed: s.cluster_counts() for seed, s in sets.items()}}
+    out = {**env, "seeds": list(sets), "by_seed": {seed: s.to_dict() for seed, s in sets.items()}}
+    return out, clusters
 
 
 def evaluate_tables(
@@ -649,8 +882,9 @@ def evaluate_tables(
     n_boot: int = 1000,
     seed: int = 0,
     level: float = 0.95,
+    interval: str = "percentile",
     permutation: Mapping | None = None,
-    twin: pd.DataFrame | None = None,
+    twins: Mapping[int | str, pd.DataFrame] | None = None,
 ) -> dict:
     """Estimands of the probe and its baselines on shared draws, with paired differences.
 
@@ -665,29 +899,43 @@ def evaluate_tables(
         n_boot: Replicates ``B``.
         seed: Seed of ``numpy.random.default_rng`` for the draws.
         level: Interval coverage.
+        interval: ``"percentile"`` (default, PROTOCOL.md §5) or ``"bca"`` (see :func:`estimands`).
         permutation: Optional exact permutation test of verdict check 4 (PROTOCOL.md §7.4):
             ``{"null_scores": [M, n_main] array aligned with ``main``'s rows, "seed": int,
             "alpha": float (default 0.05)[, "refit_scores": [n_main], "unit": str,
             "design": str]}``; summarised by
             :func:`ipi.metrics.permutation.permutation_summary` against the observed E1.
-        twin: The same probe's score table on the random-weight twin's features (same rows,
-            same folds; :mod:`ipi.twin`), or None. Its E1, E2 and every E3[c] go under
-            ``"random_twin"``, and the paired differences trained − twin of E1 and of each
-            E3[c] under ``"differences"``, all on the shared draws (docs/estimands.md, check 6).
+        twins: The same probe's score tables on the random-weight twins' features, one per
+            twin seed ``{seed: table}`` (same rows, same folds; :mod:`ipi.twin`), or None. Each
+            seed's E1, E2 and E3[c] go under ``"random_twin"["by_seed"][str(seed)]``; the
+            **envelope** (per shared draw, the maximum over seeds) under ``"random_twin"``'s
+            own ``e1``/``e2``/``e3``; the paired differences trained − envelope of E1 and each
+            E3[c] under ``"differences"`` (``e1_minus_twin_e1``, ``e3_minus_twin_e3``) and
+            trained − each seed under ``e1_minus_twin_e1_by_seed`` /
+            ``e3_minus_twin_e3_by_seed``, all on the shared draws (docs/estimands.md, check 6).
 
     Returns:
         JSON-ready dict::
 
             {"e1": {...}, "e2": {...}, "e3": {control: {...}},
              "<baseline>": {"e1": {...}, "e2": {...}, "e3": {control: {...}}},  # per baseline
-             "random_twin": {"e1": {...}, "e2": {...}, "e3": {control: {...}}},  # with twin
+             "random_twin": {"e1": {...}, "e2": {...}, "e3": {control: {...}},  # envelope (max)
+                             "seeds": [seed, ...],                             # with twins
+                             "by_seed": {seed: {"e1": {...}, "e2": {...}, "e3": {control: {...}}}}},
              "differences": {"e1_minus_<baseline>_e1": {...},      # per baseline, e.g. c1
                              "e1_minus_e3": {control: {...}},
-                             "e1_minus_twin_e1": {...},            # with twin
-                             "e3_minus_twin_e3": {control: {...}}},  # with twin
+                             "e1_minus_twin_e1": {...},            # trained − envelope (twins)
+                             "e3_minus_twin_e3": {control: {...}},  # trained − envelope (twins)
+                             "e1_minus_twin_e1_by_seed": {seed: {...}},
+                             "e3_minus_twin_e3_by_seed": {seed: {control: {...}}}},
              "permutation": {...},                                 # only with ``permutation``
              "bootstrap": {"n_boot": B, "seed": seed, "level": level, "n_clusters": T,
-                           "clusters_by_estimand": {...}}}
+                           "clusters_by_estimand": {...}, "interval": interval},
+             "p_values": {"e1": p, "e3": {control: p},            # H0: AUC <= 0.5
+                          "e1_minus_<baseline>_e1": p}}          # H0: difference <= 0
+
+        where each ``p`` is the one-sided bootstrap p-value of :func:`bootstrap_p` (used by
+        ``ipi.sweep_report`` for family-wise control). The key list above continues:
 
         where each ``{...}`` is ``{"estimate", "ci_low", "ci_high", "n_boot_used"}`` with
         Python floats (``None`` for undefined values). ``clusters_by_estimand`` counts, for
@@ -709,25 +957,30 @@ def evaluate_tables(
             )
     main_v = validate_table(main, "main score table")
     base_v = {k: validate_table(v, f"baseline {k!r} score table") for k, v in baselines.items()}
-    twin_v = validate_table(twin, "random-twin score table") if twin is not None else None
+    twin_v = _twin_tables(twins)
     ids = set(main_v["trajectory_id"])
-    for v in (*base_v.values(), *(() if twin_v is None else (twin_v,))):
+    for v in (*base_v.values(), *twin_v.values()):
         ids |= set(v["trajectory_id"])
     draws = make_draws(ids, n_boot=n_boot, seed=seed)
 
-    res = estimands(main_v, level=level, draws=draws)
+    res = estimands(main_v, level=level, draws=draws, interval=interval)
+    jk = res.jackknife or {"e1": None, "e3": {}}
     out: dict = res.to_dict()
     clusters: dict = res.cluster_counts()
     differences: dict = {}
     diff_clusters: dict = {}
+    p_values: dict = {"e1": bootstrap_p(res.replicates["e1"], 0.5),
+                      "e3": {c: bootstrap_p(r, 0.5) for c, r in res.replicates["e3"].items()}}
     for name, tbl in base_v.items():
-        b = estimands(tbl, level=level, draws=draws)
+        b = estimands(tbl, level=level, draws=draws, interval=interval)
         out[name] = b.to_dict()
         clusters[name] = b.cluster_counts()
-        iv, _ = paired_difference(
-            res.e1.estimate, res.replicates["e1"], b.e1.estimate, b.replicates["e1"], level=level
+        iv, diff = paired_difference(
+            res.e1.estimate, res.replicates["e1"], b.e1.estimate, b.replicates["e1"], level=level,
+            interval=interval, jackknife_a=jk["e1"], jackknife_b=(b.jackknife or {}).get("e1"),
         )
         differences[f"e1_minus_{name}_e1"] = iv.to_dict()
+        p_values[f"e1_minus_{name}_e1"] = bootstrap_p(diff, 0.0)
         diff_clusters[f"e1_minus_{name}_e1"] = len(res.contributors["e1"] & b.contributors["e1"])
     differences["e1_minus_e3"] = {}
     diff_clusters["e1_minus_e3"] = {}
@@ -738,27 +991,20 @@ def evaluate_tables(
             e3.estimate,
             res.replicates["e3"][control],
             level=level,
+            interval=interval,
+            jackknife_a=jk["e1"],
+            jackknife_b=jk["e3"].get(control),
         )
         differences["e1_minus_e3"][control] = iv.to_dict()
         diff_clusters["e1_minus_e3"][control] = len(res.contributors["e1"] & res.contributors["e3"][control])
-    if twin_v is not None:
-        tw = estimands(twin_v, level=level, draws=draws)
-        out["random_twin"] = tw.to_dict()
-        clusters["random_twin"] = tw.cluster_counts()
-        iv, _ = paired_difference(res.e1.estimate, res.replicates["e1"], tw.e1.estimate, tw.replicates["e1"],
-                                  level=level)
-        differences["e1_minus_twin_e1"] = iv.to_dict()
-        diff_clusters["e1_minus_twin_e1"] = len(res.contributors["e1"] & tw.contributors["e1"])
-        differences["e3_minus_twin_e3"], diff_clusters["e3_minus_twin_e3"] = {}, {}
-        for control, e3 in res.e3.items():
-            if control not in tw.e3:
-                continue
-            iv, _ = paired_difference(e3.estimate, res.replicates["e3"][control], tw.e3[control].estimate,
-                                      tw.replicates["e3"][control], level=level)
-            differences["e3_minus_twin_e3"][control] = iv.to_dict()
-            diff_clusters["e3_minus_twin_e3"][control] = len(res.contributors["e3"][control]
-                                                             & tw.contributors["e3"][control])
+    if twin_v:
+        twin_out, twin_clusters = _twin_envelope(res, twin_v, draws=draws, level=level, interval=interval,
+                                                 differences=differences, diff_clusters=diff_clusters,
+                                                 p_values=p_values)
+        out["random_twin"] = twin_out
+        clusters["random_twin"] = twin_clusters
     out["differences"] = differences
+    out["p_values"] = p_values
     clusters["differences"] = diff_clusters
     if permutation is not None:
         from ipi.metrics.permutation import permutation_summary
@@ -776,6 +1022,7 @@ def evaluate_tables(
         "seed": int(seed),
         "level": float(level),
         "n_clusters": int(draws.n_clusters),
+        "interval": interval,
         "clusters_by_estimand": clusters,
     }
     return out

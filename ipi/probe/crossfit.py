@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -47,7 +47,63 @@ __all__ = [
     "check_folds",
     "cross_fit",
     "make_folds",
+    "select_l2",
 ]
+
+
+#: Candidate ``C`` values of ``probe.l2=auto`` (``probe.l2_grid`` overrides).
+DEFAULT_L2_GRID = (0.001, 0.01, 0.1, 1.0, 10.0)
+
+
+def select_l2(x: np.ndarray, y: np.ndarray, groups: np.ndarray, grid: Sequence[float], *,
+              n_splits: int = 5, seed: int = 0) -> tuple[float, dict[str, float]]:
+    """Pick the probe's ``C`` by grouped inner cross-validation on training rows only.
+
+    ``GroupKFold`` over the training trajectories (``min(n_splits, #trajectories)`` folds,
+    trajectories shuffled by ``seed``); for every ``C`` the scikit-learn reference model
+    (:func:`~ipi.probe.fit.fit_sklearn_reference`: standardised, L2 logistic, balanced — the
+    objective the Lightning probe minimises) is fitted on the inner training trajectories and
+    scored on the held-out ones; the criterion is the mean inner AUC (attack vs clean). Ties go
+    to the smallest ``C`` (strongest regularisation). No test trajectory is ever seen.
+
+    Args:
+        x: Training features ``[n, d]``.
+        y: Labels ``[n]`` (1 = attack).
+        groups: Trajectory id per row ``[n]``.
+        grid: Candidate ``C`` values (> 0).
+        n_splits: Inner folds.
+        seed: Seed of the trajectory shuffle.
+
+    Returns:
+        ``(best C, {str(C): mean inner AUC})``.
+
+    Raises:
+        ValueError: Empty grid, a non-positive ``C``, or fewer than 2 training trajectories.
+    """
+    from sklearn.metrics import roc_auc_score
+    from sklearn.model_selection import GroupKFold
+
+    grid = [float(c) for c in grid]
+    if not grid or min(grid) <= 0:
+        raise ValueError(f"probe.l2_grid must hold positive values, got {grid}")
+    uniq = np.unique(groups)
+    if len(uniq) < 2:
+        raise ValueError("probe.l2=auto needs at least 2 training trajectories for the inner CV")
+    # shuffle trajectories (GroupKFold is deterministic in group order)
+    relabel = {g: i for i, g in enumerate(np.random.default_rng(seed).permutation(uniq))}
+    g = np.array([relabel[v] for v in groups])
+    splits = list(GroupKFold(n_splits=min(n_splits, len(uniq))).split(x, y, g))
+    scores: dict[str, float] = {}
+    for c in grid:
+        aucs = []
+        for tr, va in splits:
+            if len(np.unique(y[tr])) < 2 or len(np.unique(y[va])) < 2:
+                continue
+            m = fit_sklearn_reference(x[tr], y[tr], l2=c)
+            aucs.append(roc_auc_score(y[va], m.decision_function(x[va])))
+        scores[str(c)] = float(np.mean(aucs)) if aucs else float("nan")
+    best = max(grid, key=lambda c: (np.nan_to_num(scores[str(c)], nan=-1.0), -c))
+    return best, scores
 
 LABELLED = ("clean", "attack")
 SPLIT_KINDS = ("holdout", "kfold")
@@ -241,6 +297,7 @@ def cross_fit(
     fit_fn=fit_probe,
     permutation_m: int = 0,
     permutation_seed: int = 0,
+    l2_grid: Sequence[float] | None = None,
 ) -> CrossFit:
     """Fit the probe and its baselines in every fold; score each fold's test rows (§4–§6).
 
@@ -284,6 +341,9 @@ def cross_fit(
         fit_fn: The probe fitter (``fit_probe``); injectable for tests.
         permutation_m: Refits ``M`` of the exact permutation test (0: not run).
         permutation_seed: Seed of its label permutations.
+        l2_grid: ``probe.l2=auto``: candidate ``C`` values; each fold's probe (and its permuted
+            and transfer refits) uses the one :func:`select_l2` picks by grouped inner CV on
+            that fold's training trajectories only. None: ``probe_cfg.l2`` everywhere.
 
     Returns:
         A :class:`CrossFit`.
@@ -318,6 +378,10 @@ def cross_fit(
         assert_rows_disjoint(tid[fit], tid[is_te])
         fold_of_row[is_te] = k
         y = (variant[fit] == "attack").astype(np.int64)
+        cv = None
+        if l2_grid is not None:
+            best, cv = select_l2(x[fit], y, tid[fit], l2_grid, seed=k)
+            probe_cfg = replace(probe_cfg or ProbeConfig(), l2=best)
         probe = fit_fn(x[fit], y, probe_cfg, logger=logger if kind == "holdout" else None,
                        default_root_dir=default_root_dir)
         probes.append(probe)
@@ -332,6 +396,9 @@ def cross_fit(
             base_scores["permuted"][is_te] = score(perm, x[is_te])
         info = {"fold": k, "trajectories_train": len(train_ids), "trajectories_test": len(test_ids),
                 "rows_train_labelled": int(fit.sum()), "rows_test": int(is_te.sum())}
+        if cv is not None:
+            info["l2"] = probe_cfg.l2
+            info["l2_inner_cv_auc"] = cv
         if transfer is not None:
             src = np.isin(transfer.trajectory_id, list(train_ids))
             assert_rows_disjoint(transfer.trajectory_id[src], tid[is_te])
@@ -345,7 +412,8 @@ def cross_fit(
         raise LeakageError(f"kfold: {n - len(test_index)} rows were scored by no fold")
     null_scores, permutation = None, None
     if int(permutation_m) > 0:
-        c = (probe_cfg or ProbeConfig()).l2
+        # each fold's own C (probe.l2=auto picks one per fold)
+        c = [p.get("l2", (probe_cfg or ProbeConfig()).l2) for p in per_fold]
         null_scores, permutation = _permutation_refits(
             meta, x, folds, labelled, test_index, int(permutation_m), int(permutation_seed), c)
     baselines = {}
@@ -360,7 +428,7 @@ def cross_fit(
 
 
 def _permutation_refits(meta: pd.DataFrame, x: np.ndarray, folds, labelled: np.ndarray,
-                        test_index: np.ndarray, m: int, seed: int, c: float) -> tuple[np.ndarray, dict]:
+                        test_index: np.ndarray, m: int, seed: int, c) -> tuple[np.ndarray, dict]:
     """The M permuted-label refits of every fold (see :func:`cross_fit`); scores ``[M, n_test]``."""
     t0 = time.perf_counter()
     tid = meta["trajectory_id"].astype(str).to_numpy()
@@ -371,21 +439,22 @@ def _permutation_refits(meta: pd.DataFrame, x: np.ndarray, folds, labelled: np.n
     pos_in_test = np.full(len(meta), -1, dtype=np.int64)
     pos_in_test[test_index] = np.arange(len(test_index))
     designs = []
+    c_of = list(c) if isinstance(c, (list, tuple)) else [c] * len(folds)
     for train_ids, test_ids in folds:
         fit = lab_idx[np.isin(tid[lab_idx], list(train_ids))]
         te = lab_idx[np.isin(tid[lab_idx], list(test_ids))]
         assert_rows_disjoint(tid[fit], tid[te])
         design = ReducedDesign.build(x[fit], x[te])
-        designs.append((np.searchsorted(lab_idx, fit), pos_in_test[te], design))
+        designs.append((np.searchsorted(lab_idx, fit), pos_in_test[te], design, c_of[len(designs)]))
     refit = np.full(len(test_index), np.nan)
     null = np.full((m, len(test_index)), np.nan)
-    for sel, cols, design in designs:
+    for sel, cols, design, c in designs:
         theta = fit_reduced(design.phi, y_lab[sel], C=c)
         refit[cols] = design.phi_test @ theta[:-1] + theta[-1]
     rng = np.random.default_rng(seed)
     for j in range(m):
         y_perm = permute_within(groups, y_lab, rng)
-        for sel, cols, design in designs:
+        for sel, cols, design, c in designs:
             theta = fit_reduced(design.phi, y_perm[sel], C=c)
             null[j, cols] = design.phi_test @ theta[:-1] + theta[-1]
     info = {
@@ -394,7 +463,7 @@ def _permutation_refits(meta: pd.DataFrame, x: np.ndarray, folds, labelled: np.n
         "unit": "attack/clean labels permuted within each training (trajectory, step)",
         "design": ", ".join(f"fold {k}: {'dual' if d.dual else 'primal'} rank {d.rank} "
                             f"({d.phi.shape[0]} training rows, {d.n_features} features)"
-                            for k, (_, _, d) in enumerate(designs)),
+                            for k, (_, _, d, _) in enumerate(designs)),
         "seconds": round(time.perf_counter() - t0, 3),
     }
     return null, info

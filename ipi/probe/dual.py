@@ -36,7 +36,7 @@ def standardisation(x: np.ndarray, chunk_rows: int = 1024) -> tuple[np.ndarray, 
     """Mean and scale of training rows exactly as the probe sets them (PROTOCOL.md §4).
 
     ``ddof=0``; a feature indistinguishable from a constant gets scale 1 (scikit-learn's
-    ``StandardScaler`` rule, as :meth:`ipi.probe.module.LinearProbe.set_train_statistics`).
+    ``StandardScaler`` rule); :meth:`ipi.probe.module.LinearProbe.set_train_statistics` calls it.
 
     Args:
         x: Training features ``[n, d]`` (any float dtype).

@@ -26,6 +26,8 @@ from lightning import LightningModule
 from torch import Tensor, nn
 from torchmetrics.classification import BinaryAUROC
 
+from ipi.probe.dual import standardisation
+
 __all__ = ["LinearProbe", "auroc_inputs"]
 
 _DTYPE = torch.float64
@@ -169,20 +171,8 @@ class LinearProbe(LightningModule):
                 f"labels must be in {{0, 1}} with both classes present; got {n_neg} zeros, "
                 f"{n_pos} ones, {n - n_pos - n_neg} other values"
             )
-        total = np.zeros(x_np.shape[1], dtype=np.float64)
-        for s in range(0, n, chunk_rows):
-            total += x_np[s : s + chunk_rows].sum(axis=0, dtype=np.float64)
-        mean = total / n
-        sq = np.zeros_like(mean)
-        for s in range(0, n, chunk_rows):
-            dev = x_np[s : s + chunk_rows].astype(np.float64) - mean
-            sq += np.einsum("ij,ij->j", dev, dev)
-        var = sq / n
         # StandardScaler's rule: a feature indistinguishable from a constant gets scale 1.
-        eps = np.finfo(np.float64).eps
-        constant = var <= n * eps * var + (n * mean * eps) ** 2
-        std = np.sqrt(var)
-        std[constant] = 1.0
+        mean, std = standardisation(x_np, chunk_rows)
         self.mean.copy_(torch.from_numpy(mean))
         self.std.copy_(torch.from_numpy(std))
         self.class_weight.copy_(

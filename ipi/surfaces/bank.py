@@ -148,26 +148,35 @@ def stable_int(*parts: object) -> int:
     return int(hashlib.sha256(key.encode("utf-8")).hexdigest(), 16)
 
 
-def attack_text(trajectory_id: str, step: int, k: int = 0) -> tuple[str, dict]:
+def attack_text(trajectory_id: str, step: int, k: int = 0, *, templates=None,
+                goals=None) -> tuple[str, dict]:
     """Choose the attack text of one (trajectory, step, k) deterministically.
 
-    The template index is ``(h0 + k) % len(ATTACK_TEMPLATES)`` with ``h0`` the stable hash of
+    The template index is ``T[(h0 + k) % len(T)]`` with ``T`` the allowed template indices
+    (default: all of :data:`ATTACK_TEMPLATES`) and ``h0`` the stable hash of
     ``(trajectory_id, step)``, so the ``k = 0, 1, ...`` attacks of one step use distinct templates
-    (for up to 24 attacks). The goal index is the stable hash of ``(trajectory_id, step, k)``
-    modulo the number of goals in :data:`ATTACK_GOAL_LIST`.
+    (for up to ``len(T)`` attacks). The goal index is ``G[h % len(G)]`` with ``h`` the stable
+    hash of ``(trajectory_id, step, k)`` and ``G`` the allowed goal indices (default: all of
+    :data:`ATTACK_GOAL_LIST`). With the defaults the choice is the same as without families.
 
     Args:
         trajectory_id: Trajectory id (cluster unit).
         step: 0-based step index.
         k: Index of the attack at this step (0 for single-attack runs).
+        templates: Allowed template indices (a held-out wording family), or None for all.
+        goals: Allowed goal indices, or None for all.
 
     Returns:
         ``(text, meta)`` where ``meta = {"template": i, "goal": j, "goal_family": name}``;
         ``i`` indexes :data:`ATTACK_TEMPLATES` and ``j`` indexes :data:`ATTACK_GOAL_LIST`.
     """
+    tpl = range(len(ATTACK_TEMPLATES)) if templates is None else list(templates)
+    gls = range(len(ATTACK_GOAL_LIST)) if goals is None else list(goals)
+    if not tpl or not gls:
+        raise ValueError("attack_text: empty template or goal family")
     h0 = stable_int("attack-template", trajectory_id, step)
-    i = (h0 + k) % len(ATTACK_TEMPLATES)
-    j = stable_int("attack-goal", trajectory_id, step, k) % len(ATTACK_GOAL_LIST)
+    i = tpl[(h0 + k) % len(tpl)]
+    j = gls[stable_int("attack-goal", trajectory_id, step, k) % len(gls)]
     family, goal = ATTACK_GOAL_LIST[j]
     text = ATTACK_TEMPLATES[i].format(goal=goal)
     return text, {"template": i, "goal": j, "goal_family": family}

@@ -77,13 +77,16 @@ def _filler(m: int) -> str:
     return _FILLER[first] + " " + _filler(m - first - 1)
 
 
-def _imperative_stream(seed_key: str, min_len: int) -> str:
-    """Shuffled rounds of BENIGN_IMPERATIVES joined by spaces, at least ``min_len`` long."""
+def _imperative_stream(seed_key: str, min_len: int, bank=None) -> str:
+    """Shuffled rounds of ``bank`` (default BENIGN_IMPERATIVES) joined by spaces, >= ``min_len`` long."""
+    bank = BENIGN_IMPERATIVES if bank is None else tuple(bank)
+    if not bank:
+        raise ValueError("benign imperatives: empty bank")
     rng = _rng(seed_key, "imperative")
     parts: list[str] = []
     total = -1
     while total < min_len:
-        round_ = list(BENIGN_IMPERATIVES)
+        round_ = list(bank)
         rng.shuffle(round_)
         for s in round_:
             parts.append(s)
@@ -91,7 +94,7 @@ def _imperative_stream(seed_key: str, min_len: int) -> str:
     return " ".join(parts)
 
 
-def benign_imperative(target_len: int, seed_key: str) -> str:
+def benign_imperative(target_len: int, seed_key: str, bank=None) -> str:
     """Return benign UI imperatives of exactly ``target_len`` characters.
 
     Rule: the imperatives of :data:`~ipi.surfaces.bank.BENIGN_IMPERATIVES` are shuffled (seeded
@@ -104,6 +107,8 @@ def benign_imperative(target_len: int, seed_key: str) -> str:
     Args:
         target_len: Number of characters wanted (``>= 0``).
         seed_key: Seed (e.g. ``"<trajectory>|<step>|c_imperative"``).
+        bank: Imperatives to draw from (a held-out wording family); default every entry of
+            :data:`~ipi.surfaces.bank.BENIGN_IMPERATIVES` (the same output as before families).
 
     Returns:
         A string with ``len(result) == target_len`` that never ends with a space.
@@ -113,7 +118,7 @@ def benign_imperative(target_len: int, seed_key: str) -> str:
     """
     if target_len < 0:
         raise ValueError(f"target_len must be >= 0, got {target_len}")
-    stream = _imperative_stream(seed_key, target_len + 1)
+    stream = _imperative_stream(seed_key, target_len + 1, bank)
     if target_len < 3 or stream[target_len] == " ":
         return stream[:target_len]
     # Last boundary b (a space index, or 0 = start) with gap target_len - b >= 3.
@@ -262,7 +267,7 @@ def scramble_tokens(
     return match_token_count(scramble(text, seed_key), target, count_tokens)
 
 
-def imperative_tokens(target_tokens: int, seed_key: str, count_tokens: CountTokens) -> str:
+def imperative_tokens(target_tokens: int, seed_key: str, count_tokens: CountTokens, bank=None) -> str:
     """Benign UI imperatives with exactly ``target_tokens`` tokens (where reachable).
 
     Starts from :func:`benign_imperative` of ``max(64, 8 * target_tokens)`` characters (longer
@@ -272,16 +277,17 @@ def imperative_tokens(target_tokens: int, seed_key: str, count_tokens: CountToke
         target_tokens: Token count wanted.
         seed_key: Seed passed to :func:`benign_imperative`.
         count_tokens: Token counter; it may wrap the text in its context before counting.
+        bank: Imperatives to draw from (default: the whole bank).
 
     Returns:
         The imperative text.
     """
-    source = benign_imperative(max(64, 8 * target_tokens), seed_key)
+    source = benign_imperative(max(64, 8 * target_tokens), seed_key, bank)
     return match_token_count(source, target_tokens, count_tokens)
 
 
 def imperative_sentences(target_tokens: int, seed_key: str, count_tokens: CountTokens, *,
-                         max_calls: int = 600) -> str:
+                         max_calls: int = 600, bank=None) -> str:
     """Whole benign imperative sentences with exactly ``target_tokens`` tokens (where reachable).
 
     The ``c_imperative`` control of the text surfaces (PROTOCOL.md §2). Decision (documented in
@@ -305,6 +311,7 @@ def imperative_sentences(target_tokens: int, seed_key: str, count_tokens: CountT
         seed_key: Seed of the shuffles (e.g. ``"<trajectory>|<step>|c_imperative"``).
         count_tokens: Token counter; it may wrap the text in its context before counting.
         max_calls: Budget of ``count_tokens`` calls.
+        bank: Imperatives to draw from (a held-out wording family); default the whole bank.
 
     Returns:
         Space-joined complete sentences (``""`` when ``target_tokens <= 0``).
@@ -312,7 +319,7 @@ def imperative_sentences(target_tokens: int, seed_key: str, count_tokens: CountT
     if target_tokens <= 0:
         return ""
     rng = _rng(seed_key, "imperative-sentences")
-    order = list(BENIGN_IMPERATIVES)
+    order = list(BENIGN_IMPERATIVES if bank is None else bank)
     rng.shuffle(order)
     pads = list(NEUTRAL_SENTENCES)
     rng.shuffle(pads)

@@ -32,6 +32,7 @@ from ipi.surfaces.render import BannerSpec, banner_spec, draw_banner, text_fits
 
 if TYPE_CHECKING:
     from ipi.data.schema import Step
+    from ipi.surfaces.wording import WordingFamily
 
 SURFACES: tuple[str, ...] = ("i_vis", "i_dom", "i_tool")
 CONTROLS_BY_SURFACE: dict[str, tuple[str, ...]] = {
@@ -187,6 +188,7 @@ def make_variants(
     *,
     n_attacks: int = 1,
     count_tokens: Callable[[str], int] | None = None,
+    wording: WordingFamily | None = None,
 ) -> list[Variant]:
     """Build the clean, attack and control variants of one (trajectory, step, surface).
 
@@ -214,6 +216,9 @@ def make_variants(
         n_attacks: Number of attack rows (``>= 1``).
         count_tokens: Token counter of the backbone's tokenizer; required on ``i_dom`` and
             ``i_tool``, unused on ``i_vis``.
+        wording: The trajectory's held-out wording family (:mod:`ipi.surfaces.wording`):
+            attack templates, goals and ``c_imperative`` sentences are drawn from it only.
+            None: the whole bank.
 
     Returns:
         The variants.
@@ -225,7 +230,9 @@ def make_variants(
     _check_args(surface, controls)
     if n_attacks < 1:
         raise ValueError(f"n_attacks must be >= 1, got {n_attacks}")
-    attacks = [attack_text(trajectory_id, step.step, k) for k in range(n_attacks)]
+    tpl, gls, imp = ((wording.templates, wording.goals, wording.imperative_texts) if wording is not None
+                     else (None, None, None))
+    attacks = [attack_text(trajectory_id, step.step, k, templates=tpl, goals=gls) for k in range(n_attacks)]
     a0_text, a0_meta = attacks[0]
     out: list[Variant] = []
 
@@ -248,7 +255,7 @@ def make_variants(
             if c == "c_scrambled":
                 text = scramble(a0_text, key)
             elif c == "c_imperative":
-                text = benign_imperative(len(a0_text), key)
+                text = benign_imperative(len(a0_text), key, imp)
             else:
                 text = None
             out.append(vis(c, 0, text, {**a0_meta, "n_chars": len(a0_text)}))
@@ -289,9 +296,9 @@ def make_variants(
         else:
             # Whole sentences only (docs/surfaces.md): matched on the inserted line, then, if the
             # page context shifts a boundary token, on the whole field.
-            text = imperative_sentences(target_line, key, line_count)
+            text = imperative_sentences(target_line, key, line_count, bank=imp)
             if field_count(text) != target_field:
-                alt = imperative_sentences(target_field, key, field_count)
+                alt = imperative_sentences(target_field, key, field_count, bank=imp)
                 if abs(field_count(alt) - target_field) < abs(field_count(text) - target_field):
                     text = alt
         out.append(row(c, 0, text, dict(a0_meta)))

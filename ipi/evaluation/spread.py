@@ -1,0 +1,71 @@
+"""Split spread: the estimands and claims of re-rolled trajectory splits (``split.repeats``).
+
+The intervals of PROTOCOL.md §5 hold the split fixed, so re-rolling ``split.seed`` until a
+verdict passes would be invisible in any one run. With ``split.repeats=R`` the run refits and
+re-evaluates the whole pipeline on the splits of seeds ``split.seed + 1 … split.seed + R − 1``
+and reports, beside the pre-registered split's verdict (which stays **the** verdict), each
+estimand's min / median / max over all ``R`` splits and how many of them license each claim.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+__all__ = ["split_spread", "spread_lines"]
+
+CLAIMS = ("detects malicious content", "separates clean steps from this attack surface on this split", "none")
+
+
+def _flat(results: Mapping) -> dict[str, float | None]:
+    out = {"e1": (results.get("e1") or {}).get("estimate"), "e2": (results.get("e2") or {}).get("estimate")}
+    for c, iv in sorted((results.get("e3") or {}).items()):
+        out[f"e3.{c}"] = (iv or {}).get("estimate")
+    return out
+
+
+def split_spread(main: Mapping, repeats: Sequence[Mapping], seeds: Sequence[int]) -> dict:
+    """Spread over the pre-registered split (``main``) and the re-rolled ones.
+
+    Args:
+        main: The pre-registered split's results (estimands and verdict).
+        repeats: Results of the other seeds, in order.
+        seeds: All ``R`` seeds, the pre-registered one first.
+
+    Returns:
+        ``{"seeds", "n_splits", "preregistered_seed", "estimands": {k: {"min", "median", "max",
+        "values"}}, "claims": {claim: number of splits licensing it}, "claim_by_seed"}``. A
+        split licenses "separates ..." also when it licenses "detects ...": counts are of
+        splits whose claim is *at least* that strong.
+    """
+    allr = [main, *repeats]
+    if len(allr) != len(seeds):
+        raise ValueError(f"split_spread: {len(allr)} results for {len(seeds)} seeds")
+    flats = [_flat(r) for r in allr]
+    est = {}
+    for k in flats[0]:
+        vals = [f.get(k) for f in flats]
+        ok = [v for v in vals if v is not None]
+        est[k] = {"min": float(min(ok)) if ok else None, "median": float(np.median(ok)) if ok else None,
+                  "max": float(max(ok)) if ok else None, "values": vals}
+    claims = [(r.get("verdict") or {}).get("claim", "none") for r in allr]
+    strength = {CLAIMS[0]: 2, CLAIMS[1]: 1}
+    counts = {CLAIMS[0]: sum(strength.get(c, 0) >= 2 for c in claims),
+              CLAIMS[1]: sum(strength.get(c, 0) >= 1 for c in claims)}
+    return {"seeds": [int(s) for s in seeds], "n_splits": len(allr), "preregistered_seed": int(seeds[0]),
+            "estimands": est, "claims": counts, "claim_by_seed": dict(zip(map(str, seeds), claims))}
+
+
+def spread_lines(spread: Mapping) -> list[str]:
+    """Markdown lines of the split-spread section (report.md)."""
+    n = spread["n_splits"]
+    lines = [f"## Split spread ({n} splits: seeds {', '.join(map(str, spread['seeds']))}; "
+             f"pre-registered seed {spread['preregistered_seed']})", "",
+             "The verdict above is the pre-registered split's. Re-rolled splits:", "",
+             "| estimand | min | median | max |", "|---|---|---|---|"]
+    for k, d in spread["estimands"].items():
+        f = [("n/a" if d[x] is None else f"{d[x]:.3f}") for x in ("min", "median", "max")]
+        lines.append(f"| {k} | {f[0]} | {f[1]} | {f[2]} |")
+    lines += ["", *[f"- splits licensing \"{c}\": {k}/{n}" for c, k in spread["claims"].items()], ""]
+    return lines

@@ -291,8 +291,9 @@ class EvaluateConf:
 
     task_name: str = "evaluate"
     scores: str = MISSING
-    # The same probe's score table on the random-weight twin's features (same rows), for verdict
-    # check 6; without it check 6 is NOT RUN and "detects" is not licensed (docs/estimands.md).
+    # The same probe's score table on the random-weight twins' features (same rows; column
+    # twin_seed, one block per seed: train.py's scores_twin.csv), for verdict check 6; without it
+    # check 6 is NOT RUN and "detects" is not licensed (docs/estimands.md).
     twin_scores: Optional[str] = None
     backbone_pretrained: Optional[bool] = None  # false caps the claim at "separates ..." (check 6)
     paths: PathsConf = field(default_factory=PathsConf)

@@ -172,7 +172,7 @@ def test_split_feasibility_checked_before_any_rendering(tmp_path, monkeypatch):
 
 
 def test_exclusion_report_counts(tmp_path):
-    from ipi.pipeline import exclusion_report
+    from ipi.stages import exclusion_report
 
     root = _mixed_root(tmp_path)
     _, skipped = import_webvoyager_report(root)

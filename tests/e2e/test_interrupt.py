@@ -67,13 +67,16 @@ _KILL_DRIVER = textwrap.dedent("""
         cb.evaluate_tables = evaluate_tables
     elif os.environ["IPI_TEST_WHERE"] == "import":
         import ipi.stages as tasks
-        original = tasks.load_trajectories
-        def load_trajectories(*a, **k):
-            out = original(*a, **k)
-            marker.write_text("import")
-            time.sleep(600)
-            return out
-        tasks.load_trajectories = load_trajectories
+        original = tasks.importer
+        def importer(*a, **k):
+            read = original(*a, **k)
+            def read_then_wait(*a, **k):
+                out = read(*a, **k)
+                marker.write_text("import")
+                time.sleep(600)
+                return out
+            return read_then_wait
+        tasks.importer = importer
     else:  # slow down the write of results.json so the kill lands inside it
         import ipi.reporting.report as rep
         from ipi.io import atomic_path

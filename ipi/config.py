@@ -146,6 +146,9 @@ class BackboneConf:
     n_layers: int = MISSING  # decoder blocks; checked against the loaded model
     hidden_size: int = MISSING
     multimodal: bool = True
+    # Whether the backbone's own weights are trained. False (the tiny default, built with random
+    # weights): the verdict licenses at most "separates ..." (docs/estimands.md, check 6).
+    pretrained: bool = MISSING
     tokenizer_path: str = MISSING  # where the tokenizer lives (used without loading the model)
     tokenizer_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. {gguf_file: ...}
     image_size: Optional[dict[str, int]] = None  # {shortest_edge, longest_edge} in total pixels
@@ -223,6 +226,16 @@ class EvaluationConf:
     # One sweep cell named before the sweep by its overrides ("layers=six_3 token_group=task"):
     # python -m ipi.reporting.sweep licenses it at the nominal level; the rest under Holm (docs/sweeps.md)
     preregistered: Optional[str] = None
+    # The random-weight twin (docs/backbones.md): the same architecture and config with seeded
+    # random weights, extracted on the same rows, probed on the same folds; verdict check 6
+    # needs it ("detects" is never licensed without it).
+    random_twin: bool = True
+    # Torch seeds of the twins' weights (the tiny backbone's own is 0), one cache entry and one
+    # probe per seed; check 6 needs the trained backbone to beat every seed (docs/estimands.md:
+    # S seeds bound the false pass from init variance at 1/(S+1)).
+    random_twin_seeds: list[int] = field(default_factory=lambda: [1, 2, 3])
+    # Replaced by random_twin_seeds; kept only so that the old key fails with a clear message.
+    random_twin_seed: Optional[int] = None
 
 
 @dataclass
@@ -288,6 +301,11 @@ class EvaluateConf:
 
     task_name: str = "evaluate"
     scores: str = MISSING
+    # The same probe's score table on the random-weight twins' features (same rows; column
+    # twin_seed, one block per seed: train.py's scores_twin.csv), for verdict check 6; without it
+    # check 6 is NOT RUN and "detects" is not licensed (docs/estimands.md).
+    twin_scores: Optional[str] = None
+    backbone_pretrained: Optional[bool] = None  # false caps the claim at "separates ..." (check 6)
     paths: PathsConf = field(default_factory=PathsConf)
     evaluation: EvaluationConf = field(default_factory=EvaluationConf)
     report: ReportConf = field(default_factory=ReportConf)
@@ -385,6 +403,25 @@ def validate(cfg: DictConfig) -> None:
             "extract.devices>1 (DDP) extracts one surface per launch: run `python extract.py surface=<s> "
             "evaluation.transfer=false extract.devices=N` for each surface, then train on one device; "
             "or set evaluation.transfer=false"
+        )
+    if cfg.evaluation.get("random_twin_seed") is not None:
+        raise ValueError(
+            f"evaluation.random_twin_seed={cfg.evaluation.random_twin_seed} was replaced by "
+            "evaluation.random_twin_seeds, a list (one twin per seed; check 6 needs the backbone to beat every "
+            f"one): use evaluation.random_twin_seeds=[{cfg.evaluation.random_twin_seed}] or more seeds, e.g. "
+            "[1,2,3] (docs/estimands.md)"
+        )
+    if cfg.evaluation.random_twin:
+        from ipi.twin import twin_seeds
+
+        twin_seeds(cfg)  # non-empty, distinct, not the backbone's own seed
+    if multi and cfg.evaluation.random_twin:
+        seeds = list(cfg.evaluation.random_twin_seeds)
+        raise ValueError(
+            "extract.devices>1 (DDP) extracts one cache entry per launch: run `python extract.py surface=<s> "
+            "evaluation.transfer=false evaluation.random_twin=false extract.devices=N`, then each twin's entry "
+            f"(seeds {seeds}) with `+backbone.loader.random_init_seed=<seed>` added, then train on one device; "
+            "or set evaluation.random_twin=false"
         )
     if not 0.0 < cfg.evaluation.get("min_boot_fraction", 0.9) <= 1.0:
         raise ValueError(f"evaluation.min_boot_fraction must be in (0, 1], got {cfg.evaluation.min_boot_fraction}")

@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 from ipi.config import enum_value as _value
 from ipi.config import to_container
 from ipi.evaluation.callbacks import EstimandsCallback, ReportCallback
-from ipi.evaluation.scoretable import evaluate_score_table, read_score_table
+from ipi.evaluation.scoretable import evaluate_score_table, read_score_table, twin_score_table
 from ipi.evaluation.verdict import verdict
 from ipi.extraction.run import extract_features, transfer_rows
 from ipi.io import atomic_write_text
@@ -26,6 +26,7 @@ from ipi.progress import track
 from ipi.protocol import TOKEN_GROUPS
 from ipi.reporting.report import write_run_report
 from ipi.reporting.tracking import task_wrapper
+from ipi.twin import twin_config, twin_seeds
 from ipi.stages import (
     bootstrap_kwargs,
     check_split_feasible,
@@ -47,6 +48,9 @@ from ipi.stages import (
     select_features,
     split_folds,
     transfer_source,
+    twin_features,
+    twin_record,
+    twin_score_tables,
     verdict_kwargs,
     wording_record,
     write_gallery,
@@ -82,6 +86,12 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
     if features is None:  # a non-zero DDP rank: rank 0 evaluates
         return {}, {"extraction": info}
     meta, x = row_table(rows, features), select_features(features, layers, groups)
+    # The random-weight twins (verdict check 6; ipi.twin): the same rows through the same
+    # architecture with seeded random weights, one cache entry per seed.
+    twins = twin_features(cfg, rows, features, layers, groups)
+    if twins is None:  # a non-zero DDP rank
+        return {}, {"extraction": info}
+    x_twin, twin_infos = twins
     source = transfer_source(cfg, trajs, sources, plan, layers, groups) if cfg.evaluation.transfer else (None, {})
     if source is None:  # a non-zero DDP rank
         return {}, {"extraction": info}
@@ -90,25 +100,31 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
     probe, loggers = probe_settings(cfg.probe, cfg.seed), make_loggers(cfg)
     fits = fit_folds(cfg, meta, x, features, layers, folds, probe, transfer=transfer_src,
                      logger=loggers[0] if loggers else None, default_root_dir=str(out_dir))
+    twin_tables = twin_score_tables(meta, x_twin, folds, probe, fits.test_index, default_root_dir=str(out_dir))
     transfer = {"train_surfaces": sources, "test_surface": surface} if transfer_src is not None else None
     extra = {"counts": run_counts(trajs, meta, rows, fits, folds, step_skips, traj_skips),
-             "run": run_record(cfg, layers, groups, int(x.shape[1]), folds, transfer,
-                               wording_record(rows, folds, plan), infos)}
+             "run": {**run_record(cfg, layers, groups, int(x.shape[1]), folds, transfer,
+                                  wording_record(rows, folds, plan), infos),
+                     "random_twin": twin_record(cfg, twin_infos)}}
 
     # Score the test rows with the probe through Lightning; the callbacks compute and write.
     te_meta = meta.iloc[fits.test_index].reset_index(drop=True)
     est = EstimandsCallback(te_meta, fits.baselines, **bootstrap_kwargs(cfg.evaluation),
                             **verdict_kwargs(cfg.evaluation), permutation=fits.permutation_input(),
                             alpha=cfg.evaluation.permutation.alpha,
-                            min_boot_fraction=cfg.evaluation.min_boot_fraction)
+                            min_boot_fraction=cfg.evaluation.min_boot_fraction,
+                            twins=twin_tables or None, pretrained=bool(cfg.backbone.pretrained))
     test_ids = fold_sides(folds)[1]
     gallery = (write_gallery(cfg, next(t for t in trajs if t.trajectory_id in set(test_ids)), out_dir)
                if cfg.report.gallery else None)
 
     def write_side_files() -> None:  # before results.json, which is written last
         atomic_write_text(out_dir / "scores.csv", est.scores.to_csv(index=False))
+        if twin_tables:
+            atomic_write_text(out_dir / "scores_twin.csv", twin_score_table(twin_tables).to_csv(index=False))
         atomic_write_text(out_dir / "run_info.json", json.dumps(
             {**run_info(info, infos, time.perf_counter() - t0),
+             "extraction_random_twin": {str(k): i for k, i in twin_infos.items()} or None,
              "permutation_s": (fits.permutation or {}).get("seconds")}, indent=2))
 
     if cfg.split.repeats > 1:  # re-rolled splits beside the pre-registered one (docs/estimands.md)
@@ -158,10 +174,14 @@ def extract(cfg: DictConfig) -> tuple[dict, dict]:
     """Extract (or reuse) every activation-cache entry a ``train.py`` run with this config reads.
 
     That is the configured surface and, when ``evaluation.transfer`` is on, the transfer source
-    surfaces — so a sweep started after ``extract.py`` forwards nothing.
+    surfaces — so a sweep started after ``extract.py`` forwards nothing — and, when
+    ``evaluation.random_twin`` is on, the random-weight twins' entries (one per seed of
+    ``evaluation.random_twin_seeds``) for the configured surface (the twins are probed on the
+    run's own surface only; their transfer is not reported).
 
     Returns:
-        ``(info of the configured surface, {"features": ..., "extraction_by_surface": ...})``.
+        ``(info of the configured surface, {"features": ..., "extraction_by_surface": ...,
+        "extraction_random_twin": {seed: info} or None})``.
     """
     prepare(cfg)
     surfaces = extraction_surfaces(cfg)
@@ -169,7 +189,7 @@ def extract(cfg: DictConfig) -> tuple[dict, dict]:
     # rows' wording depends on the split (held-out wording); without it no split is needed
     plan = split_folds(cfg, trajs)[1] if cfg.evaluation.heldout_wording else None
     t0 = time.perf_counter()
-    infos, features = {}, None
+    infos, features, twin_infos = {}, None, {}
     for s in surfaces:
         rows = make_rows(cfg, trajs, s, wording=plan)
         shared = None
@@ -178,11 +198,17 @@ def extract(cfg: DictConfig) -> tuple[dict, dict]:
         feats, infos[s] = extract_features(cfg, rows, layer_indices(cfg), list(TOKEN_GROUPS))
         if shared is not None and feats is not None:
             infos[s]["transfer_rows"] = shared
-        features = feats if s == surfaces[0] else features
+        if s == surfaces[0]:
+            features = feats
+            for seed in twin_seeds(cfg):
+                _, twin_infos[str(seed)] = extract_features(twin_config(cfg, seed), rows, layer_indices(cfg),
+                                                            list(TOKEN_GROUPS))
     if features is not None:  # rank 0 (a non-zero DDP rank writes nothing)
         atomic_write_text(Path(cfg.paths.output_dir) / "run_info.json", json.dumps(
-            run_info(infos[surfaces[0]], infos, time.perf_counter() - t0), indent=2))
-    return infos[surfaces[0]], {"features": features, "extraction_by_surface": infos}
+            {**run_info(infos[surfaces[0]], infos, time.perf_counter() - t0),
+             "extraction_random_twin": twin_infos or None}, indent=2))
+    return infos[surfaces[0]], {"features": features, "extraction_by_surface": infos,
+                                "extraction_random_twin": twin_infos or None}
 
 
 @task_wrapper
@@ -190,7 +216,8 @@ def evaluate(cfg: DictConfig) -> tuple[dict, dict]:
     """Evaluate a score table (CSV/Parquet) into ``results.json``, reports and figures."""
     ev = cfg.evaluation
     results = evaluate_score_table(cfg.scores, **bootstrap_kwargs(ev), **verdict_kwargs(ev),
-                                   min_boot_fraction=ev.min_boot_fraction)
+                                   min_boot_fraction=ev.min_boot_fraction,
+                                   twin=cfg.get("twin_scores"), pretrained=cfg.get("backbone_pretrained"))
     write_run_report(results, Path(cfg.paths.output_dir), scores=read_score_table(cfg.scores),
                      config=to_container(cfg), plots=cfg.report.plots, html_report=cfg.report.html)
     return results, {}

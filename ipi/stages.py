@@ -35,6 +35,7 @@ from ipi.protocol import CONTROLS_BY_SURFACE, TOKEN_GROUPS, resolve_layers, tran
 from ipi.replay import count_plain_tokens
 from ipi.reporting.gallery import build_gallery, save_png_atomic
 from ipi.surfaces.wording import wording_overlap, wording_plan
+from ipi.twin import twin_config, twin_description, twin_seeds
 
 log = logging.getLogger(__name__)
 
@@ -259,6 +260,64 @@ def extraction_surfaces(cfg: DictConfig) -> list[str]:
     if not cfg.evaluation.transfer:
         return [surface]
     return [surface, *transfer_source_surfaces(surface, cfg.backbone.multimodal)]
+
+
+def twin_features(cfg: DictConfig, rows, features, layers: list[int], groups: list[str]):
+    """The random-weight twins' features of the run's rows, one per ``evaluation.random_twin_seeds``.
+
+    Each twin (:func:`ipi.twin.twin_config`) extracts the same rows under its own cache key
+    (verdict check 6; docs/estimands.md).
+
+    Returns:
+        ``({seed: x [N, F]}, {seed: extraction info})`` (both empty with the twin off), or None
+        on a non-zero DDP rank.
+
+    Raises:
+        RuntimeError: A twin's cache entry holds other rows than the backbone's.
+    """
+    x_twin, infos = {}, {}
+    for seed in twin_seeds(cfg):
+        feats, infos[seed] = extract_features(twin_config(cfg, seed), rows, layers, list(TOKEN_GROUPS))
+        if feats is None:  # a non-zero DDP rank
+            return None
+        if feats.row_ids != features.row_ids:
+            raise RuntimeError(f"random twin seed {seed}: its cache entry holds other rows than the backbone's")
+        x_twin[seed] = select_features(feats, layers, groups)
+        del feats
+    return x_twin, infos
+
+
+def twin_score_tables(meta: pd.DataFrame, x_twin: dict, folds, probe, test_index: np.ndarray,
+                      **extra) -> dict[int, pd.DataFrame]:
+    """The run's probe (same configuration, seed and ``l2``) on each twin's features, same folds.
+
+    ``probe`` is :func:`probe_settings` of the run; ``extra`` goes to
+    :func:`ipi.probe.crossfit.cross_fit` (root dir). No baselines and no permutation test: the
+    twins enter only check 6 (E3 − max over twin seeds).
+
+    Returns:
+        ``{seed: score table}`` on the probe's out-of-fold rows (``trajectory_id, step, variant, score``).
+
+    Raises:
+        RuntimeError: A twin's out-of-fold rows differ from the probe's.
+    """
+    pcfg, l2, l2_grid = probe
+    out = {}
+    for seed, xt in x_twin.items():
+        fits = cross_fit(meta, xt, folds, probe_cfg=pcfg, l2=l2, l2_grid=l2_grid, **extra)
+        if not np.array_equal(fits.test_index, test_index):
+            raise RuntimeError(f"random twin seed {seed}: its out-of-fold rows differ from the probe's")
+        tbl = meta.iloc[test_index][["trajectory_id", "step", "variant"]].reset_index(drop=True)
+        tbl["score"] = fits.probe_scores(xt)
+        out[seed] = tbl
+    return out
+
+
+def twin_record(cfg: DictConfig, infos: dict) -> dict | None:
+    """``run.random_twin`` of results.json: backbone, seeds, init, pretrained, each seed's cache key."""
+    if not infos:
+        return None
+    return {**twin_description(cfg), "cache_keys": {str(k): i["cache_key"] for k, i in infos.items()}}
 
 
 def transfer_source(cfg: DictConfig, trajectories, surfaces: list[str], wording, layers: list[int],

@@ -65,7 +65,11 @@ def trajectories():
 
 
 def compose_train(tmp_path: Path, overrides: list[str] = (), small: bool = True):
-    """Compose the real ``train`` config with outputs and cache under ``tmp_path``."""
+    """Compose the real ``train`` config with outputs and cache under ``tmp_path``.
+
+    The random-weight twin (a second extraction) is off unless an override sets
+    ``evaluation.random_twin``: tests that check the twin turn it on.
+    """
     from hydra import compose, initialize_config_dir
 
     from ipi.config import register_configs
@@ -76,6 +80,7 @@ def compose_train(tmp_path: Path, overrides: list[str] = (), small: bool = True)
         f"extract.cache_dir={tmp_path / 'cache'}",
         "quiet=true",
         *(SMALL_BACKBONE_OVERRIDES if small else []),
+        *([] if any(o.startswith("evaluation.random_twin=") for o in overrides) else ["evaluation.random_twin=false"]),
         *overrides,
     ]
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
@@ -101,7 +106,7 @@ def _env(**extra) -> dict:
 
 def _base(root: Path, n_boot: int = 200) -> list[str]:
     return [f"data.root={root}", f"evaluation.n_boot={n_boot}", "logger=none", "extract.shard_rows=5",
-            "split.test_fraction=0.5", "evaluation.transfer=false"]
+            "split.test_fraction=0.5", "evaluation.transfer=false", "evaluation.random_twin=false"]
 
 
 def _cli(overrides: list[str], run: Path, cache: Path) -> list[str]:

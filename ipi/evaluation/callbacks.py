@@ -32,6 +32,18 @@ def _flat_metrics(results: dict, prefix: str = "test") -> dict[str, float]:
     add("e2", results.get("e2"))
     for c, iv in (results.get("e3") or {}).items():
         add(f"e3_{c}", iv)
+    twin = results.get("random_twin") or {}
+    add("random_twin_e1", twin.get("e1"))
+    add("random_twin_e2", twin.get("e2"))
+    for c, iv in (twin.get("e3") or {}).items():
+        add(f"random_twin_e3_{c}", iv)
+    diffs = results.get("differences") or {}
+    add("e1_minus_twin_e1", diffs.get("e1_minus_twin_e1"))
+    for c, iv in (diffs.get("e3_minus_twin_e3") or {}).items():
+        add(f"e3_minus_twin_e3_{c}", iv)
+    for seed, by_c in (diffs.get("e3_minus_twin_e3_by_seed") or {}).items():
+        for c, iv in by_c.items():
+            add(f"e3_minus_twin{seed}_e3_{c}", iv)
     for base in ("c1", "collapse_only", "permuted", "transfer"):
         if isinstance(results.get(base), dict):
             add(f"{base}_e1", results[base].get("e1"))
@@ -68,15 +80,21 @@ class EstimandsCallback(L.Callback):
         alpha: Level of the permutation test.
         min_boot_fraction: Fewest usable bootstrap replicates (fraction of ``n_boot``) for an
             estimate to be reportable (:mod:`ipi.evaluation.reportable`).
+        twins: The probe's score tables on the random-weight twins' features (same rows), one
+            per seed ``{seed: table}``, or None (verdict check 6 is then NOT RUN).
+        pretrained: ``backbone.pretrained`` (False caps the claim at "separates ..."), or None.
     """
 
     def __init__(self, rows: pd.DataFrame, baselines: Mapping[str, pd.DataFrame], *, n_boot: int = 1000,
                  seed: int = 0, level: float = 0.95, collapse_ceiling: float = 0.60, c1_max: float = 0.95,
                  min_clusters: int = 5, permutation: Mapping | None = None, alpha: float = 0.05,
-                 min_boot_fraction: float = 0.9, interval: str = "percentile"):
+                 min_boot_fraction: float = 0.9, interval: str = "percentile",
+                 twins: Mapping[int | str, pd.DataFrame] | None = None,
+                 pretrained: bool | None = None):
         self.rows = rows.reset_index(drop=True)
         self.interval = interval
         self.baselines = dict(baselines)
+        self.twins, self.pretrained = (dict(twins) if twins else None), pretrained
         self.n_boot, self.seed, self.level = n_boot, seed, level
         self.collapse_ceiling, self.c1_max, self.min_clusters = collapse_ceiling, c1_max, min_clusters
         self.permutation = None if permutation is None else {**permutation, "alpha": alpha}
@@ -98,13 +116,13 @@ class EstimandsCallback(L.Callback):
         table = self.rows[["trajectory_id", "step", "variant"]].copy()
         table["score"] = scores
         self.scores = table
-        desc = f"bootstrap (B={self.n_boot}, {1 + len(self.baselines)} score tables)"
+        desc = f"bootstrap (B={self.n_boot}, {1 + len(self.baselines) + len(self.twins or {})} score tables)"
         with progress_bar(desc, total=1) as bar:
             results = evaluate_tables(table, self.baselines, n_boot=self.n_boot, seed=self.seed, level=self.level,
-                                      permutation=self.permutation, interval=self.interval)
+                                      permutation=self.permutation, interval=self.interval, twins=self.twins)
             bar.advance()
         results["verdict"] = verdict(results, collapse_ceiling=self.collapse_ceiling, c1_max=self.c1_max,
-                                     min_clusters=self.min_clusters)
+                                     min_clusters=self.min_clusters, pretrained=self.pretrained)
         results["reportability"] = mark_reportability(results, self.min_clusters, self.min_boot_fraction)
         self.results = results
         metrics = _flat_metrics(results)

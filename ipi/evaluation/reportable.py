@@ -59,11 +59,27 @@ def estimand_entries(results: Mapping) -> list[tuple[str, str, Mapping | None]]:
             if key == "c1":  # metadata balance of the controls (docs/estimands.md)
                 rows += [(f"c1.e3.{c}", f"{label} E3 attack vs {c}", iv)
                          for c, iv in sorted((r[key].get("e3") or {}).items())]
-    for k, iv in sorted((r.get("differences") or {}).items()):
-        if isinstance(iv, Mapping) and "estimate" in iv:
-            rows.append((f"differences.{k}", k, iv))
-        elif isinstance(iv, Mapping):
-            rows += [(f"differences.{k}.{c}", f"{k} {c}", sub) for c, sub in sorted(iv.items())]
+    twin = r.get("random_twin")
+    if isinstance(twin, Mapping):  # the same probe on the random-weight twins (verdict check 6)
+        env = " (max over seeds)" if len(twin.get("seeds") or ()) > 1 else ""
+        rows += [("random_twin.e1", f"random twin{env} E1", twin.get("e1")),
+                 ("random_twin.e2", f"random twin{env} E2", twin.get("e2"))]
+        rows += [(f"random_twin.e3.{c}", f"random twin{env} E3 attack vs {c}", iv)
+                 for c, iv in sorted((twin.get("e3") or {}).items())]
+        for seed, est in (twin.get("by_seed") or {}).items():
+            rows += [(f"random_twin.by_seed.{seed}.e1", f"random twin seed {seed} E1", est.get("e1")),
+                     (f"random_twin.by_seed.{seed}.e2", f"random twin seed {seed} E2", est.get("e2"))]
+            rows += [(f"random_twin.by_seed.{seed}.e3.{c}", f"random twin seed {seed} E3 attack vs {c}", iv)
+                     for c, iv in sorted((est.get("e3") or {}).items())]
+
+    def diffs(prefix: str, label: str, tree: Mapping) -> None:
+        for k, iv in sorted(tree.items()):
+            if isinstance(iv, Mapping) and "estimate" in iv:
+                rows.append((f"{prefix}.{k}", f"{label}{k}", iv))
+            elif isinstance(iv, Mapping):  # e.g. {control: iv}, or {seed: {control: iv}}
+                diffs(f"{prefix}.{k}", f"{label}{k} ", iv)
+
+    diffs("differences", "", r.get("differences") or {})
     return rows
 
 

@@ -18,7 +18,11 @@ from ipi.evaluation.verdict import verdict
 from ipi.metrics.estimands import evaluate_tables, validate_table
 from ipi.protocol import CONTROLS
 
-__all__ = ["CSV_SUFFIXES", "PARQUET_SUFFIXES", "check_score_rows", "evaluate_score_table", "read_score_table"]
+__all__ = ["CSV_SUFFIXES", "PARQUET_SUFFIXES", "TWIN_SEED_COLUMN", "check_score_rows", "evaluate_score_table",
+           "read_score_table", "split_twin_table", "twin_score_table"]
+
+#: Column of ``scores_twin.csv`` naming each row's random-twin seed (one file, every seed).
+TWIN_SEED_COLUMN = "twin_seed"
 
 CSV_SUFFIXES = (".csv",)
 PARQUET_SUFFIXES = (".parquet", ".pq")
@@ -144,6 +148,42 @@ def _counts(table: pd.DataFrame) -> dict:
     }
 
 
+def twin_score_table(tables: Mapping[int | str, pd.DataFrame]) -> pd.DataFrame:
+    """The random-weight twins' score tables as one long table (``scores_twin.csv``).
+
+    Args:
+        tables: ``{twin seed: score table}``.
+
+    Returns:
+        Rows of every seed in seed order, columns ``trajectory_id, step, variant, twin_seed,
+        score``.
+    """
+    parts = []
+    for seed, tbl in tables.items():
+        t = tbl[["trajectory_id", "step", "variant", "score"]].copy()
+        t.insert(3, TWIN_SEED_COLUMN, int(seed))
+        parts.append(t)
+    return pd.concat(parts, ignore_index=True)
+
+
+def split_twin_table(table: pd.DataFrame, source: str = "random-twin score table") -> dict[str, pd.DataFrame]:
+    """``{str(seed): score table}`` from a :func:`twin_score_table`.
+
+    A table without the ``twin_seed`` column is one twin of unknown seed, keyed ``"twin"``.
+
+    Raises:
+        ValueError: A seed's rows fail :func:`ipi.metrics.estimands.validate_table`.
+    """
+    if TWIN_SEED_COLUMN not in table.columns:
+        return {"twin": check_score_rows(validate_table(table, source), source)}
+    out = {}
+    for seed, part in table.groupby(TWIN_SEED_COLUMN, sort=False):
+        name = f"{source} (twin_seed {seed})"
+        out[str(seed)] = check_score_rows(validate_table(part.drop(columns=[TWIN_SEED_COLUMN])
+                                                         .reset_index(drop=True), name), name)
+    return out
+
+
 def evaluate_score_table(
     path,
     *,
@@ -156,6 +196,8 @@ def evaluate_score_table(
     min_clusters: int = 5,
     min_boot_fraction: float = 0.9,
     interval: str = "percentile",
+    twin=None,
+    pretrained: bool | None = None,
 ) -> dict:
     """Estimands, counts and verdict of a score-table file (PROTOCOL.md §5, §7).
 
@@ -171,6 +213,10 @@ def evaluate_score_table(
         c1_max: Bound of C1's E1 in verdict check 2.
         min_clusters: Fewest test trajectories for the verdict checks.
         interval: ``"percentile"`` (PROTOCOL.md §5/§9) or ``"bca"``.
+        twin: The random-weight twins' score table (path or DataFrame; ``train.py`` writes
+            ``scores_twin.csv`` with a ``twin_seed`` column, one block of rows per seed; a table
+            without it is one twin) on the same rows, or None (verdict check 6 NOT RUN).
+        pretrained: Whether the backbone's own weights are trained (False fails check 6), or None.
 
     Returns:
         :func:`ipi.metrics.estimands.evaluate_tables`'s dict plus ``"source"`` (the path),
@@ -189,10 +235,17 @@ def evaluate_score_table(
             if isinstance(item, pd.DataFrame)
             else read_score_table(item)
         )
-    results = evaluate_tables(main, loaded, n_boot=n_boot, seed=seed, level=level, interval=interval)
+    twins = None
+    if twin is not None:
+        twins = split_twin_table(twin if isinstance(twin, pd.DataFrame) else read_score_table(twin),
+                                 "random-twin score table" if isinstance(twin, pd.DataFrame) else str(twin))
+    results = evaluate_tables(main, loaded, n_boot=n_boot, seed=seed, level=level, interval=interval,
+                              twins=twins)
     results["source"] = str(path)
+    if twin is not None and not isinstance(twin, pd.DataFrame):
+        results["source_twin"] = str(twin)
     results["counts"] = _counts(main)
     results["verdict"] = verdict(results, collapse_ceiling=collapse_ceiling, c1_max=c1_max,
-                                 min_clusters=min_clusters)
+                                 min_clusters=min_clusters, pretrained=pretrained)
     results["reportability"] = mark_reportability(results, min_clusters, min_boot_fraction)
     return results

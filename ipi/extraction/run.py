@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import shutil
 from collections.abc import Sequence
@@ -273,6 +274,12 @@ def _forward_missing(cfg, cache: ActivationCache, rows: Sequence[ReplayRow], lay
         if trainer.global_rank != 0:
             return {"rank": trainer.global_rank, "rows_forwarded": forwarded}
         forwarded = len(todo)  # all ranks together (rank 0 wrote only its share)
+    # Release the model before the next extraction (the random twin) builds its own: the Trainer
+    # and the module reference each other, so only the cycle collector frees them.
+    del trainer, module, backbone
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
     return forwarded
 
 

@@ -74,7 +74,7 @@ REQUIRED_COLUMNS = ("trajectory_id", "step", "variant", "score")
 #: name may not take.
 RESERVED_KEYS = frozenset(
     {"e1", "e2", "e3", "differences", "bootstrap", "counts", "verdict", "source", "baselines",
-     "permutation", "p_values"}
+     "permutation", "p_values", "random_twin"}
 )
 
 
@@ -763,6 +763,119 @@ def estimands(
                        contributors=contributors)
 
 
+def _twin_tables(twins) -> dict[str, pd.DataFrame]:
+    """``{str(seed): validated table}`` of the random-weight twins (empty for None)."""
+    if twins is None:
+        return {}
+    if isinstance(twins, pd.DataFrame) or not isinstance(twins, Mapping):
+        raise TypeError("twins must be a mapping {twin seed: score table} (one table per twin seed)")
+    out = {}
+    for seed, tbl in twins.items():
+        if str(seed) in out:
+            raise ValueError(f"twin seed {seed!r} given twice")
+        out[str(seed)] = validate_table(tbl, f"random-twin (seed {seed}) score table")
+    return out
+
+
+def _envelope(sets: Sequence[EstimandSet], get, interval: str, level: float):
+    """Interval, replicates and jackknife of ``max over twins`` of one estimand on shared draws.
+
+    Per bootstrap draw (and per jackknife value) the maximum over the twins' values of that
+    draw; a draw where any twin's value is undefined is dropped (``nan``). The point estimate
+    is the maximum of the twins' estimates.
+    """
+    est = max(float(get(s, "iv").estimate) for s in sets)
+    reps = np.max(np.stack([np.asarray(get(s, "rep"), dtype=np.float64) for s in sets]), axis=0)
+    jack = None
+    if interval == "bca":
+        jack = np.max(np.stack([np.asarray(get(s, "jack"), dtype=np.float64) for s in sets]), axis=0)
+    return make_interval(interval, est, reps, jack, level), reps, jack
+
+
+def _twin_envelope(res: EstimandSet, twins: Mapping[str, pd.DataFrame], *, draws: Draws, level: float,
+                   interval: str, differences: dict, diff_clusters: dict, p_values: dict) -> tuple[dict, dict]:
+    """The random-weight twins' estimands, their envelope and the paired differences (check 6).
+
+    For each twin seed ``s``: ``E1_s, E2_s, E3_s[c]`` on the shared draws, and the paired
+    differences ``E1 − E1_s``, ``E3[c] − E3_s[c]``. The **envelope** ``max_s`` is taken per
+    draw, so the interval of ``E3[c] − max_s E3_s[c]`` has its lower bound above 0 exactly when
+    the trained probe beats every twin seed on (at least) the upper ``(1+level)/2`` share of the
+    draws (docs/estimands.md, check 6). Fills ``differences``, ``diff_clusters`` and
+    ``p_values`` (``e3_minus_twin_e3``: one-sided p of the envelope difference ``<= 0``).
+
+    Returns:
+        ``(random_twin, clusters)``: the envelope's ``{"e1", "e2", "e3"}`` plus ``"seeds"`` and
+        ``"by_seed"``; trajectory counts contributing to every seed's estimand (§7.0).
+    """
+    sets = {seed: estimands(tbl, level=level, draws=draws, interval=interval) for seed, tbl in twins.items()}
+    ts = list(sets.values())
+    jk = res.jackknife or {"e1": None, "e2": None, "e3": {}}
+
+    def side(name, control=None):
+        def get(s: EstimandSet, what: str):
+            if what == "iv":
+                return s.e3[control] if control else getattr(s, name)
+            if what == "rep":
+                return s.replicates["e3"][control] if control else s.replicates[name]
+            return (s.jackknife["e3"][control] if control else s.jackknife[name])
+        return get
+
+    env: dict = {}
+    env_rep: dict = {"e3": {}}
+    env_jack: dict = {"e3": {}}
+    for name in ("e1", "e2"):
+        iv, env_rep[name], env_jack[name] = _envelope(ts, side(name), interval, level)
+        env[name] = iv.to_dict()
+    controls = [c for c in res.e3 if all(c in s.e3 for s in ts)]
+    env["e3"] = {}
+    for c in controls:
+        iv, env_rep["e3"][c], env_jack["e3"][c] = _envelope(ts, side("e3", c), interval, level)
+        env["e3"][c] = iv.to_dict()
+
+    def both(a: set, sides: list[set]) -> int:
+        out = set(a)
+        for x in sides:
+            out &= x
+        return len(out)
+
+    def pair(est_a, rep_a, jack_a, est_b, rep_b, jack_b):
+        return paired_difference(est_a, rep_a, est_b, rep_b, level=level, interval=interval,
+                                 jackknife_a=jack_a, jackknife_b=jack_b)
+
+    iv, _ = pair(res.e1.estimate, res.replicates["e1"], jk["e1"], env["e1"]["estimate"], env_rep["e1"],
+                 env_jack["e1"])
+    differences["e1_minus_twin_e1"] = iv.to_dict()
+    diff_clusters["e1_minus_twin_e1"] = both(res.contributors["e1"], [s.contributors["e1"] for s in ts])
+    differences["e3_minus_twin_e3"], diff_clusters["e3_minus_twin_e3"] = {}, {}
+    p_values["e3_minus_twin_e3"] = {}
+    for c in controls:
+        iv, diff = pair(res.e3[c].estimate, res.replicates["e3"][c], jk["e3"].get(c), env["e3"][c]["estimate"],
+                        env_rep["e3"][c], env_jack["e3"][c])
+        differences["e3_minus_twin_e3"][c] = iv.to_dict()
+        diff_clusters["e3_minus_twin_e3"][c] = both(res.contributors["e3"][c], [s.contributors["e3"][c] for s in ts])
+        p_values["e3_minus_twin_e3"][c] = bootstrap_p(diff, 0.0)
+    by_seed_e1, by_seed_e3, cl_e1, cl_e3 = {}, {}, {}, {}
+    for seed, s in sets.items():
+        iv, _ = pair(res.e1.estimate, res.replicates["e1"], jk["e1"], s.e1.estimate, s.replicates["e1"],
+                     (s.jackknife or {}).get("e1"))
+        by_seed_e1[seed] = iv.to_dict()
+        cl_e1[seed] = both(res.contributors["e1"], [s.contributors["e1"]])
+        by_seed_e3[seed], cl_e3[seed] = {}, {}
+        for c in controls:
+            iv, _ = pair(res.e3[c].estimate, res.replicates["e3"][c], jk["e3"].get(c), s.e3[c].estimate,
+                         s.replicates["e3"][c], ((s.jackknife or {}).get("e3") or {}).get(c))
+            by_seed_e3[seed][c] = iv.to_dict()
+            cl_e3[seed][c] = both(res.contributors["e3"][c], [s.contributors["e3"][c]])
+    differences["e1_minus_twin_e1_by_seed"], diff_clusters["e1_minus_twin_e1_by_seed"] = by_seed_e1, cl_e1
+    differences["e3_minus_twin_e3_by_seed"], diff_clusters["e3_minus_twin_e3_by_seed"] = by_seed_e3, cl_e3
+    clusters = {"e1": both(set(draws.trajectory_ids), [s.contributors["e1"] for s in ts]),
+                "e2": both(set(draws.trajectory_ids), [s.contributors["e2"] for s in ts]),
+                "e3": {c: both(set(draws.trajectory_ids), [s.contributors["e3"][c] for s in ts]) for c in controls},
+                "by_seed": {seed: s.cluster_counts() for seed, s in sets.items()}}
+    out = {**env, "seeds": list(sets), "by_seed": {seed: s.to_dict() for seed, s in sets.items()}}
+    return out, clusters
+
+
 def evaluate_tables(
     main: pd.DataFrame,
     baselines: Mapping[str, pd.DataFrame] | None = None,
@@ -772,6 +885,7 @@ def evaluate_tables(
     level: float = 0.95,
     interval: str = "percentile",
     permutation: Mapping | None = None,
+    twins: Mapping[int | str, pd.DataFrame] | None = None,
 ) -> dict:
     """Estimands of the probe and its baselines on shared draws, with paired differences.
 
@@ -792,14 +906,29 @@ def evaluate_tables(
             "alpha": float (default 0.05)[, "refit_scores": [n_main], "unit": str,
             "design": str]}``; summarised by
             :func:`ipi.metrics.permutation.permutation_summary` against the observed E1.
+        twins: The same probe's score tables on the random-weight twins' features, one per
+            twin seed ``{seed: table}`` (same rows, same folds; :mod:`ipi.twin`), or None. Each
+            seed's E1, E2 and E3[c] go under ``"random_twin"["by_seed"][str(seed)]``; the
+            **envelope** (per shared draw, the maximum over seeds) under ``"random_twin"``'s
+            own ``e1``/``e2``/``e3``; the paired differences trained − envelope of E1 and each
+            E3[c] under ``"differences"`` (``e1_minus_twin_e1``, ``e3_minus_twin_e3``) and
+            trained − each seed under ``e1_minus_twin_e1_by_seed`` /
+            ``e3_minus_twin_e3_by_seed``, all on the shared draws (docs/estimands.md, check 6).
 
     Returns:
         JSON-ready dict::
 
             {"e1": {...}, "e2": {...}, "e3": {control: {...}},
              "<baseline>": {"e1": {...}, "e2": {...}, "e3": {control: {...}}},  # per baseline
+             "random_twin": {"e1": {...}, "e2": {...}, "e3": {control: {...}},  # envelope (max)
+                             "seeds": [seed, ...],                             # with twins
+                             "by_seed": {seed: {"e1": {...}, "e2": {...}, "e3": {control: {...}}}}},
              "differences": {"e1_minus_<baseline>_e1": {...},      # per baseline, e.g. c1
-                             "e1_minus_e3": {control: {...}}},
+                             "e1_minus_e3": {control: {...}},
+                             "e1_minus_twin_e1": {...},            # trained − envelope (twins)
+                             "e3_minus_twin_e3": {control: {...}},  # trained − envelope (twins)
+                             "e1_minus_twin_e1_by_seed": {seed: {...}},
+                             "e3_minus_twin_e3_by_seed": {seed: {control: {...}}}},
              "permutation": {...},                                 # only with ``permutation``
              "bootstrap": {"n_boot": B, "seed": seed, "level": level, "n_clusters": T,
                            "clusters_by_estimand": {...}, "interval": interval},
@@ -829,8 +958,9 @@ def evaluate_tables(
             )
     main_v = validate_table(main, "main score table")
     base_v = {k: validate_table(v, f"baseline {k!r} score table") for k, v in baselines.items()}
+    twin_v = _twin_tables(twins)
     ids = set(main_v["trajectory_id"])
-    for v in base_v.values():
+    for v in (*base_v.values(), *twin_v.values()):
         ids |= set(v["trajectory_id"])
     draws = make_draws(ids, n_boot=n_boot, seed=seed)
 
@@ -868,6 +998,12 @@ def evaluate_tables(
         )
         differences["e1_minus_e3"][control] = iv.to_dict()
         diff_clusters["e1_minus_e3"][control] = len(res.contributors["e1"] & res.contributors["e3"][control])
+    if twin_v:
+        twin_out, twin_clusters = _twin_envelope(res, twin_v, draws=draws, level=level, interval=interval,
+                                                 differences=differences, diff_clusters=diff_clusters,
+                                                 p_values=p_values)
+        out["random_twin"] = twin_out
+        clusters["random_twin"] = twin_clusters
     out["differences"] = differences
     out["p_values"] = p_values
     clusters["differences"] = diff_clusters

@@ -67,7 +67,8 @@ def _fmt(iv: dict | None) -> str:
 def estimand_rows(results: Mapping) -> list[tuple[str, dict | None]]:
     """``(label, interval)`` for every estimand of a results dict, in report order.
 
-    Order: E1, E2, E3 per control, each baseline's E1 (and E2), then the paired differences.
+    Order: E1, E2, E3 per control, each baseline's E1 (and E2), the random twin's E1, E2 and
+    E3 per control, then the paired differences.
     Intervals are ``{"estimate", "ci_low", "ci_high", "n_boot_used"}`` dicts.
     """
     return [(label, iv) for _key, label, iv in estimand_entries(results)]
@@ -82,6 +83,95 @@ def _not_reportable_note(marks: Mapping[str, str | None], results: Mapping) -> s
             f"fewer than {rep.get('min_clusters', 5)} contributing test trajectories, fewer than "
             f"{rep.get('min_boot_fraction', 0.9):.0%} of the bootstrap replicates usable, or a degenerate "
             "interval). Do not report them as results.")
+
+
+def twin_rows(results: Mapping) -> list[tuple[str, dict | None, list[dict | None], dict | None, dict | None]]:
+    """``(label, trained, [twin seed ...], envelope, trained − envelope)`` for E1, E2, each E3[c].
+
+    Empty when the results have no random-weight twin (``results["random_twin"]``). The twin
+    columns follow ``results["random_twin"]["seeds"]``; the envelope is the per-draw maximum
+    over the seeds (``results["random_twin"]``'s own intervals) and the difference the paired
+    one of ``results["differences"]`` (E1 and each E3[c]; E2 has none).
+    """
+    twin = results.get("random_twin")
+    if not isinstance(twin, Mapping):
+        return []
+    seeds = [str(s) for s in twin.get("seeds") or []]
+    by_seed = twin.get("by_seed") or {}
+    d = results.get("differences") or {}
+
+    def per_seed(name: str, control: str | None = None) -> list[dict | None]:
+        out = []
+        for s in seeds:
+            est = by_seed.get(s) or {}
+            out.append((est.get("e3") or {}).get(control) if control else est.get(name))
+        return out
+
+    rows = [("E1 attack vs clean", results.get("e1"), per_seed("e1"), twin.get("e1"), d.get("e1_minus_twin_e1")),
+            ("E2 paired step", results.get("e2"), per_seed("e2"), twin.get("e2"), None)]
+    for c, iv in sorted((results.get("e3") or {}).items()):
+        rows.append((f"E3 attack vs {c}", iv, per_seed("e3", c), (twin.get("e3") or {}).get(c),
+                     (d.get("e3_minus_twin_e3") or {}).get(c)))
+    return rows
+
+
+def twin_difference_rows(results: Mapping) -> list[tuple[str, list[dict | None]]]:
+    """``(label, [trained − twin seed, paired ...])`` for E1 and each E3[c], seeds in order."""
+    twin = results.get("random_twin")
+    if not isinstance(twin, Mapping):
+        return []
+    seeds = [str(s) for s in twin.get("seeds") or []]
+    d = results.get("differences") or {}
+    e1 = d.get("e1_minus_twin_e1_by_seed") or {}
+    e3 = d.get("e3_minus_twin_e3_by_seed") or {}
+    rows = [("E1 attack vs clean", [e1.get(s) for s in seeds])]
+    for c in sorted(results.get("e3") or {}):
+        rows.append((f"E3 attack vs {c}", [(e3.get(s) or {}).get(c) for s in seeds]))
+    return rows
+
+
+def _twin_headers(results: Mapping) -> tuple[list[str], list[str]]:
+    """Column heads of the two twin tables (the side-by-side one, the per-seed differences)."""
+    seeds = [str(s) for s in (results.get("random_twin") or {}).get("seeds") or []]
+    env = "max over twin seeds" if len(seeds) > 1 else "random twin"
+    main = (["estimand", "trained"] + [f"twin seed {s}" for s in seeds]
+            + ([env] if len(seeds) > 1 else []) + [f"trained − {env}, paired"])
+    return main, ["estimand"] + [f"trained − twin seed {s}, paired" for s in seeds]
+
+
+def _twin_cells(row) -> list[str]:
+    label, a, per, env, d = row
+    cells = [label, _short_iv(a), *(_short_iv(x) for x in per)]
+    if len(per) > 1:
+        cells.append(_short_iv(env))
+    return cells + [_short_iv(d) if d else "—"]
+
+
+def _short_iv(iv: dict | None) -> str:
+    if not iv or iv.get("estimate") is None:
+        return "n/a"
+    lo, hi = iv.get("ci_low"), iv.get("ci_high")
+    ci = f" [{lo:.3f}, {hi:.3f}]" if lo is not None and hi is not None else " [n/a]"
+    return f"{iv['estimate']:.3f}{ci}"
+
+
+#: Said under the side-by-side table when the backbone's own weights are random.
+RANDOM_BACKBONE_NOTE = ("The backbone's own weights are random (backbone.pretrained=false): a network with random "
+                        "weights cannot read malicious intent, so this run can license at most \"separates\"; "
+                        "its twin is the same architecture with other random weights.")
+
+
+def _twin_caption(results: Mapping) -> str:
+    seeds = [str(s) for s in (results.get("random_twin") or {}).get("seeds") or []]
+    n = len(seeds)
+    which = (f"{n} random-weight twins (seeds {', '.join(seeds)})" if n > 1
+             else f"the random-weight twin{f' (seed {seeds[0]})' if seeds else ''}")
+    bound = (f" With {n} twins, features no better than random ones would beat all of them with probability "
+             f"at most 1/{n + 1} whatever the CI." if n else "")
+    return (f"The same probe, folds and rows on {which}: the same architecture and config with the "
+            "architecture's own random initialisation. Check 6 needs every control's paired CI of "
+            f"E3 − {'max over twin seeds (per bootstrap draw)' if n > 1 else 'twin'} E3 above 0, i.e. the "
+            f"trained backbone beats every twin seed (docs/estimands.md).{bound}")
 
 
 
@@ -189,6 +279,21 @@ def render_report(results: dict, figures: Mapping[str, str] | None = None) -> st
         label = label if why is None else f"~~{label}~~"
         lines.append(f"| {label} | {_fmt(iv)} | {mark} |")
     lines.append("")
+    trows = twin_rows(r)
+    if trows:
+        head, dhead = _twin_headers(r)
+        lines += ["## Trained vs random-weight twin (check 6)", "", _twin_caption(r), "",
+                  "| " + " | ".join(h if i == 0 else f"{h} [95% CI]" for i, h in enumerate(head)) + " |",
+                  "|---" * len(head) + "|"]
+        lines += ["| " + " | ".join(_twin_cells(row)) + " |" for row in trows]
+        drows = twin_difference_rows(r)
+        if len(dhead) > 2:  # several seeds: each seed's own paired difference too
+            lines += ["", "| " + " | ".join(h if i == 0 else f"{h} [95% CI]" for i, h in enumerate(dhead)) + " |",
+                      "|---" * len(dhead) + "|"]
+            lines += ["| " + " | ".join([label, *(_short_iv(x) for x in ivs)]) + " |" for label, ivs in drows]
+        if ((r.get("run") or {}).get("random_twin") or {}).get("backbone_pretrained") is False:
+            lines += ["", RANDOM_BACKBONE_NOTE]
+        lines.append("")
     if figures:
         lines += ["## Figures", ""]
         for name, rel in figures.items():
@@ -354,6 +459,26 @@ def render_html(results: Mapping, figures: Mapping[str, str | Path] | None = Non
                    f'<td class="num est">{ci}</td><td class="num">{_h(iv.get("n_boot_used", ""))}</td>'
                    f'<td class="why">{mark}</td></tr>')
     out.append("</table>")
+    trows = twin_rows(r)
+    if trows:
+        head, dhead = _twin_headers(r)
+        out += ["<h2>Trained vs random-weight twin (check 6)</h2>", f"<p>{_h(_twin_caption(r))}</p>",
+                "<table><tr>" + "".join(f"<th>{_h(h if i == 0 else h + ' [CI]')}</th>" for i, h in enumerate(head))
+                + "</tr>"]
+        for row in trows:
+            cells = _twin_cells(row)
+            out.append(f"<tr><td>{_h(cells[0])}</td>" + "".join(f'<td class="num">{_h(c)}</td>' for c in cells[1:])
+                       + "</tr>")
+        out.append("</table>")
+        if len(dhead) > 2:
+            out.append("<table><tr>" + "".join(f"<th>{_h(h if i == 0 else h + ' [CI]')}</th>"
+                                               for i, h in enumerate(dhead)) + "</tr>")
+            for label, ivs in twin_difference_rows(r):
+                out.append(f"<tr><td>{_h(label)}</td>" + "".join(f'<td class="num">{_h(_short_iv(x))}</td>'
+                                                                  for x in ivs) + "</tr>")
+            out.append("</table>")
+        if ((r.get("run") or {}).get("random_twin") or {}).get("backbone_pretrained") is False:
+            out.append(f"<p><b>{_h(RANDOM_BACKBONE_NOTE)}</b></p>")
     if bs:
         out.append('<p class="muted">Cluster bootstrap over test trajectories: '
                    + _h(_bootstrap_text(bs)) + "</p>")

@@ -27,7 +27,8 @@ step-down procedure over the ``N`` cells (``claim_familywise``; :func:`familywis
 * ``p_separates`` = the one-sided bootstrap p-value of ``E1 <= 0.5`` (``results.json``
   ``p_values.e1``), when the cell's check 1 passed; 1 otherwise.
 * ``p_detects`` = the largest of the bootstrap p-values of the claim's tests — E1 (check 1),
-  the paired ``E1 − C1 E1 <= 0`` (check 2), every ``E3[c] <= 0.5`` (check 3) — when the cell's
+  the paired ``E1 − C1 E1 <= 0`` (check 2), every ``E3[c] <= 0.5`` (check 3), and with a
+  random-weight twin every ``E3[c] − max_s E3_twin_s[c] <= 0`` (check 6) — when the cell's
   own verdict licenses "detects malicious content"; 1 otherwise. The claim holds only if every
   test rejects (an intersection-union test), so the largest p is a valid p-value for it
   (Berger 1982). The other conditions (C1 E1 below 0.95, check 4's permutation test with its
@@ -128,6 +129,9 @@ def claim_p_values(res: dict) -> tuple[float, float]:
     parts = [num(pv.get("e1")), num(pv.get("e1_minus_c1_e1"))]
     e3 = pv.get("e3") or {}
     parts += [num(e3.get(c)) for c in (res.get("e3") or {})]
+    if _check_status(res, 6) is not None:  # check 6: E3[c] − max over twin seeds (docs/estimands.md)
+        twin = pv.get("e3_minus_twin_e3") or {}
+        parts += [num(twin.get(c)) for c in (res.get("e3") or {})]
     return p_sep, max(parts)
 
 

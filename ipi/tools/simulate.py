@@ -1,6 +1,6 @@
 """Planted-truth self-test of the statistics: ``python -m ipi.tools.simulate`` (docs/selftest.md).
 
-Generates **feature-level** datasets with the protocol's structure (PROTOCOL.md §2–§3) under two
+Generates **feature-level** datasets with the protocol's structure (PROTOCOL.md §2–§3) under
 known truths, runs the project's real pipeline pieces on each — trajectory split
 (:func:`~ipi.probe.crossfit.make_folds`), the Lightning :class:`~ipi.probe.LinearProbe` via
 :func:`~ipi.probe.fit_probe`, the C1 metadata baseline, the permuted-label probe and the
@@ -8,8 +8,9 @@ collapse-only probe (all through :func:`~ipi.probe.crossfit.cross_fit`, the func
 ``train.py`` uses, including the M = 199 permuted-label refits of verdict check 4's exact
 permutation test), :func:`~ipi.metrics.evaluate_tables` and the verdict — and reports:
 
-* the rate of the claim "detects malicious content" under truth (b), where it is false
-  (must be ≤ 5%);
+* the rate of the claim "detects malicious content" under truths (b), (c), ``twin_token`` and
+  ``twin_seed``, where it is false (must be ≤ 5%; under ``twin_seed`` at most ``1/(S+1)`` by
+  exchangeability, in practice far lower);
 * the power (rate of that claim) under truth (a), where it is true;
 * the empirical coverage of the 95% cluster-bootstrap CIs of E1 (and E2, E3[c]) for the
   fitted probe's **true** estimands, computed analytically (:func:`true_estimands`).
@@ -30,6 +31,22 @@ The generating process (one dataset; all directions are random orthonormal vecto
   surface (box/overlay and text) directions every boxed variant shares;
   truth (b): ``content = 0`` — attack and ``c_scrambled`` (and ``c_imperative``) share only the
   surface directions: nothing distinguishes malicious content;
+* truth ``twin_token``: ``content = 0``, ``lexical > 0`` — attacks carry a *token-identity*
+  direction ``v_lex`` (the attack bank's vocabulary) that separates them from the controls, and
+  the random twins' features carry it just as strongly: E3 > 0.5 (check 3 passes) for a reason
+  a network with random weights shares;
+* truth ``twin_seed``: as ``twin_token``, but every network — the "trained" one and each twin —
+  has its own token-identity gain ``lexical · exp(seed_sd · z)``, ``z ~ N(0, 1)`` per network
+  (init-seed variance), and the "trained" features are generated exactly like a twin's: the
+  trained net is just another random draw, exchangeable with the twins;
+* the **random-weight twins** (verdict check 6), ``n_twins`` of them: the same inputs (the same
+  trajectory and step effects, the same attack templates) through another network: twin ``j``'s
+  features are ``Q_j (mu_twin[variant] + pos · (step / H_t) · v_pos + u_t + s_(t,step) + e_j)``
+  with a random rotation ``Q_j``, its own row noise ``e_j`` of the same SD, and ``mu_twin`` =
+  ``mu`` without the content term (a random network keeps surface statistics, wording and token
+  identity, not content). Twin ``j`` draws from its own generator (``spawn_key=(truth, index, 1,
+  j)``), so the trained-feature datasets of truths (a), (b), (c) are those of the self-test
+  without twins;
 * metadata as on ``i_vis``: step, horizon, prompt length (trajectory base + per-step growth,
   equal for every variant of a step, so Δprompt length is 0);
 * collapse statistic, two layers: ``0.35 + trajectory effect + position + collapse_box ·
@@ -82,10 +99,12 @@ __all__ = [
     "true_estimands",
 ]
 
-TRUTHS = ("a", "b", "c")
-#: Truths the CLI accepts: the three, and ``c_shared`` = truth (c) with held-out wording OFF
+TRUTHS = ("a", "b", "c", "twin_token", "twin_seed")
+#: Truths the CLI accepts: the five, and ``c_shared`` = truth (c) with held-out wording OFF
 #: (train and test share the bank: shows what the held-out wording guards against).
 ALL_TRUTHS = (*TRUTHS, "c_shared")
+#: Truths whose control separation is token identity shared by the twins (no content, no wording).
+TWIN_TRUTHS = ("twin_token", "twin_seed")
 #: Test-set sizes (trajectories) of the interval-coverage table (docs/selftest.md).
 COVERAGE_N_TEST = (5, 10, 24, 50)
 #: Cells of the simulated layer × token-group sweep (6 layers × 5 token groups).
@@ -109,6 +128,9 @@ class SimParams:
     content: float = 0.9  # truth (a); truths (b) and (c) set 0
     wording: float = 4.0  # truth (c): template-specific direction of attack rows; (a), (b) set 0
     heldout_wording: bool = True  # attack templates of test trajectories unseen in training
+    lexical: float = 0.9  # truths twin_token, twin_seed: token identity on attack rows, shared by the twins
+    seed_sd: float = 0.3  # truth twin_seed: SD of the log token-identity gain across network seeds
+    n_twins: int = 3  # random-weight twins (seeds) per dataset, as evaluation.random_twin_seeds
     collapse_box: float = 0.002
     test_fraction: float = 0.3
     l2: float = 1.0
@@ -116,15 +138,22 @@ class SimParams:
     permutation_m: int = 199  # refits of the exact permutation test (verdict check 4)
 
     def for_truth(self, truth: str) -> SimParams:
-        """The process under truth ``"a"`` (content as set, no wording signal), ``"b"`` (neither)
-        or ``"c"`` (wording as set, no content)."""
+        """The process under truth ``"a"`` (content as set, no wording signal), ``"b"`` (neither),
+        ``"c"`` (wording as set, no content) or ``"twin_token"``/``"twin_seed"`` (token identity
+        as set, neither content nor wording); token identity is 0 under (a), (b), (c)."""
         if truth not in TRUTHS:
             raise ValueError(f"truth must be one of {', '.join(TRUTHS)}, got {truth!r}")
         if truth == "a":
-            return replace(self, wording=0.0)
+            return replace(self, wording=0.0, lexical=0.0)
         if truth == "b":
-            return replace(self, content=0.0, wording=0.0)
-        return replace(self, content=0.0)
+            return replace(self, content=0.0, wording=0.0, lexical=0.0)
+        if truth == "c":
+            return replace(self, content=0.0, lexical=0.0)
+        return replace(self, content=0.0, wording=0.0)
+
+    def twin(self, gain: float = 1.0) -> SimParams:
+        """A random-weight network's process: no content term, token identity times ``gain``."""
+        return replace(self, content=0.0, lexical=self.lexical * gain)
 
     @property
     def sigma(self) -> float:
@@ -151,12 +180,23 @@ def _directions(rng: np.random.Generator, d: int) -> dict[str, np.ndarray]:
     return {"content": q[:, 0], "box": q[:, 1], "text": q[:, 2], "pos": q[:, 3], "templates": tmpl}
 
 
+def _lexical_direction(rng: np.random.Generator, dirs: dict[str, np.ndarray]) -> np.ndarray:
+    """A unit vector orthogonal to the four directions of :func:`_directions` (token identity)."""
+    basis = np.stack([dirs[k] for k in ("content", "box", "text", "pos")], axis=1)
+    v = rng.standard_normal(basis.shape[0])
+    v -= basis @ (basis.T @ v)
+    return v / np.linalg.norm(v)
+
+
 def variant_means(p: SimParams, dirs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """``mu[variant]`` in ``R^d`` (module docstring)."""
     surface = p.box * dirs["box"] + p.text * dirs["text"]
+    attack = surface + p.content * dirs["content"]
+    if p.lexical:
+        attack = attack + p.lexical * dirs["lex"]
     return {
         "clean": np.zeros_like(dirs["box"]),
-        "attack": surface + p.content * dirs["content"],
+        "attack": attack,
         "c_scrambled": surface,
         "c_imperative": surface,
         "c_occlusion": p.box * dirs["box"],
@@ -168,28 +208,62 @@ def trajectory_ids(n: int) -> list[str]:
     return [f"sim{t:05d}" for t in range(n)]
 
 
+def _network_features(p: SimParams, dirs: dict[str, np.ndarray], step_part: np.ndarray,
+                      attack_rows: np.ndarray, tmpl: np.ndarray, rng: np.random.Generator,
+                      ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Another network's features of the same inputs: ``Q (mu[variant] + step part + e)``.
+
+    Args:
+        p: The network's process (e.g. :meth:`SimParams.twin`).
+        dirs: The directions (input space).
+        step_part: Trajectory, step and position parts ``[n_steps, d]`` (shared: same inputs).
+        attack_rows: Row indices of the attack rows; ``tmpl`` their templates.
+        tmpl: Template index of each attack row ``[n_steps]``.
+        rng: The network's generator (rotation ``Q`` first, then the row noise ``e``).
+
+    Returns:
+        ``(x [N, d], dirs as the network's features carry them: Q v)``.
+    """
+    d, nv = p.n_features, len(VARIANTS)
+    q, _ = np.linalg.qr(rng.standard_normal((d, d)))
+    mu = variant_means(p, dirs)
+    x = np.repeat(step_part, nv, axis=0) + rng.standard_normal((step_part.shape[0] * nv, d)) * p.sigma_row
+    x += np.tile(np.stack([mu[v] for v in VARIANTS]), (step_part.shape[0], 1))
+    if p.wording:
+        x[attack_rows] += p.wording * dirs["templates"][:, tmpl].T
+    return x @ q.T, {k: q @ v for k, v in dirs.items()}
+
+
 def simulate_dataset(p: SimParams, rng: np.random.Generator, dirs: dict[str, np.ndarray] | None = None,
-                     n_trajectories: int | None = None,
-                     template_of=None) -> tuple[pd.DataFrame, np.ndarray, np.ndarray, dict]:
-    """One dataset with the protocol's structure.
+                     n_trajectories: int | None = None, template_of=None, twins=None, trained=None):
+    """One dataset with the protocol's structure (and, with ``twins``, its random twins' features).
 
     Args:
         p: Parameters.
         rng: Random generator.
-        dirs: Signal directions (drawn from ``rng`` when None).
+        dirs: Signal directions (drawn from ``rng`` when None; the token-identity direction
+            ``"lex"`` right after them when ``p.lexical`` and ``dirs`` lacks it).
         n_trajectories: Overrides ``p.n_trajectories`` (e.g. a large fresh sample).
         template_of: ``(trajectory_id, step) -> template index`` of the step's attack row (the
             real chooser :func:`ipi.surfaces.bank.attack_text`, restricted to the trajectory's
             held-out wording family); default: the whole bank.
+        twins: ``[(generator, gain), ...]``, one per random-weight twin (module docstring), or
+            None. Twin ``j`` is :func:`_network_features` of ``p.twin(gain)``.
+        trained: ``(generator, gain)`` or None: the "trained" features are then generated like a
+            twin's (truth ``twin_seed``: the trained net is another random draw) instead of ``x``.
 
     Returns:
         ``(meta, x, collapse, dirs)``: ``meta`` has ``trajectory_id, step, variant, surface,
         horizon, prompt_len, delta_prompt_len, template`` (one row per (trajectory, step,
         variant); ``template`` is the attack's template on attack rows, −1 elsewhere); ``x`` is
-        ``[N, d]`` float64 (attack rows add ``wording · v_template``); ``collapse`` ``[N, 2]``.
+        ``[N, d]`` float64 (attack rows add ``wording · v_template``); ``collapse`` ``[N, 2]``;
+        ``dirs`` the directions as ``x`` carries them. With ``twins`` two more items: the
+        twins' features ``[x_j [N, d], ...]`` and their directions ``[dirs_j, ...]``.
     """
     d = p.n_features
-    dirs = dirs if dirs is not None else _directions(rng, d)
+    dirs = dict(dirs) if dirs is not None else _directions(rng, d)
+    if p.lexical and "lex" not in dirs:
+        dirs["lex"] = _lexical_direction(rng, dirs)
     mu = variant_means(p, dirs)
     n_t = int(n_trajectories or p.n_trajectories)
     horizons = rng.integers(p.h_min, p.h_max + 1, size=n_t)
@@ -230,7 +304,13 @@ def simulate_dataset(p: SimParams, rng: np.random.Generator, dirs: dict[str, np.
         "delta_prompt_len": 0.0,
         "template": template_col,
     })
-    return meta, x, collapse, dirs
+    out_dirs = dirs
+    if trained is not None:
+        x, out_dirs = _network_features(p.twin(trained[1]), dirs, step_part, attack_rows, tmpl, trained[0])
+    if twins is None:
+        return meta, x, collapse, out_dirs
+    nets = [_network_features(p.twin(g), dirs, step_part, attack_rows, tmpl, r) for r, g in twins]
+    return meta, x, collapse, out_dirs, [n[0] for n in nets], [n[1] for n in nets]
 
 
 def _position_grid(p: SimParams) -> np.ndarray:
@@ -294,8 +374,18 @@ def true_estimands(w: np.ndarray, p: SimParams, dirs: dict[str, np.ndarray],
 
 
 def _flat(results: dict) -> dict[str, dict]:
+    """Intervals by flat key: ``e1, e2, e3.<c>``; with twins ``twin.*`` (the envelope, max over
+    seeds), ``diff.e3.<c>`` (E3 − envelope) and ``diff1.e3.<c>`` (E3 − the first seed's E3)."""
     flat = {"e1": results["e1"], "e2": results["e2"]}
     flat.update({f"e3.{c}": iv for c, iv in results["e3"].items()})
+    twin = results.get("random_twin")
+    if twin:
+        flat.update({"twin.e1": twin["e1"], "twin.e2": twin["e2"]})
+        flat.update({f"twin.e3.{c}": iv for c, iv in twin["e3"].items()})
+        d = results["differences"]
+        flat.update({f"diff.e3.{c}": iv for c, iv in d["e3_minus_twin_e3"].items()})
+        first = d["e3_minus_twin_e3_by_seed"][twin["seeds"][0]]
+        flat.update({f"diff1.e3.{c}": iv for c, iv in first.items()})
     return flat
 
 
@@ -320,7 +410,9 @@ def run_dataset(p: SimParams, truth: str, index: int, seed: int, key: tuple | No
 
     Seeds: ``numpy.random.SeedSequence(seed, spawn_key=key or (truth_index, index))`` drives the
     data, the split, the label permutation and the bootstrap draws, so a dataset's result does
-    not depend on how many workers ran. The split (and with it the held-out wording family of
+    not depend on how many workers ran; twin ``j`` (``p.n_twins`` of them, 0: no twin and check
+    6 NOT RUN) draws from ``spawn_key=(*key, 1, j)``, the networks' token-identity gains of
+    truth ``twin_seed`` from ``(*key, 2)``. The split (and with it the held-out wording family of
     each trajectory, :func:`ipi.surfaces.wording.wording_plan`) is drawn first; each attack row's
     template comes from the real chooser restricted to its trajectory's family.
 
@@ -333,8 +425,19 @@ def run_dataset(p: SimParams, truth: str, index: int, seed: int, key: tuple | No
     pt = (replace(p, heldout_wording=False).for_truth("c") if truth == "c_shared" else p.for_truth(truth))
     ss = np.random.SeedSequence(seed, spawn_key=key if key is not None else (ALL_TRUTHS.index(truth), index))
     rng = np.random.default_rng(ss)
+    key = key if key is not None else (ALL_TRUTHS.index(truth), index)
     folds, plan, template_of, test_templates = _split_and_templates(pt, rng, pt.n_trajectories)
-    meta, x, collapse, dirs = simulate_dataset(pt, rng, template_of=template_of)
+    # Token-identity gains: 1 for every network, except under twin_seed (one draw per network,
+    # index 0 the "trained" one: exchangeable with the twins).
+    gains = (np.exp(pt.seed_sd * np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(*key, 2)))
+                    .standard_normal(pt.n_twins + 1)) if truth == "twin_seed" else np.ones(pt.n_twins + 1))
+    twins = [(np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(*key, 1, j))), float(gains[j]))
+             for j in range(1, pt.n_twins + 1)]
+    trained = ((np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(*key, 1, 0))), float(gains[0]))
+               if truth == "twin_seed" else None)
+    sim = simulate_dataset(pt, rng, template_of=template_of, twins=twins or None, trained=trained)
+    meta, x, collapse, dirs = sim[:4]
+    x_twins, dirs_twins = (sim[4], sim[5]) if twins else ([], [])
     perm_seed, boot_seed = (int(v) for v in rng.integers(0, 2**31 - 1, size=2))
     null_seed = int(rng.integers(0, 2**31 - 1))
     md = meta[["step", "horizon", "prompt_len", "delta_prompt_len"]].to_numpy(dtype=np.float64)
@@ -343,11 +446,32 @@ def run_dataset(p: SimParams, truth: str, index: int, seed: int, key: tuple | No
                      permutation_seed=null_seed)
     main_table = meta.iloc[fits.test_index][["trajectory_id", "step", "variant"]].reset_index(drop=True)
     main_table["score"] = fits.probe_scores(x)
+    # The random-weight twins: the same probe on the same folds (verdict check 6).
+    twin_tables, twin_w = {}, []
+    for j, xt in enumerate(x_twins, start=1):
+        tf = cross_fit(meta, xt, folds, probe_cfg=ProbeConfig(l2=pt.l2, seed=0), l2=pt.l2)
+        tbl = main_table[["trajectory_id", "step", "variant"]].copy()
+        tbl["score"] = tf.probe_scores(xt)
+        twin_tables[j] = tbl
+        twin_w.append(tf.probes[0].effective_weights()[0].detach().numpy())
     results = evaluate_tables(main_table, fits.baselines, n_boot=pt.n_boot, seed=boot_seed,
-                              permutation=fits.permutation_input())
-    v = verdict(results)
+                              permutation=fits.permutation_input(), twins=twin_tables or None)
+    v = verdict(results, pretrained=True if twin_tables else None)
     w, _ = fits.probes[0].effective_weights()
-    truth_vals = true_estimands(w.detach().numpy(), pt, dirs, test_templates)
+    p_trained = pt.twin(trained[1]) if trained is not None else pt
+    truth_vals = true_estimands(w.detach().numpy(), p_trained, dirs, test_templates)
+    if twin_tables:
+        tv = [true_estimands(wt, pt.twin(float(g)), dt, test_templates)
+              for wt, dt, g in zip(twin_w, dirs_twins, gains[1:])]
+        for k in tv[0]:
+            truth_vals[f"twin.{k}"] = max(t[k] for t in tv)
+        for c in CONTROLS:
+            truth_vals[f"diff.e3.{c}"] = truth_vals[f"e3.{c}"] - truth_vals[f"twin.e3.{c}"]
+            truth_vals[f"diff1.e3.{c}"] = truth_vals[f"e3.{c}"] - tv[0][f"e3.{c}"]
+        # Does the trained probe beat every twin in the population (the event exchangeability bounds)?
+        beats_all = all(truth_vals[f"e3.{c}"] > max(t[f"e3.{c}"] for t in tv) for c in CONTROLS)
+    else:
+        beats_all = None
     p_sep, p_det = claim_p_values({**results, "verdict": v})
     est = {}
     for key, iv in _flat(results).items():
@@ -366,6 +490,9 @@ def run_dataset(p: SimParams, truth: str, index: int, seed: int, key: tuple | No
         "n_test_trajectories": len(folds[0][1]),
         "p_separates": p_sep,
         "p_detects": p_det,
+        "n_twins": len(twin_tables),
+        "true_beats_every_twin": beats_all,
+        "gains": [float(g) for g in gains] if truth == "twin_seed" else None,
         "seconds": time.perf_counter() - t0,
     }
 
@@ -507,6 +634,10 @@ def summarise(records: list[dict]) -> dict:
         s["mean_estimate"] = {k: float(np.mean([r["estimands"][k]["estimate"] for r in rec]))
                               for k in rec[0]["estimands"]}
         s["seconds_per_dataset"] = float(np.mean([r["seconds"] for r in rec]))
+        beats = [r["true_beats_every_twin"] for r in rec if r.get("true_beats_every_twin") is not None]
+        if beats:  # population event: the trained probe's true E3 above every twin's, every control
+            s["true_beats_every_twin"] = rate(sum(beats), len(beats))
+            s["n_twins"] = int(rec[0]["n_twins"])
         out[truth] = s
     return out
 
@@ -518,26 +649,43 @@ def format_table(summary: dict) -> str:
         return f"{r['rate']:.3f} ({r['k']}/{r['n']}; 95% CI {r['ci'][0]:.3f}–{r['ci'][1]:.3f})"
 
     heads = {"a": "truth (a): content signal", "b": "truth (b): surface only",
-             "c": "truth (c): bank wording, held out", "c_shared": "truth (c), wording shared"}
+             "c": "truth (c): bank wording, held out", "c_shared": "truth (c), wording shared",
+             "twin_token": "twin_token: token identity shared by the twins",
+             "twin_seed": "twin_seed: trained = another random draw"}
     present = [t for t in ALL_TRUTHS if t in summary]
     lines = ["| figure | " + " | ".join(heads[t] for t in present) + " |", "|---" * (len(present) + 1) + "|"]
 
     def row(label: str, get) -> None:
-        lines.append(f"| {label} | " + " | ".join(get(summary[t]) for t in present) + " |")
+        cells = []
+        for t in present:
+            try:
+                cells.append(get(summary[t]))
+            except KeyError:
+                cells.append("n/a")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
 
     row("claims \"detects malicious content\"", lambda s: pct(s["claim_detects"]))
     row("coverage of the 95% CI of E1", lambda s: pct(s["coverage"]["e1"]))
     for k in ("e2", *(f"e3.{c}" for c in CONTROLS)):
         row(f"coverage of the 95% CI of {k.upper() if k == 'e2' else 'E3 ' + k[3:]}", lambda s, k=k: pct(s["coverage"][k]))
+    if any("twin.e1" in summary[t]["coverage"] for t in present):
+        row("coverage of the 95% CI of max twin E1", lambda s: pct(s["coverage"]["twin.e1"]))
+        for c in CONTROLS:
+            row(f"coverage of the paired 95% CI of E3 − max twin E3 {c}",
+                lambda s, c=c: pct(s["coverage"][f"diff.e3.{c}"]))
+        row("coverage of the paired 95% CI of E3 − twin seed 1 E3 c_scrambled",
+            lambda s: pct(s["coverage"]["diff1.e3.c_scrambled"]))
+    if any("true_beats_every_twin" in summary[t] for t in present):
+        row("trained beats every twin in truth (all controls)", lambda s: pct(s["true_beats_every_twin"]))
     names = {"1": "separates", "2": "not a construction artifact", "3": "not surface statistics",
-             "4": "no memorisation", "5": "not generic collapse"}
+             "4": "no memorisation", "5": "not generic collapse", "6": "selective vs random-weight twins"}
     for cid, name in names.items():
         row(f"check {cid} ({name}) PASS", lambda s, cid=cid: pct(s["check_pass"][cid]))
     if any("permutation" in summary[t] for t in present):
         row("permutation null: mean of null means / max |null mean − 0.5|",
             lambda s: (f"{s['permutation']['mean_null_mean']:.3f} / {s['permutation']['max_abs_null_mean_off']:.3f}"
                        if "permutation" in s else "n/a"))
-    for k in ("e1", "e2", *(f"e3.{c}" for c in CONTROLS)):
+    for k in ("e1", "e2", *(f"e3.{c}" for c in CONTROLS), "twin.e3.c_scrambled", "diff.e3.c_scrambled"):
         row(f"mean true {k} / mean estimate", lambda s, k=k: f"{s['mean_true'][k]:.3f} / {s['mean_estimate'][k]:.3f}")
     row("seconds per dataset (one worker)", lambda s: f"{s['seconds_per_dataset']:.2f}")
     if not present:
@@ -567,11 +715,19 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--content", type=float, default=SimParams.content, help="content signal of truth (a)")
     ap.add_argument("--wording", type=float, default=SimParams.wording,
                     help="per-template wording signal of truth (c) (default %(default)s)")
+    ap.add_argument("--lexical", type=float, default=SimParams.lexical,
+                    help="token-identity signal of truths twin_token and twin_seed (default %(default)s)")
+    ap.add_argument("--seed-sd", type=float, default=SimParams.seed_sd,
+                    help="SD of the log token-identity gain across network seeds, truth twin_seed (default %(default)s)")
+    ap.add_argument("--twins", type=int, default=SimParams.n_twins,
+                    help="random-weight twins per dataset (default %(default)s, as evaluation.random_twin_seeds; "
+                         "0: check 6 NOT RUN)")
     ap.add_argument("--n-boot", type=int, default=1000, help="bootstrap replicates (default 1000)")
     ap.add_argument("--permutations", type=int, default=SimParams.permutation_m,
                     help="refits M of the exact permutation test, verdict check 4 (default 199; 0: not run)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--truths", default="a,b,c", help="comma-separated subset of a,b,c,c_shared (default a,b,c)")
+    ap.add_argument("--truths", default=",".join(TRUTHS),
+                    help=f"comma-separated subset of {','.join(ALL_TRUTHS)} (default {','.join(TRUTHS)})")
     ap.add_argument("--coverage-datasets", type=int, default=None,
                     help="truth-(a) datasets per test-set size for the coverage table (default: --n-datasets; 0: skip)")
     ap.add_argument("--coverage-n-test", default=",".join(map(str, COVERAGE_N_TEST)),
@@ -582,7 +738,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--out", default="outputs/selftest/selftest.json", help="JSON with every record + summary")
     args = ap.parse_args(argv)
     p = SimParams(n_trajectories=args.trajectories, n_features=args.features, content=args.content,
-                  wording=args.wording, n_boot=args.n_boot, permutation_m=args.permutations)
+                  wording=args.wording, lexical=args.lexical, seed_sd=args.seed_sd, n_twins=args.twins,
+                  n_boot=args.n_boot, permutation_m=args.permutations)
     truths = [t.strip() for t in args.truths.split(",") if t.strip()]
     for t in truths:
         if t not in ALL_TRUTHS:

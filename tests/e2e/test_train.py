@@ -30,7 +30,7 @@ def test_train_end_to_end_and_cache_reuse(tmp_path):
     # 2 test trajectories: below the default evaluation.min_clusters=5 the verdict would be NOT RUN
     # (tested in test_estimands); lowered here so all five checks run on this small data.
     ov = ["data.max_trajectories=4", "split.test_fraction=0.5", "evaluation.n_boot=200",
-          "evaluation.min_clusters=2"]
+          "evaluation.min_clusters=2", "evaluation.random_twin=true", "evaluation.random_twin_seeds=[1,2]"]
     cfg = compose_train(tmp_path, ov)
     results, objs = train(cfg)
     run = tmp_path / "run"
@@ -43,7 +43,7 @@ def test_train_end_to_end_and_cache_reuse(tmp_path):
         _check_interval(iv)
     _check_interval(on_disk["c1"]["e1"])
     _check_interval(on_disk["c1"]["e2"])
-    assert [c["id"] for c in on_disk["verdict"]["checks"]] == [1, 2, 3, 4, 5]
+    assert [c["id"] for c in on_disk["verdict"]["checks"]] == [1, 2, 3, 4, 5, 6]
     assert on_disk["verdict"]["claim"] in {
         "detects malicious content", "separates clean steps from this attack surface on this split", "none"}
     counts = on_disk["counts"]
@@ -68,10 +68,46 @@ def test_train_end_to_end_and_cache_reuse(tmp_path):
     info1 = json.loads((run / "run_info.json").read_text())["extraction"]
     assert info1["cache_hit"] is False and info1["rows_forwarded"] == counts["rows"]
 
+    # The random-weight twins (seeds 1, 2): every estimand on the same test rows, paired
+    # differences on the same draws, one cache entry per seed; the envelope is the larger seed;
+    # the tiny backbone's own weights are random, so check 6 FAILs and says why.
+    twin = on_disk["random_twin"]
+    assert twin["seeds"] == ["1", "2"] and set(twin["by_seed"]) == {"1", "2"}
+    for key in ("e1", "e2"):
+        _check_interval(twin[key])
+        assert twin[key]["estimate"] == max(twin["by_seed"][s][key]["estimate"] for s in ("1", "2"))
+    assert set(twin["e3"]) == set(on_disk["e3"])
+    assert set(on_disk["differences"]["e3_minus_twin_e3"]) == set(on_disk["e3"])
+    for c, iv in on_disk["differences"]["e3_minus_twin_e3"].items():
+        assert iv["estimate"] == pytest.approx(on_disk["e3"][c]["estimate"] - twin["e3"][c]["estimate"], abs=1e-12)
+        for s in ("1", "2"):
+            assert on_disk["differences"]["e3_minus_twin_e3_by_seed"][s][c]["estimate"] == pytest.approx(
+                on_disk["e3"][c]["estimate"] - twin["by_seed"][s]["e3"][c]["estimate"], abs=1e-12)
+    assert on_disk["differences"]["e1_minus_twin_e1"]["estimate"] == pytest.approx(
+        on_disk["e1"]["estimate"] - twin["e1"]["estimate"], abs=1e-12)
+    tw_run = on_disk["run"]["random_twin"]
+    assert tw_run["seeds"] == [1, 2] and tw_run["backbone_pretrained"] is False
+    assert len(set(tw_run["cache_keys"].values())) == 2
+    assert not set(tw_run["cache_keys"].values()) & set(on_disk["run"]["cache_keys"].values())
+    check6 = on_disk["verdict"]["checks"][5]
+    assert check6["status"] == "FAIL" and "backbone.pretrained=false" in check6["detail"]
+    assert on_disk["verdict"]["claim"] != "detects malicious content"
+    assert "Trained vs random-weight twin" in report and "at most" in report
+    tw_info = json.loads((run / "run_info.json").read_text())["extraction_random_twin"]
+    assert set(tw_info) == {"1", "2"} and all(i["rows_forwarded"] == counts["rows"] for i in tw_info.values())
+    # The written score tables re-evaluate to the same paired twin differences (evaluate.py's path).
+    from ipi.evaluation.scoretable import evaluate_score_table
+
+    again = evaluate_score_table(run / "scores.csv", twin=run / "scores_twin.csv", n_boot=200, seed=0,
+                                 min_clusters=2, pretrained=False)
+    assert again["differences"]["e3_minus_twin_e3"] == on_disk["differences"]["e3_minus_twin_e3"]
+    assert again["random_twin"] == twin and again["verdict"]["checks"][5] == check6
+
     # Second identical run: the cache is reused (no forward pass) and results are identical.
     results2, objs2 = train(compose_train(tmp_path, ov))
     info2 = json.loads((run / "run_info.json").read_text())["extraction"]
     assert info2["cache_hit"] is True and info2["rows_forwarded"] == 0
+    assert all(i["cache_hit"] for i in json.loads((run / "run_info.json").read_text())["extraction_random_twin"].values())
     assert info2["cache_key"] == info1["cache_key"]
     assert json.loads((run / "results.json").read_text()) == on_disk
 

@@ -260,12 +260,17 @@ def _results(n=24):
         "e3": {"c_scrambled": _iv(0.7, 0.6, 0.8), "c_imperative": _iv(0.75, 0.65, 0.85)},
         "c1": {"e1": _iv(0.7, 0.6, 0.8), "e2": _iv(0.7, 0.6, 0.8)},
         "collapse_only": {"e1": _iv(0.55, 0.5, 0.58), "e2": _iv(0.55, 0.5, 0.6)},
-        "differences": {"e1_minus_c1_e1": _iv(0.15, 0.05, 0.25), "e1_minus_e3": {}},
+        "differences": {"e1_minus_c1_e1": _iv(0.15, 0.05, 0.25), "e1_minus_e3": {},
+                        "e3_minus_twin_e3": {"c_scrambled": _iv(0.2, 0.1, 0.3), "c_imperative": _iv(0.25, 0.1, 0.3)}},
+        "random_twin": {"e1": _iv(0.8, 0.7, 0.9), "e2": _iv(0.8, 0.7, 0.9),
+                        "e3": {"c_scrambled": _iv(0.5, 0.4, 0.6), "c_imperative": _iv(0.5, 0.4, 0.6)}},
         "permutation": _perm(),
         "bootstrap": {"n_clusters": n, "clusters_by_estimand": {
             "e1": n, "e2": n, "e3": {"c_scrambled": n, "c_imperative": n},
             "c1": {"e1": n, "e2": n, "e3": {}}, "collapse_only": {"e1": n, "e2": n, "e3": {}},
-            "differences": {"e1_minus_c1_e1": n, "e1_minus_e3": {}}}},
+            "random_twin": {"e1": n, "e2": n, "e3": {"c_scrambled": n, "c_imperative": n}},
+            "differences": {"e1_minus_c1_e1": n, "e1_minus_e3": {},
+                            "e3_minus_twin_e3": {"c_scrambled": n, "c_imperative": n}}}},
     }
 
 
@@ -275,7 +280,7 @@ def _st(v):
 
 def test_verdict_all_pass_with_numbers():
     v = verdict(_results())
-    assert _st(v) == [PASS] * 5 and v["claim"] == CLAIM_DETECTS and v["claim_note"] == ""
+    assert _st(v) == [PASS] * 6 and v["claim"] == CLAIM_DETECTS and v["claim_note"] == ""
     assert v["checks"][3]["detail"].startswith("exact permutation test, M=199: E1 0.850 vs null mean 0.500")
     assert v["checks"][4]["detail"] == "collapse-only E1 0.550 CI [0.500, 0.580] below ceiling 0.600"
     assert v["checks"][2]["numbers"]["c_scrambled"]["clusters"] == 24
@@ -289,6 +294,7 @@ def test_verdict_all_pass_with_numbers():
     (("c1", "e1"), [2]),
     (("differences", "e1_minus_c1_e1"), [2]),
     (("collapse_only", "e1"), [5]),
+    (("differences", "e3_minus_twin_e3", "c_imperative"), [6]),
 ])
 def test_verdict_gates_each_estimand_on_its_own_count(key, check):
     r = _results()
@@ -341,9 +347,9 @@ def test_verdict_checklist_is_extendable():
     def twin(ctx):
         return {"status": FAIL, "detail": "twin E1 too high", "numbers": {"e1": 0.9}}
 
-    v = verdict(_results(), checks=[*CHECKS, (6, "selective", twin)])
-    assert [c["id"] for c in v["checks"]] == [1, 2, 3, 4, 5, 6]
-    assert v["checks"][5] == {"id": 6, "name": "selective", "status": FAIL, "detail": "twin E1 too high",
+    v = verdict(_results(), checks=[*CHECKS, (7, "selective", twin)])
+    assert [c["id"] for c in v["checks"]] == [1, 2, 3, 4, 5, 6, 7]
+    assert v["checks"][6] == {"id": 7, "name": "selective", "status": FAIL, "detail": "twin E1 too high",
                               "numbers": {"e1": 0.9}}
     assert v["claim"] == CLAIM_SEPARATES
 

@@ -64,7 +64,7 @@ def test_ddp_two_processes_equal_one(tmp_path):
 
     # DDP extraction covers one surface per launch (ipi.config.validate): transfer off here.
     common = ["data.max_trajectories=2", "surface=i_vis", "evaluation.n_boot=50", "split.test_fraction=0.5",
-              "split.min_per_side=1", "logger=none", "evaluation.transfer=false"]
+              "split.min_per_side=1", "logger=none", "evaluation.transfer=false", "evaluation.random_twin=false"]
     one, _ = tasks.extract(compose_train(tmp_path / "one", common))
     proc = subprocess.run(
         [sys.executable, "train.py", *common, *SMALL_BACKBONE_OVERRIDES, "quiet=true",
@@ -91,7 +91,8 @@ def test_ddp_two_processes_equal_one(tmp_path):
 
 def test_sigkill_mid_extraction_resumes_to_the_same_cache(tmp_path):
     """Kill -9 after the first shard; the same command forwards only the missing rows."""
-    cmd = [sys.executable, "extract.py", "data.max_trajectories=2", "surface=i_dom", "evaluation.transfer=false", "extract.shard_rows=4",
+    cmd = [sys.executable, "extract.py", "data.max_trajectories=2", "surface=i_dom", "evaluation.transfer=false",
+           "evaluation.random_twin=false", "extract.shard_rows=4",
            *SMALL_BACKBONE_OVERRIDES, "quiet=true"]
     killed = tmp_path / "killed"
     entry_glob = "*/shard-*.safetensors"
@@ -138,7 +139,7 @@ def test_submitit_local_sweep_of_two_jobs(tmp_path):
     from ipi import pipeline as tasks
 
     common = ["data.max_trajectories=2", "evaluation.n_boot=50", "split.test_fraction=0.5", "split.min_per_side=1",
-              "logger=none"]
+              "logger=none", "evaluation.random_twin=false"]
     cfg = compose_train(tmp_path, common)
     info, _ = tasks.extract(cfg)  # extraction before the sweep (may use DDP); jobs only read
     sweep = tmp_path / "sweep"

@@ -434,7 +434,11 @@ def _passing():
         "permuted": {"e1": _iv(0.5, 0.45, 0.55), "e2": _iv(0.5, 0.4, 0.6)},
         "permutation": _perm(),
         "collapse_only": {"e1": _iv(0.55, 0.5, 0.58), "e2": _iv(0.55, 0.5, 0.6)},
-        "differences": {"e1_minus_c1_e1": _iv(0.15, 0.05, 0.25), "e1_minus_e3": {}},
+        "differences": {"e1_minus_c1_e1": _iv(0.15, 0.05, 0.25), "e1_minus_e3": {},
+                        "e1_minus_twin_e1": _iv(0.2, 0.1, 0.3),
+                        "e3_minus_twin_e3": {"c_scrambled": _iv(0.2, 0.1, 0.3), "c_imperative": _iv(0.25, 0.1, 0.3)}},
+        "random_twin": {"e1": _iv(0.65, 0.6, 0.7), "e2": _iv(0.6, 0.5, 0.7),
+                        "e3": {"c_scrambled": _iv(0.5, 0.45, 0.55), "c_imperative": _iv(0.5, 0.45, 0.55)}},
     }
 
 
@@ -444,8 +448,8 @@ def _statuses(v):
 
 def test_verdict_all_pass():
     v = verdict(_passing())
-    assert _statuses(v) == ["PASS"] * 5
-    assert [c["id"] for c in v["checks"]] == [1, 2, 3, 4, 5]
+    assert _statuses(v) == ["PASS"] * 6
+    assert [c["id"] for c in v["checks"]] == [1, 2, 3, 4, 5, 6]
     assert v["claim"] == CLAIM_DETECTS
     assert v["checks"][0]["detail"] == "E1 0.850 CI [0.710, 0.930]: CI low 0.710 > 0.5"
     assert "c_imperative" in v["checks"][2]["detail"] and "c_scrambled" in v["checks"][2]["detail"]
@@ -460,10 +464,10 @@ def test_verdict_needs_enough_test_trajectories(n_clusters, gated):
         r["bootstrap"] = {"n_boot": 1000, "seed": 0, "level": 0.95, "n_clusters": n_clusters}
     v = verdict(r, min_clusters=5)
     if gated:
-        assert _statuses(v) == ["NOT RUN"] * 5 and v["claim"] == CLAIM_NONE
+        assert _statuses(v) == ["NOT RUN"] * 6 and v["claim"] == CLAIM_NONE
         assert f"only {n_clusters} test trajector" in v["checks"][0]["detail"]
     else:
-        assert _statuses(v) == ["PASS"] * 5 and v["claim"] == CLAIM_DETECTS
+        assert _statuses(v) == ["PASS"] * 6 and v["claim"] == CLAIM_DETECTS
 
 
 @pytest.mark.parametrize(
@@ -477,13 +481,15 @@ def test_verdict_needs_enough_test_trajectories(n_clusters, gated):
         (4, lambda r: r.update(permutation=_perm(p=0.2))),
         (4, lambda r: r.update(permutation=_perm(mean=0.45))),
         (5, lambda r: r.update(collapse_only={"e1": _iv(0.634, 0.61, 0.69)})),
+        (6, lambda r: r["differences"]["e3_minus_twin_e3"].update(c_scrambled=_iv(0.03, -0.01, 0.08))),
+        (6, lambda r: r["differences"]["e3_minus_twin_e3"].update(c_imperative=_iv(0.0, 0.0, 0.08))),  # strict
     ],
 )
 def test_verdict_each_failing(check, mutate):
     r = _passing()
     mutate(r)
     v = verdict(r)
-    expected = ["PASS"] * 5
+    expected = ["PASS"] * 6
     expected[check - 1] = "FAIL"
     assert _statuses(v) == expected
     assert v["claim"] == (CLAIM_NONE if check == 1 else CLAIM_SEPARATES)
@@ -499,21 +505,23 @@ def test_verdict_failing_details_carry_numbers():
     assert v["checks"][4]["detail"] == "collapse-only E1 0.634 CI [0.610, 0.690] above ceiling 0.600"
 
 
-@pytest.mark.parametrize("missing", ["c1", "e3", "permutation", "collapse_only"])
+@pytest.mark.parametrize("missing", ["c1", "e3", "permutation", "collapse_only", "random_twin"])
 def test_verdict_not_run(missing):
     r = _passing()
     del r[missing]
     if missing == "c1":
         del r["differences"]["e1_minus_c1_e1"]
+    if missing == "random_twin":
+        del r["differences"]["e3_minus_twin_e3"]
     v = verdict(r)
-    check = {"c1": 2, "e3": 3, "permutation": 4, "collapse_only": 5}[missing]
+    check = {"c1": 2, "e3": 3, "permutation": 4, "collapse_only": 5, "random_twin": 6}[missing]
     assert v["checks"][check - 1]["status"] == "NOT RUN"
     assert v["claim"] == CLAIM_SEPARATES
 
 
 def test_verdict_empty_and_undefined_inputs():
     v = verdict({})
-    assert _statuses(v) == ["NOT RUN"] * 5 and v["claim"] == CLAIM_NONE
+    assert _statuses(v) == ["NOT RUN"] * 6 and v["claim"] == CLAIM_NONE
     r = _passing()
     r["e3"]["c_occlusion"] = _iv(None, None, None)  # every replicate dropped
     assert verdict(r)["checks"][2]["status"] == "NOT RUN"
@@ -540,6 +548,7 @@ def test_verdict_on_evaluate_tables_output():
             "collapse_only": _random_table(3, shift=0.0),
         },
         n_boot=200,
+        twins={1: _random_table(4, shift=0.0), 2: _random_table(5, shift=0.0)},
     )
     v = verdict(out)
     assert v["checks"][0]["status"] == "PASS" and v["checks"][1]["status"] == "PASS"

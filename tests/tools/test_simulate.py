@@ -1,4 +1,4 @@
-"""The planted-truth simulator (ipi.tools.simulate): structure, the analytic truth, the verdict under both truths."""
+"""The planted-truth simulator (ipi.tools.simulate): structure, the analytic truth, the verdict under its truths."""
 
 from __future__ import annotations
 
@@ -48,6 +48,11 @@ def test_truth_b_has_no_content_signal():
     pa, pb, pc = p.for_truth("a"), p.for_truth("b"), p.for_truth("c")
     assert pa.content > 0 and pb.content == 0 and pb.box == pa.box and pb.text == pa.text
     assert pa.wording == 0 and pb.wording == 0 and pc.wording > 0 and pc.content == 0
+    for t in ("twin_token", "twin_seed"):  # token identity only, shared by the twins
+        pt = p.for_truth(t)
+        assert pt.content == 0 and pt.wording == 0 and pt.lexical > 0
+    assert pa.lexical == pb.lexical == pc.lexical == 0
+    assert pa.twin().content == 0 and p.twin(2.0).lexical == 2.0 * p.lexical  # a twin keeps token identity
 
 
 def test_truth_c_attack_rows_carry_their_templates_direction():
@@ -59,16 +64,16 @@ def test_truth_c_attack_rows_carry_their_templates_direction():
     np.testing.assert_allclose(diff, p.wording * dirs["templates"][:, meta.template[att].to_numpy()].T, atol=1e-6)
 
 
-@pytest.mark.parametrize("truth", ["a", "b", "c"])
+@pytest.mark.parametrize("truth", ["a", "b", "c", "twin_token"])
 def test_analytic_truth_matches_a_large_monte_carlo_sample(truth):
     """The CI's target, computed analytically, equals the estimands on 4,000 fresh trajectories."""
     p = SimParams(n_features=32).for_truth(truth)
     rng = np.random.default_rng(1)
-    _, _, _, dirs = simulate_dataset(SimParams(n_trajectories=2, n_features=32), rng)
+    _, _, _, dirs = simulate_dataset(SimParams(n_trajectories=2, n_features=32, lexical=0.9), rng)
     # An arbitrary fixed linear score with weight on every planted direction and on noise ones
     # (and, for truth (c), on some template directions: a probe that learned those templates).
     w = 0.7 * dirs["box"] + 0.5 * dirs["text"] + 0.9 * dirs["content"] + 0.8 * dirs["pos"] \
-        + 0.3 * rng.standard_normal(32) + 0.2 * dirs["templates"][:, :5].sum(axis=1)
+        + 0.3 * rng.standard_normal(32) + 0.2 * dirs["templates"][:, :5].sum(axis=1) + 0.6 * dirs["lex"]
     family = (0, 1, 2, 3, 9, 17)  # the target population's templates (a held-out family)
     truth_vals = true_estimands(w, p, dirs, family)
     meta, x, _, _ = simulate_dataset(p, rng, dirs=dirs, n_trajectories=4000,
@@ -84,6 +89,8 @@ def test_analytic_truth_matches_a_large_monte_carlo_sample(truth):
         assert truth_vals[k] == pytest.approx(val, abs=0.01), k
     if truth == "c":
         assert truth_vals["e3.c_scrambled"] > 0.55  # the probe reads the family's wording
+    if truth == "twin_token":
+        assert truth_vals["e3.c_scrambled"] > 0.55  # the probe reads token identity
     if truth == "b":
         assert truth_vals["e3.c_scrambled"] == pytest.approx(0.5, abs=1e-12)
         assert truth_vals["e3.c_imperative"] == pytest.approx(0.5, abs=1e-12)
@@ -91,13 +98,14 @@ def test_analytic_truth_matches_a_large_monte_carlo_sample(truth):
 
 def test_verdict_licenses_the_claim_under_strong_signal_only():
     """Real pipeline on small datasets: strong content signal -> claim; surface only -> no claim."""
-    p = SimParams(n_trajectories=40, n_features=64, content=2.0, n_boot=200)
+    p = SimParams(n_trajectories=40, n_features=64, content=2.0, n_boot=200, n_twins=1)
     for i in range(2):
         ra = run_dataset(p, "a", i, seed=0)
         # 12 test trajectories: the collapse-only interval may straddle the 0.60 ceiling
         # (check 5 INCONCLUSIVE), which alone withholds the claim
         assert [ra["checks"][k] for k in "1234"] == ["PASS"] * 4, ra["checks"]
         assert ra["checks"]["5"] in ("PASS", "INCONCLUSIVE")
+        assert ra["checks"]["6"] == "PASS"  # content the twin lacks
         assert (ra["claim"] == "detects malicious content") == (ra["checks"]["5"] == "PASS"), ra["checks"]
         rb = run_dataset(p, "b", i, seed=0)
         assert rb["claim"] != "detects malicious content"
@@ -116,12 +124,14 @@ def test_verdict_licenses_the_claim_under_strong_signal_only():
 def test_cli_writes_records_and_summary(tmp_path, capsys):
     out = tmp_path / "st.json"
     main(["--n-datasets", "2", "--trajectories", "20", "--features", "8", "--n-boot", "50",
-          "--workers", "1", "--out", str(out)])
+          "--workers", "1", "--twins", "2", "--out", str(out)])
     data = json.loads(out.read_text())
     runs = [r for r in data["records"] if "truth" in r]
-    assert len(runs) == 6 and {r["truth"] for r in runs} == {"a", "b", "c"}
+    assert len(runs) == 10 and {r["truth"] for r in runs} == {"a", "b", "c", "twin_token", "twin_seed"}
+    assert all(r["n_twins"] == 2 and r["checks"]["6"] in ("PASS", "FAIL", "NOT RUN") for r in runs)
     s = data["summary"]
-    for truth in ("a", "b", "c"):
+    assert s["twin_seed"]["true_beats_every_twin"]["n"] == 2 and "twin.e1" in s["a"]["coverage"]
+    for truth in ("a", "b", "c", "twin_token", "twin_seed"):
         assert set(s[truth]["claim_detects"]) >= {"rate", "k", "n"}
         assert s[truth]["coverage"]["e1"]["n"] == 2
         k = sum(r["estimands"]["e1"]["covered"] for r in runs if r["truth"] == truth)
@@ -133,15 +143,66 @@ def test_cli_writes_records_and_summary(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "coverage of the 95% CI of E1" in printed and "detects malicious content" in printed
     assert "claim_detects.rate:" in printed and "| bca | 50 |" in printed
+    assert "twin_token: token identity shared by the twins" in printed and "check 6 (selective" in printed
     assert "permutation null" in printed and "permutation" in s["a"]
     # Same seed -> same records, whatever the worker count.
     out2 = tmp_path / "st2.json"
     main(["--n-datasets", "2", "--trajectories", "20", "--features", "8", "--n-boot", "50",
-          "--workers", "1", "--truths", "b", "--coverage-datasets", "0", "--out", str(out2)])
+          "--workers", "1", "--twins", "2", "--truths", "b", "--coverage-datasets", "0", "--out", str(out2)])
     again = [r for r in json.loads(out2.read_text())["records"]]
     first_b = [r for r in runs if r["truth"] == "b"]
     for a, b in zip(first_b, again, strict=True):
         assert a["estimands"] == b["estimands"] and a["claim"] == b["claim"]
+
+
+def test_token_identity_shared_by_the_twins_is_not_licensed():
+    """Truth twin_token: attacks differ from controls by token identity the random twins carry too.
+
+    Check 3 passes (E3 > 0.5 by a wide margin), yet the paired E3 − max twin E3 interval is not
+    above 0, so check 6 fails and "detects" is withheld; the difference's true value is <= ~0.
+    """
+    p = SimParams(n_trajectories=40, n_features=64, lexical=2.0, n_boot=200, n_twins=2)
+    for i in range(2):
+        r = run_dataset(p, "twin_token", i, seed=0)
+        assert r["checks"]["3"] == "PASS" and r["estimands"]["e3.c_scrambled"]["estimate"] > 0.7
+        assert r["estimands"]["twin.e3.c_scrambled"]["estimate"] > 0.7
+        assert r["checks"]["6"] == "FAIL" and r["claim"] != "detects malicious content"
+        assert r["estimands"]["diff.e3.c_scrambled"]["true"] < 0.02  # coverage is a rate: selftest.md
+    # Truth (a) with the same twins: content the twins lack passes check 6.
+    ra = run_dataset(SimParams(n_trajectories=40, n_features=64, content=2.0, n_boot=200, n_twins=2), "a", 0, seed=0)
+    assert ra["checks"]["6"] == "PASS" and ra["estimands"]["twin.e3.c_scrambled"]["true"] == pytest.approx(0.5, abs=1e-9)
+
+
+def test_seed_variance_truth_trained_is_another_random_draw():
+    """Truth twin_seed: every network has its own token-identity gain, the trained one included.
+
+    The trained features are generated exactly like a twin's (same law, own generator), so the
+    trained probe's population E3 beats all S twins with probability 1/(S+1); with the CI on
+    top the claim is rarer still. On a few datasets: the gains differ, check 3 passes through
+    token identity alone, and "detects" is never licensed here.
+    """
+    p = SimParams(n_trajectories=30, n_features=32, lexical=1.5, seed_sd=0.5, n_boot=200, n_twins=2,
+                  permutation_m=0)
+    recs = [run_dataset(p, "twin_seed", i, seed=1) for i in range(3)]
+    for r in recs:
+        assert len(r["gains"]) == 3 and len(set(r["gains"])) == 3
+        assert r["checks"]["3"] == "PASS" and r["checks"]["6"] in ("PASS", "FAIL")
+        assert r["claim"] != "detects malicious content"
+        # The envelope's truth is the larger twin's; the recorded event matches it.
+        beats = all(r["estimands"][f"diff.e3.{c}"]["true"] > 0 for c in CONTROLS)
+        assert r["true_beats_every_twin"] == beats
+
+
+def test_twins_do_not_change_the_trained_features():
+    """Each twin draws from its own generator: the trained features are the same with or without twins."""
+    p = SimParams(n_trajectories=6, n_features=8).for_truth("a")
+    m1, x1, c1, _ = simulate_dataset(p, np.random.default_rng(5))
+    m2, x2, c2, _, xt, dt = simulate_dataset(p, np.random.default_rng(5), twins=[(np.random.default_rng(9), 1.0),
+                                                                                 (np.random.default_rng(10), 1.0)])
+    assert m1.equals(m2) and np.array_equal(x1, x2) and np.array_equal(c1, c2)
+    assert len(xt) == 2 and xt[0].shape == x1.shape and not np.allclose(xt[0], x1) and not np.allclose(xt[0], xt[1])
+    # A twin is a rotation of the same process without the content term: norms of mean shifts match.
+    assert np.allclose(np.linalg.norm(dt[0]["box"]), 1.0) and np.allclose(dt[0]["box"] @ dt[0]["text"], 0, atol=1e-12)
 
 
 def test_permutation_test_can_be_switched_off():

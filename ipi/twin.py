@@ -1,0 +1,96 @@
+"""The random-weight twin of a backbone: the selectivity baseline of verdict check 6.
+
+A probe result says something about a model only relative to the same probe on an untrained
+twin (control tasks and selectivity, Hewitt & Liang 2019; random-initialisation baselines):
+token identity alone (gibberish sub-words vs English words, the attack bank's vocabulary vs the
+benign bank's) can separate attacks from nuisance-matched controls in a network with random
+weights, which cannot read malicious intent. The twin is the same architecture and config as
+the run's backbone, with the architecture's own seeded random initialisation
+(:func:`ipi.backbone.random_init_from_config`), the same processor/tokenizer and the same rows;
+its features get their own activation-cache entry (the loader node, which the cache key
+hashes, carries ``random_init_seed``), and the same probe is fitted on the same folds.
+See docs/backbones.md and docs/estimands.md.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from omegaconf import DictConfig, open_dict
+
+__all__ = ["twin_config", "twin_description", "twin_seeds"]
+
+
+def twin_seeds(cfg: DictConfig) -> list[int]:
+    """``evaluation.random_twin_seeds`` as ints (empty when ``evaluation.random_twin`` is off).
+
+    Raises:
+        ValueError: The list is empty, repeats a seed, or holds a seed equal to the tiny
+            backbone's own weight seed (``backbone.loader.seed``).
+    """
+    if not cfg.evaluation.random_twin:
+        return []
+    seeds = [int(s) for s in cfg.evaluation.random_twin_seeds]
+    if not seeds:
+        raise ValueError("evaluation.random_twin_seeds is empty: give at least one seed, e.g. [1, 2, 3], "
+                         "or set evaluation.random_twin=false")
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"evaluation.random_twin_seeds={seeds} repeats a seed: each twin must be another draw")
+    loader = cfg.backbone.get("loader")
+    own = loader.get("seed") if isinstance(loader, DictConfig) else None
+    if own is not None and int(own) in seeds:
+        raise ValueError(f"evaluation.random_twin_seeds={seeds} holds backbone.loader.seed={int(own)} of backbone="
+                         f"{cfg.backbone.name}: that twin would be the backbone itself; choose other seeds")
+    return seeds
+
+
+def twin_config(cfg: DictConfig, seed: int) -> DictConfig:
+    """A copy of the run config whose backbone is the random-weight twin of seed ``seed``.
+
+    Only ``backbone.loader`` changes: it gains ``random_init_seed = seed`` (one of
+    ``evaluation.random_twin_seeds``),
+    which every backbone builder (:func:`ipi.backbone.build_tiny_qwen2_5_vl`,
+    :func:`ipi.backbone.build_pretrained_qwen2_5_vl`,
+    :func:`ipi.backbone_text.build_gguf_causal_lm`) takes as "build this architecture from its
+    config with seeded random weights". Because the cache key hashes the loader node, the twin's
+    features have their own cache entry; everything else (rows, layers, token groups, processor,
+    system prompt, batch size, cache dtype) is the run's.
+
+    Args:
+        cfg: Composed ``train``/``extract`` config.
+        seed: The twin's torch seed.
+
+    Returns:
+        The twin's config (a new object; ``cfg`` is untouched).
+
+    Raises:
+        ValueError: The loader node has no ``_target_`` (not a builder), or the tiny backbone's
+            own weight seed equals the twin seed.
+    """
+    twin = copy.deepcopy(cfg)
+    loader = twin.backbone.loader
+    if not isinstance(loader, DictConfig) or "_target_" not in loader:
+        raise ValueError(f"backbone={cfg.backbone.name}: backbone.loader has no _target_; "
+                         "the random twin needs a builder node")
+    seed = int(seed)
+    if "seed" in loader and loader.seed is not None and int(loader.seed) == seed:
+        raise ValueError(f"random twin seed {seed} (evaluation.random_twin_seeds) equals backbone.loader.seed of "
+                         f"backbone={cfg.backbone.name}: the twin would be the backbone itself; choose another seed")
+    with open_dict(loader):
+        loader.random_init_seed = seed
+    return twin
+
+
+def twin_description(cfg: DictConfig) -> dict:
+    """What results.json records about the twins (``run.random_twin``).
+
+    Returns:
+        ``{"backbone", "seeds", "init", "backbone_pretrained"}``.
+    """
+    return {
+        "backbone": cfg.backbone.name,
+        "seeds": twin_seeds(cfg),
+        "init": "the architecture's own initialisation (from_config -> post_init -> _init_weights) "
+                "under torch.manual_seed(seed), same config, processor and rows",
+        "backbone_pretrained": bool(cfg.backbone.pretrained),
+    }

@@ -1,0 +1,35 @@
+"""The report's trained-vs-twins tables (every seed, the envelope, per-seed differences)."""
+
+from __future__ import annotations
+
+from ipi.evaluation.verdict import verdict
+from ipi.reporting.report import render_html, render_report
+from tests.evaluation.test_check6 import _iv, _results
+
+def test_report_shows_trained_every_twin_seed_and_the_envelope():
+    r = _results()
+    r["random_twin"]["seeds"] = ["1", "2"]
+    r["random_twin"]["by_seed"] = {
+        "1": {"e1": _iv(0.8, 0.7, 0.9), "e2": _iv(0.8, 0.7, 0.9),
+              "e3": {"c_scrambled": _iv(0.5, 0.4, 0.6), "c_imperative": _iv(0.45, 0.4, 0.6)}},
+        "2": {"e1": _iv(0.7, 0.6, 0.8), "e2": _iv(0.7, 0.6, 0.8),
+              "e3": {"c_scrambled": _iv(0.42, 0.4, 0.6), "c_imperative": _iv(0.5, 0.4, 0.6)}}}
+    r["differences"]["e3_minus_twin_e3_by_seed"] = {
+        "1": {"c_scrambled": _iv(0.2, 0.1, 0.3), "c_imperative": _iv(0.3, 0.2, 0.4)},
+        "2": {"c_scrambled": _iv(0.28, 0.2, 0.35), "c_imperative": _iv(0.25, 0.1, 0.3)}}
+    r["verdict"] = verdict(r, pretrained=False)
+    r["run"] = {"surface": "i_dom", "random_twin": {"seeds": [1, 2], "backbone_pretrained": False}}
+    md = render_report(r)
+    assert ("| estimand | trained [95% CI] | twin seed 1 [95% CI] | twin seed 2 [95% CI] | max over twin seeds "
+            "[95% CI] | trained − max over twin seeds, paired [95% CI] |") in md
+    assert ("| E3 attack vs c_scrambled | 0.700 [0.600, 0.800] | 0.500 [0.400, 0.600] | 0.420 [0.400, 0.600] | "
+            "0.500 [0.400, 0.600] | 0.200 [0.100, 0.300] |") in md
+    assert "| E2 paired step | 0.800 [0.700, 0.900] | 0.800 [0.700, 0.900] | 0.700 [0.600, 0.800] | 0.800" in md
+    assert "| E3 attack vs c_imperative | 0.300 [0.200, 0.400] | 0.250 [0.100, 0.300] |" in md  # per-seed diffs
+    assert "backbone.pretrained=false" in md and "2 random-weight twins (seeds 1, 2)" in md and "1/3" in md
+    html = render_html(r)
+    assert "trained − max over twin seeds, paired [CI]" in html and "0.200 [0.100, 0.300]" in html
+    assert "trained − twin seed 2, paired [CI]" in html
+    r["run"]["random_twin"] = None  # twin off: no table, no error
+    del r["random_twin"]
+    assert "random-weight twin (check 6)" not in render_report(r)

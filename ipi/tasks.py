@@ -23,6 +23,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from ipi.backbone import resolve_layers
 from ipi.config import CONTROLS_BY_SURFACE, resolved_controls, to_container, validate
 from ipi.data import load_trajectories
+from ipi.detectors.crossfit import DetectorScores
+from ipi.detectors.run import attention_matrix, build_detector, detector_record, fit_detector, permutation_m
 from ipi.evaluation.callbacks import EstimandsCallback, ReportCallback
 from ipi.evaluation.report import write_run_report
 from ipi.evaluation.scoretable import evaluate_score_table
@@ -285,13 +287,18 @@ def evaluate_split(cfg: DictConfig, trajs, seed: int, layers, groups, pcfg, l2, 
     meta = row_table(rows, features)
     x = select_features(features, layers, groups)
     li = [features.layers.index(i) for i in layers]
-    fits = cross_fit(meta, x, folds, probe_cfg=pcfg,
-                     metadata=meta[["step", "horizon", "prompt_len", "delta_prompt_len"]].to_numpy(dtype=np.float64),
-                     collapse=features.collapse[:, li].double().numpy() if cfg.evaluation.collapse_only else None,
-                     permuted=cfg.evaluation.permuted, permute_seed=cfg.seed, l2=l2, l2_grid=l2_grid,
-                     permutation_m=cfg.evaluation.permutation.m, permutation_seed=cfg.evaluation.permutation.seed)
+    md = meta[["step", "horizon", "prompt_len", "delta_prompt_len"]].to_numpy(dtype=np.float64)
+    collapse = features.collapse[:, li].double().numpy() if cfg.evaluation.collapse_only else None
+    det = build_detector(cfg)
+    if det.name == "logistic":
+        fits = cross_fit(meta, x, folds, probe_cfg=pcfg, metadata=md, collapse=collapse,
+                         permuted=cfg.evaluation.permuted, permute_seed=cfg.seed, l2=l2, l2_grid=l2_grid,
+                         permutation_m=permutation_m(cfg, det), permutation_seed=cfg.evaluation.permutation.seed)
+    else:
+        x_det = attention_matrix(cfg, det, rows)[0] if det.input == "attention" else x
+        fits = fit_detector(cfg, det, meta, x_det, folds, metadata=md, collapse=collapse, transfer=None, l2=1.0)
     table = meta.iloc[fits.test_index][["trajectory_id", "step", "variant"]].reset_index(drop=True)
-    table["score"] = fits.probe_scores(x)
+    table["score"] = fits.probe_scores(x) if det.name == "logistic" else fits.test_scores
     ev = cfg.evaluation
     perm = fits.permutation_input()
     res = evaluate_tables(table, fits.baselines, n_boot=ev.n_boot, seed=ev.seed, level=ev.level,
@@ -336,6 +343,10 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
         return {}, {"extraction": info}
     meta = row_table(rows, features)
     x = select_features(features, layers, groups)
+    det = build_detector(cfg)
+    x_det, infos_att = x, {}
+    if det.input == "attention":  # the detector's own cached extraction (docs/detectors.md)
+        x_det, infos_att[surface], det = attention_matrix(cfg, det, rows)
 
     # Cross-surface transfer (PROTOCOL.md §6): clean/attack rows of the other surfaces, each
     # surface extracted (or read from the cache) under its own key.
@@ -349,7 +360,11 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
             if s_feat is None:  # a non-zero DDP rank
                 return {}, {"extraction": info}
             src_meta.append(pd.DataFrame([r.metadata() for r in s_rows]))
-            src_x.append(select_features(s_feat, layers, groups))
+            if det.input == "attention":
+                s_x, infos_att[s], _ = attention_matrix(cfg, det, s_rows)
+                src_x.append(s_x)
+            else:
+                src_x.append(select_features(s_feat, layers, groups))
         if transfer_surfaces:
             transfer_src = TransferSource.from_rows(pd.concat(src_meta, ignore_index=True), np.concatenate(src_x))
 
@@ -363,12 +378,17 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
     li = [features.layers.index(i) for i in layers]
     # The probe and the baselines, fitted on the same training rows of every fold (PROTOCOL.md
     # §5 C1; §6 collapse only, permuted labels, transfer).
-    fits = cross_fit(
-        meta, x, folds, probe_cfg=pcfg, metadata=meta[md_cols].to_numpy(dtype=np.float64),
-        collapse=features.collapse[:, li].double().numpy() if cfg.evaluation.collapse_only else None,
-        permuted=cfg.evaluation.permuted, permute_seed=cfg.seed, transfer=transfer_src, l2=l2, l2_grid=l2_grid,
-        logger=loggers[0] if loggers else None, default_root_dir=str(out_dir),
-        permutation_m=cfg.evaluation.permutation.m, permutation_seed=cfg.evaluation.permutation.seed)
+    collapse = features.collapse[:, li].double().numpy() if cfg.evaluation.collapse_only else None
+    if det.name == "logistic":
+        fits = cross_fit(
+            meta, x, folds, probe_cfg=pcfg, metadata=meta[md_cols].to_numpy(dtype=np.float64),
+            collapse=collapse,
+            permuted=cfg.evaluation.permuted, permute_seed=cfg.seed, transfer=transfer_src, l2=l2, l2_grid=l2_grid,
+            logger=loggers[0] if loggers else None, default_root_dir=str(out_dir),
+            permutation_m=permutation_m(cfg, det), permutation_seed=cfg.evaluation.permutation.seed)
+    else:  # same training rows, baselines and permutation labels; the detector refitted directly
+        fits = fit_detector(cfg, det, meta, x_det, folds, metadata=meta[md_cols].to_numpy(dtype=np.float64),
+                            collapse=collapse, transfer=transfer_src, l2=1.0)
     baselines = fits.baselines
     te = fits.test_index
     te_meta = meta.iloc[te].reset_index(drop=True)
@@ -402,6 +422,7 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
         "layers_config": cfg.layers.name,
         "token_groups": groups,
         "n_features": int(x.shape[1]),
+        "detector": detector_record(cfg, det, fits),
         "split": (f"holdout test_fraction={cfg.split.test_fraction} seed={cfg.split.seed}" if split_kind == "holdout"
                   else f"kfold k={cfg.split.k} seed={cfg.split.seed} (out-of-fold scores from {len(folds)} probes)"),
         "transfer": ({"train_surfaces": transfer_surfaces, "test_surface": surface} if transfer_src is not None
@@ -409,6 +430,7 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
         "wording": _wording_record(rows, folds, plan),
         "cache_key": info["cache_key"],
         "cache_keys": {s: i["cache_key"] for s, i in infos.items()},
+        **({"attention_cache_keys": {s: i["cache_key"] for s, i in infos_att.items()}} if infos_att else {}),
         "data_root": str(Path(cfg.data.root).resolve()),
     }
 
@@ -426,7 +448,7 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
     def write_side_files() -> None:  # before results.json, which is written last
         atomic_write_text(out_dir / "scores.csv", est.scores.to_csv(index=False))
         atomic_write_text(out_dir / "run_info.json", json.dumps(
-            {**run_info(info, infos, time.perf_counter() - t0),
+            {**run_info(info, infos, time.perf_counter() - t0, infos_att),
              "permutation_s": (fits.permutation or {}).get("seconds")}, indent=2))
 
     extra = {"counts": counts, "run": run}
@@ -440,10 +462,14 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
                          before_results=write_side_files)
     trainer = L.Trainer(accelerator="cpu", devices=1, logger=loggers or False, callbacks=[est, rep],
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
-    x_te = torch.from_numpy(np.ascontiguousarray(x[te], dtype=np.float64))
-    fold_te = torch.from_numpy(fits.fold_of_row[te])
-    trainer.predict(FoldedProbe(fits.probes), DataLoader(TensorDataset(x_te, fold_te), batch_size=4096),
-                    return_predictions=False)
+    if det.name == "logistic":
+        x_te = torch.from_numpy(np.ascontiguousarray(x[te], dtype=np.float64))
+        fold_te = torch.from_numpy(fits.fold_of_row[te])
+        trainer.predict(FoldedProbe(fits.probes), DataLoader(TensorDataset(x_te, fold_te), batch_size=4096),
+                        return_predictions=False)
+    else:  # scores already computed out of fold; the same callbacks turn them into results
+        trainer.predict(DetectorScores(fits.test_scores),
+                        DataLoader(TensorDataset(torch.arange(len(te))), batch_size=4096), return_predictions=False)
 
     elapsed = time.perf_counter() - t0
     log.info("extraction: cache %s (%d rows forwarded), %.1f MB on disk (python -m ipi.cache list); total %.1f s",
@@ -487,16 +513,20 @@ def extract(cfg: DictConfig) -> tuple[dict, dict]:
     return infos[surface], {"features": features, "extraction_by_surface": infos}
 
 
-def run_info(info: dict, infos: dict[str, dict], elapsed_s: float) -> dict:
+def run_info(info: dict, infos: dict[str, dict], elapsed_s: float, attention: dict | None = None) -> dict:
     """What ``run_info.json`` holds: extraction per surface, rows forwarded in all, wall time.
 
     ``rows_forwarded`` counts the rows this run sent through the backbone, over every surface it
     extracted (0 when every entry was already in the cache, or another run filled it while this
     one waited for the entry's lock).
     """
-    return {"extraction": info, "extraction_by_surface": infos,
-            "rows_forwarded": int(sum(i.get("rows_forwarded", 0) for i in infos.values())),
-            "elapsed_s": round(elapsed_s, 2)}
+    out = {"extraction": info, "extraction_by_surface": infos,
+           "rows_forwarded": int(sum(i.get("rows_forwarded", 0) for i in infos.values())),
+           "elapsed_s": round(elapsed_s, 2)}
+    if attention:  # detector=attention_focus: its own cache entries (docs/detectors.md)
+        out["attention_extraction_by_surface"] = attention
+        out["attention_rows_forwarded"] = int(sum(i.get("rows_forwarded", 0) for i in attention.values()))
+    return out
 
 
 @task_wrapper

@@ -111,10 +111,22 @@ def _display(long: pd.DataFrame, style: str) -> pd.DataFrame:
         out[label] = cells
         if label == "permuted E1":
             out["null p"] = [DASH if pd.isna(p) else f"{p:.3f}" for p in long["permutation p"]]
-    out["claim"] = long["claim"].fillna(DASH)
+    out["claim"] = long["claim"].map(_short_claim)
     if long["claim family-wise"].notna().any():
-        out["claim (Holm, sweep)"] = long["claim family-wise"].fillna(DASH)
+        out["claim (Holm, sweep)"] = long["claim family-wise"].map(_short_claim)
     return out.sort_values(["surface", "detector"], kind="stable").reset_index(drop=True)
+
+
+#: Claims in the table (the full wording is in the legend and in each run's report).
+SHORT_CLAIMS = {"detects malicious content": "detects",
+                "separates clean steps from this attack surface on this split": "separates",
+                "none": "none"}
+
+
+def _short_claim(claim) -> str:
+    if claim is None or (isinstance(claim, float) and pd.isna(claim)):
+        return DASH
+    return SHORT_CLAIMS.get(str(claim), str(claim))
 
 
 def _latex_escape(s: str) -> str:
@@ -145,10 +157,12 @@ def write_summary_tables(sweep: str | Path, familywise: dict[str, str] | None = 
     legend = ("Each cell: estimate [95% CI] (cluster bootstrap over test trajectories). "
               "C1 = metadata baseline; E3 = attack vs each nuisance-matched control; transfer = probe trained on the "
               "other surfaces; permuted = one permuted-label fit, null p = exact permutation test of verdict check 4; "
-              "collapse-only = C2. — = not computed by that run. "
+              "collapse-only = C2. — = not computed by that run. Claims: detects = \"detects malicious content\", "
+              "separates = \"separates clean steps from this attack surface on this split\" (PROTOCOL.md §7); "
+              "claim = the cell's own verdict, Holm = family-wise over the sweep's cells (docs/sweeps.md). "
               + (f"{n_r} estimates are not reportable (~~struck~~ n/r; reasons in summary.csv)." if n_r else
                  "Every estimate is reportable."))
-    md = ["# Summary — surface × detector", "", md_table.to_markdown(index=False), "", legend, ""]
+    md = ["# Summary — surface × detector", "", md_table.to_markdown(index=False, disable_numparse=True), "", legend, ""]
     out = {"summary_md": atomic_write_text(sweep / "summary.md", "\n".join(md))}
     out["summary_csv"] = atomic_write_text(sweep / "summary.csv", long.to_csv(index=False))
     tex = _display(long, "tex")

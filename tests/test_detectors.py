@@ -195,7 +195,12 @@ def test_attention_hook_equals_eager_full_forward(small_backbone, trajectories):
     from ipi.extraction.rows import build_rows
     from ipi.replay import DEFAULT_SYSTEM_PROMPT, TOKEN_GROUPS
 
-    rows = build_rows([trajectories[0]], "i_dom", ["c_scrambled"])[:2] + \
+    from ipi.replay import count_plain_tokens
+
+    def count(s):
+        return count_plain_tokens(small_backbone.tokenizer, s)
+
+    rows = build_rows([trajectories[0]], "i_dom", ["c_scrambled"], count_tokens=count)[:2] + \
         build_rows([trajectories[0]], "i_vis", ["c_occlusion"])[:1]
     layers = [0, 2]
     model = small_backbone.model

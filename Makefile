@@ -34,10 +34,10 @@ test-all: setup
 	$(PY) -m pytest -q $(ARGS)
 
 gallery: setup
-	$(PY) -m ipi.render --trajectory examples/taskAmazon--0 --step 1 --out outputs/gallery.png
+	$(PY) -m ipi.reporting.gallery --trajectory examples/taskAmazon--0 --step 1 --out outputs/gallery.png
 
 bench: setup
-	$(PY) -m ipi.bench
+	$(PY) -m ipi.tools.bench
 
 clean:
 	rm -rf outputs/train outputs/evaluate .pytest_cache

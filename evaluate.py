@@ -1,4 +1,4 @@
-"""Entry point: `python evaluate.py [overrides]` (see README). A thin wrapper around ipi.tasks.evaluate."""
+"""Entry point: `python evaluate.py [overrides]` (see README). A thin wrapper around ipi.pipeline.evaluate."""
 
 import hydra
 from omegaconf import DictConfig
@@ -11,7 +11,7 @@ register_configs()
 @hydra.main(version_base="1.3", config_path="conf", config_name="evaluate")
 def main(cfg: DictConfig) -> None:
     from ipi.cli import run_entry
-    from ipi.tasks import evaluate
+    from ipi.pipeline import evaluate
 
     run_entry(evaluate, cfg)
 

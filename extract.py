@@ -1,4 +1,4 @@
-"""Entry point: `python extract.py [overrides]` (see README). A thin wrapper around ipi.tasks.extract."""
+"""Entry point: `python extract.py [overrides]` (see README). A thin wrapper around ipi.pipeline.extract."""
 
 import hydra
 from omegaconf import DictConfig
@@ -11,7 +11,7 @@ register_configs()
 @hydra.main(version_base="1.3", config_path="conf", config_name="extract")
 def main(cfg: DictConfig) -> None:
     from ipi.cli import run_entry
-    from ipi.tasks import extract
+    from ipi.pipeline import extract
 
     run_entry(extract, cfg)
 

@@ -1,4 +1,4 @@
-"""Entry point: `python train.py [overrides]` (see README). A thin wrapper around ipi.tasks.train."""
+"""Entry point: `python train.py [overrides]` (see README). A thin wrapper around ipi.pipeline.train."""
 
 import hydra
 from omegaconf import DictConfig
@@ -11,7 +11,7 @@ register_configs()
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> None:
     from ipi.cli import run_entry
-    from ipi.tasks import train
+    from ipi.pipeline import train
 
     run_entry(train, cfg)
 

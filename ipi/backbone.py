@@ -9,9 +9,7 @@ versions (Qwen2.5-VL keeps them under ``model.language_model.layers``).
 
 from __future__ import annotations
 
-import math
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,43 +84,6 @@ def find_decoder_layers(model: nn.Module) -> nn.ModuleList:
     if best is None:
         raise ValueError(f"no decoder layer list found in {type(model).__name__}")
     return best[2]
-
-
-def resolve_layers(spec: Sequence[float | int], n_layers: int) -> list[int]:
-    """Resolve layer fractions of depth to 0-based decoder-block indices.
-
-    A fraction ``f`` in (0, 1] maps to block ``ceil(f * n_layers) - 1`` (so ``1.0`` is the last
-    block, ``1/n`` the first). Integers (Python ``int``) are taken as block indices as they are;
-    negative integers count from the end. Duplicates are removed; order is ascending.
-    Layer ``k`` means the output of decoder block ``k``, before the final norm (PROTOCOL.md §3).
-
-    Args:
-        spec: Fractions (floats) or indices (ints).
-        n_layers: Number of decoder blocks of the backbone.
-
-    Returns:
-        Sorted unique block indices.
-
-    Raises:
-        ValueError: A fraction outside (0, 1] or an index out of range, naming the value.
-    """
-    out = set()
-    for v in spec:
-        if isinstance(v, bool):
-            raise ValueError(f"layers: {v!r} is not a fraction in (0, 1] or an integer index")
-        if isinstance(v, int):
-            idx = v if v >= 0 else n_layers + v
-            if not 0 <= idx < n_layers:
-                raise ValueError(f"layers: index {v} out of range for {n_layers} decoder layers")
-        else:
-            f = float(v)
-            if not (0.0 < f <= 1.0) or math.isnan(f):
-                raise ValueError(f"layers: fraction {v} outside (0, 1]")
-            idx = max(0, math.ceil(round(f * n_layers, 9)) - 1)
-        out.add(idx)
-    if not out:
-        raise ValueError("layers: empty layer list")
-    return sorted(out)
 
 
 def _freeze(model: nn.Module) -> nn.Module:

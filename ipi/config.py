@@ -12,42 +12,38 @@ runs on every job's composed config before any job starts (one line, no torch im
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
+from hydra.utils import get_method
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
+
+from ipi.protocol import (
+    CONTROLS,
+    CONTROLS_BY_SURFACE,
+    DEFAULT_SYSTEM_PROMPT,
+    SURFACES,
+    TOKEN_GROUPS,
+    check_layer_spec,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
-class Surface(str, Enum):
-    """Injection surfaces (PROTOCOL.md §2)."""
-
-    i_vis = "i_vis"
-    i_dom = "i_dom"
-    i_tool = "i_tool"
-
-
-class Control(str, Enum):
-    """Nuisance-matched controls (PROTOCOL.md §2)."""
-
-    c_scrambled = "c_scrambled"
-    c_imperative = "c_imperative"
-    c_occlusion = "c_occlusion"
+def _vocabulary_enum(name: str, values: tuple[str, ...], doc: str) -> type[Enum]:
+    """A ``str`` enum whose members are ``values`` (from :mod:`ipi.protocol`), for OmegaConf checks."""
+    enum = Enum(name, [(v, v) for v in values], type=str, module=__name__)
+    enum.__doc__ = doc
+    return enum
 
 
-class TokenGroup(str, Enum):
-    """Token groups pooled per layer (PROTOCOL.md §3)."""
-
-    last_prompt = "last_prompt"
-    image = "image"
-    task = "task"
-    observation = "observation"
-    action = "action"
+# Built from ipi.protocol so that the schemas accept exactly the protocol's names.
+Surface = _vocabulary_enum("Surface", SURFACES, "Injection surfaces (PROTOCOL.md §2).")
+Control = _vocabulary_enum("Control", CONTROLS, "Nuisance-matched controls (PROTOCOL.md §2).")
+TokenGroup = _vocabulary_enum("TokenGroup", TOKEN_GROUPS, "Token groups pooled per layer (PROTOCOL.md §3).")
 
 
 class SplitKind(str, Enum):
@@ -123,7 +119,10 @@ class TokenGroupConf:
 class DataConf:
     """Trajectory source."""
 
-    kind: str = "webvoyager"  # importer (ipi.data.IMPORTERS): webvoyager | online_mind2web | multimodal_mind2web | browser_use | native
+    kind: str = "webvoyager"  # the format's name (messages): webvoyager | online_mind2web | multimodal_mind2web | browser_use | native
+    # the importer: a _target_ node (_partial_: true) binding the settings below that it takes;
+    # called as importer(root, image_limits=..., **options); its _target_ is resolved by validate()
+    importer: Any = MISSING
     root: str = MISSING  # folder searched recursively for task folders (or a .jsonl for native)
     on_bad_step: OnBadStep = OnBadStep.skip
     unknown_action: UnknownAction = UnknownAction.keep  # keep (action_type "unknown") | skip | error
@@ -279,7 +278,7 @@ class EvaluationConf:
     # and benign imperatives come from bank families no training trajectory uses (docs/surfaces.md)
     heldout_wording: bool = True
     # One sweep cell named before the sweep by its overrides ("layers=six_3 token_group=task"):
-    # python -m ipi.sweep_report licenses it at the nominal level; the rest under Holm (docs/sweeps.md)
+    # python -m ipi.reporting.sweep licenses it at the nominal level; the rest under Holm (docs/sweeps.md)
     preregistered: Optional[str] = None
 
 
@@ -351,13 +350,6 @@ class EvaluateConf:
     report: ReportConf = field(default_factory=ReportConf)
 
 
-CONTROLS_BY_SURFACE = {
-    "i_vis": ("c_scrambled", "c_imperative", "c_occlusion"),
-    "i_dom": ("c_scrambled", "c_imperative"),
-    "i_tool": ("c_scrambled", "c_imperative"),
-}
-
-
 def register_configs() -> None:
     """Register the schemas in Hydra's ConfigStore (idempotent)."""
     cs = ConfigStore.instance()
@@ -374,10 +366,6 @@ def register_configs() -> None:
 
 
 def _default_system_prompt() -> str:
-    # Imported when the value is resolved, not at composition: ipi.replay imports torch, and a
-    # config error must be reported before any heavy import (ipi.hydra_callbacks).
-    from ipi.replay import DEFAULT_SYSTEM_PROMPT
-
     return DEFAULT_SYSTEM_PROMPT
 
 
@@ -392,7 +380,8 @@ def _package_dir(name: str) -> str:
     return str(package_dir(name))
 
 
-def _value(x) -> str:
+def enum_value(x) -> str:
+    """The plain string of a config value that may be an enum member (``Surface.i_vis`` -> ``"i_vis"``)."""
     return x.value if isinstance(x, Enum) else str(x)
 
 
@@ -402,11 +391,11 @@ def resolved_controls(cfg: DictConfig) -> list[str]:
     Raises:
         ValueError: A configured control does not apply to the surface (one line naming both).
     """
-    surface = _value(cfg.surface.name)
+    surface = enum_value(cfg.surface.name)
     allowed = CONTROLS_BY_SURFACE[surface]
     if cfg.control.names is None:
         return list(allowed)
-    names = [_value(c) for c in cfg.control.names]
+    names = [enum_value(c) for c in cfg.control.names]
     for c in names:
         if c not in allowed:
             raise ValueError(
@@ -423,19 +412,8 @@ def validate(cfg: DictConfig) -> None:
             a text-only backbone, or a non-positive bootstrap count.
     """
     resolved_controls(cfg)
-    if len(cfg.layers.spec) == 0:
-        raise ValueError("layers.spec: empty; give fractions in (0, 1] or block indices, e.g. layers=six")
-    for v in cfg.layers.spec:
-        if v == "all":
-            continue
-        if isinstance(v, float) and not (0.0 < v <= 1.0 and not math.isnan(v)):
-            raise ValueError(f"layers.spec: fraction {v} outside (0, 1]")
-        if not isinstance(v, (int, float)) or isinstance(v, bool):
-            raise ValueError(f"layers.spec: {v!r} is neither a fraction in (0, 1] nor an integer index")
-        n = cfg.backbone.n_layers
-        if isinstance(v, int) and not -n <= v < n:
-            raise ValueError(f"layers.spec: index {v} out of range for backbone={cfg.backbone.name} ({n} layers)")
-    groups = [_value(g) for g in cfg.token_group.names]
+    check_layer_spec(cfg.layers.spec, cfg.backbone.n_layers, where="layers.spec", backbone=cfg.backbone.name)
+    groups = [enum_value(g) for g in cfg.token_group.names]
     if not groups:
         raise ValueError("token_group.names: empty; choose e.g. token_group=five")
     if not cfg.backbone.multimodal and "image" in groups:
@@ -443,7 +421,7 @@ def validate(cfg: DictConfig) -> None:
             f"token_group: 'image' is unavailable with the text-only backbone={cfg.backbone.name}; "
             "choose one of last_prompt, task, observation, action"
         )
-    if not cfg.backbone.multimodal and _value(cfg.surface.name) == "i_vis":
+    if not cfg.backbone.multimodal and enum_value(cfg.surface.name) == "i_vis":
         raise ValueError(f"surface=i_vis needs a multimodal backbone; backbone={cfg.backbone.name} is text-only")
     l2 = cfg.probe.l2
     if not (l2 == "auto" or (isinstance(l2, (int, float)) and not isinstance(l2, bool) and l2 > 0)):
@@ -471,9 +449,15 @@ def validate(cfg: DictConfig) -> None:
         raise ValueError(f"evaluation.min_boot_fraction must be in (0, 1], got {cfg.evaluation.min_boot_fraction}")
     if not 0.0 < cfg.evaluation.level < 1.0:
         raise ValueError(f"evaluation.level must be in (0, 1), got {cfg.evaluation.level}")
+    target = cfg.data.importer.get("_target_") if isinstance(cfg.data.get("importer"), DictConfig) else None
+    try:
+        get_method(target)
+    except Exception:  # noqa: BLE001 - hydra raises ImportError/ValueError/TypeError by case
+        raise ValueError(f"data.importer._target_={target!r} (data={cfg.data.kind}): no such importer function; "
+                         "see conf/data/*.yaml and docs/data.md") from None
     if cfg.data.max_trajectories is not None and cfg.data.max_trajectories < 1:
         raise ValueError(f"data.max_trajectories must be >= 1 or null, got {cfg.data.max_trajectories}")
-    kind = _value(cfg.split.kind)
+    kind = enum_value(cfg.split.kind)
     if kind == "holdout":
         if cfg.split.get("k") is not None:
             raise ValueError(f"split.k={cfg.split.k} does not apply to split=holdout (it sets the folds of "
@@ -489,7 +473,7 @@ def validate(cfg: DictConfig) -> None:
     if cfg.split.get("min_per_side", 2) < 1:
         raise ValueError(f"split.min_per_side must be >= 1, got {cfg.split.min_per_side}")
     loader = cfg.backbone.get("loader")
-    quant = _value(cfg.backbone.get("quantization", "none"))
+    quant = enum_value(cfg.backbone.get("quantization", "none"))
     if quant != "none" and isinstance(loader, (DictConfig, dict)) and "quantization" not in loader:
         raise ValueError(f"backbone.quantization={quant} does not apply to backbone={cfg.backbone.name} "
                          "(its loader takes no quantization); remove the override")

@@ -22,6 +22,8 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from ipi.config import validate, validate_sweep_job
+
 log = logging.getLogger(__name__)
 
 _BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
@@ -45,8 +47,6 @@ def check_config(config: DictConfig, where: str = "", sweep: bool = False) -> No
     Raises:
         ConfigError: One line naming the key, the value and the allowed values.
     """
-    from ipi.config import validate, validate_sweep_job
-
     if not all(k in config for k in ("surface", "control", "layers", "token_group", "backbone")):
         return
     try:

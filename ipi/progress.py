@@ -10,7 +10,9 @@ the results printed on stdout stay clean.
 
 from __future__ import annotations
 
+import logging
 import os
+import warnings
 from collections.abc import Iterable, Iterator, Sized
 from contextlib import contextmanager
 from typing import TypeVar
@@ -209,3 +211,15 @@ def RowProgress(total_rows: int | None = None):  # noqa: N802 - a class built on
 
 
 __all__ = ["RowProgress", "extraction_callbacks", "is_quiet", "progress_bar", "quiet_libraries", "set_quiet", "track"]
+
+
+def quiet_lightning() -> None:
+    """Silence Lightning's per-Trainer banners (GPU/TPU availability, tips); warnings still show."""
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.pytorch.accelerators.cuda",
+                 "lightning.fabric.utilities.rank_zero"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    # Lightning <= 2.6 builds torch's deprecated ``LeafSpec()`` for every DataLoader it wraps
+    # (CombinedLoader -> lightning.pytorch.utilities._pytree); torch >= 2.9 warns on each
+    # Trainer.predict. Not ours to fix and harmless (Lightning-AI/pytorch-lightning#21326).
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+                            category=FutureWarning)

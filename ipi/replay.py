@@ -22,16 +22,6 @@ from dataclasses import dataclass
 
 import torch
 
-TOKEN_GROUPS: tuple[str, ...] = ("last_prompt", "image", "task", "observation", "action")
-
-DEFAULT_SYSTEM_PROMPT = (
-    "You are a web agent. Each turn you receive the task, your previous actions, a screenshot of "
-    "the page with numerical labels on its elements, the result of your previous action and the "
-    "page's elements. Reply with 'Thought: ...' then 'Action: ...', where the action is one of: "
-    "Click [label]; Type [label]; [content]; Scroll [label or WINDOW]; [up or down]; Wait; "
-    "GoBack; Google; ANSWER; [content]."
-)
-
 
 @dataclass(frozen=True)
 class PromptParts:

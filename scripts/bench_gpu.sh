@@ -10,6 +10,6 @@ cd "$(dirname "$0")/.."
 PY=${PY:-python}
 STEPS=${1:-16}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-$PY -m ipi.bench --gpu-7b-shapes --steps "$STEPS" ${PEAK_TFLOPS:+--peak-tflops "$PEAK_TFLOPS"} \
+$PY -m ipi.tools.bench --gpu-7b-shapes --steps "$STEPS" ${PEAK_TFLOPS:+--peak-tflops "$PEAK_TFLOPS"} \
     --override backbone.batch_size=20 --override backbone.image_size.longest_edge=802816
-$PY -m ipi.bench --steps 4 --rss-steps '' --override extract.accelerator=gpu --override extract.precision=32-true
+$PY -m ipi.tools.bench --steps 4 --rss-steps '' --override extract.accelerator=gpu --override extract.precision=32-true

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -76,3 +80,97 @@ def compose_train(tmp_path: Path, overrides: list[str] = (), small: bool = True)
     ]
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         return compose(config_name="train", overrides=ov)
+
+
+# --------------------------------------------- the synthetic corpus and reference run of the e2e tests
+# Ten 2-step WebVoyager task folders with small screenshots, built under ``tmp_path``, the small
+# tiny backbone above and one torch thread (``OMP_NUM_THREADS=1``: on a shared 2-core machine two
+# intra-op threads are far slower, and a fixed thread count keeps float reductions identical
+# between processes).
+
+PY = sys.executable
+ACTIONS = ["Type [1]; cats", "ANSWER; done"]
+N_TRAJ = 10
+N_ROWS = N_TRAJ * 2 * 5  # trajectories x steps x variants (clean, attack, 3 controls on i_vis)
+
+
+def _env(**extra) -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONHASHSEED": "7",
+            "PYTHONPATH": str(REPO), **extra}
+
+
+def _base(root: Path, n_boot: int = 200) -> list[str]:
+    return [f"data.root={root}", f"evaluation.n_boot={n_boot}", "logger=none", "extract.shard_rows=5",
+            "split.test_fraction=0.5", "evaluation.transfer=false"]
+
+
+def _cli(overrides: list[str], run: Path, cache: Path) -> list[str]:
+    return [*overrides, *SMALL_BACKBONE_OVERRIDES, "quiet=true", f"hydra.run.dir={run}",
+            f"extract.cache_dir={cache}"]
+
+
+def _wait_for(cond, proc: subprocess.Popen, what: str, timeout: float = 300.0) -> None:
+    t0 = time.monotonic()
+    while not cond():
+        if proc.poll() is not None:
+            raise AssertionError(f"process ended (rc={proc.returncode}) before {what}")
+        if time.monotonic() - t0 > timeout:
+            proc.kill()
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="session")
+def syn_root(tmp_path_factory) -> Path:
+    from tests.e2e.test_bad_inputs import messages, task_folder
+
+    root = tmp_path_factory.mktemp("syn")
+    for i in range(N_TRAJ):
+        task_folder(root / f"t{i}", messages(ACTIONS, task=f"Find thing {i}."), {1: None, 2: None},
+                    seed=i + 1)
+    return root
+
+
+@pytest.fixture(scope="session")
+def reference(tmp_path_factory, syn_root) -> Path:
+    """An uninterrupted in-process run, on one torch thread: ``<dir>/run/results.json`` and a warm ``<dir>/cache``.
+
+    Shared by every test module that compares against it (tests/e2e/, tests/tools/test_cache.py);
+    tests add cache entries beside its own (another split gives other rows), never change it.
+    """
+    import torch
+
+    from ipi.pipeline import train
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        d = tmp_path_factory.mktemp("reference")
+        train(compose_train(d, _base(syn_root)))
+    finally:
+        torch.set_num_threads(n)
+    return d
+
+
+def _cache_copy(reference: Path, dst: Path) -> Path:
+    """Copy the reference run's cache entry (only that one) into ``dst``; return the copy.
+
+    Other tests add entries beside it in the (shared) reference cache (another split gives
+    other held-out wording, hence other rows), so the entry is picked by the run's cache key.
+    """
+    import shutil
+
+    key = json.loads((reference / "run" / "results.json").read_text())["run"]["cache_key"]
+    (src,) = [p for p in (reference / "cache").iterdir() if p.is_dir() and key.startswith(p.name)]
+    dst.mkdir(parents=True, exist_ok=True)
+    return Path(shutil.copytree(src, dst / src.name))

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ipi.backbone import find_decoder_layers, resolve_layers
+from ipi.backbone import find_decoder_layers
+from ipi.protocol import resolve_layers
 
 
 @pytest.mark.parametrize(

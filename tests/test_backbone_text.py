@@ -66,7 +66,8 @@ def test_smollm2_builds_and_hooks_match_hidden_states(trajectories):
     from ipi.extraction.datamodule import collate_rows
     from ipi.extraction.extractor import HiddenStateExtractor
     from ipi.extraction.rows import build_rows
-    from ipi.replay import DEFAULT_SYSTEM_PROMPT, TOKEN_GROUPS, tokenise
+    from ipi.protocol import DEFAULT_SYSTEM_PROMPT, TOKEN_GROUPS
+    from ipi.replay import tokenise
 
     bb = build_gguf_causal_lm()
     assert (bb.n_layers, bb.hidden_size, bb.multimodal, bb.image_token_id) == (30, 576, False, None)

@@ -90,3 +90,36 @@ def test_bad_values_are_refused_before_any_work(tmp_path, override, message):
     cfg = compose_train(tmp_path, [override])
     with pytest.raises(ValueError, match=message):
         validate(cfg)
+
+
+def test_data_importer_is_a_target_node_and_a_misspelt_target_fails_before_any_work(tmp_path):
+    cfg = compose_train(tmp_path, ["data=native", "data.root=x.jsonl"])
+    assert cfg.data.importer._target_ == "ipi.data.load_native" and cfg.data.importer._partial_
+    validate(cfg)
+    cfg = compose_train(tmp_path, ["data.importer._target_=ipi.data.webvoyager.import_webvoyager_reprt"])
+    with pytest.raises(ValueError, match=r"data.importer._target_='ipi.data.webvoyager.import_webvoyager_reprt' "
+                                         r"\(data=webvoyager\): no such importer function"):
+        validate(cfg)
+
+
+def test_importer_binds_exactly_the_settings_each_format_takes(tmp_path):
+    """The settings each conf/data node binds are the ones its function accepts (no per-kind branches)."""
+    import inspect
+
+    from ipi.stages import importer
+
+    taken = {}
+    for kind in ("webvoyager", "native", "browser_use", "online_mind2web", "multimodal_mind2web"):
+        cfg = compose_train(tmp_path, [f"data={kind}", "data.root=r", "data.max_trajectories=3",
+                                       "data.unknown_action=skip"])
+        fn = importer(cfg.data, cfg.backbone)
+        params = inspect.signature(fn.func).parameters
+        assert set(fn.keywords) <= set(params), kind
+        assert fn.keywords["on_bad_step"] == "skip" and type(fn.keywords["on_bad_step"]) is str
+        assert fn.keywords["image_limits"] is not None
+        taken[kind] = {k: fn.keywords.get(k) for k in ("unknown_action", "max_element_chars", "limit")}
+    assert taken["webvoyager"] == {"unknown_action": "skip", "max_element_chars": 3000, "limit": 3}
+    assert taken["native"] == {"unknown_action": "skip", "max_element_chars": None, "limit": 3}
+    assert taken["online_mind2web"]["unknown_action"] is None and taken["online_mind2web"]["limit"] == 3
+    assert taken["multimodal_mind2web"]["limit"] == 3  # through data.options.limit
+

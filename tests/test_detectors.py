@@ -174,7 +174,7 @@ def test_attention_heads_are_chosen_on_training_trajectories_only():
 
 def test_focus_ratio_uses_each_surface_untrusted_span():
     from ipi.detectors import focus_ratios
-    from ipi.replay import TOKEN_GROUPS
+    from ipi.protocol import TOKEN_GROUPS
 
     mass = np.zeros((2, 1, len(TOKEN_GROUPS), 2))
     g = {k: TOKEN_GROUPS.index(k) for k in TOKEN_GROUPS}
@@ -193,7 +193,8 @@ def test_attention_hook_equals_eager_full_forward(small_backbone, trajectories):
     from ipi.detectors.attention import AttentionFocusExtractor
     from ipi.extraction.datamodule import ReplayDataset, collate_rows
     from ipi.extraction.rows import build_rows
-    from ipi.replay import DEFAULT_SYSTEM_PROMPT, TOKEN_GROUPS
+    from ipi.protocol import TOKEN_GROUPS
+    from ipi.replay import DEFAULT_SYSTEM_PROMPT
 
     from ipi.replay import count_plain_tokens
 
@@ -249,7 +250,7 @@ def test_detector_sweep_feeds_estimands_and_forwards_nothing_after_extraction(tm
     external scores reproduce the run that wrote them; the summary table carries the numbers."""
     import ipi.detectors.attention as att
     import ipi.extraction.run as xrun
-    from ipi.tasks import train
+    from ipi.pipeline import train
 
     ov = ["data.max_trajectories=4", "split.test_fraction=0.5", "evaluation.n_boot=100",
           "evaluation.min_clusters=2", "surface=i_dom", "evaluation.transfer=false",
@@ -313,7 +314,7 @@ def test_detector_sweep_feeds_estimands_and_forwards_nothing_after_extraction(tm
         run("external", [f"detector.scores={tmp_path / 'part.csv'}", "detector.label=x"])
 
     # summary table: one row per detector, the numbers of results.json, md/csv/tex
-    from ipi.summary_table import write_summary_tables
+    from ipi.reporting.summary import write_summary_tables
 
     jobs = [(n, r) for n, (r, _) in results.items()] + [("external", ext)]
     paths = write_summary_tables(tmp_path, jobs=jobs)
@@ -330,7 +331,7 @@ def test_detector_sweep_feeds_estimands_and_forwards_nothing_after_extraction(tm
 
 
 def test_summary_table_marks_not_reportable_cells(tmp_path):
-    from ipi.summary_table import write_summary_tables
+    from ipi.reporting.summary import write_summary_tables
 
     def iv(e):
         return {"estimate": e, "ci_low": e - 0.1, "ci_high": e + 0.05, "n_boot_used": 100}

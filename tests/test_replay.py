@@ -6,7 +6,8 @@ import pytest
 import torch
 from PIL import Image
 
-from ipi.replay import DEFAULT_SYSTEM_PROMPT, PromptParts, tokenise
+from ipi.protocol import DEFAULT_SYSTEM_PROMPT
+from ipi.replay import PromptParts, tokenise
 
 pytestmark = pytest.mark.needs_shared
 

@@ -26,6 +26,7 @@ import numpy as np
 from PIL import Image
 
 from ipi.data.discover import is_lfs_pointer
+from ipi.data.schema import DataError
 
 __all__ = [
     "DEFAULT_LIMITS",
@@ -211,8 +212,6 @@ def load_rgb(path: str | os.PathLike, step: int | None = None) -> Image.Image:
     Raises:
         DataError: The file cannot be decoded (message names the file and step).
     """
-    from ipi.data.schema import DataError
-
     try:
         with Image.open(path) as im:
             im.load()

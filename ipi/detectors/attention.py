@@ -32,7 +32,7 @@ import torch
 
 from ipi.detectors.base import check_fit_inputs
 from ipi.extraction.extractor import HiddenStateExtractor, ShardWriter, _StopForward
-from ipi.replay import TOKEN_GROUPS
+from ipi.protocol import TOKEN_GROUPS
 
 log = logging.getLogger(__name__)
 

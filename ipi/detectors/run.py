@@ -64,7 +64,7 @@ def detector_record(cfg: DictConfig, det, fits=None) -> dict:
 def attention_layers(cfg: DictConfig, det) -> list[int]:
     """Decoder blocks the attention detector reads (``detector.layers`` or the run's layers)."""
     from ipi.backbone import resolve_layers
-    from ipi.tasks import layer_indices
+    from ipi.stages import layer_indices
 
     spec = det.layers
     if spec is None:
@@ -85,6 +85,23 @@ def attention_matrix(cfg: DictConfig, det, rows) -> tuple[np.ndarray, dict, obje
     mass = feats.features[:, li].double().numpy()
     x = focus_ratios(mass, [r.variant.surface for r in rows])
     return x, info, replace(det, layer_indices=layers, n_heads=int(mass.shape[-1]))
+
+
+def attention_transfer_source(cfg: DictConfig, det, trajectories, surfaces: list[str], wording):
+    """Clean/attack rows of the transfer surfaces in attention-focus features (PROTOCOL.md §6).
+
+    Returns:
+        ``(TransferSource, {surface: attention extraction info})``.
+    """
+    from ipi.stages import make_rows
+
+    metas, xs, infos = [], [], {}
+    for s in surfaces:
+        s_rows = make_rows(cfg, trajectories, s, wording=wording)
+        s_x, infos[s], _ = attention_matrix(cfg, det, s_rows)
+        metas.append(pd.DataFrame([r.metadata() for r in s_rows]))
+        xs.append(s_x)
+    return TransferSource.from_rows(pd.concat(metas, ignore_index=True), np.concatenate(xs)), infos
 
 
 @dataclass

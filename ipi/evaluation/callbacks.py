@@ -9,11 +9,13 @@ import lightning as L
 import numpy as np
 import pandas as pd
 
-from ipi.evaluation.report import write_run_report
 from ipi.evaluation.reportable import mark_reportability
+from ipi.evaluation.spread import split_spread
 from ipi.evaluation.verdict import verdict
 from ipi.metrics.estimands import evaluate_tables
 from ipi.progress import progress_bar
+from ipi.reporting.report import write_run_report
+from ipi.reporting.tracking import log_run
 
 
 def _flat_metrics(results: dict, prefix: str = "test") -> dict[str, float]:
@@ -115,8 +117,8 @@ class ReportCallback(L.Callback):
     """Writes the run's outputs once the estimands exist (atomic writes, rank 0 only).
 
     ``results.json``, ``report.md``, ``report.html`` (self-contained), ``roc.png`` and
-    ``forest.png`` (see :func:`ipi.evaluation.report.write_run_report`); then, for every W&B logger
-    of the trainer, the config, estimands, verdict and figures (:func:`ipi.tracking.log_run`).
+    ``forest.png`` (see :func:`ipi.reporting.report.write_run_report`); then, for every W&B logger
+    of the trainer, the config, estimands, verdict and figures (:func:`ipi.reporting.tracking.log_run`).
 
     Args:
         estimands: The :class:`EstimandsCallback` of the same trainer (must run first).
@@ -150,8 +152,6 @@ class ReportCallback(L.Callback):
         self.results = {**self.estimands.results, **self.extra}
         repeats = self.results.pop("split_repeats", None)
         if repeats:
-            from ipi.evaluation.spread import split_spread
-
             self.results["split_spread"] = split_spread(self.results, repeats["results"], repeats["seeds"])
         if not trainer.is_global_zero:
             return
@@ -161,7 +161,6 @@ class ReportCallback(L.Callback):
         figures = {k: p for k, p in self.paths.items() if k in ("roc", "forest", "gallery")}
         from lightning.pytorch.loggers import WandbLogger
 
-        from ipi.tracking import log_run
 
         for lg in trainer.loggers:
             if isinstance(lg, WandbLogger):

@@ -16,6 +16,7 @@ import pandas as pd
 from ipi.evaluation.reportable import mark_reportability
 from ipi.evaluation.verdict import verdict
 from ipi.metrics.estimands import evaluate_tables, validate_table
+from ipi.protocol import CONTROLS
 
 __all__ = ["CSV_SUFFIXES", "PARQUET_SUFFIXES", "check_score_rows", "evaluate_score_table", "read_score_table"]
 
@@ -107,10 +108,8 @@ def check_score_rows(table: pd.DataFrame, source: str, row_name=None) -> pd.Data
     """
     import difflib
 
-    from ipi.config import Control
-
     name = row_name or (lambda i: f"row {i}")
-    known = [c.value for c in Control]
+    known = list(CONTROLS)
     variant = table["variant"].to_numpy()
     for i, v in enumerate(variant):
         if v.startswith("c_") and v not in known:

@@ -255,7 +255,7 @@ class ActivationCache:
             if p is None or p.stat().st_size != s["bytes"]:
                 raise CacheError(
                     f"cache {self.dir}: shard {s['name']} missing or changed since the manifest was "
-                    "written; delete the entry (python -m ipi.cache prune) and rerun"
+                    "written; delete the entry (python -m ipi.tools.cache prune) and rerun"
                 )
         if set(on_disk) != {s["name"] for s in manifest["shards"]}:
             raise CacheError(f"cache {self.dir}: shards on disk do not match the manifest; refusing to read")

@@ -18,7 +18,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from ipi.extraction.rows import ReplayRow
-from ipi.replay import TOKEN_GROUPS, tokenise
+from ipi.protocol import TOKEN_GROUPS
+from ipi.replay import tokenise
 
 
 class ReplayDataset(Dataset):

@@ -17,7 +17,7 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 
 from ipi.backbone import Backbone
 from ipi.extraction.cache import ActivationCache
-from ipi.replay import TOKEN_GROUPS
+from ipi.protocol import TOKEN_GROUPS
 
 
 class _StopForward(Exception):
@@ -94,7 +94,7 @@ class HiddenStateExtractor(L.LightningModule):
             unless it is quantised or was dispatched with ``device_map`` (then it stays where
             ``from_pretrained`` put it; see :func:`keeps_own_placement`).
         layer_indices: Decoder blocks to read (0-based).
-        token_groups: Token groups to pool, in order (a subset of ``ipi.replay.TOKEN_GROUPS``).
+        token_groups: Token groups to pool, in order (a subset of ``ipi.protocol.TOKEN_GROUPS``).
         max_rows: Rows per language-model forward pass (``backbone.batch_size``).
     """
 

@@ -14,13 +14,13 @@ import transformers
 from hydra.utils import instantiate
 
 import ipi
-from ipi.backbone import resolve_layers
 from ipi.config import to_container
 from ipi.extraction.cache import ActivationCache, FeatureSet, stable_hash
 from ipi.extraction.datamodule import ReplayDataModule, StepGroupDataset
 from ipi.extraction.extractor import HiddenStateExtractor, ShardWriter
 from ipi.extraction.rows import ReplayRow, row_fingerprint
 from ipi.progress import extraction_callbacks
+from ipi.protocol import resolve_layers
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ def extraction_layers(cfg, requested: Sequence[int]) -> list[int]:
     """
     spec = list(cfg.extract.layers or [])
     n = cfg.backbone.n_layers
-    base = list(range(n)) if spec == ["all"] else (resolve_layers(spec, n) if spec else [])
+    base = resolve_layers(spec, n) if spec else []
     return sorted(set(base) | set(int(i) for i in requested))
 
 

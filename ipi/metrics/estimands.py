@@ -40,6 +40,7 @@ import numpy as np
 import pandas as pd
 
 from ipi.metrics.auc import bootstrap_weighted_auc, grouped_weighted_auc, weighted_auc
+from ipi.metrics.permutation import permutation_summary
 
 __all__ = [
     "ATTACK",
@@ -368,7 +369,7 @@ def bootstrap_p(replicates, null: float) -> float | None:
     The achieved significance level of the percentile bootstrap (Efron & Tibshirani 1993,
     §16.4): the fraction of kept replicates ``<= null``. A check "CI low > null" of a two-sided
     percentile interval at ``level`` is (up to quantile interpolation) the test ``p < (1 −
-    level)/2``; ``ipi.sweep_report`` applies Holm's procedure to these p-values.
+    level)/2``; ``ipi.reporting.sweep`` applies Holm's procedure to these p-values.
 
     Args:
         replicates: Bootstrap replicates ``[B]`` (``nan`` = dropped).
@@ -806,7 +807,7 @@ def evaluate_tables(
                           "e1_minus_<baseline>_e1": p}}          # H0: difference <= 0
 
         where each ``p`` is the one-sided bootstrap p-value of :func:`bootstrap_p` (used by
-        ``ipi.sweep_report`` for family-wise control). The key list above continues:
+        ``ipi.reporting.sweep`` for family-wise control). The key list above continues:
 
         where each ``{...}`` is ``{"estimate", "ci_low", "ci_high", "n_boot_used"}`` with
         Python floats (``None`` for undefined values). ``clusters_by_estimand`` counts, for
@@ -871,8 +872,6 @@ def evaluate_tables(
     out["p_values"] = p_values
     clusters["differences"] = diff_clusters
     if permutation is not None:
-        from ipi.metrics.permutation import permutation_summary
-
         perm = permutation_summary(main_v, permutation["null_scores"], res.e1.estimate,
                                    weights=step_weights(main_v), alpha=permutation.get("alpha", 0.05),
                                    seed=permutation.get("seed"),

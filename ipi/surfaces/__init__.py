@@ -2,7 +2,8 @@
 
 Public API::
 
-    from ipi.surfaces import make_variants, Variant, SURFACES, CONTROLS_BY_SURFACE
+    from ipi.surfaces import make_variants, Variant
+    from ipi.protocol import SURFACES, CONTROLS_BY_SURFACE  # the vocabulary lives in ipi.protocol
     variants = make_variants(trajectory_id, step, "i_dom", ("c_scrambled", "c_imperative"),
                              count_tokens=lambda s: count_plain_tokens(tok, s))  # ipi.replay
 """
@@ -15,6 +16,7 @@ from ipi.surfaces.bank import (
     attack_text,
     stable_int,
 )
+from ipi.surfaces.banner import BannerSpec, banner_spec, draw_banner, text_fits, wrap_text
 from ipi.surfaces.controls import (
     benign_imperative,
     imperative_tokens,
@@ -22,14 +24,7 @@ from ipi.surfaces.controls import (
     scramble,
     scramble_tokens,
 )
-from ipi.surfaces.render import BannerSpec, banner_spec, draw_banner, text_fits, wrap_text
-from ipi.surfaces.variants import (
-    CONTROLS_BY_SURFACE,
-    SURFACES,
-    VARIANTS,
-    Variant,
-    make_variants,
-)
+from ipi.surfaces.variants import Variant, make_variants
 
 __all__ = [
     "ATTACK_GOALS",
@@ -37,9 +32,6 @@ __all__ = [
     "ATTACK_TEMPLATES",
     "BENIGN_IMPERATIVES",
     "BannerSpec",
-    "CONTROLS_BY_SURFACE",
-    "SURFACES",
-    "VARIANTS",
     "Variant",
     "attack_text",
     "banner_spec",

@@ -2,7 +2,7 @@
 
 See ``docs/surfaces.md`` for the researcher-facing description. In short:
 
-* ``i_vis`` — a banner drawn on the screenshot (:mod:`ipi.surfaces.render`); controls keep the
+* ``i_vis`` — a banner drawn on the screenshot (:mod:`ipi.surfaces.banner`); controls keep the
   box, colours and font and the attack's character count and layout.
 * ``i_dom`` — a new element entry ``[<n>]: "<text>"`` inserted into the page's element list at a
   seeded position; controls go to the same position with the same wrapper and the same token
@@ -20,7 +20,10 @@ from typing import TYPE_CHECKING
 
 from PIL import Image
 
+from ipi.data.images import load_rgb
+from ipi.protocol import CONTROLS_BY_SURFACE, SURFACES
 from ipi.surfaces.bank import attack_text, stable_int
+from ipi.surfaces.banner import BannerSpec, banner_spec, draw_banner, text_fits
 from ipi.surfaces.controls import (
     benign_imperative,
     imperative_sentences,
@@ -28,19 +31,11 @@ from ipi.surfaces.controls import (
     scramble,
     scramble_tokens,
 )
-from ipi.surfaces.render import BannerSpec, banner_spec, draw_banner, text_fits
 
 if TYPE_CHECKING:
     from ipi.data.schema import Step
     from ipi.surfaces.wording import WordingFamily
 
-SURFACES: tuple[str, ...] = ("i_vis", "i_dom", "i_tool")
-CONTROLS_BY_SURFACE: dict[str, tuple[str, ...]] = {
-    "i_vis": ("c_scrambled", "c_imperative", "c_occlusion"),
-    "i_dom": ("c_scrambled", "c_imperative"),
-    "i_tool": ("c_scrambled", "c_imperative"),
-}
-VARIANTS: tuple[str, ...] = ("clean", "attack", "c_scrambled", "c_imperative", "c_occlusion")
 
 #: Separator between entries of a WebVoyager element list.
 ELEMENT_SEPARATOR = ";\t"
@@ -97,8 +92,6 @@ class Variant:
             DataError: The screenshot cannot be decoded (message names the file and step; the
                 importer's header check cannot see a compressed stream forged with valid CRCs).
         """
-        from ipi.data.images import load_rgb
-
         # Any mode Pillow opens, as a person sees it (16-bit grey, transparency, CMYK, ...).
         img = load_rgb(step.screenshot, step.step)
         if self.banner is None or self.variant == "clean":

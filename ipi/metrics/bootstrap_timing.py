@@ -1,0 +1,303 @@
+"""Timing of the vectorised cluster bootstrap against a plain scikit-learn loop (PROTOCOL.md §5).
+
+Called by the benchmark CLI; not a unit test. Both paths compute every estimand of
+:func:`ipi.metrics.estimands.estimands` (E1, E2, E3 for three controls) for ``n_boot`` replicates
+on the same synthetic score table and the same draws, and must agree.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from contextlib import contextmanager
+
+import numpy as np
+import pandas as pd
+
+from ipi.metrics.estimands import (
+    ATTACK,
+    CLEAN,
+    estimands,
+    make_draws,
+    step_weights,
+    validate_table,
+)
+from ipi.protocol import VARIANTS
+
+__all__ = ["bench_bootstrap", "bench_permutation", "bootstrap_benchmark", "synthetic_score_table"]
+
+_VARIANTS = VARIANTS
+
+
+def synthetic_score_table(n_rows: int = 5000, seed: int = 0, steps_per_trajectory: int = 10):
+    """A synthetic score table of about ``n_rows`` rows (PROTOCOL.md §5 layout).
+
+    Trajectories of ``steps_per_trajectory`` steps, each step with one clean, one attack and three
+    control rows (five variants); scores are Gaussian, attack shifted by +1, rounded to 2
+    decimals so that ties occur.
+
+    Args:
+        n_rows: Target number of rows (rounded down to whole trajectories, at least one).
+        seed: Seed of the score generator.
+        steps_per_trajectory: Steps per trajectory.
+
+    Returns:
+        DataFrame with ``trajectory_id, step, variant, score``.
+    """
+    per_traj = steps_per_trajectory * len(_VARIANTS)
+    n_traj = max(1, n_rows // per_traj)
+    rng = np.random.default_rng(seed)
+    tid = np.repeat([f"traj-{t:05d}" for t in range(n_traj)], per_traj)
+    step = np.tile(np.repeat(np.arange(steps_per_trajectory), len(_VARIANTS)), n_traj)
+    variant = np.tile(np.array(_VARIANTS, dtype=object), n_traj * steps_per_trajectory)
+    score = rng.normal(size=tid.size) + (variant == ATTACK) * 1.0
+    return pd.DataFrame(
+        {"trajectory_id": tid, "step": step, "variant": variant, "score": np.round(score, 2)}
+    )
+
+
+@contextmanager
+def _single_core():
+    """Pin the process to one CPU and BLAS/OpenMP pools to one thread, restoring afterwards."""
+    old_aff = None
+    if hasattr(os, "sched_getaffinity"):
+        old_aff = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, {min(old_aff)})
+    try:
+        try:
+            from threadpoolctl import threadpool_limits
+        except ImportError:  # pragma: no cover - threadpoolctl comes with scikit-learn
+            yield
+        else:
+            with threadpool_limits(limits=1):
+                yield
+    finally:
+        if old_aff is not None:
+            os.sched_setaffinity(0, old_aff)
+
+
+def _loop_replicates(table: pd.DataFrame, draws) -> dict:
+    """Every estimand per replicate with a plain Python loop and ``roc_auc_score``."""
+    from sklearn.metrics import roc_auc_score
+
+    t = validate_table(table)
+    f = t["score"].to_numpy()
+    w = step_weights(t)
+    v = t["variant"].to_numpy(dtype=object)
+    col = draws.columns(t["trajectory_id"])
+    keys = list(zip(col, t["step"].to_numpy(), strict=True))
+    m = draws.multiplicity.astype(np.float64)
+
+    def steps_with(variant):
+        return {k for k, vv in zip(keys, v, strict=True) if vv == variant}
+
+    attack_steps = steps_with(ATTACK)
+    pairs = {"e1": (v == ATTACK, v == CLEAN)}
+    for c in sorted({x for x in v if x.startswith("c_")}):
+        both = attack_steps & steps_with(c)
+        in_both = np.array([k in both for k in keys])
+        pairs[f"e3.{c}"] = ((v == ATTACK) & in_both, (v == c) & in_both)
+
+    out = {}
+    for name, (p, n) in pairs.items():
+        rows = p | n
+        y, fs, ws, cs = p[rows].astype(int), f[rows], w[rows], col[rows]
+        reps = np.full(draws.n_boot, np.nan)
+        for b in range(draws.n_boot):
+            sw = m[b, cs] * ws
+            if sw[y == 1].sum() > 0 and sw[y == 0].sum() > 0:
+                reps[b] = roc_auc_score(y, fs, sample_weight=sw)
+        out[name] = reps
+
+    # E2: within-step AUCs are fixed under the cluster bootstrap; compute each with sklearn once.
+    step_auc = {}
+    groups: dict = {}
+    for i, k in enumerate(keys):
+        groups.setdefault(k, []).append(i)
+    for k, idx in groups.items():
+        idx = np.asarray(idx)
+        vi = v[idx]
+        sel = idx[(vi == ATTACK) | (vi == CLEAN)]
+        y = (v[sel] == ATTACK).astype(int)
+        if 0 < y.sum() < y.size:
+            step_auc[k] = roc_auc_score(y, f[sel], sample_weight=w[sel])
+    reps = np.full(draws.n_boot, np.nan)
+    for b in range(draws.n_boot):
+        num = sum(m[b, k[0]] * a for k, a in step_auc.items())
+        den = sum(m[b, k[0]] for k in step_auc)
+        if den > 0:
+            reps[b] = num / den
+    out["e2"] = reps
+    return out
+
+
+def bootstrap_benchmark(
+    n_rows: int = 5000, n_boot: int = 1000, seed: int = 0, *, single_core: bool = True
+) -> dict:
+    """Time all estimands × ``n_boot`` replicates: vectorised vs a plain sklearn loop.
+
+    The vectorised path is :func:`ipi.metrics.estimands.estimands` (best of three runs, table
+    validation, point estimates and intervals included); the loop path calls
+    ``sklearn.metrics.roc_auc_score(sample_weight=multiplicity · w)`` once per replicate and
+    estimand (E2: per-step AUCs once, then a per-replicate weighted mean). Both use the same
+    draws; their replicates are compared.
+
+    Args:
+        n_rows: Rows of the synthetic table (:func:`synthetic_score_table`).
+        n_boot: Bootstrap replicates.
+        seed: Seed of the table and of the draws.
+        single_core: Pin to one CPU and one BLAS/OpenMP thread while timing.
+
+    Returns:
+        ``{"n_rows", "n_trajectories", "n_boot", "vectorised_s", "loop_s", "ratio"
+        (loop_s / vectorised_s), "max_abs_diff" (between the two paths' replicates),
+        "single_core"}``.
+    """
+    table = synthetic_score_table(n_rows, seed)
+    draws = make_draws(table["trajectory_id"], n_boot=n_boot, seed=seed)
+    with _single_core() if single_core else _nullcontext():
+        times = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            res = estimands(table, draws=draws)
+            times.append(time.perf_counter() - t0)
+        vec_s = min(times)
+        t0 = time.perf_counter()
+        loop = _loop_replicates(table, draws)
+        loop_s = time.perf_counter() - t0
+
+    vec = {"e1": res.replicates["e1"], "e2": res.replicates["e2"]}
+    vec.update({f"e3.{c}": r for c, r in res.replicates["e3"].items()})
+    diff = 0.0
+    for k, r in vec.items():
+        a, b = np.asarray(r), loop[k]
+        if not np.array_equal(np.isnan(a), np.isnan(b)):
+            diff = float("inf")
+            break
+        ok = ~np.isnan(a)
+        if ok.any():
+            diff = max(diff, float(np.max(np.abs(a[ok] - b[ok]))))
+    return {
+        "n_rows": int(len(table)),
+        "n_trajectories": int(draws.n_clusters),
+        "n_boot": int(n_boot),
+        "vectorised_s": float(vec_s),
+        "loop_s": float(loop_s),
+        "ratio": float(loop_s / vec_s) if vec_s > 0 else float("inf"),
+        "max_abs_diff": diff,
+        "single_core": bool(single_core),
+    }
+
+
+@contextmanager
+def _nullcontext():
+    yield
+
+
+#: The issue's target: all estimands × 1000 replicates on 5,000 rows in under this many seconds
+#: on one core.
+TARGET_S = 2.0
+
+
+def bench_bootstrap(n_rows: int = 5000, n_boot: int = 1000, seed: int = 0) -> dict:
+    """The ``bootstrap`` section of ``python -m ipi.tools.bench``: one JSON-ready record.
+
+    Runs :func:`bootstrap_benchmark` pinned to one core and adds ``"bench": "bootstrap"``, the
+    target (``target_s`` = 2 s for the vectorised path) and whether it was met
+    (``meets_target``), and whether both paths' replicates agree (``agree``: max abs difference
+    ≤ 1e-9).
+
+    Args:
+        n_rows: Rows of the synthetic score table.
+        n_boot: Bootstrap replicates.
+        seed: Seed of the table and the draws.
+
+    Returns:
+        The record (see :func:`bootstrap_benchmark`) plus ``bench``, ``target_s``,
+        ``meets_target``, ``agree``.
+    """
+    res = bootstrap_benchmark(n_rows=n_rows, n_boot=n_boot, seed=seed, single_core=True)
+    return {
+        "bench": "bootstrap",
+        **res,
+        "target_s": TARGET_S,
+        "meets_target": bool(res["vectorised_s"] < TARGET_S),
+        "agree": bool(res["max_abs_diff"] <= 1e-9),
+    }
+
+
+def bench_permutation(n_train: int = 1000, n_test: int = 600, n_features: int = 107_520, m: int = 199,
+                      sklearn_fits: int = 2, seed: int = 0) -> dict:
+    """Cost of the exact permutation test's refits vs scikit-learn fits (PROTOCOL.md §7.4).
+
+    Synthetic features at the given width: trajectories of 5 steps, one clean and one attack row
+    per step (``n_train`` training rows), Gaussian features with a trajectory effect and an
+    attack shift along a random direction, float32 as the activation cache stores them. Timed:
+
+    * **ours**: :class:`ipi.probe.dual.ReducedDesign` (standardise, Gram matrices, eigen
+      decomposition — once) plus ``m`` refits (:func:`ipi.probe.dual.fit_reduced`) on labels
+      permuted within each (trajectory, step), scoring the test rows;
+    * **scikit-learn**: ``sklearn_fits`` fits of :func:`ipi.probe.fit.fit_sklearn_reference`
+      (``StandardScaler`` + ``LogisticRegression(C=1, class_weight="balanced")``, lbfgs,
+      ``tol=1e-10``) on the first permuted labellings; the cost of 20 fits is 20 × their mean.
+
+    The scikit-learn fits' test AUCs are compared with the corresponding refits'
+    (``max_auc_diff``, must be ≤ 1e-4).
+
+    Returns:
+        JSON-ready dict with the shapes, ``ours_s`` (design + refits), ``design_s``,
+        ``refits_s``, ``sklearn_fit_s`` (mean), ``sklearn_20_fits_s``, ``ratio`` (ours / 20
+        scikit-learn fits; ≤ 1 meets issue 10's requirement), ``max_auc_diff``, ``threads``.
+    """
+    from sklearn.metrics import roc_auc_score
+
+    from ipi.metrics.permutation import permute_within
+    from ipi.probe.dual import ReducedDesign, fit_reduced
+    from ipi.probe.fit import fit_sklearn_reference
+
+    rng = np.random.default_rng(seed)
+    n = n_train + n_test
+    steps = 5
+    n_traj = n // (2 * steps)
+    n = n_traj * 2 * steps
+    traj = np.repeat(np.arange(n_traj), 2 * steps)
+    step = np.tile(np.repeat(np.arange(steps), 2), n_traj)
+    y = np.tile(np.array([0, 1]), n_traj * steps)
+    direction = rng.standard_normal(n_features).astype(np.float32)
+    direction /= np.linalg.norm(direction)
+    x = rng.standard_normal((n, n_features), dtype=np.float32)
+    x += 0.5 * rng.standard_normal((n_traj, n_features), dtype=np.float32)[traj]
+    x += (3.0 * y)[:, None].astype(np.float32) * direction
+    n_train_traj = n_train // (2 * steps)
+    tr = traj < n_train_traj
+    te = ~tr
+    groups = traj[tr] * steps + step[tr]
+    t0 = time.perf_counter()
+    design = ReducedDesign.build(x[tr], x[te])
+    t_design = time.perf_counter() - t0
+    perm_rng = np.random.default_rng(seed + 1)
+    labels, aucs = [], []
+    t1 = time.perf_counter()
+    for _ in range(m):
+        yp = permute_within(groups, y[tr], perm_rng)
+        theta = fit_reduced(design.phi, yp, C=1.0)
+        s = design.phi_test @ theta[:-1] + theta[-1]
+        labels.append(yp)
+        aucs.append(roc_auc_score(y[te], s))
+    t_refits = time.perf_counter() - t1
+    ours = time.perf_counter() - t0
+    sk_times, diffs = [], []
+    for j in range(sklearn_fits):
+        t2 = time.perf_counter()
+        ref = fit_sklearn_reference(x[tr], labels[j], l2=1.0)
+        sk_times.append(time.perf_counter() - t2)
+        diffs.append(abs(roc_auc_score(y[te], ref.decision_function(x[te])) - aucs[j]))
+    sk = float(np.mean(sk_times))
+    return {
+        "n_train": int(tr.sum()), "n_test": int(te.sum()), "n_features": int(n_features), "m": int(m),
+        "rank": design.rank, "design_s": round(t_design, 2), "refits_s": round(t_refits, 2),
+        "ours_s": round(ours, 2), "sklearn_fits_timed": int(sklearn_fits), "sklearn_fit_s": round(sk, 2),
+        "sklearn_20_fits_s": round(20 * sk, 1), "ratio": round(ours / (20 * sk), 4),
+        "max_auc_diff": float(max(diffs)) if diffs else None,
+        "null_mean": round(float(np.mean(aucs)), 4), "threads": os.cpu_count(),
+    }

@@ -1,0 +1,207 @@
+"""The tasks behind the entry scripts (``train.py``, ``extract.py``, ``evaluate.py``).
+
+Each task is a short sequence of named stages (:mod:`ipi.stages`), takes a composed config and
+returns ``(metrics, objects)``; the scripts are thin ``@hydra.main`` wrappers around them
+(:func:`ipi.cli.run_entry`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from ipi.config import enum_value as _value
+from ipi.config import to_container
+from ipi.detectors.run import attention_matrix, attention_transfer_source, build_detector, detector_record
+from ipi.evaluation.callbacks import EstimandsCallback, ReportCallback
+from ipi.evaluation.scoretable import evaluate_score_table, read_score_table
+from ipi.evaluation.verdict import verdict
+from ipi.extraction.run import extract_features
+from ipi.io import atomic_write_text
+from ipi.metrics.estimands import evaluate_tables
+from ipi.progress import track
+from ipi.protocol import TOKEN_GROUPS
+from ipi.reporting.report import write_run_report
+from ipi.reporting.tracking import task_wrapper
+from ipi.stages import (
+    bootstrap_kwargs,
+    check_split_feasible,
+    extraction_surfaces,
+    fit_folds,
+    fold_sides,
+    layer_indices,
+    load_data,
+    make_loggers,
+    make_rows,
+    output_dir,
+    prepare,
+    probe_settings,
+    row_table,
+    run_counts,
+    run_info,
+    run_record,
+    score_test_rows,
+    select_features,
+    split_folds,
+    transfer_source,
+    verdict_kwargs,
+    wording_record,
+    write_gallery,
+)
+
+log = logging.getLogger(__name__)
+
+
+@task_wrapper
+def train(cfg: DictConfig) -> tuple[dict, dict]:
+    """Run the main job: replay, extract (cached), probe, estimands, verdict, report.
+
+    Args:
+        cfg: Composed ``train`` config.
+
+    Returns:
+        ``(results, objects)`` where results is what ``results.json`` holds and objects has the
+        probe, the score table and the extraction info.
+    """
+    t0 = time.perf_counter()
+    prepare(cfg)
+    out_dir = output_dir(cfg)
+    surface, *sources = extraction_surfaces(cfg)
+    groups, layers = [_value(g) for g in cfg.token_group.names], layer_indices(cfg)
+
+    trajs, traj_skips, step_skips = load_data(cfg)
+    check_split_feasible(cfg, [t.trajectory_id for t in trajs])  # before any rendering or extraction
+    # Trajectory-disjoint folds (PROTOCOL.md §4) first: with held-out wording a trajectory's
+    # attack and imperative texts come from the wording family of the fold it is tested in.
+    folds, plan = split_folds(cfg, trajs)
+    rows = make_rows(cfg, trajs, surface, wording=plan)
+    features, info = extract_features(cfg, rows, layers, list(TOKEN_GROUPS))
+    if features is None:  # a non-zero DDP rank: rank 0 evaluates
+        return {}, {"extraction": info}
+    meta, x = row_table(rows, features), select_features(features, layers, groups)
+    det, x_det, infos_att = build_detector(cfg), None, {}
+    if det.input == "attention":  # the detector's own cached extraction (docs/detectors.md)
+        x_det, infos_att[surface], det = attention_matrix(cfg, det, rows)
+    source = transfer_source(cfg, trajs, sources, plan, layers, groups) if cfg.evaluation.transfer else (None, {})
+    if source is None:  # a non-zero DDP rank
+        return {}, {"extraction": info}
+    transfer_src, infos = source[0], {surface: info, **source[1]}
+    if det.input == "attention" and transfer_src is not None:  # the other surfaces' attention features
+        transfer_src, more = attention_transfer_source(cfg, det, trajs, sources, plan)
+        infos_att.update(more)
+
+    probe, loggers = probe_settings(cfg.probe, cfg.seed), make_loggers(cfg)
+    fits = fit_folds(cfg, meta, x, features, layers, folds, probe, det=det, x_det=x_det, transfer=transfer_src,
+                     **({"logger": loggers[0] if loggers else None, "default_root_dir": str(out_dir)}
+                        if det.name == "logistic" else {}))
+    transfer = {"train_surfaces": sources, "test_surface": surface} if transfer_src is not None else None
+    extra = {"counts": run_counts(trajs, meta, rows, fits, folds, step_skips, traj_skips),
+             "run": run_record(cfg, layers, groups, int(x.shape[1]), folds, transfer,
+                               wording_record(rows, folds, plan), infos)}
+    extra["run"]["detector"] = detector_record(cfg, det, fits)
+    if infos_att:
+        extra["run"]["attention_cache_keys"] = {s: i["cache_key"] for s, i in infos_att.items()}
+
+    # Score the test rows with the probe through Lightning; the callbacks compute and write.
+    te_meta = meta.iloc[fits.test_index].reset_index(drop=True)
+    est = EstimandsCallback(te_meta, fits.baselines, **bootstrap_kwargs(cfg.evaluation),
+                            **verdict_kwargs(cfg.evaluation), permutation=fits.permutation_input(),
+                            alpha=cfg.evaluation.permutation.alpha,
+                            min_boot_fraction=cfg.evaluation.min_boot_fraction)
+    test_ids = fold_sides(folds)[1]
+    gallery = (write_gallery(cfg, next(t for t in trajs if t.trajectory_id in set(test_ids)), out_dir)
+               if cfg.report.gallery else None)
+
+    def write_side_files() -> None:  # before results.json, which is written last
+        atomic_write_text(out_dir / "scores.csv", est.scores.to_csv(index=False))
+        atomic_write_text(out_dir / "run_info.json", json.dumps(
+            {**run_info(info, infos, time.perf_counter() - t0, infos_att),
+             "permutation_s": (fits.permutation or {}).get("seconds")}, indent=2))
+
+    if cfg.split.repeats > 1:  # re-rolled splits beside the pre-registered one (docs/estimands.md)
+        seeds = [cfg.split.seed + i for i in range(cfg.split.repeats)]
+        extra["split_repeats"] = {"seeds": seeds, "results": [
+            evaluate_split(cfg, trajs, s, layers, groups, probe) for s in track(seeds[1:], "split.repeats")]}
+    rep = ReportCallback(est, out_dir, extra, config=to_container(cfg), gallery=gallery, plots=cfg.report.plots,
+                         html=cfg.report.html, before_results=write_side_files)
+    score_test_rows(fits, x, [est, rep], loggers)
+
+    elapsed = time.perf_counter() - t0
+    log.info("extraction: cache %s (%d rows forwarded), %.1f MB on disk (python -m ipi.tools.cache list); "
+             "total %.1f s", "hit" if info["cache_hit"] else "miss", info["rows_forwarded"],
+             info["cache_bytes"] / 2**20, elapsed)
+    for lg in loggers:
+        lg.finalize("success")
+    probe = fits.probes[0] if len(fits.probes) == 1 else fits.probes
+    return rep.results, {"probe": probe, "probes": fits.probes, "folds": folds, "scores": est.scores,
+                         "baselines": fits.baselines, "extraction": info, "elapsed_s": elapsed}
+
+
+def evaluate_split(cfg: DictConfig, trajs, seed: int, layers, groups, probe) -> dict:
+    """Estimands and verdict of the run on the split of ``seed`` (``split.repeats``).
+
+    The same pipeline as the pre-registered split — held-out wording families of that split
+    (so its own rows and cache entry), probe, C1, collapse-only and permuted baselines, shared
+    bootstrap draws, verdict — without the transfer probe (it does not enter the verdict).
+    ``probe`` is :func:`ipi.stages.probe_settings` of the run.
+    """
+    folds, plan = split_folds(cfg, trajs, seed)
+    rows = make_rows(cfg, trajs, _value(cfg.surface.name), wording=plan)
+    features, _ = extract_features(cfg, rows, layers, list(TOKEN_GROUPS))
+    meta, x = row_table(rows, features), select_features(features, layers, groups)
+    det = build_detector(cfg)
+    x_det = attention_matrix(cfg, det, rows)[0] if det.input == "attention" else None
+    fits = fit_folds(cfg, meta, x, features, layers, folds, probe, det=det, x_det=x_det)
+    table = meta.iloc[fits.test_index][["trajectory_id", "step", "variant"]].reset_index(drop=True)
+    table["score"] = fits.probe_scores(x) if det.name == "logistic" else fits.test_scores
+    ev = cfg.evaluation
+    perm = fits.permutation_input()
+    res = evaluate_tables(table, fits.baselines, **bootstrap_kwargs(ev),
+                          permutation=None if perm is None else {**perm, "alpha": ev.permutation.alpha})
+    res["verdict"] = verdict(res, **verdict_kwargs(ev))
+    return res
+
+
+@task_wrapper
+def extract(cfg: DictConfig) -> tuple[dict, dict]:
+    """Extract (or reuse) every activation-cache entry a ``train.py`` run with this config reads.
+
+    That is the configured surface and, when ``evaluation.transfer`` is on, the transfer source
+    surfaces — so a sweep started after ``extract.py`` forwards nothing.
+
+    Returns:
+        ``(info of the configured surface, {"features": ..., "extraction_by_surface": ...})``.
+    """
+    prepare(cfg)
+    surfaces = extraction_surfaces(cfg)
+    trajs, _, _ = load_data(cfg)
+    # rows' wording depends on the split (held-out wording); without it no split is needed
+    plan = split_folds(cfg, trajs)[1] if cfg.evaluation.heldout_wording else None
+    t0 = time.perf_counter()
+    infos, features = {}, None
+    for s in surfaces:
+        feats, infos[s] = extract_features(cfg, make_rows(cfg, trajs, s, wording=plan), layer_indices(cfg),
+                                           list(TOKEN_GROUPS))
+        features = feats if s == surfaces[0] else features
+    if features is not None:  # rank 0 (a non-zero DDP rank writes nothing)
+        atomic_write_text(Path(cfg.paths.output_dir) / "run_info.json", json.dumps(
+            run_info(infos[surfaces[0]], infos, time.perf_counter() - t0), indent=2))
+    return infos[surfaces[0]], {"features": features, "extraction_by_surface": infos}
+
+
+@task_wrapper
+def evaluate(cfg: DictConfig) -> tuple[dict, dict]:
+    """Evaluate a score table (CSV/Parquet) into ``results.json``, reports and figures."""
+    ev = cfg.evaluation
+    results = evaluate_score_table(cfg.scores, **bootstrap_kwargs(ev), **verdict_kwargs(ev),
+                                   min_boot_fraction=ev.min_boot_fraction)
+    write_run_report(results, Path(cfg.paths.output_dir), scores=read_score_table(cfg.scores),
+                     config=to_container(cfg), plots=cfg.report.plots, html_report=cfg.report.html)
+    return results, {}
+
+
+__all__ = ["evaluate", "evaluate_split", "extract", "train"]

@@ -1,0 +1,414 @@
+"""The named stages that :mod:`ipi.pipeline`'s tasks call in sequence, and the tools reuse.
+
+Setup, data import, the split, replay rows, feature selection, transfer sources, probe fits,
+the counts and run record of ``results.json``, scoring through Lightning, and the settings each
+stage takes from its own piece of the config (``cfg.probe``, ``cfg.evaluation``).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from enum import Enum
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import pandas as pd
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+from torch.utils.data import DataLoader, TensorDataset
+
+from ipi.backbone_text import load_tokenizer
+from ipi.config import enum_value as _value
+from ipi.config import resolved_controls, to_container, validate
+from ipi.data import DataError
+from ipi.data.discover import summarise_skips
+from ipi.data.images import image_limits_for
+from ipi.extraction.rows import build_rows
+from ipi.extraction.run import extract_features
+from ipi.probe.crossfit import FoldedProbe, TransferSource, cross_fit, make_folds
+from ipi.probe.fit import ProbeConfig
+from ipi.progress import quiet_lightning, set_quiet, track
+from ipi.protocol import CONTROLS_BY_SURFACE, TOKEN_GROUPS, resolve_layers, transfer_source_surfaces
+from ipi.replay import count_plain_tokens
+from ipi.reporting.gallery import build_gallery, save_png_atomic
+from ipi.surfaces.wording import wording_overlap, wording_plan
+
+log = logging.getLogger(__name__)
+
+
+def importer(data: DictConfig, backbone: DictConfig) -> functools.partial:
+    """The configured importer (``data.importer``, a ``_target_`` node of ``conf/data/<kind>.yaml``).
+
+    Its node binds the data-wide settings it takes (``on_bad_step``, ``unknown_action``,
+    ``max_element_chars``, ``limit`` = ``data.max_trajectories``, applied while importing so later
+    folders are never read); here the backbone's image limits (screenshots its processor would
+    refuse are counted skips at import) and ``data.options`` are added.
+
+    Returns:
+        ``importer(root) -> (trajectories, skipped)`` (docs/data.md).
+    """
+    fn = instantiate(data.importer)
+    limits = (image_limits_for(to_container(backbone.get("image_size")), backbone.get("tokenizer_path"))
+              if backbone.get("multimodal", True) else None)
+    settings = {k: _value(v) if isinstance(v, Enum) else v for k, v in fn.keywords.items()}
+    # data.options last: an importer option overrides a data-wide setting
+    return functools.partial(fn.func, **{**settings, "image_limits": limits, **to_container(data.get("options") or {})})
+
+
+def exclusion_report(skips: list[dict], limit: int = 10) -> str:
+    """What was left out, as counts per reason then the first ``limit`` folders with their reason."""
+
+    if not skips:
+        return "nothing left out"
+    lines = [f"left out {len(skips)}: " + "; ".join(f"{n} × {kind}" for kind, n in summarise_skips(skips))]
+    lines += [f"  {d['path']}: {d['reason']}" for d in skips[:limit]]
+    if len(skips) > limit:
+        lines.append(f"  ... and {len(skips) - limit} more (results.json counts.skipped_trajectories)")
+    return "\n".join(lines)
+
+
+def load_data(cfg: DictConfig):
+    """Import trajectories and collect every skip (trajectory-level and step-level).
+
+    Discovery, ``data.max_trajectories`` (applied while importing, before duplicate checks) and
+    every import-time check run here, before any rendering or extraction. What was left out is
+    logged as counts per reason (:func:`exclusion_report`).
+
+    Returns:
+        ``(trajectories, skipped_trajectories, skipped_steps)``.
+
+    Raises:
+        DataError: No usable trajectory remains; the message says which folders were found and
+            why each was left out (counts per reason).
+    """
+
+    trajs, traj_skips = importer(cfg.data, cfg.backbone)(cfg.data.root)
+    if cfg.data.max_trajectories is not None:
+        trajs = trajs[: cfg.data.max_trajectories]
+    step_skips = [
+        {"trajectory_id": t.trajectory_id, "step": s.step, "reason": s.reason, "path": s.path}
+        for t in trajs for s in t.skipped
+    ]
+    where = f"data.root={cfg.data.root} (data={cfg.data.kind})"
+    if not trajs:
+        found = "nothing that looks like a task folder was found" if not traj_skips else exclusion_report(traj_skips)
+        raise DataError(f"{where}: no usable trajectory; {found}")
+    log.info("data: %d trajectories, %d steps (%d steps skipped) from %s%s", len(trajs),
+             sum(len(t.steps) for t in trajs), len(step_skips), where,
+             "" if not traj_skips else "; " + exclusion_report(traj_skips))
+    return trajs, traj_skips, step_skips
+
+
+def check_split_feasible(cfg: DictConfig, trajectory_ids: list[str], min_per_side: int | None = None) -> None:
+    """Refuse, before any heavy work, a split with fewer than ``min_per_side`` trajectories on a side.
+
+    Every fold of ``cfg.split`` (PROTOCOL.md §4) needs at least ``min_per_side`` training and
+    ``min_per_side`` test trajectories (default ``split.min_per_side``, 2).
+
+    Raises:
+        ValueError: The split cannot be made or a fold side is too small (message gives the
+            counts and what to change).
+    """
+    if min_per_side is None:
+        min_per_side = cfg.split.get("min_per_side", 2)
+    n = len(set(trajectory_ids))
+    kind = _value(cfg.split.kind)
+    design = (f"split=holdout test_fraction={cfg.split.test_fraction}" if kind == "holdout"
+              else f"split=kfold k={cfg.split.k}")
+    advice = ("more trajectories (data.root, data.max_trajectories) or another split "
+              "(split.test_fraction, split.k)")
+    try:
+        folds = make_folds(sorted(set(trajectory_ids)), kind, test_fraction=cfg.split.test_fraction,
+                           k=cfg.split.k, seed=cfg.split.seed)
+    except ValueError as e:
+        raise ValueError(f"{n} usable trajectories cannot be split by {design}: {e}; needs {advice}") from e
+    for i, (train, test) in enumerate(folds):
+        if min(len(train), len(test)) < min_per_side:
+            raise ValueError(
+                f"{n} usable trajectories: {design} gives fold {i} {len(train)} training and "
+                f"{len(test)} test trajectories; each side of each fold needs >= {min_per_side} "
+                f"(split.min_per_side); "
+                f"needs {advice}")
+
+
+def token_counter(cfg: DictConfig):
+    """Token counter of the backbone's tokenizer (loaded once per process)."""
+
+    tok = load_tokenizer(cfg.backbone.tokenizer_path, **to_container(cfg.backbone.get("tokenizer_kwargs") or {}))
+    # Recorded and injected text is tokenised as plain characters in replay; count it the same way.
+    return lambda s: count_plain_tokens(tok, s)
+
+
+def split_folds(cfg: DictConfig, trajectories, seed: int | None = None):
+    """Trajectory folds of the configured split design and the held-out wording plan.
+
+    Args:
+        cfg: Run config (``split``, ``evaluation.heldout_wording``).
+        trajectories: Imported trajectories.
+        seed: Split seed (default ``split.seed``; ``split.repeats`` passes others).
+
+    Returns:
+        ``(folds, plan)``; ``plan`` is None when ``evaluation.heldout_wording`` is off.
+    """
+
+    seed = cfg.split.seed if seed is None else seed
+    kind = _value(cfg.split.kind)
+    folds = make_folds(sorted({t.trajectory_id for t in trajectories}), kind,
+                       **({"test_fraction": cfg.split.test_fraction} if kind == "holdout" else {"k": cfg.split.k}),
+                       seed=seed)
+    plan = wording_plan(folds, seed) if cfg.evaluation.heldout_wording else None
+    return folds, plan
+
+
+def make_rows(cfg: DictConfig, trajectories, surface: str, controls: list[str] | None = None, wording=None):
+    """Replay rows of one surface.
+
+    The run's own surface gets the configured controls; any other surface (the transfer
+    sources) gets every control that applies to it, so its rows — and its activation-cache
+    entry — are exactly those of a run on that surface, and a ``-m surface=...`` sweep or an
+    ``extract.py`` run before it fills each entry once. ``controls`` overrides both.
+    ``wording`` is the held-out wording plan of the split (:func:`split_folds`), or None.
+    """
+    count_tokens = token_counter(cfg) if surface != "i_vis" else None
+    if controls is None:
+        controls = (resolved_controls(cfg) if _value(cfg.surface.name) == surface
+                    else list(CONTROLS_BY_SURFACE[surface]))
+    return build_rows(track(trajectories, f"rendering {surface} variants"), surface, controls,
+                      n_attacks=cfg.surface.n_attacks, count_tokens=count_tokens, wording=wording)
+
+
+def write_gallery(cfg: DictConfig, trajectory, out_dir: Path) -> Path | None:
+    """``gallery.png``: every surface × variant of the first usable step of ``trajectory``."""
+
+    if not trajectory.steps:
+        return None
+    img = build_gallery(trajectory.trajectory_id, trajectory.steps[0], token_counter(cfg),
+                        task=trajectory.task, n_attacks=cfg.surface.n_attacks)
+    return save_png_atomic(img, out_dir / "gallery.png")
+
+
+def layer_indices(cfg: DictConfig) -> list[int]:
+    """Resolved decoder-block indices of ``cfg.layers`` for ``cfg.backbone``."""
+    return resolve_layers(list(cfg.layers.spec), cfg.backbone.n_layers)
+
+
+def row_table(rows, features) -> pd.DataFrame:
+    """Row metadata (PROTOCOL.md §3): step, horizon, prompt length, Δprompt length vs clean."""
+    df = pd.DataFrame([r.metadata() for r in rows])
+    df["prompt_len"] = features.prompt_len.numpy()
+    clean = df[df.variant == "clean"].set_index(["trajectory_id", "step", "surface"])["prompt_len"]
+    key = pd.MultiIndex.from_frame(df[["trajectory_id", "step", "surface"]])
+    df["delta_prompt_len"] = df["prompt_len"].to_numpy() - clean.reindex(key).to_numpy()
+    return df
+
+
+def select_features(features, layers: list[int], groups: list[str]) -> np.ndarray:
+    """Concatenate features over layers × token groups: ``[N, len(layers) * len(groups) * H]``."""
+    li = [features.layers.index(i) for i in layers]
+    gi = [features.token_groups.index(g) for g in groups]
+    x = features.features[:, li][:, :, gi]
+    return x.reshape(x.shape[0], -1).float().numpy()
+
+
+def wording_record(rows, folds, plan) -> dict:
+    """``run.wording`` of results.json: held-out wording on/off and the train/test overlap (must be 0 when on)."""
+
+    meta = [{"trajectory_id": r.trajectory_id, "variant": r.variant.variant, **r.variant.meta} for r in rows]
+    rec = wording_overlap(meta, folds, plan)
+    if plan is not None and rec["overlap"] != 0:  # by construction impossible: a bug, never a number to report
+        raise AssertionError(f"held-out wording: {rec['overlap']} bank entries on both sides of a fold")
+    if plan is not None and plan.scheme == "holdout":
+        rec["train_families"] = plan.families["train"].to_dict()
+        rec["test_families"] = plan.families["test"].to_dict()
+    return rec
+
+
+def run_info(info: dict, infos: dict[str, dict], elapsed_s: float, attention: dict | None = None) -> dict:
+    """What ``run_info.json`` holds: extraction per surface, rows forwarded in all, wall time.
+
+    ``rows_forwarded`` counts the rows this run sent through the backbone, over every surface it
+    extracted (0 when every entry was already in the cache, or another run filled it while this
+    one waited for the entry's lock).
+    """
+    out = {"extraction": info, "extraction_by_surface": infos,
+           "rows_forwarded": int(sum(i.get("rows_forwarded", 0) for i in infos.values())),
+           "elapsed_s": round(elapsed_s, 2)}
+    if attention:  # detector=attention_focus: its own cache entries (docs/detectors.md)
+        out["attention_extraction_by_surface"] = attention
+        out["attention_rows_forwarded"] = int(sum(i.get("rows_forwarded", 0) for i in attention.values()))
+    return out
+
+
+def prepare(cfg: DictConfig) -> None:
+    """Check the config and quiet the libraries; raises ``ValueError`` as :func:`ipi.config.validate`."""
+    validate(cfg)
+    quiet_lightning()
+    set_quiet(True if cfg.quiet else None)  # None: auto (quiet under CI or IPI_QUIET=1)
+
+
+def output_dir(cfg: DictConfig) -> Path:
+    """Create the run folder and seed every generator (``cfg.seed``); returns the folder."""
+    out_dir = Path(cfg.paths.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    return out_dir
+
+
+def extraction_surfaces(cfg: DictConfig) -> list[str]:
+    """The run's surface, then the transfer sources when ``evaluation.transfer`` is on (PROTOCOL.md §6)."""
+    surface = _value(cfg.surface.name)
+    if not cfg.evaluation.transfer:
+        return [surface]
+    return [surface, *transfer_source_surfaces(surface, cfg.backbone.multimodal)]
+
+
+def transfer_source(cfg: DictConfig, trajectories, surfaces: list[str], wording, layers: list[int],
+                    groups: list[str]) -> tuple[TransferSource | None, dict[str, dict]] | None:
+    """Clean/attack rows of the transfer source ``surfaces`` (PROTOCOL.md §6), features selected.
+
+    Each surface is extracted (or read from the cache) under its own key.
+
+    Returns:
+        ``(source or None when there is no source surface, extraction info per surface)``, or
+        None on a non-zero DDP rank (rank 0 evaluates).
+    """
+    src_meta, src_x, infos = [], [], {}
+    for s in surfaces:
+        s_rows = make_rows(cfg, trajectories, s, wording=wording)
+        s_feat, infos[s] = extract_features(cfg, s_rows, layers, list(TOKEN_GROUPS))
+        if s_feat is None:  # a non-zero DDP rank
+            return None
+        src_meta.append(pd.DataFrame([r.metadata() for r in s_rows]))
+        src_x.append(select_features(s_feat, layers, groups))
+    if not surfaces:
+        return None, infos
+    return TransferSource.from_rows(pd.concat(src_meta, ignore_index=True), np.concatenate(src_x)), infos
+
+
+def probe_settings(probe: DictConfig, seed: int) -> tuple[ProbeConfig, float, list[float] | None]:
+    """``(ProbeConfig, l2, l2_grid)`` of ``cfg.probe`` (PROTOCOL.md §4; docs/probe.md).
+
+    ``probe.l2: auto`` selects C by inner CV per fold over ``l2_grid``; the baselines keep 1.0.
+    """
+    auto_l2 = probe.l2 == "auto"
+    l2 = 1.0 if auto_l2 else float(probe.l2)
+    l2_grid = list(probe.l2_grid) if auto_l2 else None
+    return ProbeConfig(l2=l2, max_iter=probe.max_iter, tol=probe.tol, seed=seed), l2, l2_grid
+
+
+def bootstrap_kwargs(ev: DictConfig) -> dict:
+    """Cluster-bootstrap settings of ``cfg.evaluation`` (PROTOCOL.md §5): n_boot, seed, level, interval."""
+    return {"n_boot": ev.n_boot, "seed": ev.seed, "level": ev.level, "interval": _value(ev.interval)}
+
+
+def verdict_kwargs(ev: DictConfig) -> dict:
+    """Verdict thresholds of ``cfg.evaluation`` (PROTOCOL.md §7): collapse ceiling, C1 maximum, min clusters."""
+    return {"collapse_ceiling": ev.collapse_ceiling, "c1_max": ev.c1_max, "min_clusters": ev.min_clusters}
+
+
+def make_loggers(cfg: DictConfig) -> list:
+    """The Lightning loggers of ``cfg.logger`` (none, csv, wandb)."""
+    return [lg for lg in (instantiate(n) for n in (cfg.logger or {}).values()) if lg is not None]
+
+
+METADATA_COLUMNS = ["step", "horizon", "prompt_len", "delta_prompt_len"]
+
+
+def fit_folds(cfg: DictConfig, meta: pd.DataFrame, x: np.ndarray, features, layers: list[int], folds, probe,
+              det=None, x_det: np.ndarray | None = None, **extra):
+    """The probe and its baselines on the same training rows of every fold (PROTOCOL.md §4–§6).
+
+    C1 on the row metadata, C2 collapse only, the permuted-label fit and the permutation test
+    as ``cfg.evaluation`` asks; ``extra`` goes to :func:`ipi.probe.crossfit.cross_fit` (transfer
+    source, logger, root dir). Leakage is asserted per fold on ids and on the rows of every fit.
+
+    ``det`` (:func:`ipi.detectors.run.build_detector`) other than ``logistic`` is cross-fitted by
+    :func:`ipi.detectors.run.fit_detector` on ``x_det`` (its own features; default ``x``) with the
+    same baselines and permutation labels (docs/detectors.md).
+    """
+    from ipi.detectors.run import fit_detector, permutation_m
+
+    pcfg, l2, l2_grid = probe
+    ev = cfg.evaluation
+    li = [features.layers.index(i) for i in layers]
+    metadata = meta[METADATA_COLUMNS].to_numpy(dtype=np.float64)
+    collapse = features.collapse[:, li].double().numpy() if ev.collapse_only else None
+    if det is not None and det.name != "logistic":
+        return fit_detector(cfg, det, meta, x if x_det is None else x_det, folds, metadata=metadata,
+                            collapse=collapse, transfer=extra.get("transfer"), l2=1.0)
+    return cross_fit(meta, x, folds, probe_cfg=pcfg, metadata=metadata, collapse=collapse,
+                     permuted=ev.permuted, permute_seed=cfg.seed, l2=l2, l2_grid=l2_grid,
+                     permutation_m=ev.permutation.m if det is None else permutation_m(cfg, det),
+                     permutation_seed=ev.permutation.seed, **extra)
+
+
+def fold_sides(folds) -> tuple[set | None, set]:
+    """``(training ids or None for k-fold, test ids)``: with k-fold every trajectory is tested once."""
+    return folds[0] if len(folds) == 1 else (None, {t for _, f in folds for t in f})
+
+
+def run_counts(trajectories, meta: pd.DataFrame, rows, fits, folds, step_skips, traj_skips) -> dict:
+    """``counts`` of results.json: trajectories, steps, rows per side and variant, skips (docs/outputs.md)."""
+    train_ids, test_ids = fold_sides(folds)
+    is_test = np.zeros(len(meta), dtype=bool)
+    is_test[fits.test_index] = True
+    return {
+        "trajectories": len(trajectories),
+        "trajectories_train": len(train_ids) if train_ids is not None else None,
+        "trajectories_test": len(test_ids),
+        "steps": sum(len(t.steps) for t in trajectories),
+        "rows": len(meta),
+        "rows_train_labelled": sum(f["rows_train_labelled"] for f in fits.per_fold),
+        "rows_test": int(is_test.sum()),
+        "folds": fits.per_fold,
+        "rows_by_variant": {k: int(v) for k, v in meta.variant.value_counts().sort_index().items()},
+        # Text-surface controls whose token count could not be matched exactly with whole
+        # sentences / the scrambled text (docs/surfaces.md); each keeps its row, reported here.
+        "control_token_mismatches": sum(1 for r in rows if r.variant.variant.startswith("c_")
+                                        and (r.variant.meta or {}).get("token_delta", 0) != 0),
+        "skipped_steps": step_skips,
+        "skipped_trajectories": traj_skips,
+    }
+
+
+def run_record(cfg: DictConfig, layers: list[int], groups: list[str], n_features: int, folds, transfer,
+               wording: dict, infos: dict[str, dict]) -> dict:
+    """``run`` of results.json: what was run (surface, controls, layers, split, transfer, cache keys)."""
+    surface = _value(cfg.surface.name)
+    split = cfg.split
+    return {
+        "surface": surface,
+        "controls": resolved_controls(cfg),
+        "backbone": cfg.backbone.name,
+        "layers": layers,
+        "layers_config": cfg.layers.name,
+        "token_groups": groups,
+        "n_features": n_features,
+        "split": (f"holdout test_fraction={split.test_fraction} seed={split.seed}" if _value(split.kind) == "holdout"
+                  else f"kfold k={split.k} seed={split.seed} (out-of-fold scores from {len(folds)} probes)"),
+        "transfer": transfer,
+        "wording": wording,
+        "cache_key": infos[surface]["cache_key"],
+        "cache_keys": {s: i["cache_key"] for s, i in infos.items()},
+        "data_root": str(Path(cfg.data.root).resolve()),
+    }
+
+
+def score_test_rows(fits, x: np.ndarray, callbacks: list, loggers: list) -> None:
+    """Score every fold's test rows with that fold's probe through ``Trainer.predict``; the callbacks write."""
+    te = fits.test_index
+    trainer = L.Trainer(accelerator="cpu", devices=1, logger=loggers or False, callbacks=callbacks,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    if getattr(fits, "test_scores", None) is not None:  # a detector's out-of-fold scores (docs/detectors.md)
+        from ipi.detectors.crossfit import DetectorScores
+
+        trainer.predict(DetectorScores(fits.test_scores),
+                        DataLoader(TensorDataset(torch.arange(len(te))), batch_size=4096), return_predictions=False)
+        return
+    x_te = torch.from_numpy(np.ascontiguousarray(x[te], dtype=np.float64))
+    fold_te = torch.from_numpy(fits.fold_of_row[te])
+    trainer.predict(FoldedProbe(fits.probes), DataLoader(TensorDataset(x_te, fold_te), batch_size=4096),
+                    return_predictions=False)

@@ -1,0 +1,384 @@
+"""Benchmarks: ``python -m ipi.tools.bench`` prints ONE JSON line.
+
+``extraction`` (the default) times two ways of turning replay rows of real shared trajectories
+into pooled features, on the configured backbone (default: the tiny Qwen2.5-VL of
+``conf/backbone/tiny_qwen2_5_vl.yaml``, composed through Hydra, so its numbers live in one place):
+
+* **baseline** — the naive way: per row, render + tokenise (the processor's own call), the full
+  ``Qwen2_5_VLForConditionalGeneration`` forward with ``output_hidden_states=True`` (vision tower,
+  every decoder block, final norm and LM head), then mean-pooling each token group of each
+  chosen layer in Python. Transformers returns ``hidden_states[-1]`` *after* the final norm,
+  while the project's layer ``k`` is the output of block ``k`` (docs/replay.md); so that the two
+  paths compute the same quantity, the baseline's final norm is swapped for the identity while
+  it runs (an RMSNorm costs nothing next to the LM head; the logits are still computed).
+* **ours** — :func:`ipi.extraction.run.extract_features` exactly as ``train.py`` runs it
+  (Lightning predict, step groups with each screenshot encoded once, hooks on the chosen layers,
+  early stop, no LM head, batched pooling, shards streamed to a temporary cache entry).
+
+Both include building the model and rendering/tokenising; both are timed over the same rows,
+and the features (all layers × token groups) and collapse statistics are compared.
+``peak_rss_mb`` runs the project path alone in fresh subprocesses at two subset sizes
+(``ru_maxrss`` is a per-process high-water mark): shards stream to disk, so it should not grow
+with the number of rows.
+
+``bootstrap`` runs :func:`ipi.metrics.bootstrap_timing.bench_bootstrap` (all estimands × 1000 cluster-bootstrap
+replicates on a 5,000-row table, vectorised vs a plain ``roc_auc_score`` loop, on one core).
+
+``permutation`` runs :func:`ipi.metrics.bootstrap_timing.bench_permutation`: the exact permutation test's
+199 refits (Gram matrix once, then Newton on ≤ n coefficients; ``ipi/probe/dual.py``) against 20
+scikit-learn fits, at paper width (107,520 features, 1,000 training rows) unless
+``--perm-features``/``--perm-train`` scale it down; ``ratio`` ≤ 1 is issue 10's requirement.
+
+``--gpu-7b-shapes`` (needs a CUDA GPU) builds the real Qwen2.5-VL architecture at 7B shapes with
+random bf16 weights and reports rows/s of the project path and the model FLOP utilisation.
+
+Examples::
+
+    python -m ipi.tools.bench                                  # extraction, 8 steps x all surfaces
+    python -m ipi.tools.bench --steps 4 --rss-steps 2,8
+    python -m ipi.tools.bench --only all
+    python -m ipi.tools.bench --only permutation               # 199 dual refits vs 20 sklearn fits
+    python -m ipi.tools.bench --gpu-7b-shapes --steps 16       # on a GPU machine
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+
+from ipi.backbone import Backbone, find_decoder_layers
+from ipi.config import REPO_ROOT, register_configs
+from ipi.extraction.datamodule import ReplayDataset, StepGroupDataset, collate_steps
+from ipi.extraction.extractor import (
+    HiddenStateExtractor,
+    base_model,
+    collapse_statistic,
+    pool_groups,
+)
+from ipi.extraction.run import extract_features
+from ipi.metrics.bootstrap_timing import bench_bootstrap, bench_permutation
+from ipi.progress import quiet_lightning
+from ipi.protocol import SURFACES, TOKEN_GROUPS
+from ipi.stages import layer_indices, load_data, make_rows
+
+#: Qwen2.5-VL-7B-Instruct's architecture (config.json of the checkpoint).
+QWEN2_5_VL_7B_TEXT = dict(
+    hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+    num_key_value_heads=4, max_position_embeddings=128000, vocab_size=152064, rms_norm_eps=1e-6,
+    rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]},
+)
+QWEN2_5_VL_7B_VISION = dict(
+    depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=3584,
+    patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=112,
+    fullatt_block_indexes=[7, 15, 23, 31],
+)
+
+
+
+def compose(overrides: list[str]):
+    """Compose the ``train`` config with ``overrides`` (paths relative to the repository)."""
+    from hydra import compose as hcompose
+    from hydra import initialize_config_dir
+
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
+        return hcompose(config_name="train",
+                        overrides=["paths.output_dir=" + tempfile.gettempdir(), "quiet=true", *overrides])
+
+
+def subset_rows(overrides: list[str], n_steps: int, surfaces=SURFACES):
+    """Rows of the first ``n_steps`` steps (trajectories in id order) on every surface.
+
+    Each surface brings all its variants (clean, attack, every applicable control).
+
+    Returns:
+        ``(cfg, rows)`` with ``cfg`` composed for the first surface.
+    """
+
+    cfg = compose(overrides)
+    trajs, _, _ = load_data(cfg)
+    keep, n = [], 0
+    for t in trajs:
+        if n >= n_steps:
+            break
+        keep.append(t)
+        n += len(t.steps)
+    chosen = set()
+    for t in keep:
+        for s in t.steps:
+            if len(chosen) < n_steps:
+                chosen.add((t.trajectory_id, s.step))
+    rows = []
+    for surface in surfaces:
+        scfg = compose([*overrides, f"surface={surface}"])
+        rows += [r for r in make_rows(scfg, keep, surface) if (r.trajectory_id, r.step.step) in chosen]
+    return cfg, rows
+
+
+@contextlib.contextmanager
+def _identity_final_norm(model):
+    """Swap the text model's final norm for the identity (hidden_states[-1] = block output)."""
+
+    lm = getattr(base_model(model), "language_model", base_model(model))
+    norm = lm.norm
+    lm.norm = torch.nn.Identity()
+    try:
+        yield
+    finally:
+        lm.norm = norm
+
+
+def baseline_features(cfg, rows, layers: list[int]) -> tuple[np.ndarray, np.ndarray, float]:
+    """The naive way (module docstring): full forward + ``output_hidden_states``, one row at a time.
+
+    Returns:
+        ``(features [N, L, G, H], collapse [N, L], seconds)``.
+    """
+    from hydra.utils import instantiate
+
+
+    t0 = time.perf_counter()
+    bb = instantiate(cfg.backbone.loader)
+    ds = ReplayDataset(rows, bb.processor, cfg.backbone.system_prompt, bb.multimodal, bb.image_size,
+                       bb.image_token_id)
+    feats, coll = [], []
+    with torch.inference_mode(), _identity_final_norm(bb.model):
+        for i in range(len(ds)):
+            tok = ds[i]["tok"]
+            out = bb.model(**tok.inputs, output_hidden_states=True)
+            hs = out.hidden_states
+            feats.append(torch.stack([pool_groups(hs[k + 1][0], tok.groups, TOKEN_GROUPS) for k in layers]))
+            coll.append(torch.stack([collapse_statistic(hs[k + 1][0][: tok.prompt_len]) for k in layers]))
+    secs = time.perf_counter() - t0
+    return torch.stack(feats).numpy(), torch.stack(coll).numpy(), secs
+
+
+def project_features(cfg, rows, layers: list[int], cache_dir: str):
+    """The project's path: :func:`ipi.extraction.run.extract_features` into a fresh cache entry.
+
+    Returns:
+        ``(features [N, L, G, H], collapse [N, L], seconds, info)``.
+    """
+
+    cfg.extract.cache_dir = cache_dir
+    cfg.extract.layers = []  # exactly `layers`: the same work as the baseline
+    t0 = time.perf_counter()
+    fs, info = extract_features(cfg, rows, layers, list(TOKEN_GROUPS))
+    secs = time.perf_counter() - t0
+    li = [fs.layers.index(k) for k in layers]
+    return fs.features[:, li].float().numpy(), fs.collapse[:, li].float().numpy(), secs, info
+
+
+def _rss_probe(overrides: list[str], n_steps: int, shard_rows: int) -> dict:
+    """Run the project path alone in this process and report its peak RSS."""
+
+    cfg, rows = subset_rows(overrides, n_steps)
+    cfg.extract.shard_rows = shard_rows
+    with tempfile.TemporaryDirectory() as tmp:
+        _, _, secs, _ = project_features(cfg, rows, layer_indices(cfg), tmp)
+    return {"rows": len(rows), "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            "seconds": round(secs, 2)}
+
+
+def _spawn_rss(overrides: list[str], n_steps: int, shard_rows: int) -> dict:
+    cmd = [sys.executable, "-m", "ipi.tools.bench", "--rss-probe", str(n_steps), "--shard-rows", str(shard_rows)]
+    for o in overrides:
+        cmd += ["--override", o]
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"rss probe ({n_steps} steps) failed: {proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def extraction_benchmark(n_steps: int = 8, rss_steps: tuple[int, int] = (4, 16), shard_rows: int = 16,
+                         overrides: list[str] = ()) -> dict:
+    """Baseline vs project extraction over the first ``n_steps`` steps × all surfaces' variants.
+
+    Args:
+        n_steps: Steps of the timed subset (every surface, every variant of each).
+        rss_steps: Two subset sizes (steps) for the peak-RSS comparison (``()`` to skip).
+        shard_rows: Rows per cache shard in the RSS probes (small, so several shards stream).
+        overrides: Hydra overrides of the ``train`` config (e.g. ``backbone=...``, ``layers=...``).
+
+    Returns:
+        A JSON-able dict (see the keys; ``ratio = ours_rows_per_s / baseline_rows_per_s``).
+    """
+
+    overrides = list(overrides)
+    cfg, rows = subset_rows(overrides, n_steps)
+    layers = layer_indices(cfg)
+    b_feat, b_coll, b_secs = baseline_features(cfg, rows, layers)
+    with tempfile.TemporaryDirectory() as tmp:
+        o_feat, o_coll, o_secs, _ = project_features(cfg, rows, layers, tmp)
+    out = {
+        "benchmark": "extraction",
+        "backbone": cfg.backbone.name,
+        "layers": layers,
+        "rows": len(rows),
+        "steps": n_steps,
+        "rows_by_surface": {s: sum(r.variant.surface == s for r in rows) for s in SURFACES},
+        "baseline_rows_per_s": round(len(rows) / b_secs, 3),
+        "ours_rows_per_s": round(len(rows) / o_secs, 3),
+        "ratio": round(b_secs / o_secs, 2),
+        "baseline_s": round(b_secs, 2),
+        "ours_s": round(o_secs, 2),
+        "max_abs_diff_features": float(np.max(np.abs(b_feat - o_feat))),
+        "max_abs_features": float(np.max(np.abs(b_feat))),
+        "max_abs_diff_collapse": float(np.max(np.abs(b_coll - o_coll))),
+        "precision": cfg.extract.precision,
+        "torch_threads": torch.get_num_threads(),
+    }
+    if rss_steps:
+        out["peak_rss_mb"] = [_spawn_rss(overrides, n, shard_rows) for n in rss_steps]
+    return out
+
+
+def shapes_benchmark(n_steps: int, overrides: list[str], peak_tflops: float | None, *, device: str = "cuda",
+                     text: dict = QWEN2_5_VL_7B_TEXT, vision: dict = QWEN2_5_VL_7B_VISION,
+                     dtype: torch.dtype = torch.bfloat16) -> dict:
+    """Project path on the real Qwen2.5-VL architecture at given shapes (random weights).
+
+    With the defaults: 7B shapes in bf16 on a CUDA GPU (``--gpu-7b-shapes``). Rows come from the
+    real shared trajectories and processor; the tokenised batches are prepared first, so the
+    timed loop is host-to-device copies plus :meth:`HiddenStateExtractor.predict_step`.
+
+    Returns:
+        ``{"rows_per_s", "model_tflop", "achieved_tflops", "mfu"?, ...}``; the model FLOPs count
+        the vision tower's linear layers on each distinct image (its windowed attention is left
+        out, so the MFU is a slight underestimate) and the decoder blocks up to the deepest chosen
+        layer on every row (2 FLOPs per multiply-add, causal attention counted half).
+    """
+    from transformers import AutoProcessor, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--gpu-7b-shapes needs a CUDA GPU")
+    cfg, rows = subset_rows([*overrides, f"backbone.n_layers={text['num_hidden_layers']}"], n_steps)
+    processor = AutoProcessor.from_pretrained(cfg.backbone.tokenizer_path)
+    tok = processor.tokenizer
+    ids = {k: tok.convert_tokens_to_ids(v) for k, v in (
+        ("image_token_id", "<|image_pad|>"), ("video_token_id", "<|video_pad|>"),
+        ("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>"))}
+    config = Qwen2_5_VLConfig(text_config=dict(text), vision_config=dict(vision), **ids)
+    torch.manual_seed(0)
+    old_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = Qwen2_5_VLForConditionalGeneration(config).eval().requires_grad_(False)
+    finally:
+        torch.set_default_dtype(old_dtype)
+    image_size = dict(cfg.backbone.image_size)
+    bb = Backbone("qwen2_5_vl_shapes", model, processor, find_decoder_layers(model), text["hidden_size"], True,
+                  ids["image_token_id"], {}, image_size)
+    layers = layer_indices(cfg)
+    ext = HiddenStateExtractor(bb, layers, list(TOKEN_GROUPS), max_rows=cfg.backbone.batch_size)
+    ds = StepGroupDataset(rows, processor, cfg.backbone.system_prompt, True, image_size, ids["image_token_id"])
+    batches = [collate_steps([ds[g]], tok.pad_token_id or 0) for g in range(len(ds))]  # CPU work first
+
+    def to_dev(b):
+        from lightning.fabric.utilities.apply_func import move_data_to_device
+
+        return move_data_to_device(b, device)
+
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    ext.on_predict_start()
+    try:
+        with torch.inference_mode():
+            ext.predict_step(to_dev(batches[0]))  # warm-up
+            sync()
+            t0 = time.perf_counter()
+            for b in batches:
+                ext.predict_step(to_dev(b))
+            sync()
+            secs = time.perf_counter() - t0
+    finally:
+        ext.on_predict_end()
+    # Model FLOPs actually required: vision tower on each distinct image, decoder blocks up to the
+    # deepest chosen layer on every row (2 FLOPs per multiply-add; causal attention counted half).
+    t = text
+    d, f, h, kv = t["hidden_size"], t["intermediate_size"], t["num_attention_heads"], t["num_key_value_heads"]
+    hd = d // h
+    per_tok_layer = 2 * (d * d * 2 + 2 * d * kv * hd + 3 * d * f)
+    v = vision
+    vd, vf = v["hidden_size"], v["intermediate_size"]
+    per_patch_block = 2 * (4 * vd * vd + 3 * vd * vf)
+    depth = max(layers) + 1
+    flops = 0.0
+    for b in batches:
+        for n in b["seq_len_list"]:
+            flops += depth * (n * per_tok_layer + 2 * n * n * d)  # 4·n²·d/2 for causal QK^T and AV
+        if b["images"] is not None:
+            patches = int(b["images"]["image_grid_thw"].prod(-1).sum())
+            merged, md = patches // 4, 4 * vd  # patch merger MLP on 2x2 groups of patches
+            flops += v["depth"] * patches * per_patch_block + merged * 2 * (md * md + md * v["out_hidden_size"])
+    name = torch.cuda.get_device_name() if device == "cuda" else device
+    if peak_tflops is None:
+        peak_tflops = 989.0 if ("H100" in name or "H200" in name) else (312.0 if "A100" in name else None)
+    n_rows = sum(len(b["row_ids"]) for b in batches)
+    out = {"benchmark": "shapes", "hidden_size": d, "n_layers": t["num_hidden_layers"], "device": name, "rows": n_rows, "steps": n_steps, "layers": layers,
+           "rows_per_s": _sig(n_rows / secs), "model_tflop": _sig(flops / 1e12),
+           "achieved_tflops": _sig(flops / secs / 1e12)}
+    if peak_tflops:
+        out["mfu"] = _sig(flops / secs / (peak_tflops * 1e12))
+        out["peak_tflops_bf16_dense"] = peak_tflops
+    return out
+
+
+def _sig(x: float, digits: int = 4) -> float:
+    return float(f"{x:.{digits}g}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m ipi.tools.bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--only", choices=("extraction", "bootstrap", "permutation", "all"), default="extraction")
+    p.add_argument("--steps", type=int, default=8, help="steps of the timed subset (x every surface's variants)")
+    p.add_argument("--rss-steps", default="4,16", help="two subset sizes (steps) for peak RSS; '' skips")
+    p.add_argument("--shard-rows", type=int, default=16, help="rows per shard in the RSS probes")
+    p.add_argument("--override", action="append", default=[], help="Hydra override of the train config")
+    p.add_argument("--boot-rows", type=int, default=5000)
+    p.add_argument("--n-boot", type=int, default=1000)
+    p.add_argument("--perm-features", type=int, default=107_520, help="feature width of the permutation bench")
+    p.add_argument("--perm-train", type=int, default=1000, help="training rows of the permutation bench")
+    p.add_argument("--perm-m", type=int, default=199, help="refits of the permutation bench")
+    p.add_argument("--perm-sklearn-fits", type=int, default=2, help="scikit-learn fits timed (x20 by their mean)")
+    p.add_argument("--gpu-7b-shapes", action="store_true", help="7B-shaped random model on a CUDA GPU")
+    p.add_argument("--peak-tflops", type=float, default=None, help="device bf16 peak for the MFU")
+    p.add_argument("--rss-probe", type=int, default=None, help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+    quiet_lightning()
+    if a.rss_probe is not None:
+        print(json.dumps(_rss_probe(a.override, a.rss_probe, a.shard_rows)))
+        return
+    if a.gpu_7b_shapes:
+        print(json.dumps(shapes_benchmark(a.steps, a.override, a.peak_tflops)))
+        return
+    out: dict = {}
+    if a.only in ("extraction", "all"):
+        rss = tuple(int(x) for x in a.rss_steps.split(",") if x.strip())
+        if rss and len(rss) != 2:
+            p.error("--rss-steps takes two sizes, e.g. 4,16")
+        out["extraction"] = extraction_benchmark(a.steps, rss, a.shard_rows, a.override)
+    if a.only in ("bootstrap", "all"):
+        out["bootstrap"] = bench_bootstrap(n_rows=a.boot_rows, n_boot=a.n_boot)
+    if a.only in ("permutation", "all"):
+        out["permutation"] = bench_permutation(n_train=a.perm_train, n_features=a.perm_features, m=a.perm_m,
+                                               sklearn_fits=a.perm_sklearn_fits)
+    print(json.dumps(out if len(out) != 1 else next(iter(out.values()))))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,624 @@
+"""Planted-truth self-test of the statistics: ``python -m ipi.tools.simulate`` (docs/selftest.md).
+
+Generates **feature-level** datasets with the protocol's structure (PROTOCOL.md §2–§3) under two
+known truths, runs the project's real pipeline pieces on each — trajectory split
+(:func:`~ipi.probe.crossfit.make_folds`), the Lightning :class:`~ipi.probe.LinearProbe` via
+:func:`~ipi.probe.fit_probe`, the C1 metadata baseline, the permuted-label probe and the
+collapse-only probe (all through :func:`~ipi.probe.crossfit.cross_fit`, the function
+``train.py`` uses, including the M = 199 permuted-label refits of verdict check 4's exact
+permutation test), :func:`~ipi.metrics.evaluate_tables` and the verdict — and reports:
+
+* the rate of the claim "detects malicious content" under truth (b), where it is false
+  (must be ≤ 5%);
+* the power (rate of that claim) under truth (a), where it is true;
+* the empirical coverage of the 95% cluster-bootstrap CIs of E1 (and E2, E3[c]) for the
+  fitted probe's **true** estimands, computed analytically (:func:`true_estimands`).
+
+The generating process (one dataset; all directions are random orthonormal vectors in
+``R^d`` drawn per dataset):
+
+* ``T`` trajectories, horizon ``H_t ~ Uniform{h_min..h_max}``, steps ``0..H_t-1``;
+* variants per step: ``clean, attack, c_scrambled, c_imperative, c_occlusion`` (one row each);
+* features ``x = mu[variant] + pos · (step / H_t) · v_pos + u_t + s_(t,step) + e`` with the
+  trajectory random effect ``u_t ~ N(0, sigma_traj² I)``, the step effect ``s ~ N(0,
+  sigma_step² I)`` (shared by all variants of the step: same page and screenshot), and row noise
+  ``e ~ N(0, sigma_row² I)``;
+* ``mu[clean] = 0``; ``mu[attack] = box · v_box + text · v_text + content · v_content``;
+  ``mu[c_scrambled] = mu[c_imperative] = box · v_box + text · v_text`` (same box, same
+  amount of text, no malicious content); ``mu[c_occlusion] = box · v_box`` (the empty box);
+* truth (a): ``content > 0`` — a malicious-content direction only attacks carry, on top of the
+  surface (box/overlay and text) directions every boxed variant shares;
+  truth (b): ``content = 0`` — attack and ``c_scrambled`` (and ``c_imperative``) share only the
+  surface directions: nothing distinguishes malicious content;
+* metadata as on ``i_vis``: step, horizon, prompt length (trajectory base + per-step growth,
+  equal for every variant of a step, so Δprompt length is 0);
+* collapse statistic, two layers: ``0.35 + trajectory effect + position + collapse_box ·
+  [boxed] + noise``.
+
+Why an analytic truth. The bootstrap CI conditions on the fitted probe (scores held fixed;
+PROTOCOL.md §5), so its target is **that probe's** population estimand: for E1 the limit of the
+pooled, step-weighted AUC as the number of test trajectories grows, i.e. ``P(f(X_a) > f(X_c))``
+for an attack row and a clean row drawn independently (different trajectories), each from the
+pooled row distribution (every step of every trajectory equally likely). For a linear score
+``f = w·x + b`` the Gaussian parts give this in closed form up to a finite sum over positions;
+a test checks it against a large Monte-Carlo sample scored by the same probe.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy.special import ndtr
+
+from ipi.evaluation.verdict import CLAIM_DETECTS, verdict
+from ipi.io import atomic_write_text
+from ipi.metrics.estimands import evaluate_tables
+from ipi.probe.crossfit import cross_fit, make_folds
+from ipi.probe.fit import ProbeConfig
+from ipi.progress import quiet_lightning
+from ipi.protocol import CONTROLS, VARIANTS
+from ipi.reporting.sweep import claim_p_values, familywise
+from ipi.surfaces.bank import ATTACK_TEMPLATES, attack_text
+from ipi.surfaces.wording import wording_plan
+
+__all__ = [
+    "CONTROLS",
+    "VARIANTS",
+    "SimParams",
+    "main",
+    "run_dataset",
+    "simulate_dataset",
+    "summarise",
+    "true_estimands",
+]
+
+TRUTHS = ("a", "b", "c")
+#: Truths the CLI accepts: the three, and ``c_shared`` = truth (c) with held-out wording OFF
+#: (train and test share the bank: shows what the held-out wording guards against).
+ALL_TRUTHS = (*TRUTHS, "c_shared")
+#: Test-set sizes (trajectories) of the interval-coverage table (docs/selftest.md).
+COVERAGE_N_TEST = (5, 10, 24, 50)
+#: Cells of the simulated layer × token-group sweep (6 layers × 5 token groups).
+SWEEP_CELLS = 30
+
+
+@dataclass(frozen=True)
+class SimParams:
+    """Parameters of the generating process (see the module docstring)."""
+
+    n_trajectories: int = 80
+    h_min: int = 3
+    h_max: int = 12
+    n_features: int = 64
+    sigma_traj: float = 0.6
+    sigma_step: float = 0.4
+    sigma_row: float = 0.8
+    pos: float = 0.8
+    box: float = 0.8
+    text: float = 0.8
+    content: float = 0.9  # truth (a); truths (b) and (c) set 0
+    wording: float = 4.0  # truth (c): template-specific direction of attack rows; (a), (b) set 0
+    heldout_wording: bool = True  # attack templates of test trajectories unseen in training
+    collapse_box: float = 0.002
+    test_fraction: float = 0.3
+    l2: float = 1.0
+    n_boot: int = 1000
+    permutation_m: int = 199  # refits of the exact permutation test (verdict check 4)
+
+    def for_truth(self, truth: str) -> SimParams:
+        """The process under truth ``"a"`` (content as set, no wording signal), ``"b"`` (neither)
+        or ``"c"`` (wording as set, no content)."""
+        if truth not in TRUTHS:
+            raise ValueError(f"truth must be one of {', '.join(TRUTHS)}, got {truth!r}")
+        if truth == "a":
+            return replace(self, wording=0.0)
+        if truth == "b":
+            return replace(self, content=0.0, wording=0.0)
+        return replace(self, content=0.0)
+
+    @property
+    def sigma(self) -> float:
+        """SD of the Gaussian part of one row along any unit direction (traj + step + row)."""
+        return math.sqrt(self.sigma_traj**2 + self.sigma_step**2 + self.sigma_row**2)
+
+
+def _directions(rng: np.random.Generator, d: int) -> dict[str, np.ndarray]:
+    """Four orthonormal signal directions and one unit direction per attack template ``[d, 24]``.
+
+    Template directions are orthonormal to each other and to the four when ``d >= 28``; with
+    smaller ``d`` they are random unit vectors orthogonal to the four.
+    """
+
+    n_t = len(ATTACK_TEMPLATES)
+    if d >= 4 + n_t:
+        q, _ = np.linalg.qr(rng.standard_normal((d, 4 + n_t)))
+        tmpl = q[:, 4:]
+    else:
+        q, _ = np.linalg.qr(rng.standard_normal((d, 4)))
+        r = rng.standard_normal((d, n_t))
+        r -= q @ (q.T @ r)
+        tmpl = r / np.linalg.norm(r, axis=0, keepdims=True)
+    return {"content": q[:, 0], "box": q[:, 1], "text": q[:, 2], "pos": q[:, 3], "templates": tmpl}
+
+
+def variant_means(p: SimParams, dirs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``mu[variant]`` in ``R^d`` (module docstring)."""
+    surface = p.box * dirs["box"] + p.text * dirs["text"]
+    return {
+        "clean": np.zeros_like(dirs["box"]),
+        "attack": surface + p.content * dirs["content"],
+        "c_scrambled": surface,
+        "c_imperative": surface,
+        "c_occlusion": p.box * dirs["box"],
+    }
+
+
+def trajectory_ids(n: int) -> list[str]:
+    """Ids of a simulated dataset's trajectories (``sim00000, sim00001, ...``)."""
+    return [f"sim{t:05d}" for t in range(n)]
+
+
+def simulate_dataset(p: SimParams, rng: np.random.Generator, dirs: dict[str, np.ndarray] | None = None,
+                     n_trajectories: int | None = None,
+                     template_of=None) -> tuple[pd.DataFrame, np.ndarray, np.ndarray, dict]:
+    """One dataset with the protocol's structure.
+
+    Args:
+        p: Parameters.
+        rng: Random generator.
+        dirs: Signal directions (drawn from ``rng`` when None).
+        n_trajectories: Overrides ``p.n_trajectories`` (e.g. a large fresh sample).
+        template_of: ``(trajectory_id, step) -> template index`` of the step's attack row (the
+            real chooser :func:`ipi.surfaces.bank.attack_text`, restricted to the trajectory's
+            held-out wording family); default: the whole bank.
+
+    Returns:
+        ``(meta, x, collapse, dirs)``: ``meta`` has ``trajectory_id, step, variant, surface,
+        horizon, prompt_len, delta_prompt_len, template`` (one row per (trajectory, step,
+        variant); ``template`` is the attack's template on attack rows, −1 elsewhere); ``x`` is
+        ``[N, d]`` float64 (attack rows add ``wording · v_template``); ``collapse`` ``[N, 2]``.
+    """
+    d = p.n_features
+    dirs = dirs if dirs is not None else _directions(rng, d)
+    mu = variant_means(p, dirs)
+    n_t = int(n_trajectories or p.n_trajectories)
+    horizons = rng.integers(p.h_min, p.h_max + 1, size=n_t)
+    n_steps = int(horizons.sum())
+    traj = np.repeat(np.arange(n_t), horizons)
+    step = np.concatenate([np.arange(h) for h in horizons])
+    hor = horizons[traj]
+    u = rng.standard_normal((n_t, d)) * p.sigma_traj
+    s = rng.standard_normal((n_steps, d)) * p.sigma_step
+    step_part = u[traj] + s + np.outer(p.pos * step / hor, dirs["pos"])  # [n_steps, d]
+    nv = len(VARIANTS)
+    x = np.repeat(step_part, nv, axis=0) + rng.standard_normal((n_steps * nv, d)) * p.sigma_row
+    x += np.tile(np.stack([mu[v] for v in VARIANTS]), (n_steps, 1))
+    ids = np.array(trajectory_ids(n_t), dtype=object)
+    if template_of is None:
+        def template_of(tid, st):
+            return attack_text(tid, st)[1]["template"]
+    tmpl = np.array([template_of(ids[t], int(st)) for t, st in zip(traj, step)], dtype=np.int64)
+    attack_rows = np.arange(n_steps) * nv + VARIANTS.index("attack")
+    if p.wording:
+        x[attack_rows] += p.wording * dirs["templates"][:, tmpl].T
+    template_col = np.full(n_steps * nv, -1, dtype=np.int64)
+    template_col[attack_rows] = tmpl
+    base_len = rng.normal(900.0, 120.0, size=n_t)
+    prompt_len = np.round(base_len[traj] + 60.0 * step + rng.normal(0.0, 20.0, size=n_steps))
+    boxed = np.array([v != "clean" for v in VARIANTS], dtype=np.float64)
+    c_traj = rng.normal(0.0, 0.03, size=(n_t, 2))
+    collapse = (0.35 + np.repeat(c_traj[traj] + 0.02 * (step / hor)[:, None], nv, axis=0)
+                + p.collapse_box * np.tile(boxed, n_steps)[:, None]
+                + rng.normal(0.0, 0.02, size=(n_steps * nv, 2)))
+    meta = pd.DataFrame({
+        "trajectory_id": np.repeat(ids[traj], nv),
+        "step": np.repeat(step, nv),
+        "variant": np.tile(np.array(VARIANTS, dtype=object), n_steps),
+        "surface": "i_vis",
+        "horizon": np.repeat(hor, nv),
+        "prompt_len": np.repeat(prompt_len, nv),
+        "delta_prompt_len": 0.0,
+        "template": template_col,
+    })
+    return meta, x, collapse, dirs
+
+
+def _position_grid(p: SimParams) -> np.ndarray:
+    """Positions ``step / H`` of the pooled row distribution: every (H, step) pair equally likely.
+
+    A trajectory of horizon ``h`` contributes ``h`` steps, so pooling rows over trajectories
+    draws ``H`` size-biased and the step uniformly given ``H``: all pairs ``(h, s < h)`` with
+    ``h`` in ``[h_min, h_max]`` are equally likely.
+    """
+    return np.array([s / h for h in range(p.h_min, p.h_max + 1) for s in range(h)])
+
+
+def true_estimands(w: np.ndarray, p: SimParams, dirs: dict[str, np.ndarray],
+                   templates=None) -> dict[str, float]:
+    """Population E1, E2, E3[c] of the linear score ``f = w·x + b`` (the CI's target).
+
+    Under truth (c) the attack rows are a mixture over the test trajectories' templates
+    (``templates``, equally likely: the chooser hashes uniformly over the family), and an AUC
+    against a mixture is the mixture's average of the per-template AUCs.
+
+    * ``E1`` (and ``E3[c]`` with ``c`` in place of clean): rows from independent trajectories,
+      ``f_a − f_c ~ N(w·(mu_a − mu_c) + (w·v_pos)·pos·(q_a − q_c), 2|w|²sigma²)`` given the
+      positions ``q``; averaged over independent positions from :func:`_position_grid`:
+      ``mean_{q_a, q_c} Φ((w·Δmu + (w·v_pos)·pos·(q_a − q_c)) / (|w| sigma √2))``.
+    * ``E2``: attack and clean rows of one step share the trajectory, step and position parts,
+      so the within-step AUC is ``Φ(w·Δmu / (|w| sigma_row √2))`` at every step.
+
+    Args:
+        w: Effective probe weights on raw features ``[d]``.
+        p: Parameters of the process.
+        dirs: Its directions.
+
+        templates: Template indices attack rows of the target population use (truth (c));
+            default: the whole bank. Ignored when ``p.wording`` is 0.
+
+    Returns:
+        ``{"e1", "e2", "e3.c_scrambled", "e3.c_imperative", "e3.c_occlusion"}``.
+    """
+    w = np.asarray(w, dtype=np.float64)
+    norm = float(np.linalg.norm(w))
+    mu = variant_means(p, dirs)
+    q = _position_grid(p)
+    shift = float(w @ dirs["pos"]) * p.pos * (q[:, None] - q[None, :])
+    scale = norm * p.sigma * math.sqrt(2.0)
+    if p.wording:
+        tl = range(dirs["templates"].shape[1]) if templates is None else list(templates)
+        extra = [p.wording * float(w @ dirs["templates"][:, t]) for t in tl]
+    else:
+        extra = [0.0]
+
+    def pooled(neg: str) -> float:
+        base = float(w @ (mu["attack"] - mu[neg]))
+        return float(np.mean([np.mean(ndtr((base + e + shift) / scale)) for e in extra]))
+
+    d_ac = float(w @ (mu["attack"] - mu["clean"]))
+    out = {"e1": pooled("clean"),
+           "e2": float(np.mean([ndtr((d_ac + e) / (norm * p.sigma_row * math.sqrt(2.0))) for e in extra]))}
+    for c in CONTROLS:
+        out[f"e3.{c}"] = pooled(c)
+    return out
+
+
+def _flat(results: dict) -> dict[str, dict]:
+    flat = {"e1": results["e1"], "e2": results["e2"]}
+    flat.update({f"e3.{c}": iv for c, iv in results["e3"].items()})
+    return flat
+
+
+def _split_and_templates(p: SimParams, rng: np.random.Generator, n_t: int):
+    """Trajectory holdout, the held-out wording plan and the real template chooser."""
+
+    split_seed = int(rng.integers(0, 2**31 - 1))
+    folds = make_folds(trajectory_ids(n_t), "holdout", test_fraction=p.test_fraction, seed=split_seed)
+    plan = wording_plan(folds, split_seed) if p.heldout_wording else None
+
+    def template_of(tid: str, st: int) -> int:
+        fam = plan.family(tid) if plan is not None else None
+        kw = {"templates": fam.templates, "goals": fam.goals} if fam is not None else {}
+        return attack_text(tid, st, **kw)[1]["template"]
+
+    test_templates = plan.families["test"].templates if plan is not None else None
+    return folds, plan, template_of, test_templates
+
+
+def run_dataset(p: SimParams, truth: str, index: int, seed: int, key: tuple | None = None) -> dict:
+    """Simulate dataset ``index`` of ``truth`` and run the real pipeline on it.
+
+    Seeds: ``numpy.random.SeedSequence(seed, spawn_key=key or (truth_index, index))`` drives the
+    data, the split, the label permutation and the bootstrap draws, so a dataset's result does
+    not depend on how many workers ran. The split (and with it the held-out wording family of
+    each trajectory, :func:`ipi.surfaces.wording.wording_plan`) is drawn first; each attack row's
+    template comes from the real chooser restricted to its trajectory's family.
+
+    Returns:
+        A JSON-ready record: truth, index, the claim, every check's status, each estimand's
+        estimate/CI with its true value and whether the CI covers it, and the wall time.
+    """
+
+    t0 = time.perf_counter()
+    pt = (replace(p, heldout_wording=False).for_truth("c") if truth == "c_shared" else p.for_truth(truth))
+    ss = np.random.SeedSequence(seed, spawn_key=key if key is not None else (ALL_TRUTHS.index(truth), index))
+    rng = np.random.default_rng(ss)
+    folds, plan, template_of, test_templates = _split_and_templates(pt, rng, pt.n_trajectories)
+    meta, x, collapse, dirs = simulate_dataset(pt, rng, template_of=template_of)
+    perm_seed, boot_seed = (int(v) for v in rng.integers(0, 2**31 - 1, size=2))
+    null_seed = int(rng.integers(0, 2**31 - 1))
+    md = meta[["step", "horizon", "prompt_len", "delta_prompt_len"]].to_numpy(dtype=np.float64)
+    fits = cross_fit(meta, x, folds, probe_cfg=ProbeConfig(l2=pt.l2, seed=0), metadata=md, collapse=collapse,
+                     permuted=True, permute_seed=perm_seed, l2=pt.l2, permutation_m=pt.permutation_m,
+                     permutation_seed=null_seed)
+    main_table = meta.iloc[fits.test_index][["trajectory_id", "step", "variant"]].reset_index(drop=True)
+    main_table["score"] = fits.probe_scores(x)
+    results = evaluate_tables(main_table, fits.baselines, n_boot=pt.n_boot, seed=boot_seed,
+                              permutation=fits.permutation_input())
+    v = verdict(results)
+    w, _ = fits.probes[0].effective_weights()
+    truth_vals = true_estimands(w.detach().numpy(), pt, dirs, test_templates)
+    p_sep, p_det = claim_p_values({**results, "verdict": v})
+    est = {}
+    for key, iv in _flat(results).items():
+        tv = truth_vals[key]
+        est[key] = {**iv, "true": tv,
+                    "covered": bool(iv["ci_low"] is not None and iv["ci_low"] <= tv <= iv["ci_high"])}
+    return {
+        "truth": truth,
+        "index": index,
+        "claim": v["claim"],
+        "checks": {str(c["id"]): c["status"] for c in v["checks"]},
+        "estimands": est,
+        "baselines": {k: results[k]["e1"]["estimate"] for k in fits.baselines},
+        "permutation": ({k: results["permutation"][k] for k in ("p_value", "null_mean", "null_sd", "e1_refit")}
+                        if "permutation" in results else None),
+        "n_test_trajectories": len(folds[0][1]),
+        "p_separates": p_sep,
+        "p_detects": p_det,
+        "seconds": time.perf_counter() - t0,
+    }
+
+
+def coverage_dataset(p: SimParams, n_test: int, index: int, seed: int,
+                     intervals: tuple[str, ...] = ("percentile", "bca")) -> dict:
+    """Interval coverage on one truth-(a) dataset with ``n_test`` test trajectories.
+
+    The dataset has ``n`` trajectories with ``round(test_fraction · n) == n_test``; only the
+    probe is fitted (the baselines do not enter E1/E2/E3), its test rows are scored and
+    bootstrapped once per interval method on the same draws, and each interval is checked
+    against the fitted probe's analytic population estimand (:func:`true_estimands`).
+
+    Returns:
+        ``{"n_test", "index", "covered": {method: {estimand: bool}}, "width": {method: {estimand: float}}}``.
+    """
+
+    n = max(2, int(round(n_test / p.test_fraction)))
+    while round(p.test_fraction * n) < n_test:
+        n += 1
+    while round(p.test_fraction * n) > n_test:
+        n -= 1
+    pt = replace(p.for_truth("a"), n_trajectories=n)
+    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(20, n_test, index)))
+    folds, plan, template_of, test_templates = _split_and_templates(pt, rng, n)
+    meta, x, _, dirs = simulate_dataset(pt, rng, template_of=template_of)
+    boot_seed = int(rng.integers(0, 2**31 - 1))
+    fits = cross_fit(meta, x, folds, probe_cfg=ProbeConfig(l2=pt.l2, seed=0), l2=pt.l2)
+    table = meta.iloc[fits.test_index][["trajectory_id", "step", "variant"]].reset_index(drop=True)
+    table["score"] = fits.probe_scores(x)
+    w, _ = fits.probes[0].effective_weights()
+    truth_vals = true_estimands(w.detach().numpy(), pt, dirs, test_templates)
+    covered, width = {}, {}
+    for method in intervals:
+        res = _flat(evaluate_tables(table, {}, n_boot=pt.n_boot, seed=boot_seed, interval=method))
+        covered[method] = {k: bool(iv["ci_low"] is not None and iv["ci_low"] <= truth_vals[k] <= iv["ci_high"])
+                           for k, iv in res.items()}
+        width[method] = {k: (iv["ci_high"] - iv["ci_low"]) if iv["ci_low"] is not None else None
+                         for k, iv in res.items()}
+    return {"n_test": len(folds[0][1]), "index": index, "covered": covered, "width": width}
+
+
+def sweep_dataset(p: SimParams, index: int, seed: int, n_cells: int = SWEEP_CELLS) -> dict:
+    """One simulated ``n_cells``-cell sweep under truth (b); claims with and without Holm.
+
+    Every cell is a full :func:`run_dataset` under truth (b) (nothing to detect) with its own
+    features — cells are independent, the least favourable case for a family of tests (Holm
+    holds under any dependence; positively dependent cells, as real layers are, make a false
+    claim somewhere *less* likely). The family-wise claim of each cell is what
+    ``python -m ipi.reporting.sweep`` licenses (:func:`ipi.reporting.sweep.familywise`).
+
+    Returns:
+        ``{"index", "n_cells", "nominal_any_detects", "familywise_any_detects", "p_detects_min"}``.
+    """
+
+    cells = [run_dataset(p, "b", index, seed, key=(30, index, j)) for j in range(n_cells)]
+    df = pd.DataFrame({"job": [str(j) for j in range(n_cells)], "overrides": [f"cell={j}" for j in range(n_cells)],
+                       "claim": [c["claim"] for c in cells], "p_separates": [c["p_separates"] for c in cells],
+                       "p_detects": [c["p_detects"] for c in cells]})
+    fw = familywise(df, alpha=(1.0 - 0.95) / 2.0)
+    return {"index": index, "n_cells": n_cells,
+            "nominal_any_detects": bool((df.claim == CLAIM_DETECTS).any()),
+            "familywise_any_detects": bool((fw.claim_familywise == CLAIM_DETECTS).any()),
+            "p_detects_min": float(df.p_detects.min()),
+            "seconds": float(sum(c["seconds"] for c in cells))}
+
+
+def _init_worker() -> None:
+    import torch
+
+    torch.set_num_threads(1)
+
+    quiet_lightning()
+
+
+def _job(args) -> dict:
+    kind, rest = args[0], args[1:]
+    if kind == "coverage":
+        return {"kind": "coverage", **coverage_dataset(*rest)}
+    if kind == "sweep":
+        return {"kind": "sweep", **sweep_dataset(*rest)}
+    return run_dataset(*rest)
+
+
+def _clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    from scipy.stats import binomtest
+
+    ci = binomtest(k, n).proportion_ci(confidence_level=level, method="exact")
+    return float(ci.low), float(ci.high)
+
+
+def summarise(records: list[dict]) -> dict:
+    """Rates per truth: the claim, each check's PASS rate, CI coverage per estimand.
+
+    Each rate comes with its exact (Clopper–Pearson) 95% interval over datasets.
+    """
+
+    def rate(k: int, n: int) -> dict:
+        lo, hi = _clopper_pearson(k, n)
+        return {"rate": k / n, "k": k, "n": n, "ci": [lo, hi]}
+
+    out: dict = {}
+    cov = [r for r in records if r.get("kind") == "coverage"]
+    if cov:
+        table: dict = {}
+        for method in cov[0]["covered"]:
+            table[method] = {}
+            for n_test in sorted({r["n_test"] for r in cov}):
+                rs = [r for r in cov if r["n_test"] == n_test]
+                table[method][str(n_test)] = {
+                    k: {**rate(sum(r["covered"][method][k] for r in rs), len(rs)),
+                        "mean_width": float(np.mean([r["width"][method][k] for r in rs
+                                                     if r["width"][method][k] is not None]))}
+                    for k in rs[0]["covered"][method]}
+        out["coverage_by_n_test"] = table
+    sw = [r for r in records if r.get("kind") == "sweep"]
+    if sw:
+        out["sweep_b"] = {"n_cells": sw[0]["n_cells"],
+                          "familywise_false_claim": rate(sum(r["familywise_any_detects"] for r in sw), len(sw)),
+                          "nominal_any_cell_false_claim": rate(sum(r["nominal_any_detects"] for r in sw), len(sw)),
+                          "seconds_per_sweep": float(np.mean([r["seconds"] for r in sw]))}
+    for truth in ALL_TRUTHS:
+        rec = [r for r in records if r.get("truth") == truth]
+        if not rec:
+            continue
+        n = len(rec)
+
+        s = {"claim_detects": rate(sum(r["claim"] == CLAIM_DETECTS for r in rec), n)}
+        s["check_pass"] = {cid: rate(sum(r["checks"][cid] == "PASS" for r in rec), n) for cid in rec[0]["checks"]}
+        perm = [r["permutation"] for r in rec if r.get("permutation")]
+        if perm:
+            s["permutation"] = {
+                "mean_null_mean": float(np.mean([q["null_mean"] for q in perm])),
+                "max_abs_null_mean_off": float(np.max([abs(q["null_mean"] - 0.5) for q in perm])),
+                "p_le_0.05": rate(sum(q["p_value"] <= 0.05 for q in perm), len(perm)),
+            }
+        s["coverage"] = {k: rate(sum(r["estimands"][k]["covered"] for r in rec), n) for k in rec[0]["estimands"]}
+        s["mean_true"] = {k: float(np.mean([r["estimands"][k]["true"] for r in rec])) for k in rec[0]["estimands"]}
+        s["mean_estimate"] = {k: float(np.mean([r["estimands"][k]["estimate"] for r in rec]))
+                              for k in rec[0]["estimands"]}
+        s["seconds_per_dataset"] = float(np.mean([r["seconds"] for r in rec]))
+        out[truth] = s
+    return out
+
+
+def format_table(summary: dict) -> str:
+    """The self-test table (Markdown), as written to docs/selftest.md."""
+
+    def pct(r: dict) -> str:
+        return f"{r['rate']:.3f} ({r['k']}/{r['n']}; 95% CI {r['ci'][0]:.3f}–{r['ci'][1]:.3f})"
+
+    heads = {"a": "truth (a): content signal", "b": "truth (b): surface only",
+             "c": "truth (c): bank wording, held out", "c_shared": "truth (c), wording shared"}
+    present = [t for t in ALL_TRUTHS if t in summary]
+    lines = ["| figure | " + " | ".join(heads[t] for t in present) + " |", "|---" * (len(present) + 1) + "|"]
+
+    def row(label: str, get) -> None:
+        lines.append(f"| {label} | " + " | ".join(get(summary[t]) for t in present) + " |")
+
+    row("claims \"detects malicious content\"", lambda s: pct(s["claim_detects"]))
+    row("coverage of the 95% CI of E1", lambda s: pct(s["coverage"]["e1"]))
+    for k in ("e2", *(f"e3.{c}" for c in CONTROLS)):
+        row(f"coverage of the 95% CI of {k.upper() if k == 'e2' else 'E3 ' + k[3:]}", lambda s, k=k: pct(s["coverage"][k]))
+    names = {"1": "separates", "2": "not a construction artifact", "3": "not surface statistics",
+             "4": "no memorisation", "5": "not generic collapse"}
+    for cid, name in names.items():
+        row(f"check {cid} ({name}) PASS", lambda s, cid=cid: pct(s["check_pass"][cid]))
+    if any("permutation" in summary[t] for t in present):
+        row("permutation null: mean of null means / max |null mean − 0.5|",
+            lambda s: (f"{s['permutation']['mean_null_mean']:.3f} / {s['permutation']['max_abs_null_mean_off']:.3f}"
+                       if "permutation" in s else "n/a"))
+    for k in ("e1", "e2", *(f"e3.{c}" for c in CONTROLS)):
+        row(f"mean true {k} / mean estimate", lambda s, k=k: f"{s['mean_true'][k]:.3f} / {s['mean_estimate'][k]:.3f}")
+    row("seconds per dataset (one worker)", lambda s: f"{s['seconds_per_dataset']:.2f}")
+    if not present:
+        lines = []
+    if "sweep_b" in summary:
+        sb = summary["sweep_b"]
+        lines += ["", f"| {sb['n_cells']}-cell sweep under truth (b) | rate over sweeps |", "|---|---|",
+                  f"| family-wise (Holm) false \"detects\" in any cell | {pct(sb['familywise_false_claim'])} |",
+                  f"| nominal (no control) false \"detects\" in any cell | {pct(sb['nominal_any_cell_false_claim'])} |"]
+    if "coverage_by_n_test" in summary:
+        cov = summary["coverage_by_n_test"]
+        keys = ("e1", "e2", *(f"e3.{c}" for c in CONTROLS))
+        lines += ["", "| interval | test trajectories | " + " | ".join(keys) + " |", "|---" * (len(keys) + 2) + "|"]
+        for method, by_n in cov.items():
+            for n_test, d in by_n.items():
+                lines.append(f"| {method} | {n_test} | " + " | ".join(
+                    f"{d[k]['rate']:.3f} ({d[k]['k']}/{d[k]['n']})" for k in keys) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """CLI: simulate, run the pipeline, print the table and write the records (JSON)."""
+    ap = argparse.ArgumentParser(prog="python -m ipi.tools.simulate", description=__doc__.split("\n")[0])
+    ap.add_argument("--n-datasets", type=int, default=200, help="datasets per truth (default 200)")
+    ap.add_argument("--trajectories", type=int, default=80, help="trajectories per dataset (default 80)")
+    ap.add_argument("--features", type=int, default=SimParams.n_features, help="feature dimension d")
+    ap.add_argument("--content", type=float, default=SimParams.content, help="content signal of truth (a)")
+    ap.add_argument("--wording", type=float, default=SimParams.wording,
+                    help="per-template wording signal of truth (c) (default %(default)s)")
+    ap.add_argument("--n-boot", type=int, default=1000, help="bootstrap replicates (default 1000)")
+    ap.add_argument("--permutations", type=int, default=SimParams.permutation_m,
+                    help="refits M of the exact permutation test, verdict check 4 (default 199; 0: not run)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--truths", default="a,b,c", help="comma-separated subset of a,b,c,c_shared (default a,b,c)")
+    ap.add_argument("--coverage-datasets", type=int, default=None,
+                    help="truth-(a) datasets per test-set size for the coverage table (default: --n-datasets; 0: skip)")
+    ap.add_argument("--coverage-n-test", default=",".join(map(str, COVERAGE_N_TEST)),
+                    help="test-set sizes of the coverage table (default 5,10,24,50)")
+    ap.add_argument("--sweep-datasets", type=int, default=None,
+                    help=f"simulated {SWEEP_CELLS}-cell sweeps under truth (b) (default: --n-datasets // 4; 0: skip)")
+    ap.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
+    ap.add_argument("--out", default="outputs/selftest/selftest.json", help="JSON with every record + summary")
+    args = ap.parse_args(argv)
+    p = SimParams(n_trajectories=args.trajectories, n_features=args.features, content=args.content,
+                  wording=args.wording, n_boot=args.n_boot, permutation_m=args.permutations)
+    truths = [t.strip() for t in args.truths.split(",") if t.strip()]
+    for t in truths:
+        if t not in ALL_TRUTHS:
+            ap.error(f"--truths: unknown truth {t!r} (use {', '.join(ALL_TRUTHS)})")
+    n_cov = args.n_datasets if args.coverage_datasets is None else args.coverage_datasets
+    n_sweep = args.n_datasets // 4 if args.sweep_datasets is None else args.sweep_datasets
+    sizes = [int(v) for v in args.coverage_n_test.split(",") if v.strip()]
+    # Sweeps first (the longest jobs), then the truths, then the cheap coverage datasets.
+    jobs = [("sweep", p, i, args.seed) for i in range(n_sweep)]
+    jobs += [("run", p, t, i, args.seed) for t in truths for i in range(args.n_datasets)]
+    jobs += [("coverage", p, n, i, args.seed) for n in sizes for i in range(n_cov)]
+    t0 = time.perf_counter()
+    if args.workers > 1:
+        import multiprocessing as mp
+
+        with ProcessPoolExecutor(args.workers, mp_context=mp.get_context("spawn"), initializer=_init_worker) as ex:
+            records = list(ex.map(_job, jobs, chunksize=1))
+    else:
+        _init_worker()
+        records = [_job(j) for j in jobs]
+    wall = time.perf_counter() - t0
+    summary = summarise(records)
+    command = "python -m ipi.tools.simulate " + " ".join(argv if argv is not None else sys.argv[1:])
+    out = {"command": command.strip(), "params": asdict(p), "seed": args.seed, "workers": args.workers,
+           "wall_s": wall, "summary": summary, "records": records}
+
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(args.out, json.dumps(out, indent=1))
+    print(format_table(summary))
+    brief = {k: summary[k]["claim_detects"]["rate"] for k in ALL_TRUTHS if k in summary}
+    if "sweep_b" in summary:
+        brief["sweep_b_familywise"] = summary["sweep_b"]["familywise_false_claim"]["rate"]
+    print(f"\nclaim_detects.rate: {json.dumps(brief)}")
+    print(f"{len(records)} jobs in {wall:.0f} s with {args.workers} worker(s); records: {args.out}")
+    return out
+
+
+if __name__ == "__main__":
+    main()

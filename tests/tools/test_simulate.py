@@ -1,0 +1,182 @@
+"""The planted-truth simulator (ipi.tools.simulate): structure, the analytic truth, the verdict under both truths."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from ipi.metrics import weighted_auc
+from ipi.tools.simulate import (
+    CONTROLS,
+    VARIANTS,
+    SimParams,
+    main,
+    run_dataset,
+    simulate_dataset,
+    true_estimands,
+)
+
+
+def test_dataset_structure():
+    p = SimParams(n_trajectories=15, n_features=8)
+    meta, x, collapse, dirs = simulate_dataset(p, np.random.default_rng(0))
+    assert x.shape == (len(meta), 8) and collapse.shape == (len(meta), 2)
+    assert meta.trajectory_id.nunique() == 15
+    # Every (trajectory, step) has exactly one row of each variant.
+    per_step = meta.groupby(["trajectory_id", "step"]).variant.apply(lambda v: tuple(sorted(v)))
+    assert set(per_step) == {tuple(sorted(VARIANTS))}
+    # Horizons vary within [h_min, h_max]; steps are 0..H-1; metadata as on i_vis (Δ length 0).
+    h = meta.groupby("trajectory_id").horizon.first()
+    assert h.between(p.h_min, p.h_max).all() and h.nunique() > 1
+    steps = meta.groupby("trajectory_id").step.agg(["min", "max"])
+    assert (steps["min"] == 0).all() and (steps["max"] == h - 1).all()
+    assert (meta.delta_prompt_len == 0).all()
+    assert meta.groupby(["trajectory_id", "step"]).prompt_len.nunique().eq(1).all()
+    # Directions are orthonormal; template directions are unit vectors orthogonal to the four.
+    q = np.stack([dirs[k] for k in ("content", "box", "text", "pos")])
+    assert np.allclose(q @ q.T, np.eye(4), atol=1e-12)
+    assert np.allclose(q @ dirs["templates"], 0, atol=1e-12)
+    assert np.allclose(np.linalg.norm(dirs["templates"], axis=0), 1)
+    # Attack rows carry their template (the real chooser), other rows -1.
+    assert (meta.template[meta.variant == "attack"] >= 0).all() and (meta.template[meta.variant != "attack"] == -1).all()
+
+
+def test_truth_b_has_no_content_signal():
+    p = SimParams(n_trajectories=10, n_features=8)
+    pa, pb, pc = p.for_truth("a"), p.for_truth("b"), p.for_truth("c")
+    assert pa.content > 0 and pb.content == 0 and pb.box == pa.box and pb.text == pa.text
+    assert pa.wording == 0 and pb.wording == 0 and pc.wording > 0 and pc.content == 0
+
+
+def test_truth_c_attack_rows_carry_their_templates_direction():
+    p = SimParams(n_trajectories=30, n_features=64, sigma_traj=0, sigma_step=0, sigma_row=1e-9, pos=0).for_truth("c")
+    meta, x, _, dirs = simulate_dataset(p, np.random.default_rng(0))
+    att = (meta.variant == "attack").to_numpy()
+    scr = (meta.variant == "c_scrambled").to_numpy()
+    diff = x[att] - x[scr]  # same step: only the wording direction differs
+    np.testing.assert_allclose(diff, p.wording * dirs["templates"][:, meta.template[att].to_numpy()].T, atol=1e-6)
+
+
+@pytest.mark.parametrize("truth", ["a", "b", "c"])
+def test_analytic_truth_matches_a_large_monte_carlo_sample(truth):
+    """The CI's target, computed analytically, equals the estimands on 4,000 fresh trajectories."""
+    p = SimParams(n_features=32).for_truth(truth)
+    rng = np.random.default_rng(1)
+    _, _, _, dirs = simulate_dataset(SimParams(n_trajectories=2, n_features=32), rng)
+    # An arbitrary fixed linear score with weight on every planted direction and on noise ones
+    # (and, for truth (c), on some template directions: a probe that learned those templates).
+    w = 0.7 * dirs["box"] + 0.5 * dirs["text"] + 0.9 * dirs["content"] + 0.8 * dirs["pos"] \
+        + 0.3 * rng.standard_normal(32) + 0.2 * dirs["templates"][:, :5].sum(axis=1)
+    family = (0, 1, 2, 3, 9, 17)  # the target population's templates (a held-out family)
+    truth_vals = true_estimands(w, p, dirs, family)
+    meta, x, _, _ = simulate_dataset(p, rng, dirs=dirs, n_trajectories=4000,
+                                     template_of=lambda tid, st: family[hash((tid, st)) % len(family)])
+    f = x @ w
+    v = meta.variant.to_numpy()
+    mc = {"e1": weighted_auc(f[v == "attack"], f[v == "clean"])}
+    for c in CONTROLS:
+        mc[f"e3.{c}"] = weighted_auc(f[v == "attack"], f[v == c])
+    # E2 with one attack and one clean row per step: the share of steps the attack wins.
+    mc["e2"] = float(np.mean(f[v == "attack"] > f[v == "clean"]))
+    for k, val in mc.items():
+        assert truth_vals[k] == pytest.approx(val, abs=0.01), k
+    if truth == "c":
+        assert truth_vals["e3.c_scrambled"] > 0.55  # the probe reads the family's wording
+    if truth == "b":
+        assert truth_vals["e3.c_scrambled"] == pytest.approx(0.5, abs=1e-12)
+        assert truth_vals["e3.c_imperative"] == pytest.approx(0.5, abs=1e-12)
+
+
+def test_verdict_licenses_the_claim_under_strong_signal_only():
+    """Real pipeline on small datasets: strong content signal -> claim; surface only -> no claim."""
+    p = SimParams(n_trajectories=40, n_features=64, content=2.0, n_boot=200)
+    for i in range(2):
+        ra = run_dataset(p, "a", i, seed=0)
+        # 12 test trajectories: the collapse-only interval may straddle the 0.60 ceiling
+        # (check 5 INCONCLUSIVE), which alone withholds the claim
+        assert [ra["checks"][k] for k in "1234"] == ["PASS"] * 4, ra["checks"]
+        assert ra["checks"]["5"] in ("PASS", "INCONCLUSIVE")
+        assert (ra["claim"] == "detects malicious content") == (ra["checks"]["5"] == "PASS"), ra["checks"]
+        rb = run_dataset(p, "b", i, seed=0)
+        assert rb["claim"] != "detects malicious content"
+        assert rb["checks"]["3"] == "FAIL" and rb["checks"]["1"] == "PASS"
+        assert rb["estimands"]["e3.c_scrambled"]["true"] == pytest.approx(0.5, abs=1e-12)
+        for r in (ra, rb):
+            assert r["n_test_trajectories"] == 12
+            # the exact permutation test ran on M = 199 refits: significant, null centred
+            assert r["checks"]["4"] == "PASS" and r["permutation"]["p_value"] == pytest.approx(1 / 200)
+            assert abs(r["permutation"]["null_mean"] - 0.5) <= 0.02
+            assert r["permutation"]["e1_refit"] == pytest.approx(r["estimands"]["e1"]["estimate"], abs=1e-4)
+            for iv in r["estimands"].values():
+                assert iv["ci_low"] <= iv["estimate"] <= iv["ci_high"]
+
+
+def test_cli_writes_records_and_summary(tmp_path, capsys):
+    out = tmp_path / "st.json"
+    main(["--n-datasets", "2", "--trajectories", "20", "--features", "8", "--n-boot", "50",
+          "--workers", "1", "--out", str(out)])
+    data = json.loads(out.read_text())
+    runs = [r for r in data["records"] if "truth" in r]
+    assert len(runs) == 6 and {r["truth"] for r in runs} == {"a", "b", "c"}
+    s = data["summary"]
+    for truth in ("a", "b", "c"):
+        assert set(s[truth]["claim_detects"]) >= {"rate", "k", "n"}
+        assert s[truth]["coverage"]["e1"]["n"] == 2
+        k = sum(r["estimands"]["e1"]["covered"] for r in runs if r["truth"] == truth)
+        assert s[truth]["coverage"]["e1"]["k"] == k
+    # the coverage table (2 datasets per size here) and the 30-cell sweep (default n // 4 = 0 sweeps)
+    cov = s["coverage_by_n_test"]
+    assert set(cov) == {"percentile", "bca"} and set(cov["percentile"]) == {"5", "10", "24", "50"}
+    assert cov["bca"]["24"]["e1"]["n"] == 2 and "sweep_b" not in s
+    printed = capsys.readouterr().out
+    assert "coverage of the 95% CI of E1" in printed and "detects malicious content" in printed
+    assert "claim_detects.rate:" in printed and "| bca | 50 |" in printed
+    assert "permutation null" in printed and "permutation" in s["a"]
+    # Same seed -> same records, whatever the worker count.
+    out2 = tmp_path / "st2.json"
+    main(["--n-datasets", "2", "--trajectories", "20", "--features", "8", "--n-boot", "50",
+          "--workers", "1", "--truths", "b", "--coverage-datasets", "0", "--out", str(out2)])
+    again = [r for r in json.loads(out2.read_text())["records"]]
+    first_b = [r for r in runs if r["truth"] == "b"]
+    for a, b in zip(first_b, again, strict=True):
+        assert a["estimands"] == b["estimands"] and a["claim"] == b["claim"]
+
+
+def test_permutation_test_can_be_switched_off():
+    p = SimParams(n_trajectories=20, n_features=8, n_boot=50, permutation_m=0)
+    r = run_dataset(p, "a", 0, seed=0)
+    assert r["checks"]["4"] == "NOT RUN" and r["permutation"] is None
+
+
+def test_truth_c_false_claim_only_when_wording_is_shared():
+    """A probe that reads the bank's template wording: held-out wording removes its E3 edge."""
+    from ipi.tools.simulate import run_dataset as run
+
+    p = SimParams(n_trajectories=60, n_features=64, wording=6.0, n_boot=200)
+    held = [run(p, "c", i, seed=3) for i in range(2)]
+    shared = [run(p, "c_shared", i, seed=3) for i in range(2)]
+    for r in held:
+        assert r["checks"]["3"] == "FAIL" and r["estimands"]["e3.c_scrambled"]["true"] < 0.53
+    for r in shared:  # same truth, bank shared by train and test: the probe's wording edge shows
+        assert r["estimands"]["e3.c_scrambled"]["true"] > 0.6
+
+
+def test_coverage_dataset_has_the_requested_test_size_and_both_intervals():
+    from ipi.tools.simulate import coverage_dataset
+
+    for n_test in (5, 10, 24, 50):
+        r = coverage_dataset(SimParams(n_features=32, n_boot=100), n_test, 0, seed=0)
+        assert r["n_test"] == n_test
+        assert set(r["covered"]) == {"percentile", "bca"} and set(r["covered"]["bca"]) == {
+            "e1", "e2", "e3.c_scrambled", "e3.c_imperative", "e3.c_occlusion"}
+
+
+def test_sweep_dataset_controls_the_family():
+    from ipi.tools.simulate import sweep_dataset
+
+    r = sweep_dataset(SimParams(n_trajectories=30, n_features=32, n_boot=100), 0, seed=0, n_cells=3)
+    assert r["n_cells"] == 3 and isinstance(r["familywise_any_detects"], bool)
+    # Holm never licenses more than the nominal verdicts do
+    assert r["familywise_any_detects"] <= r["nominal_any_detects"]

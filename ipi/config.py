@@ -174,6 +174,72 @@ class ProbeConf:
 
 
 @dataclass
+class LogisticDetectorConf:
+    """``detector=logistic``: today's probe; its settings are ``probe.*`` (docs/probe.md)."""
+
+    _target_: str = "ipi.detectors.LogisticDetector"
+    name: str = "logistic"
+    permutation_m: Optional[int] = None  # check 4's refits M; None: evaluation.permutation.m
+
+
+@dataclass
+class DiffMeansDetectorConf:
+    """``detector=diff_means``: mass-mean probe on standardised features (docs/detectors.md)."""
+
+    _target_: str = "ipi.detectors.DiffMeansDetector"
+    name: str = "diff_means"
+    permutation_m: Optional[int] = None
+
+
+@dataclass
+class MLPDetectorConf:
+    """``detector=mlp``: one hidden layer, early-stopped on held-out training trajectories."""
+
+    _target_: str = "ipi.detectors.MLPDetector"
+    name: str = "mlp"
+    hidden: int = 64
+    alpha: float = 1e-3
+    learning_rate: float = 1e-3
+    batch_size: int = 64
+    max_epochs: int = 200
+    patience: int = 10
+    val_fraction: float = 0.2
+    seed: int = 0
+    permutation_m: Optional[int] = None
+
+
+@dataclass
+class AttentionFocusDetectorConf:
+    """``detector=attention_focus``: last prompt token's attention on task vs untrusted span."""
+
+    _target_: str = "ipi.detectors.AttentionFocusDetector"
+    name: str = "attention_focus"
+    top_k: int = 4  # heads combined (chosen on training rows)
+    layers: Optional[list[Any]] = None  # fractions in (0, 1] or indices; None: the run's layers
+    permutation_m: Optional[int] = None
+
+
+@dataclass
+class ExternalDetectorConf:
+    """``detector=external``: a score table the user brings (``trajectory_id, step, variant, score``)."""
+
+    _target_: str = "ipi.detectors.ExternalDetector"
+    name: str = "external"
+    scores: str = MISSING  # CSV/Parquet scoring every test row of the run's split
+    label: str = MISSING  # the detector's name in the report (e.g. a paper or repository)
+    permutation_m: Optional[int] = None  # unused: an external detector is not refitted
+
+
+DETECTOR_SCHEMAS = {
+    "logistic": LogisticDetectorConf,
+    "diff_means": DiffMeansDetectorConf,
+    "mlp": MLPDetectorConf,
+    "attention_focus": AttentionFocusDetectorConf,
+    "external": ExternalDetectorConf,
+}
+
+
+@dataclass
 class SplitConf:
     """Trajectory-disjoint split."""
 
@@ -288,6 +354,8 @@ class TrainConf:
     layers: LayersConf = field(default_factory=LayersConf)
     token_group: TokenGroupConf = field(default_factory=TokenGroupConf)
     probe: ProbeConf = field(default_factory=ProbeConf)
+    # one of DETECTOR_SCHEMAS (conf/detector/<name>.yaml lists detector/<name>_schema first)
+    detector: Any = None
     split: SplitConf = field(default_factory=SplitConf)
     evaluation: EvaluationConf = field(default_factory=EvaluationConf)
     extract: ExtractConf = field(default_factory=ExtractConf)
@@ -316,6 +384,8 @@ def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConf)
     cs.store(name="evaluate_schema", node=EvaluateConf)
+    for name, node in DETECTOR_SCHEMAS.items():
+        cs.store(group="detector", name=f"{name}_schema", node=node)
     if not OmegaConf.has_resolver("ipi_repo"):
         OmegaConf.register_new_resolver("ipi_repo", lambda: str(REPO_ROOT))
     if not OmegaConf.has_resolver("ipi_package_dir"):

@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 
 from ipi.config import enum_value as _value
 from ipi.config import to_container
+from ipi.detectors.run import attention_matrix, attention_transfer_source, build_detector, detector_record
 from ipi.evaluation.callbacks import EstimandsCallback, ReportCallback
 from ipi.evaluation.scoretable import evaluate_score_table, read_score_table, twin_score_table
 from ipi.evaluation.verdict import verdict
@@ -86,9 +87,13 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
     if features is None:  # a non-zero DDP rank: rank 0 evaluates
         return {}, {"extraction": info}
     meta, x = row_table(rows, features), select_features(features, layers, groups)
+    det, x_det, infos_att = build_detector(cfg), None, {}
+    if det.input == "attention":  # the detector's own cached extraction (docs/detectors.md)
+        x_det, infos_att[surface], det = attention_matrix(cfg, det, rows)
     # The random-weight twins (verdict check 6; ipi.twin): the same rows through the same
-    # architecture with seeded random weights, one cache entry per seed.
-    twins = twin_features(cfg, rows, features, layers, groups)
+    # architecture with seeded random weights, one cache entry per seed, scored by the same
+    # detector. Hidden-state detectors only: for attention_focus / external check 6 is NOT RUN.
+    twins = twin_features(cfg, rows, features, layers, groups) if det.input == "hidden" else ({}, {})
     if twins is None:  # a non-zero DDP rank
         return {}, {"extraction": info}
     x_twin, twin_infos = twins
@@ -96,16 +101,24 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
     if source is None:  # a non-zero DDP rank
         return {}, {"extraction": info}
     transfer_src, infos = source[0], {surface: info, **source[1]}
+    if det.input == "attention" and transfer_src is not None:  # the other surfaces' attention features
+        transfer_src, more = attention_transfer_source(cfg, det, trajs, sources, plan)
+        infos_att.update(more)
 
     probe, loggers = probe_settings(cfg.probe, cfg.seed), make_loggers(cfg)
-    fits = fit_folds(cfg, meta, x, features, layers, folds, probe, transfer=transfer_src,
-                     logger=loggers[0] if loggers else None, default_root_dir=str(out_dir))
-    twin_tables = twin_score_tables(meta, x_twin, folds, probe, fits.test_index, default_root_dir=str(out_dir))
+    fits = fit_folds(cfg, meta, x, features, layers, folds, probe, det=det, x_det=x_det, transfer=transfer_src,
+                     **({"logger": loggers[0] if loggers else None, "default_root_dir": str(out_dir)}
+                        if det.name == "logistic" else {}))
+    twin_tables = twin_score_tables(meta, x_twin, folds, probe, fits.test_index, det=det,
+                                    default_root_dir=str(out_dir))
     transfer = {"train_surfaces": sources, "test_surface": surface} if transfer_src is not None else None
     extra = {"counts": run_counts(trajs, meta, rows, fits, folds, step_skips, traj_skips),
              "run": {**run_record(cfg, layers, groups, int(x.shape[1]), folds, transfer,
                                   wording_record(rows, folds, plan), infos),
                      "random_twin": twin_record(cfg, twin_infos)}}
+    extra["run"]["detector"] = detector_record(cfg, det, fits)
+    if infos_att:
+        extra["run"]["attention_cache_keys"] = {s: i["cache_key"] for s, i in infos_att.items()}
 
     # Score the test rows with the probe through Lightning; the callbacks compute and write.
     te_meta = meta.iloc[fits.test_index].reset_index(drop=True)
@@ -123,7 +136,7 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
         if twin_tables:
             atomic_write_text(out_dir / "scores_twin.csv", twin_score_table(twin_tables).to_csv(index=False))
         atomic_write_text(out_dir / "run_info.json", json.dumps(
-            {**run_info(info, infos, time.perf_counter() - t0),
+            {**run_info(info, infos, time.perf_counter() - t0, infos_att),
              "extraction_random_twin": {str(k): i for k, i in twin_infos.items()} or None,
              "permutation_s": (fits.permutation or {}).get("seconds")}, indent=2))
 
@@ -158,9 +171,11 @@ def evaluate_split(cfg: DictConfig, trajs, seed: int, layers, groups, probe) -> 
     rows = make_rows(cfg, trajs, _value(cfg.surface.name), wording=plan)
     features, _ = extract_features(cfg, rows, layers, list(TOKEN_GROUPS))
     meta, x = row_table(rows, features), select_features(features, layers, groups)
-    fits = fit_folds(cfg, meta, x, features, layers, folds, probe)
+    det = build_detector(cfg)
+    x_det = attention_matrix(cfg, det, rows)[0] if det.input == "attention" else None
+    fits = fit_folds(cfg, meta, x, features, layers, folds, probe, det=det, x_det=x_det)
     table = meta.iloc[fits.test_index][["trajectory_id", "step", "variant"]].reset_index(drop=True)
-    table["score"] = fits.probe_scores(x)
+    table["score"] = fits.probe_scores(x) if det.name == "logistic" else fits.test_scores
     ev = cfg.evaluation
     perm = fits.permutation_input()
     res = evaluate_tables(table, fits.baselines, **bootstrap_kwargs(ev),

@@ -26,6 +26,7 @@ from ipi.config import resolved_controls, to_container, validate
 from ipi.data import DataError
 from ipi.data.discover import summarise_skips
 from ipi.data.images import image_limits_for
+from ipi.detectors.crossfit import cross_fit_detector
 from ipi.extraction.rows import build_rows
 from ipi.extraction.run import extract_features, transfer_rows
 from ipi.probe.crossfit import FoldedProbe, TransferSource, cross_fit, make_folds
@@ -227,16 +228,20 @@ def wording_record(rows, folds, plan) -> dict:
     return rec
 
 
-def run_info(info: dict, infos: dict[str, dict], elapsed_s: float) -> dict:
+def run_info(info: dict, infos: dict[str, dict], elapsed_s: float, attention: dict | None = None) -> dict:
     """What ``run_info.json`` holds: extraction per surface, rows forwarded in all, wall time.
 
     ``rows_forwarded`` counts the rows this run sent through the backbone, over every surface it
     extracted (0 when every entry was already in the cache, or another run filled it while this
     one waited for the entry's lock).
     """
-    return {"extraction": info, "extraction_by_surface": infos,
-            "rows_forwarded": int(sum(i.get("rows_forwarded", 0) for i in infos.values())),
-            "elapsed_s": round(elapsed_s, 2)}
+    out = {"extraction": info, "extraction_by_surface": infos,
+           "rows_forwarded": int(sum(i.get("rows_forwarded", 0) for i in infos.values())),
+           "elapsed_s": round(elapsed_s, 2)}
+    if attention:  # detector=attention_focus: its own cache entries (docs/detectors.md)
+        out["attention_extraction_by_surface"] = attention
+        out["attention_rows_forwarded"] = int(sum(i.get("rows_forwarded", 0) for i in attention.values()))
+    return out
 
 
 def prepare(cfg: DictConfig) -> None:
@@ -288,12 +293,14 @@ def twin_features(cfg: DictConfig, rows, features, layers: list[int], groups: li
 
 
 def twin_score_tables(meta: pd.DataFrame, x_twin: dict, folds, probe, test_index: np.ndarray,
-                      **extra) -> dict[int, pd.DataFrame]:
-    """The run's probe (same configuration, seed and ``l2``) on each twin's features, same folds.
+                      det=None, **extra) -> dict[int, pd.DataFrame]:
+    """The run's detector (same configuration, seed and ``l2``) on each twin's features, same folds.
 
     ``probe`` is :func:`probe_settings` of the run; ``extra`` goes to
-    :func:`ipi.probe.crossfit.cross_fit` (root dir). No baselines and no permutation test: the
-    twins enter only check 6 (E3 − max over twin seeds).
+    :func:`ipi.probe.crossfit.cross_fit` (root dir). ``det`` other than ``logistic`` (a
+    hidden-state detector of :mod:`ipi.detectors`) is cross-fitted by
+    :func:`ipi.detectors.crossfit.cross_fit_detector` instead. No baselines and no permutation
+    test: the twins enter only check 6 (E3 − max over twin seeds).
 
     Returns:
         ``{seed: score table}`` on the probe's out-of-fold rows (``trajectory_id, step, variant, score``).
@@ -304,11 +311,14 @@ def twin_score_tables(meta: pd.DataFrame, x_twin: dict, folds, probe, test_index
     pcfg, l2, l2_grid = probe
     out = {}
     for seed, xt in x_twin.items():
-        fits = cross_fit(meta, xt, folds, probe_cfg=pcfg, l2=l2, l2_grid=l2_grid, **extra)
+        if det is not None and det.name != "logistic":
+            fits = cross_fit_detector(det, meta, xt, folds)
+        else:
+            fits = cross_fit(meta, xt, folds, probe_cfg=pcfg, l2=l2, l2_grid=l2_grid, **extra)
         if not np.array_equal(fits.test_index, test_index):
             raise RuntimeError(f"random twin seed {seed}: its out-of-fold rows differ from the probe's")
         tbl = meta.iloc[test_index][["trajectory_id", "step", "variant"]].reset_index(drop=True)
-        tbl["score"] = fits.probe_scores(xt)
+        tbl["score"] = fits.test_scores if getattr(fits, "test_scores", None) is not None else fits.probe_scores(xt)
         out[seed] = tbl
     return out
 
@@ -377,20 +387,31 @@ METADATA_COLUMNS = ["step", "horizon", "prompt_len", "delta_prompt_len"]
 
 
 def fit_folds(cfg: DictConfig, meta: pd.DataFrame, x: np.ndarray, features, layers: list[int], folds, probe,
-              **extra):
+              det=None, x_det: np.ndarray | None = None, **extra):
     """The probe and its baselines on the same training rows of every fold (PROTOCOL.md §4–§6).
 
     C1 on the row metadata, C2 collapse only, the permuted-label fit and the permutation test
     as ``cfg.evaluation`` asks; ``extra`` goes to :func:`ipi.probe.crossfit.cross_fit` (transfer
     source, logger, root dir). Leakage is asserted per fold on ids and on the rows of every fit.
+
+    ``det`` (:func:`ipi.detectors.run.build_detector`) other than ``logistic`` is cross-fitted by
+    :func:`ipi.detectors.run.fit_detector` on ``x_det`` (its own features; default ``x``) with the
+    same baselines and permutation labels (docs/detectors.md).
     """
+    from ipi.detectors.run import fit_detector, permutation_m
+
     pcfg, l2, l2_grid = probe
     ev = cfg.evaluation
     li = [features.layers.index(i) for i in layers]
-    return cross_fit(meta, x, folds, probe_cfg=pcfg, metadata=meta[METADATA_COLUMNS].to_numpy(dtype=np.float64),
-                     collapse=features.collapse[:, li].double().numpy() if ev.collapse_only else None,
+    metadata = meta[METADATA_COLUMNS].to_numpy(dtype=np.float64)
+    collapse = features.collapse[:, li].double().numpy() if ev.collapse_only else None
+    if det is not None and det.name != "logistic":
+        return fit_detector(cfg, det, meta, x if x_det is None else x_det, folds, metadata=metadata,
+                            collapse=collapse, transfer=extra.get("transfer"), l2=1.0)
+    return cross_fit(meta, x, folds, probe_cfg=pcfg, metadata=metadata, collapse=collapse,
                      permuted=ev.permuted, permute_seed=cfg.seed, l2=l2, l2_grid=l2_grid,
-                     permutation_m=ev.permutation.m, permutation_seed=ev.permutation.seed, **extra)
+                     permutation_m=ev.permutation.m if det is None else permutation_m(cfg, det),
+                     permutation_seed=ev.permutation.seed, **extra)
 
 
 def fold_sides(folds) -> tuple[set | None, set]:
@@ -450,6 +471,12 @@ def score_test_rows(fits, x: np.ndarray, callbacks: list, loggers: list) -> None
     te = fits.test_index
     trainer = L.Trainer(accelerator="cpu", devices=1, logger=loggers or False, callbacks=callbacks,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    if getattr(fits, "test_scores", None) is not None:  # a detector's out-of-fold scores (docs/detectors.md)
+        from ipi.detectors.crossfit import DetectorScores
+
+        trainer.predict(DetectorScores(fits.test_scores),
+                        DataLoader(TensorDataset(torch.arange(len(te))), batch_size=4096), return_predictions=False)
+        return
     x_te = torch.from_numpy(np.ascontiguousarray(x[te], dtype=np.float64))
     fold_te = torch.from_numpy(fits.fold_of_row[te])
     trainer.predict(FoldedProbe(fits.probes), DataLoader(TensorDataset(x_te, fold_te), batch_size=4096),

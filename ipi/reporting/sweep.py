@@ -14,7 +14,9 @@ it, the layer and token-group labels from its ``run`` section (``layers_config``
   E3[c_scrambled] (and every other E3), each with its interval;
 * ``heatmap_e1.png`` and ``heatmap_e3_c_scrambled.png`` — the estimate (with its CI) of each
   layer × token-group cell; one pair per surface/backbone when the sweep varies those too;
-* ``sweep_report.md`` and a self-contained ``sweep_report.html`` with the heatmaps embedded.
+* ``sweep_report.md`` and a self-contained ``sweep_report.html`` with the heatmaps embedded;
+* ``summary.md``, ``summary.csv``, ``summary.tex`` — the paper's table, rows surface × detector
+  (:mod:`ipi.reporting.summary`).
 
 A cell that two jobs claim (the sweep varied something else too) is an error naming both jobs.
 
@@ -60,6 +62,7 @@ import pandas as pd
 
 from ipi.io import atomic_write_text
 from ipi.reporting.report import REPORT_CSS, html_escape, img_tag
+from ipi.reporting.summary import _detector_label
 
 __all__ = ["collect", "familywise", "holm", "main", "write_sweep_report"]
 
@@ -209,7 +212,7 @@ def collect(sweep: str | Path) -> pd.DataFrame:
         sweep: The multirun folder (``outputs/train/multiruns/<time>``).
 
     Returns:
-        Columns ``job, overrides, surface, backbone, layers, token_group`` and, for every
+        Columns ``job, overrides, surface, backbone, detector, layers, token_group`` and, for every
         estimand ``k`` found (``e1``, ``e2``, ``e3.<control>``), ``k``, ``k_ci_low``,
         ``k_ci_high``; plus ``claim``, ``level``, ``preregistered_spec`` (the jobs'
         ``evaluation.preregistered``), ``p_separates`` and ``p_detects`` (:func:`claim_p_values`).
@@ -237,6 +240,7 @@ def collect(sweep: str | Path) -> pd.DataFrame:
             "overrides": " ".join(_overrides(job)),
             "surface": run.get("surface"),
             "backbone": run.get("backbone"),
+            "detector": _detector_label(run),
             "layers": layer_label,
             "token_group": _token_group_name(job, run),
             "claim": (res.get("verdict") or {}).get("claim"),
@@ -315,20 +319,23 @@ def write_sweep_report(sweep: str | Path) -> dict[str, Path]:
     csv = df.to_csv(index=False)
     out["csv"] = atomic_write_text(sweep / "sweep.csv", csv)
     figures: list[tuple[str, Path]] = []
-    for (surface, backbone), part in df.groupby(["surface", "backbone"], dropna=False, sort=True):
-        multi = df[["surface", "backbone"]].drop_duplicates().shape[0] > 1
+    for (surface, backbone, detector), part in df.groupby(["surface", "backbone", "detector"], dropna=False,
+                                                           sort=True):
+        multi = df[["surface", "backbone", "detector"]].drop_duplicates().shape[0] > 1
         suffix = f"_{surface}_{backbone}" if multi else ""
+        if df["detector"].nunique() > 1:
+            suffix += f"_{detector}".replace(" ", "_").replace("(", "").replace(")", "")
         for key in HEATMAP_ESTIMANDS:
             if key not in part.columns or part[key].isna().all():
                 continue
             name = key.replace(".", "_")
             path = sweep / f"heatmap_{name}{suffix}.png"
             label = "E1 attack vs clean" if key == "e1" else f"E3 attack vs {key.split('.', 1)[1]}"
-            plot_heatmap(_grid(part, key), path, f"{label} · {surface} · {backbone}",
+            plot_heatmap(_grid(part, key), path, f"{label} · {surface} · {backbone} · {detector}",
                          low=_grid(part, f"{key}_ci_low"), high=_grid(part, f"{key}_ci_high"))
             figures.append((label, path))
             out[path.stem] = path
-    cols = ["job", "layers", "token_group", "surface", "e1", "e1_ci_low", "e1_ci_high"]
+    cols = ["job", "layers", "token_group", "surface", "detector", "e1", "e1_ci_low", "e1_ci_high"]
     cols += [c for c in ("e3.c_scrambled", "e3.c_scrambled_ci_low", "e3.c_scrambled_ci_high", "claim",
                          "p_separates", "p_detects", "claim_familywise", "preregistered") if c in df]
     md = [f"# Sweep report — {sweep}", "", f"{len(df)} jobs.", "", family, ""]
@@ -348,6 +355,10 @@ def write_sweep_report(sweep: str | Path) -> dict[str, Path]:
     html.append(df[cols].to_html(index=False, float_format=lambda v: f"{v:.3f}", border=0))
     html.append("</body></html>")
     out["html"] = atomic_write_text(sweep / "sweep_report.html", "\n".join(html))
+    from ipi.reporting.summary import write_summary_tables
+
+    # the paper's table: rows surface × detector (docs/sweeps.md, docs/detectors.md)
+    out.update(write_summary_tables(sweep, dict(zip(df["job"].astype(str), df["claim_familywise"]))))
     return out
 
 

@@ -147,7 +147,7 @@ def extract_attention(cfg, rows, layers: Sequence[int]):
 
     from ipi.extraction.cache import ActivationCache
     from ipi.extraction.datamodule import ReplayDataModule, StepGroupDataset
-    from ipi.extraction.run import resolve_precision
+    from ipi.extraction.run import resolve_num_workers, resolve_precision
     from ipi.progress import extraction_callbacks
 
     layers = sorted(set(int(i) for i in layers))
@@ -171,10 +171,11 @@ def extract_attention(cfg, rows, layers: Sequence[int]):
                     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
                     per_step = max(len(g) for g in dataset.groups)
                     dm = ReplayDataModule(dataset, pad, batch_size=max(1, cfg.backbone.batch_size // per_step),
-                                          num_workers=cfg.extract.num_workers)
+                                          num_workers=resolve_num_workers(cfg.extract.num_workers,
+                                                                                  cfg.extract.accelerator))
                     writer = ShardWriter(cache, shard_rows=cfg.extract.shard_rows, dtype="float32")
                     trainer = L.Trainer(accelerator=cfg.extract.accelerator, devices=1,
-                                        precision=resolve_precision(cfg.extract.precision),
+                                        precision=resolve_precision(cfg.extract.precision, cfg.extract.accelerator),
                                         callbacks=[writer, *extraction_callbacks(True if cfg.quiet else None,
                                                                                  total_rows=len(todo))],
                                         logger=False, enable_checkpointing=False, enable_model_summary=False,

@@ -16,6 +16,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from ipi.config import to_container
+from ipi.protocol import resolve_layers
 from ipi.detectors.crossfit import cross_fit_detector
 from ipi.probe.crossfit import TransferSource
 
@@ -63,15 +64,13 @@ def detector_record(cfg: DictConfig, det, fits=None) -> dict:
 
 def attention_layers(cfg: DictConfig, det) -> list[int]:
     """Decoder blocks the attention detector reads (``detector.layers`` or the run's layers)."""
-    from ipi.backbone import resolve_layers
     from ipi.stages import layer_indices
 
     spec = det.layers
     if spec is None:
         return layer_indices(cfg)
     spec = list(spec)
-    n = cfg.backbone.n_layers
-    return list(range(n)) if spec == ["all"] else resolve_layers(spec, n)
+    return resolve_layers(spec, cfg.backbone.n_layers)
 
 
 def attention_matrix(cfg: DictConfig, det, rows) -> tuple[np.ndarray, dict, object]:

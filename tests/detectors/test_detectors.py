@@ -194,7 +194,7 @@ def test_attention_hook_equals_eager_full_forward(small_backbone, trajectories):
     from ipi.extraction.datamodule import ReplayDataset, collate_rows
     from ipi.extraction.rows import build_rows
     from ipi.protocol import TOKEN_GROUPS
-    from ipi.replay import DEFAULT_SYSTEM_PROMPT
+    from ipi.protocol import DEFAULT_SYSTEM_PROMPT
 
     from ipi.replay import count_plain_tokens
 
@@ -294,7 +294,8 @@ def test_detector_sweep_feeds_estimands_and_forwards_nothing_after_extraction(tm
         perm = res["permutation"]
         assert perm["m"] == 5  # detector.permutation_m overrides evaluation.permutation.m
         assert perm["e1_refit"] == pytest.approx(res["e1"]["estimate"], abs=1e-6)
-        assert [c["id"] for c in res["verdict"]["checks"]] == [1, 2, 3, 4, 5]
+        checks = {c["id"]: c for c in res["verdict"]["checks"]}
+        assert sorted(checks) == [1, 2, 3, 4, 5, 6] and checks[6]["status"] != "PASS"  # twin off here
         assert "permuted" in res
     heads = results["attention_focus"][0]["run"]["detector"]["chosen_heads"]
     assert len(heads) == 1 and len(heads[0]) == 4 and all({"layer", "head", "train_auc"} <= set(h) for h in heads[0])
@@ -352,3 +353,33 @@ def test_summary_table_marks_not_reportable_cells(tmp_path):
     csv = pd.read_csv(paths["summary_csv"])
     assert csv["E2 not_reportable"].iloc[0] == "too few clusters (2 < 5)"
     assert pd.isna(csv["transfer E1"].iloc[0])
+
+
+@pytest.mark.needs_shared
+def test_twin_refits_the_runs_hidden_state_detector_and_skips_attention(tmp_path):
+    """Check 6 compares like with like: diff_means on the twin's features gives the twin's scores
+    (E3 of scores_twin.csv by sklearn equals results.json's per-seed twin E3); attention_focus
+    extracts no twin and leaves check 6 NOT RUN."""
+    from ipi.pipeline import train
+
+    ov = ["data.max_trajectories=4", "split.test_fraction=0.5", "evaluation.n_boot=50",
+          "evaluation.min_clusters=2", "surface=i_dom", "evaluation.transfer=false",
+          "evaluation.permutation.m=0", "report.plots=false", "report.html=false", "report.gallery=false",
+          "evaluation.random_twin=true", "evaluation.random_twin_seeds=[1]"]
+    out = tmp_path / "dm"
+    res, _ = train(compose_train(tmp_path, [*ov, "detector=diff_means", f"paths.output_dir={out}"]))
+    twin = pd.read_csv(out / "scores_twin.csv")
+    assert set(twin.twin_seed) == {1}
+    want = _estimands_from_scores(twin.drop(columns="twin_seed"), res["e3"])
+    by_seed = res["random_twin"]["by_seed"]
+    seed_res = by_seed["1"] if "1" in by_seed else by_seed[1]
+    for c in res["e3"]:
+        assert seed_res["e3"][c]["estimate"] == pytest.approx(want[c], abs=1e-12)
+    assert "e3_minus_twin_e3" in res["differences"]
+
+    out = tmp_path / "att"
+    res, _ = train(compose_train(tmp_path, [*ov, "detector=attention_focus", f"paths.output_dir={out}"]))
+    checks = {c["id"]: c for c in res["verdict"]["checks"]}
+    # the tiny backbone is random itself (FAIL); a pretrained one would get NOT RUN: no twin either way
+    assert checks[6]["status"] in ("FAIL", "NOT RUN") and "random_twin" not in res
+    assert not (out / "scores_twin.csv").exists()

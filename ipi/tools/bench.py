@@ -44,7 +44,6 @@ Examples::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import resource
@@ -65,6 +64,7 @@ from ipi.extraction.extractor import (
     collapse_statistic,
     pool_groups,
 )
+from ipi.extraction.bench import _identity_final_norm
 from ipi.extraction.run import extract_features
 from ipi.metrics.bootstrap_timing import bench_bootstrap, bench_permutation
 from ipi.progress import quiet_lightning
@@ -124,19 +124,6 @@ def subset_rows(overrides: list[str], n_steps: int, surfaces=SURFACES):
         scfg = compose([*overrides, f"surface={surface}"])
         rows += [r for r in make_rows(scfg, keep, surface) if (r.trajectory_id, r.step.step) in chosen]
     return cfg, rows
-
-
-@contextlib.contextmanager
-def _identity_final_norm(model):
-    """Swap the text model's final norm for the identity (hidden_states[-1] = block output)."""
-
-    lm = getattr(base_model(model), "language_model", base_model(model))
-    norm = lm.norm
-    lm.norm = torch.nn.Identity()
-    try:
-        yield
-    finally:
-        lm.norm = norm
 
 
 def baseline_features(cfg, rows, layers: list[int]) -> tuple[np.ndarray, np.ndarray, float]:

@@ -41,6 +41,9 @@ def _flat_metrics(results: dict, prefix: str = "test") -> dict[str, float]:
     add("e1_minus_twin_e1", diffs.get("e1_minus_twin_e1"))
     for c, iv in (diffs.get("e3_minus_twin_e3") or {}).items():
         add(f"e3_minus_twin_e3_{c}", iv)
+    add("e1_minus_twin_e1_predictive", diffs.get("e1_minus_twin_e1_predictive"))
+    for c, iv in (diffs.get("e3_minus_twin_e3_predictive") or {}).items():
+        add(f"e3_minus_twin_e3_predictive_{c}", iv)
     for seed, by_c in (diffs.get("e3_minus_twin_e3_by_seed") or {}).items():
         for c, iv in by_c.items():
             add(f"e3_minus_twin{seed}_e3_{c}", iv)

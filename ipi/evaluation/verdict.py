@@ -319,6 +319,7 @@ def _check_selectivity(ctx: _Context) -> dict:
     twin_e3 = _get(ctx.results, "random_twin", "e3")
     seeds = list(_get(ctx.results, "random_twin", "seeds") or [])
     by_seed = _get(ctx.results, "differences", "e3_minus_twin_e3_by_seed")
+    predictive = _get(ctx.results, "differences", "e3_minus_twin_e3_predictive")
     e3 = _get(ctx.results, "e3")
     twin = f"max twin ({len(seeds)} seeds)" if len(seeds) > 1 else "twin"
     parts: list[tuple[bool | None, str]] = []
@@ -355,6 +356,21 @@ def _check_selectivity(ctx: _Context) -> dict:
         high = _f(iv["ci_high"]) if iv["ci_high"] is not None else "n/a"
         parts.append((ok, f"{control}: {pair}E3 - {twin} E3 {_f(iv['estimate'])} paired CI "
                           f"[{_f(iv['ci_low'])}, {high}]: CI low {_f(iv['ci_low'])} {'>' if ok else '<='} 0"))
+        # ... and a *new* random draw: the paired interval widened by the init-seed variance.
+        pv = (predictive or {}).get(control) if isinstance(predictive, Mapping) else None
+        numbers[control]["difference_seed_predictive"] = pv
+        if len(seeds) < 2:
+            parts.append((False, f"{control}: one twin seed cannot measure the variance between random "
+                                 "initialisations; check 6 needs >= 2 evaluation.random_twin_seeds"))
+            continue
+        if not isinstance(pv, Mapping) or pv.get("ci_low") is None or pv.get("estimate") is None:
+            parts.append((None, f"{control}: E3 - new twin E3 (seed-predictive) interval missing or undefined"))
+            continue
+        ok = pv["ci_low"] > 0.0 and pv["estimate"] > 0.0
+        parts.append((ok, f"{control}: E3 - mean twin E3 {_f(pv['estimate'])}, seed-predictive CI "
+                          f"[{_f(pv['ci_low'])}, {_f(pv['ci_high']) if pv.get('ci_high') is not None else 'n/a'}] "
+                          f"(init-seed SD {_f(pv['seed_sd']) if pv.get('seed_sd') is not None else 'n/a'} over {pv.get('n_seeds')} seeds): CI low "
+                          f"{_f(pv['ci_low'])} {'>' if ok else '<='} 0"))
     status, detail = _combine(parts)
     return _result(status, detail, **numbers)
 

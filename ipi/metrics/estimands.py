@@ -61,6 +61,7 @@ __all__ = [
     "is_control",
     "make_draws",
     "paired_difference",
+    "seed_predictive_difference",
     "percentile_interval",
     "step_weights",
     "validate_table",
@@ -763,6 +764,80 @@ def estimands(
                        contributors=contributors)
 
 
+def seed_predictive_difference(
+    estimate: float,
+    replicates,
+    twin_estimates: Sequence[float],
+    twin_replicates,
+    *,
+    level: float = 0.95,
+    interval: str = "percentile",
+    jackknife=None,
+    twin_jackknife=None,
+) -> dict:
+    """Trained − a *new* random-weight twin: paired data interval widened by init-seed variance.
+
+    The envelope (``E − max_s E_s``) covers the sampling of test trajectories for the S given
+    twins, not the variability between random initialisations. This interval targets the
+    difference between the trained network and a fresh random draw of the architecture
+    (docs/estimands.md, check 6, "seed-predictive"):
+
+    * point estimate ``d = E − m`` with ``m = mean_s E_s`` (the S twins' estimates);
+    * **data part**: the paired bootstrap interval ``[l, u]`` of ``E − mean_s E_s`` on the shared
+      draws (per draw the mean over seeds; :func:`paired_difference`, percentile or BCa);
+    * **seed part**: the half-width of the Student-t prediction interval for one new draw,
+      ``h = t_{S−1, (1+level)/2} · sd · sqrt(1 + 1/S)``, ``sd`` the SD (``ddof=1``) of the S twin
+      estimates (exact under a normal seed effect when the trained net is itself a random draw);
+    * the two independent parts combined in quadrature:
+      ``ci_low = d − sqrt(max(d − l, 0)² + h²)``, ``ci_high = d + sqrt(max(u − d, 0)² + h²)``.
+
+    Without trajectory noise, ``ci_low > 0`` happens for a trained net that is just another
+    random draw with probability ``(1 − level)/2`` (Student-t, exchangeable normal draws).
+
+    Args:
+        estimate: The trained probe's estimate ``E``.
+        replicates: Its bootstrap replicates ``[B]``.
+        twin_estimates: The twins' estimates ``[S]``.
+        twin_replicates: The twins' replicates on the same draws ``[S, B]``.
+        level: Coverage, in ``(0, 1)``.
+        interval: ``"percentile"`` or ``"bca"`` for the data part (``bca`` needs the jackknife
+            values ``[T]`` and ``[S, T]``).
+        jackknife: The trained side's jackknife values (``bca`` only).
+        twin_jackknife: The twins' jackknife values (``bca`` only).
+
+    Returns:
+        ``{"estimate", "ci_low", "ci_high", "n_boot_used", "twin_mean", "seed_sd",
+        "seed_half_width", "n_seeds", "data_ci_low", "data_ci_high"}``; with fewer than two
+        seeds (no SD) or an undefined side the bounds are ``None``.
+
+    Raises:
+        ValueError: The replicate arrays do not share the draws.
+    """
+    from scipy.stats import t as student_t
+
+    level = _check_level(level)
+    te = np.asarray(twin_estimates, dtype=np.float64)
+    tr = np.asarray(twin_replicates, dtype=np.float64)
+    n = int(te.size)
+    if tr.ndim != 2 or tr.shape[0] != n:
+        raise ValueError(f"twin replicates must be [S, B] with S = {n} seeds, got shape {tr.shape}")
+    mean_jack = np.mean(np.asarray(twin_jackknife, dtype=np.float64), axis=0) if interval == "bca" else None
+    iv, _ = paired_difference(estimate, replicates, float(np.mean(te)) if n else math.nan, tr.mean(axis=0),
+                              level=level, interval=interval, jackknife_a=jackknife, jackknife_b=mean_jack)
+    data = iv.to_dict()
+    sd = float(np.std(te, ddof=1)) if n >= 2 else math.nan
+    h = float(student_t.ppf((1.0 + level) / 2.0, n - 1) * sd * math.sqrt(1.0 + 1.0 / n)) if n >= 2 else math.nan
+    d = float(estimate) - float(np.mean(te)) if n else math.nan
+    ok = n >= 2 and all(v is not None for v in (data["ci_low"], data["ci_high"])) and math.isfinite(d) \
+        and math.isfinite(h)
+    low = d - math.hypot(max(d - data["ci_low"], 0.0), h) if ok else math.nan
+    high = d + math.hypot(max(data["ci_high"] - d, 0.0), h) if ok else math.nan
+    return {"estimate": _float_or_none(d), "ci_low": _float_or_none(low), "ci_high": _float_or_none(high),
+            "n_boot_used": int(iv.n_boot_used), "twin_mean": _float_or_none(float(np.mean(te)) if n else math.nan),
+            "seed_sd": _float_or_none(sd), "seed_half_width": _float_or_none(h), "n_seeds": n,
+            "data_ci_low": data["ci_low"], "data_ci_high": data["ci_high"]}
+
+
 def _twin_tables(twins) -> dict[str, pd.DataFrame]:
     """``{str(seed): validated table}`` of the random-weight twins (empty for None)."""
     if twins is None:
@@ -868,6 +943,23 @@ def _twin_envelope(res: EstimandSet, twins: Mapping[str, pd.DataFrame], *, draws
             cl_e3[seed][c] = both(res.contributors["e3"][c], [s.contributors["e3"][c]])
     differences["e1_minus_twin_e1_by_seed"], diff_clusters["e1_minus_twin_e1_by_seed"] = by_seed_e1, cl_e1
     differences["e3_minus_twin_e3_by_seed"], diff_clusters["e3_minus_twin_e3_by_seed"] = by_seed_e3, cl_e3
+
+    def predictive(name, control=None):
+        get = side(name, control)
+        own_jack = (jk["e3"].get(control) if control else jk[name])
+        own = (res.e3[control] if control else getattr(res, name))
+        own_rep = (res.replicates["e3"][control] if control else res.replicates[name])
+        return seed_predictive_difference(
+            own.estimate, own_rep, [get(s, "iv").estimate for s in ts],
+            np.stack([np.asarray(get(s, "rep"), dtype=np.float64) for s in ts]), level=level, interval=interval,
+            jackknife=own_jack,
+            twin_jackknife=(np.stack([np.asarray(get(s, "jack"), dtype=np.float64) for s in ts])
+                            if interval == "bca" else None))
+
+    differences["e1_minus_twin_e1_predictive"] = predictive("e1")
+    diff_clusters["e1_minus_twin_e1_predictive"] = diff_clusters["e1_minus_twin_e1"]
+    differences["e3_minus_twin_e3_predictive"] = {c: predictive("e3", c) for c in controls}
+    diff_clusters["e3_minus_twin_e3_predictive"] = dict(diff_clusters["e3_minus_twin_e3"])
     clusters = {"e1": both(set(draws.trajectory_ids), [s.contributors["e1"] for s in ts]),
                 "e2": both(set(draws.trajectory_ids), [s.contributors["e2"] for s in ts]),
                 "e3": {c: both(set(draws.trajectory_ids), [s.contributors["e3"][c] for s in ts]) for c in controls},

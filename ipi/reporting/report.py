@@ -85,13 +85,15 @@ def _not_reportable_note(marks: Mapping[str, str | None], results: Mapping) -> s
             "interval). Do not report them as results.")
 
 
-def twin_rows(results: Mapping) -> list[tuple[str, dict | None, list[dict | None], dict | None, dict | None]]:
-    """``(label, trained, [twin seed ...], envelope, trained − envelope)`` for E1, E2, each E3[c].
+def twin_rows(results: Mapping) -> list[tuple]:
+    """``(label, trained, [twin seed ...], envelope, trained − envelope, trained − new twin)`` per
+    E1, E2, each E3[c].
 
     Empty when the results have no random-weight twin (``results["random_twin"]``). The twin
     columns follow ``results["random_twin"]["seeds"]``; the envelope is the per-draw maximum
-    over the seeds (``results["random_twin"]``'s own intervals) and the difference the paired
-    one of ``results["differences"]`` (E1 and each E3[c]; E2 has none).
+    over the seeds (``results["random_twin"]``'s own intervals), the difference the paired one
+    of ``results["differences"]`` and the last the seed-predictive interval (trained − mean twin,
+    widened by the init-seed variance: ``*_predictive``; E1 and each E3[c]; E2 has none).
     """
     twin = results.get("random_twin")
     if not isinstance(twin, Mapping):
@@ -107,11 +109,12 @@ def twin_rows(results: Mapping) -> list[tuple[str, dict | None, list[dict | None
             out.append((est.get("e3") or {}).get(control) if control else est.get(name))
         return out
 
-    rows = [("E1 attack vs clean", results.get("e1"), per_seed("e1"), twin.get("e1"), d.get("e1_minus_twin_e1")),
-            ("E2 paired step", results.get("e2"), per_seed("e2"), twin.get("e2"), None)]
+    rows = [("E1 attack vs clean", results.get("e1"), per_seed("e1"), twin.get("e1"), d.get("e1_minus_twin_e1"),
+             d.get("e1_minus_twin_e1_predictive")),
+            ("E2 paired step", results.get("e2"), per_seed("e2"), twin.get("e2"), None, None)]
     for c, iv in sorted((results.get("e3") or {}).items()):
         rows.append((f"E3 attack vs {c}", iv, per_seed("e3", c), (twin.get("e3") or {}).get(c),
-                     (d.get("e3_minus_twin_e3") or {}).get(c)))
+                     (d.get("e3_minus_twin_e3") or {}).get(c), (d.get("e3_minus_twin_e3_predictive") or {}).get(c)))
     return rows
 
 
@@ -135,16 +138,20 @@ def _twin_headers(results: Mapping) -> tuple[list[str], list[str]]:
     seeds = [str(s) for s in (results.get("random_twin") or {}).get("seeds") or []]
     env = "max over twin seeds" if len(seeds) > 1 else "random twin"
     main = (["estimand", "trained"] + [f"twin seed {s}" for s in seeds]
-            + ([env] if len(seeds) > 1 else []) + [f"trained − {env}, paired"])
+            + ([env] if len(seeds) > 1 else []) + [f"trained − {env}, paired"]
+            + (["trained − new twin, seed-predictive"] if len(seeds) > 1 else []))
     return main, ["estimand"] + [f"trained − twin seed {s}, paired" for s in seeds]
 
 
 def _twin_cells(row) -> list[str]:
-    label, a, per, env, d = row
+    label, a, per, env, d, pred = row
     cells = [label, _short_iv(a), *(_short_iv(x) for x in per)]
     if len(per) > 1:
         cells.append(_short_iv(env))
-    return cells + [_short_iv(d) if d else "—"]
+    cells.append(_short_iv(d) if d else "—")
+    if len(per) > 1:
+        cells.append(_short_iv(pred) if pred else "—")
+    return cells
 
 
 def _short_iv(iv: dict | None) -> str:
@@ -169,9 +176,12 @@ def _twin_caption(results: Mapping) -> str:
     bound = (f" With {n} twins, features no better than random ones would beat all of them with probability "
              f"at most 1/{n + 1} whatever the CI." if n else "")
     return (f"The same probe, folds and rows on {which}: the same architecture and config with the "
-            "architecture's own random initialisation. Check 6 needs every control's paired CI of "
-            f"E3 − {'max over twin seeds (per bootstrap draw)' if n > 1 else 'twin'} E3 above 0, i.e. the "
-            f"trained backbone beats every twin seed (docs/estimands.md).{bound}")
+            "architecture's own random initialisation. Check 6 needs, for every control, the paired CI of "
+            f"E3 − {'max over twin seeds (per bootstrap draw)' if n > 1 else 'twin'} E3 above 0 (the "
+            "trained backbone beats every twin seed) and the seed-predictive CI of E3 − mean twin E3 above 0 "
+            "(it beats a new random draw: the paired interval widened in quadrature by the Student-t "
+            "prediction half-width of the init-seed SD, which needs at least 2 seeds; docs/estimands.md)."
+            f"{bound}")
 
 
 

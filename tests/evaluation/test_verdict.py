@@ -261,8 +261,10 @@ def _results(n=24):
         "c1": {"e1": _iv(0.7, 0.6, 0.8), "e2": _iv(0.7, 0.6, 0.8)},
         "collapse_only": {"e1": _iv(0.55, 0.5, 0.58), "e2": _iv(0.55, 0.5, 0.6)},
         "differences": {"e1_minus_c1_e1": _iv(0.15, 0.05, 0.25), "e1_minus_e3": {},
-                        "e3_minus_twin_e3": {"c_scrambled": _iv(0.2, 0.1, 0.3), "c_imperative": _iv(0.25, 0.1, 0.3)}},
-        "random_twin": {"e1": _iv(0.8, 0.7, 0.9), "e2": _iv(0.8, 0.7, 0.9),
+                        "e3_minus_twin_e3": {"c_scrambled": _iv(0.2, 0.1, 0.3), "c_imperative": _iv(0.25, 0.1, 0.3)},
+                        "e3_minus_twin_e3_predictive": {"c_scrambled": _iv(0.22, 0.05, 0.4),
+                                                        "c_imperative": _iv(0.27, 0.06, 0.45)}},
+        "random_twin": {"e1": _iv(0.8, 0.7, 0.9), "e2": _iv(0.8, 0.7, 0.9), "seeds": ["1", "2", "3"],
                         "e3": {"c_scrambled": _iv(0.5, 0.4, 0.6), "c_imperative": _iv(0.5, 0.4, 0.6)}},
         "permutation": _perm(),
         "bootstrap": {"n_clusters": n, "clusters_by_estimand": {
@@ -270,7 +272,8 @@ def _results(n=24):
             "c1": {"e1": n, "e2": n, "e3": {}}, "collapse_only": {"e1": n, "e2": n, "e3": {}},
             "random_twin": {"e1": n, "e2": n, "e3": {"c_scrambled": n, "c_imperative": n}},
             "differences": {"e1_minus_c1_e1": n, "e1_minus_e3": {},
-                            "e3_minus_twin_e3": {"c_scrambled": n, "c_imperative": n}}}},
+                            "e3_minus_twin_e3": {"c_scrambled": n, "c_imperative": n},
+                            "e3_minus_twin_e3_predictive": {"c_scrambled": n, "c_imperative": n}}}},
     }
 
 

@@ -436,8 +436,10 @@ def _passing():
         "collapse_only": {"e1": _iv(0.55, 0.5, 0.58), "e2": _iv(0.55, 0.5, 0.6)},
         "differences": {"e1_minus_c1_e1": _iv(0.15, 0.05, 0.25), "e1_minus_e3": {},
                         "e1_minus_twin_e1": _iv(0.2, 0.1, 0.3),
-                        "e3_minus_twin_e3": {"c_scrambled": _iv(0.2, 0.1, 0.3), "c_imperative": _iv(0.25, 0.1, 0.3)}},
-        "random_twin": {"e1": _iv(0.65, 0.6, 0.7), "e2": _iv(0.6, 0.5, 0.7),
+                        "e3_minus_twin_e3": {"c_scrambled": _iv(0.2, 0.1, 0.3), "c_imperative": _iv(0.25, 0.1, 0.3)},
+                        "e3_minus_twin_e3_predictive": {"c_scrambled": _iv(0.2, 0.05, 0.35),
+                                                        "c_imperative": _iv(0.25, 0.05, 0.4)}},
+        "random_twin": {"e1": _iv(0.65, 0.6, 0.7), "e2": _iv(0.6, 0.5, 0.7), "seeds": ["1", "2", "3"],
                         "e3": {"c_scrambled": _iv(0.5, 0.45, 0.55), "c_imperative": _iv(0.5, 0.45, 0.55)}},
     }
 

@@ -80,3 +80,57 @@ def test_twin_differences_are_paired_on_the_shared_draws():
     assert all(bca["differences"]["e3_minus_twin_e3"][c]["ci_low"] is not None for c in ("c_scrambled", "c_imperative"))
     with pytest.raises(TypeError, match="one table per twin seed"):
         evaluate_tables(main, {}, n_boot=10, twins=twin)
+
+
+def test_seed_predictive_difference_recomputed_by_hand():
+    """E3 − mean twin E3 with the data part (paired percentile interval of E3 − mean_s E3_s on the
+    shared draws, scikit-learn replicates) and the seed part t_{S−1,0.975}·sd·sqrt(1 + 1/S) added in
+    quadrature (docs/estimands.md, check 6)."""
+    main = _table(0, 1.5, 1.0)
+    twins = {7: _table(1, 1.5, 0.3), 9: _table(2, 1.5, 0.6), 11: _table(3, 1.5, 0.45)}
+    out = evaluate_tables(main, {}, n_boot=300, seed=3, twins=twins)
+    draws = make_draws(main.trajectory_id, n_boot=300, seed=3)
+    t_2_0975 = 4.302652729911275  # Student t, 2 degrees of freedom, 97.5% (printed tables)
+
+    def reps(table, control):
+        both = table.groupby(["trajectory_id", "step"]).variant.transform(lambda v: (v == control).any())
+        sub = table[table.variant.isin(["attack", control]) & both]
+        col = draws.columns(sub.trajectory_id)
+        y = (sub.variant == "attack").astype(int).to_numpy()
+        return np.array([roc_auc_score(y, sub.score, sample_weight=draws.multiplicity[b, col])
+                         for b in range(draws.n_boot)])
+
+    for c in ("c_scrambled", "c_imperative"):
+        est = [out["random_twin"]["by_seed"][s]["e3"][c]["estimate"] for s in ("7", "9", "11")]
+        d = out["e3"][c]["estimate"] - np.mean(est)
+        lo, hi = np.quantile(reps(main, c) - np.mean([reps(t, c) for t in twins.values()], axis=0), [0.025, 0.975])
+        h = t_2_0975 * np.std(est, ddof=1) * np.sqrt(1 + 1 / 3)
+        iv = out["differences"]["e3_minus_twin_e3_predictive"][c]
+        assert iv["estimate"] == pytest.approx(d, abs=1e-12)
+        assert (iv["data_ci_low"], iv["data_ci_high"]) == (pytest.approx(lo, abs=1e-9), pytest.approx(hi, abs=1e-9))
+        assert iv["seed_half_width"] == pytest.approx(h, rel=1e-9) and iv["n_seeds"] == 3
+        assert iv["ci_low"] == pytest.approx(d - np.hypot(d - lo, h), abs=1e-9)
+        assert iv["ci_high"] == pytest.approx(d + np.hypot(hi - d, h), abs=1e-9)
+    # One seed: no SD, so no interval (check 6 then fails: docs/estimands.md).
+    one = evaluate_tables(main, {}, n_boot=50, seed=3, twins={7: twins[7]})
+    assert one["differences"]["e3_minus_twin_e3_predictive"]["c_scrambled"]["ci_low"] is None
+    bca = evaluate_tables(main, {}, n_boot=200, seed=3, interval="bca", twins=twins)
+    assert bca["differences"]["e1_minus_twin_e1_predictive"]["ci_low"] is not None
+
+
+@pytest.mark.parametrize("n_seeds", [2, 3, 5])
+def test_seed_predictive_bound_holds_its_level_when_the_trained_net_is_another_draw(n_seeds):
+    """Planted truth: the trained network's estimate is exchangeable with the S twins' (normal init
+    effect, no trajectory noise). "CI low > 0" must then happen at rate (1 − level)/2 = 0.025."""
+    from ipi.metrics.estimands import seed_predictive_difference
+
+    rng = np.random.default_rng(0)
+    n_sim, hits = 4000, 0
+    for _ in range(n_sim):
+        e = 0.6 + 0.05 * rng.standard_normal(n_seeds + 1)
+        reps = np.repeat(e[:, None], 20, axis=1)  # no data noise: every draw equals the estimate
+        iv = seed_predictive_difference(e[0], reps[0], e[1:], reps[1:])
+        hits += iv["ci_low"] > 0
+    rate = hits / n_sim
+    # binomial SD at 0.025 with 4000 draws is 0.0025: 4 SD either side
+    assert abs(rate - 0.025) < 0.01, rate

@@ -21,9 +21,11 @@ def test_report_shows_trained_every_twin_seed_and_the_envelope():
     r["run"] = {"surface": "i_dom", "random_twin": {"seeds": [1, 2], "backbone_pretrained": False}}
     md = render_report(r)
     assert ("| estimand | trained [95% CI] | twin seed 1 [95% CI] | twin seed 2 [95% CI] | max over twin seeds "
-            "[95% CI] | trained − max over twin seeds, paired [95% CI] |") in md
+            "[95% CI] | trained − max over twin seeds, paired [95% CI] | trained − new twin, seed-predictive "
+            "[95% CI] |") in md
     assert ("| E3 attack vs c_scrambled | 0.700 [0.600, 0.800] | 0.500 [0.400, 0.600] | 0.420 [0.400, 0.600] | "
-            "0.500 [0.400, 0.600] | 0.200 [0.100, 0.300] |") in md
+            "0.500 [0.400, 0.600] | 0.200 [0.100, 0.300] | 0.200 [0.080, 0.320] |") in md
+    assert "| E2 paired step |" in md and "seed-predictive CI of E3 − mean twin E3 above 0" in md
     assert "| E2 paired step | 0.800 [0.700, 0.900] | 0.800 [0.700, 0.900] | 0.700 [0.600, 0.800] | 0.800" in md
     assert "| E3 attack vs c_imperative | 0.300 [0.200, 0.400] | 0.250 [0.100, 0.300] |" in md  # per-seed diffs
     assert "backbone.pretrained=false" in md and "2 random-weight twins (seeds 1, 2)" in md and "1/3" in md

@@ -98,7 +98,8 @@ def test_analytic_truth_matches_a_large_monte_carlo_sample(truth):
 
 def test_verdict_licenses_the_claim_under_strong_signal_only():
     """Real pipeline on small datasets: strong content signal -> claim; surface only -> no claim."""
-    p = SimParams(n_trajectories=40, n_features=64, content=2.0, n_boot=200, n_twins=1)
+    # three twins: with two, the Student-t factor of the seed-predictive interval (1 d.f.) is 15.6 SDs
+    p = SimParams(n_trajectories=40, n_features=64, content=2.0, n_boot=200, n_twins=3)
     for i in range(2):
         ra = run_dataset(p, "a", i, seed=0)
         # 12 test trajectories: the collapse-only interval may straddle the 0.60 ceiling
@@ -169,7 +170,7 @@ def test_token_identity_shared_by_the_twins_is_not_licensed():
         assert r["checks"]["6"] == "FAIL" and r["claim"] != "detects malicious content"
         assert r["estimands"]["diff.e3.c_scrambled"]["true"] < 0.02  # coverage is a rate: selftest.md
     # Truth (a) with the same twins: content the twins lack passes check 6.
-    ra = run_dataset(SimParams(n_trajectories=40, n_features=64, content=2.0, n_boot=200, n_twins=2), "a", 0, seed=0)
+    ra = run_dataset(SimParams(n_trajectories=40, n_features=64, content=2.0, n_boot=200, n_twins=3), "a", 0, seed=0)
     assert ra["checks"]["6"] == "PASS" and ra["estimands"]["twin.e3.c_scrambled"]["true"] == pytest.approx(0.5, abs=1e-9)
 
 

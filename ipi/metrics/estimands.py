@@ -807,8 +807,12 @@ def seed_predictive_difference(
 
     Returns:
         ``{"estimate", "ci_low", "ci_high", "n_boot_used", "twin_mean", "seed_sd",
-        "seed_half_width", "n_seeds", "data_ci_low", "data_ci_high"}``; with fewer than two
-        seeds (no SD) or an undefined side the bounds are ``None``.
+        "seed_half_width", "n_seeds", "data_ci_low", "data_ci_high", "p_value"}``; with fewer
+        than two seeds (no SD) or an undefined side the bounds and ``p_value`` are ``None``.
+        ``p_value`` is the one-sided p of ``H0: d <= 0`` that matches this interval: the
+        smallest ``q`` whose one-sided ``1 − q`` bound (data part: percentile quantile ``q`` of
+        the difference replicates; seed part: ``t_{S−1, 1−q}``) is above 0, found by bisection
+        (1.0 when even ``q = 0.5`` gives a bound ``<= 0``); ``ipi.reporting.sweep`` uses it.
 
     Raises:
         ValueError: The replicate arrays do not share the draws.
@@ -822,8 +826,8 @@ def seed_predictive_difference(
     if tr.ndim != 2 or tr.shape[0] != n:
         raise ValueError(f"twin replicates must be [S, B] with S = {n} seeds, got shape {tr.shape}")
     mean_jack = np.mean(np.asarray(twin_jackknife, dtype=np.float64), axis=0) if interval == "bca" else None
-    iv, _ = paired_difference(estimate, replicates, float(np.mean(te)) if n else math.nan, tr.mean(axis=0),
-                              level=level, interval=interval, jackknife_a=jackknife, jackknife_b=mean_jack)
+    iv, diff = paired_difference(estimate, replicates, float(np.mean(te)) if n else math.nan, tr.mean(axis=0),
+                                 level=level, interval=interval, jackknife_a=jackknife, jackknife_b=mean_jack)
     data = iv.to_dict()
     sd = float(np.std(te, ddof=1)) if n >= 2 else math.nan
     h = float(student_t.ppf((1.0 + level) / 2.0, n - 1) * sd * math.sqrt(1.0 + 1.0 / n)) if n >= 2 else math.nan
@@ -832,10 +836,29 @@ def seed_predictive_difference(
         and math.isfinite(h)
     low = d - math.hypot(max(d - data["ci_low"], 0.0), h) if ok else math.nan
     high = d + math.hypot(max(data["ci_high"] - d, 0.0), h) if ok else math.nan
+    p_value = None
+    kept = diff[np.isfinite(diff)]
+    if ok and kept.size:
+        scale = sd * math.sqrt(1.0 + 1.0 / n)
+
+        def low_at(q: float) -> float:  # one-sided (1 − q) lower bound, percentile data part
+            return d - math.hypot(max(d - float(np.quantile(kept, q)), 0.0), float(student_t.ppf(1.0 - q, n - 1)) * scale)
+
+        if low_at(0.5) <= 0.0:
+            p_value = 1.0
+        else:
+            lo_q, hi_q = 0.0, 0.5  # low_at increases with q: bisect for low_at(q) = 0
+            for _ in range(60):
+                mid = 0.5 * (lo_q + hi_q)
+                if mid <= 0.0 or low_at(mid) > 0.0:
+                    hi_q = mid
+                else:
+                    lo_q = mid
+            p_value = hi_q
     return {"estimate": _float_or_none(d), "ci_low": _float_or_none(low), "ci_high": _float_or_none(high),
             "n_boot_used": int(iv.n_boot_used), "twin_mean": _float_or_none(float(np.mean(te)) if n else math.nan),
             "seed_sd": _float_or_none(sd), "seed_half_width": _float_or_none(h), "n_seeds": n,
-            "data_ci_low": data["ci_low"], "data_ci_high": data["ci_high"]}
+            "data_ci_low": data["ci_low"], "data_ci_high": data["ci_high"], "p_value": p_value}
 
 
 def _twin_tables(twins) -> dict[str, pd.DataFrame]:
@@ -957,8 +980,11 @@ def _twin_envelope(res: EstimandSet, twins: Mapping[str, pd.DataFrame], *, draws
                             if interval == "bca" else None))
 
     differences["e1_minus_twin_e1_predictive"] = predictive("e1")
+    differences["e1_minus_twin_e1_predictive"].pop("p_value")
     diff_clusters["e1_minus_twin_e1_predictive"] = diff_clusters["e1_minus_twin_e1"]
     differences["e3_minus_twin_e3_predictive"] = {c: predictive("e3", c) for c in controls}
+    p_values["e3_minus_twin_e3_predictive"] = {c: differences["e3_minus_twin_e3_predictive"][c].pop("p_value")
+                                               for c in controls}
     diff_clusters["e3_minus_twin_e3_predictive"] = dict(diff_clusters["e3_minus_twin_e3"])
     clusters = {"e1": both(set(draws.trajectory_ids), [s.contributors["e1"] for s in ts]),
                 "e2": both(set(draws.trajectory_ids), [s.contributors["e2"] for s in ts]),

@@ -30,7 +30,8 @@ step-down procedure over the ``N`` cells (``claim_familywise``; :func:`familywis
   ``p_values.e1``), when the cell's check 1 passed; 1 otherwise.
 * ``p_detects`` = the largest of the bootstrap p-values of the claim's tests — E1 (check 1),
   the paired ``E1 − C1 E1 <= 0`` (check 2), every ``E3[c] <= 0.5`` (check 3), and with a
-  random-weight twin every ``E3[c] − max_s E3_twin_s[c] <= 0`` (check 6) — when the cell's
+  random-weight twin every ``E3[c] − max_s E3_twin_s[c] <= 0`` and every seed-predictive
+  ``E3[c] − new twin E3[c] <= 0`` (check 6) — when the cell's
   own verdict licenses "detects malicious content"; 1 otherwise. The claim holds only if every
   test rejects (an intersection-union test), so the largest p is a valid p-value for it
   (Berger 1982). The other conditions (C1 E1 below 0.95, check 4's permutation test with its
@@ -135,6 +136,8 @@ def claim_p_values(res: dict) -> tuple[float, float]:
     if _check_status(res, 6) is not None:  # check 6: E3[c] − max over twin seeds (docs/estimands.md)
         twin = pv.get("e3_minus_twin_e3") or {}
         parts += [num(twin.get(c)) for c in (res.get("e3") or {})]
+        pred = pv.get("e3_minus_twin_e3_predictive") or {}  # and a new random draw (seed-predictive)
+        parts += [num(pred.get(c)) for c in (res.get("e3") or {})]
     return p_sep, max(parts)
 
 

@@ -134,3 +134,24 @@ def test_seed_predictive_bound_holds_its_level_when_the_trained_net_is_another_d
     rate = hits / n_sim
     # binomial SD at 0.025 with 4000 draws is 0.0025: 4 SD either side
     assert abs(rate - 0.025) < 0.01, rate
+
+
+def test_seed_predictive_p_value_matches_its_interval():
+    """The one-sided p of the seed-predictive difference is below 0.025 exactly when the 95% interval's
+    low end is above 0 (both use the same data quantile and Student-t quantile)."""
+    from ipi.metrics.estimands import seed_predictive_difference
+
+    rng = np.random.default_rng(4)
+    agree = 0
+    for _ in range(200):
+        reps_main = 0.7 + 0.03 * rng.standard_normal(400)
+        twins = 0.55 + rng.normal(0, 0.04, size=3)
+        twin_reps = twins[:, None] + 0.03 * rng.standard_normal((3, 400))
+        iv = seed_predictive_difference(0.7, reps_main, twins, twin_reps)
+        assert 0.0 < iv["p_value"] <= 1.0
+        agree += (iv["ci_low"] > 0) == (iv["p_value"] < 0.025)
+    assert agree == 200
+    out = evaluate_tables(_table(0, 1.5, 1.0), {}, n_boot=200, seed=3,
+                          twins={7: _table(1, 1.5, 0.3), 9: _table(2, 1.5, 0.6), 11: _table(3, 1.5, 0.45)})
+    assert set(out["p_values"]["e3_minus_twin_e3_predictive"]) == set(out["e3"])
+    assert "p_value" not in out["differences"]["e3_minus_twin_e3_predictive"]["c_scrambled"]

@@ -27,6 +27,16 @@ def _table(seed: int, shift_clean: float, shift_ctrl: float, n_traj: int = 12) -
     return pd.DataFrame(rows, columns=["trajectory_id", "step", "variant", "score"])
 
 
+def _e3_replicates(table: pd.DataFrame, control: str, draws) -> np.ndarray:
+    """E3[control] on every bootstrap draw, by scikit-learn (rows of steps that have the control)."""
+    both = table.groupby(["trajectory_id", "step"]).variant.transform(lambda v: (v == control).any())
+    sub = table[table.variant.isin(["attack", control]) & both]
+    col = draws.columns(sub.trajectory_id)
+    y = (sub.variant == "attack").astype(int).to_numpy()
+    return np.array([roc_auc_score(y, sub.score, sample_weight=draws.multiplicity[b, col])
+                     for b in range(draws.n_boot)])
+
+
 def test_twin_differences_are_paired_on_the_shared_draws():
     """E3 − twin E3 per seed and against the envelope (max over seeds per draw): recomputed with
     scikit-learn on the documented draws (paired replicates)."""
@@ -35,12 +45,7 @@ def test_twin_differences_are_paired_on_the_shared_draws():
     draws = make_draws(main.trajectory_id, n_boot=300, seed=3)
 
     def reps(table, control):
-        both = table.groupby(["trajectory_id", "step"]).variant.transform(lambda v: (v == control).any())
-        sub = table[table.variant.isin(["attack", control]) & both]
-        col = draws.columns(sub.trajectory_id)
-        y = (sub.variant == "attack").astype(int).to_numpy()
-        return np.array([roc_auc_score(y, sub.score, sample_weight=draws.multiplicity[b, col])
-                         for b in range(draws.n_boot)])
+        return _e3_replicates(table, control, draws)
 
     def auc(table, control):
         sub = table[table.variant.isin(["attack", control])]
@@ -93,12 +98,7 @@ def test_seed_predictive_difference_recomputed_by_hand():
     t_2_0975 = 4.302652729911275  # Student t, 2 degrees of freedom, 97.5% (printed tables)
 
     def reps(table, control):
-        both = table.groupby(["trajectory_id", "step"]).variant.transform(lambda v: (v == control).any())
-        sub = table[table.variant.isin(["attack", control]) & both]
-        col = draws.columns(sub.trajectory_id)
-        y = (sub.variant == "attack").astype(int).to_numpy()
-        return np.array([roc_auc_score(y, sub.score, sample_weight=draws.multiplicity[b, col])
-                         for b in range(draws.n_boot)])
+        return _e3_replicates(table, control, draws)
 
     for c in ("c_scrambled", "c_imperative"):
         est = [out["random_twin"]["by_seed"][s]["e3"][c]["estimate"] for s in ("7", "9", "11")]

@@ -92,8 +92,9 @@ def twin_rows(results: Mapping) -> list[tuple]:
     Empty when the results have no random-weight twin (``results["random_twin"]``). The twin
     columns follow ``results["random_twin"]["seeds"]``; the envelope is the per-draw maximum
     over the seeds (``results["random_twin"]``'s own intervals), the difference the paired one
-    of ``results["differences"]`` and the last the seed-predictive interval (trained − mean twin,
-    widened by the init-seed variance: ``*_predictive``; E1 and each E3[c]; E2 has none).
+    of ``results["differences"]`` and the last the seed-predictive interval (trained − mean twin
+    ∓ the Student-t prediction half-width of the init-seed SD: ``*_predictive``; E1 and each
+    E3[c]; E2 has none).
     """
     twin = results.get("random_twin")
     if not isinstance(twin, Mapping):
@@ -179,8 +180,8 @@ def _twin_caption(results: Mapping) -> str:
             "architecture's own random initialisation. Check 6 needs, for every control, the paired CI of "
             f"E3 − {'max over twin seeds (per bootstrap draw)' if n > 1 else 'twin'} E3 above 0 (the "
             "trained backbone beats every twin seed) and the seed-predictive CI of E3 − mean twin E3 above 0 "
-            "(it beats a new random draw: the paired interval widened in quadrature by the Student-t "
-            "prediction half-width of the init-seed SD, which needs at least 2 seeds; docs/estimands.md)."
+            "(it beats a new random draw: the Student-t prediction interval from the twins' spread on "
+            "these rows, which needs at least 2 seeds; docs/estimands.md)."
             f"{bound}")
 
 

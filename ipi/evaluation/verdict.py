@@ -367,10 +367,16 @@ def _check_selectivity(ctx: _Context) -> dict:
             parts.append((None, f"{control}: E3 - new twin E3 (seed-predictive) interval missing or undefined"))
             continue
         ok = pv["ci_low"] > 0.0 and pv["estimate"] > 0.0
+        sd = pv.get("seed_sd")
+        hint = ""
+        if not ok and sd and pv.get("seed_half_width") is not None and pv["estimate"] > 0.0:
+            # Say how wide the seed term is: with few seeds the Student-t factor dominates.
+            hint = (f"; the half-width is {pv['seed_half_width'] / sd:.2f} twin SDs with {len(seeds)} seeds "
+                    "(more evaluation.random_twin_seeds narrow it: docs/estimands.md)")
         parts.append((ok, f"{control}: E3 - mean twin E3 {_f(pv['estimate'])}, seed-predictive CI "
                           f"[{_f(pv['ci_low'])}, {_f(pv['ci_high']) if pv.get('ci_high') is not None else 'n/a'}] "
-                          f"(init-seed SD {_f(pv['seed_sd']) if pv.get('seed_sd') is not None else 'n/a'} over {pv.get('n_seeds')} seeds): CI low "
-                          f"{_f(pv['ci_low'])} {'>' if ok else '<='} 0"))
+                          f"(init-seed SD {_f(sd) if sd is not None else 'n/a'} over {pv.get('n_seeds')} seeds): "
+                          f"CI low {_f(pv['ci_low'])} {'>' if ok else '<='} 0{hint}"))
     status, detail = _combine(parts)
     return _result(status, detail, **numbers)
 

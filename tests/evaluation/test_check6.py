@@ -80,6 +80,7 @@ def test_check6_needs_the_seed_predictive_interval_above_zero_too():
     c = selectivity_check(r, pretrained=True)
     assert c["status"] == FAIL
     assert "c_imperative: E3 - mean twin E3 0.250, seed-predictive CI [-0.020, 0.520]" in c["detail"]
+    assert "the half-width is 5.00 twin SDs with 3 seeds (more evaluation.random_twin_seeds" in c["detail"]
     assert verdict(r, pretrained=True)["claim"] == CLAIM_SEPARATES
     assert c["numbers"]["c_imperative"]["difference_seed_predictive"]["ci_low"] == -0.02
 

@@ -306,14 +306,17 @@ RANDOM_BACKBONE = ("the backbone's own weights are random (backbone.pretrained=f
 
 
 def _check_selectivity(ctx: _Context) -> dict:
-    """6. For every control c, the paired CI low of (E3[c] − max_s twin_s E3[c]) > 0; pretrained.
+    """6. For every control c: paired CI low of E3[c] − max_s twin_s E3[c] > 0, seed-predictive
+    CI low of E3[c] − a new twin > 0 (>= 2 seeds); pretrained.
 
     This project's addition (docs/estimands.md): token identity alone can separate attacks from
     controls in a network with random weights, and two random initialisations differ by more
     than the trajectory bootstrap sees, so "detects" needs the trained backbone to beat the
-    same probe on **every** random-weight twin seed for every control: the difference with the
-    per-draw envelope ``max_s`` (``differences.e3_minus_twin_e3``). NOT RUN without a twin;
-    FAIL on a backbone whose own weights are random (``pretrained`` False), whatever the numbers.
+    same probe on **every** random-weight twin seed for every control (the per-draw envelope
+    ``max_s``, ``differences.e3_minus_twin_e3``) and a new random draw (the Student-t
+    prediction interval, ``differences.e3_minus_twin_e3_predictive``). NOT RUN without a twin;
+    FAIL with one seed, and on a backbone whose own weights are random (``pretrained`` False),
+    whatever the numbers.
     """
     diffs = _get(ctx.results, "differences", "e3_minus_twin_e3")
     twin_e3 = _get(ctx.results, "random_twin", "e3")
@@ -419,7 +422,8 @@ def verdict(
     5. *not generic collapse*: the collapse-only E1 CI below ``collapse_ceiling`` (PASS),
        above it (FAIL), or straddling it (INCONCLUSIVE).
     6. *selective vs a random-weight twin* (ours; :func:`selectivity_check`): for every control,
-       the paired CI low of (E3 − max over twin seeds of twin E3, per draw) > 0, and
+       the paired CI low of (E3 − max over twin seeds of twin E3, per draw) > 0, the
+       seed-predictive CI low of (E3 − a new random draw) > 0 (at least 2 seeds), and
        ``pretrained`` is not False.
 
     Args:
@@ -468,16 +472,19 @@ def selectivity_check(results: Mapping, *, pretrained: bool | None = None, min_c
     additionally needs, for **every** control ``c`` of ``results["e3"]``, the paired
     cluster-bootstrap CI of ``E3[c] − max_s E3_twin_s[c]`` (the envelope over the twin seeds,
     taken per shared draw: ``results["differences"]["e3_minus_twin_e3"][c]``) to lie above 0 —
-    the trained probe beats every twin seed — and a backbone whose own weights are trained.
-    With ``S`` twin seeds, a backbone whose features are no better than random ones passes
-    with probability at most ``1/(S+1)`` whatever the CI (exchangeability; docs/estimands.md).
+    the trained probe beats every twin seed — and the seed-predictive interval of ``E3[c]``
+    minus a new random draw (``results["differences"]["e3_minus_twin_e3_predictive"][c]``,
+    :func:`ipi.metrics.estimands.seed_predictive_difference`) above 0, and a backbone whose own
+    weights are trained. A backbone whose features are no better than random ones (exchangeable
+    with the twins, normal init effect) passes the second with probability 0.025 at any
+    ``S >= 2``; the first alone would bound it only by ``1/(S+1)`` (docs/estimands.md).
 
     * NOT RUN: no twin in the results (``evaluation.random_twin=false``, or a score table
       evaluated without one), no controls, or a difference with fewer than ``min_clusters``
       contributing test trajectories (§7.0).
     * FAIL: ``pretrained`` is False (the claim is capped at "separates ...", and the detail
-      says why), or some control's CI low is <= 0.
-    * PASS: every control's CI low > 0 (and ``pretrained`` not False).
+      says why), one twin seed only, or some control's CI low (either interval) is <= 0.
+    * PASS: every control's two CI lows > 0 (and ``pretrained`` not False).
 
     Args:
         results: :func:`ipi.metrics.estimands.evaluate_tables` output (with ``twins=``).

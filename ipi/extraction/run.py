@@ -262,7 +262,8 @@ def _forward_missing(cfg, cache: ActivationCache, rows: Sequence[ReplayRow], lay
         callbacks=[writer, *bars], logger=False, enable_checkpointing=False,
         enable_model_summary=False, enable_progress_bar=False,
     )
-    module = HiddenStateExtractor(backbone, layers, token_groups, max_rows=cfg.backbone.batch_size)
+    module = HiddenStateExtractor(backbone, layers, token_groups, max_rows=cfg.backbone.batch_size,
+                                  prefix_reuse=cfg.extract.get("prefix_reuse", "auto"))
     trainer.predict(module, datamodule=dm, return_predictions=False)
     forwarded = writer.rows_written
     if trainer.world_size > 1:

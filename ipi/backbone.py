@@ -137,12 +137,12 @@ def load_processor(path: str | os.PathLike, **kwargs):
                       tuple(sorted(kwargs.items())))
 
 
-def build_backbone(loader, *, max_layer: int | None = None, with_lm_head: bool = False) -> "Backbone":
-    """Instantiate a ``backbone.loader`` node for an extraction (Hydra ``instantiate``).
+def build_kwargs(loader, *, max_layer: int | None = None, with_lm_head: bool = False) -> dict:
+    """Keyword arguments for ``instantiate(loader, **kwargs)`` that the loader's builder accepts.
 
-    ``max_layer`` and ``with_lm_head`` are passed to builders that accept them (the builders of
-    this module and :mod:`ipi.backbone_text`); they change what is built, never the weights of
-    what runs, and are not part of the loader node (so not of the cache key).
+    ``max_layer`` and ``with_lm_head`` go to builders that take them (the builders of this
+    module and :mod:`ipi.backbone_text`); they change what is built, never the weights of what
+    runs, and are not part of the loader node (so not of the cache key).
 
     Args:
         loader: The ``backbone.loader`` config node (``_target_`` = a builder).
@@ -151,9 +151,9 @@ def build_backbone(loader, *, max_layer: int | None = None, with_lm_head: bool =
             (the benchmark's TaskTracker-style baseline); else the base model.
 
     Returns:
-        The backbone.
+        The keyword arguments.
     """
-    from hydra.utils import get_method, instantiate
+    from hydra.utils import get_method
 
     params = inspect.signature(get_method(loader._target_)).parameters
     kw = {}
@@ -161,7 +161,18 @@ def build_backbone(loader, *, max_layer: int | None = None, with_lm_head: bool =
         kw["max_layer"] = int(max_layer)
     if "with_lm_head" in params:
         kw["with_lm_head"] = bool(with_lm_head)
-    return instantiate(loader, **kw)
+    return kw
+
+
+def build_backbone(loader, *, max_layer: int | None = None, with_lm_head: bool = False) -> "Backbone":
+    """``instantiate(loader, **build_kwargs(loader, ...))`` (:func:`build_kwargs`).
+
+    Returns:
+        The backbone.
+    """
+    from hydra.utils import instantiate
+
+    return instantiate(loader, **build_kwargs(loader, max_layer=max_layer, with_lm_head=with_lm_head))
 
 
 def random_init_from_config(model_cls, config, seed: int, dtype: torch.dtype | None = None) -> nn.Module:
@@ -422,9 +433,10 @@ def build_pretrained_qwen2_5_vl(
     if attn is not None:
         kw["attn_implementation"] = attn
     model_cls = Qwen2_5_VLForConditionalGeneration if with_lm_head else Qwen2_5_VLModel
-    config = AutoConfig.from_pretrained(model_id, **kw)
-    depth = int(config.text_config.num_hidden_layers)
+    depth = None
     if random_init_seed is not None:
+        config = AutoConfig.from_pretrained(model_id, **kw)
+        depth = int(config.text_config.num_hidden_layers)
         model = random_init_from_config(model_cls, config, int(random_init_seed), dtype=getattr(torch, dtype))
         quantization = "none"
         layers = keep_decoder_layers(model, None if max_layer is None else int(max_layer) + 1)
@@ -433,10 +445,14 @@ def build_pretrained_qwen2_5_vl(
         if qconf is not None:
             kw["quantization_config"] = qconf
             device_map = _quantised_device_map(device_map)
-        if max_layer is not None and int(max_layer) + 1 < depth:
+        if max_layer is not None:  # load only blocks 0..max_layer
+            config = AutoConfig.from_pretrained(model_id, **{k: v for k, v in kw.items() if k != "quantization_config"})
+            depth = int(config.text_config.num_hidden_layers)
+            if int(max_layer) + 1 > depth:
+                raise ValueError(f"max_layer={int(max_layer)} is outside the model's {depth} decoder blocks")
             _shorten_text_config(config.text_config, int(max_layer) + 1)
-        model = _quiet_from_pretrained(model_cls, model_id, config=config, dtype=getattr(torch, dtype),
-                                       device_map=device_map, **kw)
+            kw["config"] = config
+        model = _quiet_from_pretrained(model_cls, model_id, dtype=getattr(torch, dtype), device_map=device_map, **kw)
         layers = find_decoder_layers(model)
     _freeze(model)
     tok = processor.tokenizer

@@ -128,6 +128,33 @@ def keeps_own_placement(model: torch.nn.Module) -> bool:
                 or getattr(model, "is_loaded_in_4bit", False) or getattr(model, "hf_device_map", None))
 
 
+def planned_prefix_len(batch: dict, a: int, b: int, mode: str = "auto") -> int:
+    """The prefix of step group ``a:b`` of a ``collate_steps`` batch that the extractor forwards once.
+
+    Args:
+        batch: A batch of :func:`ipi.extraction.datamodule.collate_steps`.
+        a, b: The group's rows.
+        mode: ``extract.prefix_reuse`` (``auto`` | ``true`` | ``false``).
+
+    Returns:
+        :func:`shared_prefix_len` of the group (``true``), or that length if it saves at least
+        :data:`AUTO_MIN_SAVED_SHARE` of the group's positions (``auto``), else 0.
+    """
+    mode = resolve_prefix_reuse(mode)
+    if mode == "false" or b - a < 2:
+        return 0
+    lens = batch["seq_len_list"][a:b]
+    t = max(lens)
+    types = batch["inputs"].get("mm_token_type_ids")
+    images = batch.get("images")
+    p = shared_prefix_len(batch["inputs"]["input_ids"][a:b, :t].cpu(), lens,
+                          None if types is None else types[a:b, :t].cpu(),
+                          None if images is None else images["index_list"][a:b])
+    if mode == "auto" and (b - a - 1) * p < AUTO_MIN_SAVED_SHARE * sum(lens):
+        return 0
+    return p
+
+
 def _cache_kwarg(model: torch.nn.Module) -> str:
     """Name of the key/value-cache argument of ``model.forward`` (``cache`` in transformers 5)."""
     params = inspect.signature(model.forward).parameters
@@ -160,6 +187,7 @@ class HiddenStateExtractor(L.LightningModule):
             suffixes (batched, at most ``max_rows`` per pass) attend to it with their own
             positions; ``auto`` does so when it saves at least :data:`AUTO_MIN_SAVED_SHARE` of
             the group's positions. Features are the same to float rounding (docs/extraction.md).
+            A subclass that overrides ``_hook`` always forwards whole rows.
     """
 
     def __init__(self, backbone: Backbone, layer_indices: Sequence[int], token_groups: Sequence[str],
@@ -178,6 +206,9 @@ class HiddenStateExtractor(L.LightningModule):
         self._group_rows = [TOKEN_GROUPS.index(g) for g in self.token_groups]
         self.max_rows = max(1, int(max_rows))
         self.prefix_reuse = resolve_prefix_reuse(prefix_reuse)
+        if type(self)._hook is not HiddenStateExtractor._hook:
+            # A subclass's own hooks (e.g. attention focus) would see only the suffix tokens.
+            self.prefix_reuse = "false"
         self._prefix_states: dict[int, torch.Tensor] = {}
         self.prefix_stats = {"groups": 0, "groups_reused": 0, "positions": 0, "positions_forwarded": 0}
         self._batch = None
@@ -262,18 +293,7 @@ class HiddenStateExtractor(L.LightningModule):
 
     def _prefix_for(self, batch: dict, a: int, b: int) -> int:
         """The shared prefix of rows ``a:b`` (one step group) to forward once, or 0 (forward whole)."""
-        if self.prefix_reuse == "false" or b - a < 2:
-            return 0
-        lens = batch["seq_len_list"][a:b]
-        t = max(lens)
-        types = batch["inputs"].get("mm_token_type_ids")
-        images = batch.get("images")
-        p = shared_prefix_len(batch["inputs"]["input_ids"][a:b, :t].cpu(), lens,
-                              None if types is None else types[a:b, :t].cpu(),
-                              None if images is None else images["index_list"][a:b])
-        if self.prefix_reuse == "auto" and (b - a - 1) * p < AUTO_MIN_SAVED_SHARE * sum(lens):
-            return 0
-        return p
+        return planned_prefix_len(batch, a, b, self.prefix_reuse)
 
     def _prefix_group(self, batch: dict, pool: torch.Tensor, vision, a: int, b: int, p: int):
         """One step group (rows ``a:b``) with its shared prefix of ``p`` tokens forwarded once.

@@ -12,9 +12,10 @@ import lightning as L
 import safetensors
 import torch
 import transformers
+from hydra.utils import instantiate
 
 import ipi
-from ipi.backbone import build_backbone
+from ipi.backbone import build_kwargs
 from ipi.config import to_container
 from ipi.extraction.cache import ActivationCache, FeatureSet, stable_hash
 from ipi.extraction.datamodule import ReplayDataModule, StepGroupDataset
@@ -241,7 +242,8 @@ def _forward_missing(cfg, cache: ActivationCache, rows: Sequence[ReplayRow], lay
     if not todo:
         return 0
     # Built for this extraction: no LM head, no decoder blocks above the deepest one read.
-    backbone = backbone if backbone is not None else build_backbone(cfg.backbone.loader, max_layer=max(layers))
+    if backbone is None:
+        backbone = instantiate(cfg.backbone.loader, **build_kwargs(cfg.backbone.loader, max_layer=max(layers)))
     if backbone.n_layers != cfg.backbone.n_layers:
         raise ValueError(
             f"backbone={cfg.backbone.name}: model has {backbone.n_layers} decoder layers, "

@@ -164,7 +164,7 @@ def build_kwargs(loader, *, max_layer: int | None = None, with_lm_head: bool = F
     return kw
 
 
-def build_backbone(loader, *, max_layer: int | None = None, with_lm_head: bool = False) -> "Backbone":
+def build_backbone(loader, *, max_layer: int | None = None, with_lm_head: bool = False) -> Backbone:
     """``instantiate(loader, **build_kwargs(loader, ...))`` (:func:`build_kwargs`).
 
     Returns:

@@ -17,7 +17,7 @@ CONTROLS = {"i_vis": ["c_scrambled", "c_imperative", "c_occlusion"], "i_dom": ["
 
 def _rows(bb, trajectories, surface, n_steps=2, traj=0):
     tok = bb.tokenizer
-    count = lambda s: len(tok(s, add_special_tokens=False)["input_ids"])  # noqa: E731
+    count = lambda s: len(tok(s, add_special_tokens=False)["input_ids"])
     rows = build_rows([trajectories[traj]], surface, CONTROLS[surface], count_tokens=count)
     steps = sorted({r.step.step for r in rows})[:n_steps]
     return [r for r in rows if r.step.step in steps]

@@ -34,7 +34,7 @@ def _tiny(**kw):
 
 def _features(bb, trajectories, layers):
     tok = bb.tokenizer
-    count = lambda s: len(tok(s, add_special_tokens=False)["input_ids"])  # noqa: E731
+    count = lambda s: len(tok(s, add_special_tokens=False)["input_ids"])
     rows = [r for r in build_rows(trajectories[:1], "i_dom", ["c_scrambled"], count_tokens=count) if r.step.step
             == trajectories[0].steps[0].step]
     ds = StepGroupDataset(rows, bb.processor, DEFAULT_SYSTEM_PROMPT, True, bb.image_size, bb.image_token_id)

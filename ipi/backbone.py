@@ -9,8 +9,10 @@ versions (Qwen2.5-VL keeps them under ``model.language_model.layers``).
 
 from __future__ import annotations
 
+import inspect
 import os
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import torch
@@ -33,6 +35,8 @@ class Backbone:
             numbers (model id/revision or config+seed, dtype, pixel limits); part of the cache key.
         image_size: ``{"shortest_edge": min_pixels, "longest_edge": max_pixels}`` for the
             image processor (total pixel counts), or ``None``.
+        depth: Decoder blocks of the architecture; differs from ``len(layers)`` when blocks
+            above the deepest one read were not built (``max_layer`` of the builders).
     """
 
     name: str
@@ -44,11 +48,12 @@ class Backbone:
     image_token_id: int | None
     identity: dict
     image_size: dict | None = None
+    depth: int | None = None
 
     @property
     def n_layers(self) -> int:
-        """Number of decoder blocks."""
-        return len(self.layers)
+        """Number of decoder blocks of the architecture (also those left unbuilt by ``max_layer``)."""
+        return int(self.depth) if self.depth is not None else len(self.layers)
 
     @property
     def tokenizer(self):
@@ -84,6 +89,90 @@ def find_decoder_layers(model: nn.Module) -> nn.ModuleList:
     if best is None:
         raise ValueError(f"no decoder layer list found in {type(model).__name__}")
     return best[2]
+
+
+def keep_decoder_layers(model: nn.Module, n_keep: int | None) -> nn.ModuleList:
+    """Drop the decoder blocks above the first ``n_keep`` (in place); return the kept blocks.
+
+    An extraction reading blocks ``<= k`` never runs the blocks above ``k`` (its forward stops at
+    block ``k``), so they need not be held. The kept blocks are the same module objects, so
+    their weights and features are bit-identical.
+
+    Args:
+        model: A model with a decoder stack (:func:`find_decoder_layers`).
+        n_keep: Blocks to keep (``max_layer + 1``), or None to keep all.
+
+    Returns:
+        The (possibly shortened) ``nn.ModuleList`` of decoder blocks.
+
+    Raises:
+        ValueError: ``n_keep`` is not in ``1 .. depth``.
+    """
+    layers = find_decoder_layers(model)
+    if n_keep is None or int(n_keep) == len(layers):
+        return layers
+    if not 1 <= int(n_keep) <= len(layers):
+        raise ValueError(f"max_layer={int(n_keep) - 1} is outside the model's {len(layers)} decoder blocks")
+    name = next(n for n, m in model.named_modules() if m is layers)
+    parent = model.get_submodule(name.rpartition(".")[0]) if "." in name else model
+    kept = nn.ModuleList(list(layers)[: int(n_keep)])
+    setattr(parent, name.rpartition(".")[2], kept)
+    return kept
+
+
+@lru_cache(maxsize=8)
+def _processor(path: str, items: tuple):
+    from transformers import AutoProcessor
+
+    return AutoProcessor.from_pretrained(path, **dict(items))
+
+
+def load_processor(path: str | os.PathLike, **kwargs):
+    """``AutoProcessor.from_pretrained(path, **kwargs)``, loaded once per process.
+
+    The main backbone, its random twins and the bench build several backbones on one processor;
+    parsing the tokenizer files each time costs ~1 s. Processors are only read, never changed.
+    """
+    return _processor(os.path.abspath(path) if os.path.isdir(str(path)) else str(path),
+                      tuple(sorted(kwargs.items())))
+
+
+def build_kwargs(loader, *, max_layer: int | None = None, with_lm_head: bool = False) -> dict:
+    """Keyword arguments for ``instantiate(loader, **kwargs)`` that the loader's builder accepts.
+
+    ``max_layer`` and ``with_lm_head`` go to builders that take them (the builders of this
+    module and :mod:`ipi.backbone_text`); they change what is built, never the weights of what
+    runs, and are not part of the loader node (so not of the cache key).
+
+    Args:
+        loader: The ``backbone.loader`` config node (``_target_`` = a builder).
+        max_layer: Deepest decoder block the caller reads; blocks above it are not kept.
+        with_lm_head: Build the ``...ForConditionalGeneration`` class with its LM head
+            (the benchmark's TaskTracker-style baseline); else the base model.
+
+    Returns:
+        The keyword arguments.
+    """
+    from hydra.utils import get_method
+
+    params = inspect.signature(get_method(loader._target_)).parameters
+    kw = {}
+    if max_layer is not None and "max_layer" in params:
+        kw["max_layer"] = int(max_layer)
+    if "with_lm_head" in params:
+        kw["with_lm_head"] = bool(with_lm_head)
+    return kw
+
+
+def build_backbone(loader, *, max_layer: int | None = None, with_lm_head: bool = False) -> Backbone:
+    """``instantiate(loader, **build_kwargs(loader, ...))`` (:func:`build_kwargs`).
+
+    Returns:
+        The backbone.
+    """
+    from hydra.utils import instantiate
+
+    return instantiate(loader, **build_kwargs(loader, max_layer=max_layer, with_lm_head=with_lm_head))
 
 
 def random_init_from_config(model_cls, config, seed: int, dtype: torch.dtype | None = None) -> nn.Module:
@@ -169,8 +258,10 @@ def build_tiny_qwen2_5_vl(
     quantization: str = "none",
     name: str = "tiny_qwen2_5_vl",
     random_init_seed: int | None = None,
+    max_layer: int | None = None,
+    with_lm_head: bool = False,
 ) -> Backbone:
-    """Build the real ``Qwen2_5_VLForConditionalGeneration`` class from a small config.
+    """Build the real Qwen2.5-VL architecture from a small config.
 
     Weights are random but seeded, so features are reproducible; the processor (tokenizer and
     image processor) is the real Qwen2.5-VL one, so token ids and image-token counts are real.
@@ -189,6 +280,13 @@ def build_tiny_qwen2_5_vl(
         random_init_seed: Build the random-weight twin (docs/backbones.md) with this seed in
             place of ``seed``; it must differ from ``seed`` (the tiny backbone's own weights are
             already random, so its twin is the same architecture with other random weights).
+        max_layer: Keep only decoder blocks ``0..max_layer`` (:func:`keep_decoder_layers`);
+            all blocks are built and initialised first, so the seeded random stream, hence
+            every kept weight, is the same as with all blocks. None: keep all.
+        with_lm_head: Build ``Qwen2_5_VLForConditionalGeneration`` (with the 151,665-row LM
+            head); default False builds ``Qwen2_5_VLModel``, the same modules without the head,
+            whose weights under the same seed are bit-identical (the head is constructed and
+            initialised last, so leaving it out changes no earlier draw; tested).
 
     Returns:
         The frozen backbone.
@@ -196,7 +294,7 @@ def build_tiny_qwen2_5_vl(
     Raises:
         ValueError: ``quantization`` is not ``none``, or ``random_init_seed == seed``.
     """
-    from transformers import AutoProcessor, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2_5_VLModel
 
     twin_of = None
     if random_init_seed is not None:
@@ -209,7 +307,7 @@ def build_tiny_qwen2_5_vl(
         raise ValueError(f"backbone={name}: quantization={quantization} needs a pretrained checkpoint "
                          "(backbone=qwen2_5_vl_7b or qwen2_5_vl_3b); the tiny backbone is fp32 only")
 
-    processor = AutoProcessor.from_pretrained(processor_path)
+    processor = load_processor(processor_path)
     tok = processor.tokenizer
     text = dict(text)
     text.setdefault("vocab_size", len(tok))
@@ -220,11 +318,12 @@ def build_tiny_qwen2_5_vl(
         "vision_end_token_id": tok.convert_tokens_to_ids("<|vision_end|>"),
     }
     config = Qwen2_5_VLConfig(text_config=text, vision_config=dict(vision), **ids)
+    model_cls = Qwen2_5_VLForConditionalGeneration if with_lm_head else Qwen2_5_VLModel
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen2_5_VLForConditionalGeneration(config)
+        model = model_cls(config)
     _freeze(model)
-    layers = find_decoder_layers(model)
+    layers = keep_decoder_layers(model, None if max_layer is None else int(max_layer) + 1)
     return Backbone(
         name=name,
         model=model,
@@ -243,6 +342,7 @@ def build_tiny_qwen2_5_vl(
             **({"random_twin_of_seed": twin_of} if twin_of is not None else {}),
         },
         image_size=image_size,
+        depth=int(config.text_config.num_hidden_layers),
     )
 
 
@@ -276,6 +376,8 @@ def build_pretrained_qwen2_5_vl(
     name: str = "qwen2_5_vl",
     attn_implementation: str | None = "auto",
     random_init_seed: int | None = None,
+    max_layer: int | None = None,
+    with_lm_head: bool = False,
 ) -> Backbone:
     """Load a pretrained Qwen2.5-VL checkpoint (e.g. ``Qwen/Qwen2.5-VL-7B-Instruct``), frozen.
 
@@ -308,6 +410,12 @@ def build_pretrained_qwen2_5_vl(
             (``from_config`` → ``post_init`` → ``_init_weights``) under
             ``torch.manual_seed(random_init_seed)``, on the CPU (so the weights do not depend on
             the device), in ``dtype``. Quantisation does not apply to the twin.
+        max_layer: Keep only decoder blocks ``0..max_layer``. A checkpoint is loaded with a
+            config of ``max_layer + 1`` blocks (the weights of the blocks above are not read);
+            a twin is initialised with all blocks, then shortened (:func:`keep_decoder_layers`),
+            so its kept weights do not change. None: keep all.
+        with_lm_head: Load ``Qwen2_5_VLForConditionalGeneration`` with the LM head; default
+            False loads ``Qwen2_5_VLModel`` (the checkpoint's head weights are not read).
 
     Returns:
         The frozen backbone.
@@ -315,30 +423,38 @@ def build_pretrained_qwen2_5_vl(
     Raises:
         ValueError: Unknown quantization.
     """
-    from transformers import AutoConfig, AutoProcessor, Qwen2_5_VLForConditionalGeneration
+    from transformers import AutoConfig, Qwen2_5_VLForConditionalGeneration, Qwen2_5_VLModel
 
     if local_files_only is None:
         local_files_only = os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false")
     kw = dict(revision=revision, trust_remote_code=trust_remote_code, local_files_only=local_files_only)
-    processor = AutoProcessor.from_pretrained(processor_path or model_id, **kw)
+    processor = load_processor(processor_path or model_id, **kw)
     attn = resolve_attn_implementation(attn_implementation, dtype)
     if attn is not None:
         kw["attn_implementation"] = attn
+    model_cls = Qwen2_5_VLForConditionalGeneration if with_lm_head else Qwen2_5_VLModel
+    depth = None
     if random_init_seed is not None:
         config = AutoConfig.from_pretrained(model_id, **kw)
-        model = random_init_from_config(Qwen2_5_VLForConditionalGeneration, config, int(random_init_seed),
-                                        dtype=getattr(torch, dtype))
+        depth = int(config.text_config.num_hidden_layers)
+        model = random_init_from_config(model_cls, config, int(random_init_seed), dtype=getattr(torch, dtype))
         quantization = "none"
+        layers = keep_decoder_layers(model, None if max_layer is None else int(max_layer) + 1)
     else:
         qconf = quantization_config(quantization, compute_dtype=dtype)
         if qconf is not None:
             kw["quantization_config"] = qconf
             device_map = _quantised_device_map(device_map)
-        model = Qwen2_5_VLForConditionalGeneration.from_pretrained(
-            model_id, dtype=getattr(torch, dtype), device_map=device_map, **kw
-        )
+        if max_layer is not None:  # load only blocks 0..max_layer
+            config = AutoConfig.from_pretrained(model_id, **{k: v for k, v in kw.items() if k != "quantization_config"})
+            depth = int(config.text_config.num_hidden_layers)
+            if int(max_layer) + 1 > depth:
+                raise ValueError(f"max_layer={int(max_layer)} is outside the model's {depth} decoder blocks")
+            _shorten_text_config(config.text_config, int(max_layer) + 1)
+            kw["config"] = config
+        model = _quiet_from_pretrained(model_cls, model_id, dtype=getattr(torch, dtype), device_map=device_map, **kw)
+        layers = find_decoder_layers(model)
     _freeze(model)
-    layers = find_decoder_layers(model)
     tok = processor.tokenizer
     return Backbone(
         name=name,
@@ -358,4 +474,25 @@ def build_pretrained_qwen2_5_vl(
             **({"random_init_seed": int(random_init_seed)} if random_init_seed is not None else {}),
         },
         image_size=image_size,
+        depth=depth,
     )
+
+
+def _shorten_text_config(text_config, n_keep: int) -> None:
+    """Set a decoder config to its first ``n_keep`` blocks (``num_hidden_layers``, ``layer_types``)."""
+    text_config.num_hidden_layers = n_keep
+    if getattr(text_config, "layer_types", None):
+        text_config.layer_types = list(text_config.layer_types)[:n_keep]
+
+
+def _quiet_from_pretrained(model_cls, model_id, **kwargs):
+    """``model_cls.from_pretrained`` without transformers' report of the checkpoint weights left
+    unread on purpose (the LM head, the blocks above ``max_layer``)."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        return model_cls.from_pretrained(model_id, **kwargs)
+    finally:
+        hf_logging.set_verbosity(level)

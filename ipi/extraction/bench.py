@@ -11,7 +11,10 @@ statistic), timed on the same rows of real shared trajectories, surface by surfa
   variants of one step batched (right padded, each row with its own image inputs), every
   decoder block with ``output_hidden_states=True``, per-row preparation as above.
 * **ours**: :func:`ipi.extraction.run.extract_features` exactly as ``train.py`` runs it, into a
-  fresh temporary cache entry each repetition.
+  fresh temporary cache entry each repetition: the base model without LM head and without the
+  blocks above the deepest one read (``ipi.backbone.build_backbone(..., max_layer=...)``), each
+  screenshot encoded once per step group, and each step group's shared token prefix forwarded
+  once (``extract.prefix_reuse``, default ``auto``; reported per surface as ``prefix_reuse``).
 
 Start-up (building the backbone: processor files parsed, model built and initialised) is timed
 apart from the steady state (everything after it). The steady state is repeated ``reps`` times
@@ -173,27 +176,35 @@ def ours_features(bb, cfg, rows, layers: Sequence[int]) -> dict:
     return {"features": fs.features[:, li].float().numpy(), "collapse": fs.collapse[:, li].float().numpy()}
 
 
-def ours_prep(bb, cfg, rows) -> tuple[float, int]:
+def ours_prep(bb, cfg, rows) -> tuple[float, int, int]:
     """The project path's data preparation alone (step groups rendered, tokenised, collated).
 
     Returns:
-        ``(seconds, positions)``: ``positions`` counts the token positions the language model
-        forwards (chunks of ``backbone.batch_size`` rows, padded to the chunk's longest row).
+        ``(seconds, positions, prefix_groups)``: ``positions`` counts the token positions the
+        language model forwards (with ``extract.prefix_reuse``: a reused prefix once, then each
+        chunk of ``backbone.batch_size`` suffixes padded to its longest; without: each chunk of
+        whole rows padded to its longest row); ``prefix_groups`` counts the step groups whose
+        prefix is reused.
     """
     from ipi.extraction.datamodule import StepGroupDataset, collate_steps
+    from ipi.extraction.extractor import planned_prefix_len
 
     ds = StepGroupDataset(rows, bb.processor, cfg.backbone.system_prompt, bb.multimodal, bb.image_size,
                           bb.image_token_id)
     tok = bb.tokenizer
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    mode = cfg.extract.get("prefix_reuse", "auto")
     t0 = time.perf_counter()
-    lens = []
-    for g in range(len(ds)):
-        lens.append(collate_steps([ds[g]], pad)["seq_len_list"])
+    batches = [collate_steps([ds[g]], pad) for g in range(len(ds))]
     secs = time.perf_counter() - t0
     step = max(1, int(cfg.backbone.batch_size))
-    positions = sum(max(ls[a:a + step]) * len(ls[a:a + step]) for ls in lens for a in range(0, len(ls), step))
-    return secs, positions
+    positions, reused = 0, 0
+    for batch in batches:
+        ls = batch["seq_len_list"]
+        p = planned_prefix_len(batch, 0, len(ls), mode)
+        reused += p > 0
+        positions += p + sum((max(ls[a:a + step]) - p) * len(ls[a:a + step]) for a in range(0, len(ls), step))
+    return secs, positions, reused
 
 
 def _stats(xs: Sequence[float]) -> dict:
@@ -228,13 +239,17 @@ def speed_benchmark(cfg, rows_by_surface: dict[str, list], layers: Sequence[int]
         sums of the per-surface steady times of each repetition), ``startup_s`` per way, load
         averages, threads and the matmul peak.
     """
+    from ipi.backbone import _processor
+
     build_ours = build_ours or build_backbone
     load_before = os.getloadavg()
     peak = matmul_peak_flops()
     startup = {}
+    _processor.cache_clear()  # each start-up parses the processor files itself
     t0, c0 = time.perf_counter(), _cpu_s()
     bb = build_backbone()
     startup["baselines"] = {"wall_s": round(time.perf_counter() - t0, 3), "cpu_s": round(_cpu_s() - c0, 3)}
+    _processor.cache_clear()
     t0, c0 = time.perf_counter(), _cpu_s()
     ours_bb = build_ours()
     startup["ours"] = {"wall_s": round(time.perf_counter() - t0, 3), "cpu_s": round(_cpu_s() - c0, 3)}
@@ -259,7 +274,10 @@ def speed_benchmark(cfg, rows_by_surface: dict[str, list], layers: Sequence[int]
                 cpus.append(_cpu_s() - c0)
                 wall[m][si][r] = secs[-1]
             if m == "ours":
-                prep, out["tokens"] = ours_prep(ours_bb, cfg, rows)
+                prep, out["tokens"], reused = ours_prep(ours_bb, cfg, rows)
+                res["prefix_reuse"] = {"mode": str(cfg.extract.get("prefix_reuse", "auto")),
+                                       "step_groups_reused": int(reused),
+                                       "step_groups": len({(r.trajectory_id, r.step.step) for r in rows})}
             else:
                 prep = out["prep_s"]
             med = statistics.median(secs)

@@ -145,8 +145,9 @@ def collate_steps(groups: list[dict], pad_token_id: int) -> dict:
     Returns:
         As :func:`collate_rows`, except that ``inputs`` holds no ``pixel_values``; instead
         ``images = {"pixel_values": [P, D] of the distinct images, "image_grid_thw": [U, 3],
-        "index_list": B ints (the distinct image each row shows)}`` (``None`` when text-only).
-        Python lists (``index_list``, ``seq_len_list``) stay on the host when Lightning moves the
+        "index_list": B ints (the distinct image each row shows)}`` (``None`` when text-only), and
+        ``group_sizes`` (rows of each step group, in order: the unit of prefix reuse).
+        Python lists (``index_list``, ``seq_len_list``, ``group_sizes``) stay on the host when Lightning moves the
         batch, so slicing never waits for the device.
     """
     items, pv, grids, index = [], [], [], []
@@ -160,6 +161,7 @@ def collate_steps(groups: list[dict], pad_token_id: int) -> dict:
             if it["image"] is not None:
                 index.append(base + it["image"])
     batch = collate_rows(items, pad_token_id)
+    batch["group_sizes"] = [len(grp["items"]) for grp in groups]
     batch["images"] = ({"pixel_values": torch.cat(pv), "image_grid_thw": torch.cat(grids),
                         "index_list": index} if grids else None)
     return batch

@@ -9,6 +9,7 @@ transformers, except for the last block, where ``hidden_states[-1]`` is after th
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 
 import lightning as L
@@ -16,12 +17,63 @@ import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
 
 from ipi.backbone import Backbone
+from ipi.config import PREFIX_REUSE_MODES, resolve_prefix_reuse  # noqa: F401 (re-exported)
 from ipi.extraction.cache import ActivationCache
 from ipi.protocol import TOKEN_GROUPS
 
 
 class _StopForward(Exception):
     """Raised by the deepest hook to end the forward pass early."""
+
+
+#: ``auto`` forwards a step group's shared prefix once when that saves at least this share of the
+#: group's token positions (``(rows - 1) * prefix / sum(row lengths)``).
+AUTO_MIN_SAVED_SHARE = 0.2
+
+
+def shared_prefix_len(input_ids: torch.Tensor, lens: Sequence[int], mm_token_type_ids: torch.Tensor | None = None,
+                      image_index: Sequence[int] | None = None) -> int:
+    """Length of the token prefix that every row of a step group shares and that may be forwarded once.
+
+    The prefix is the longest common prefix of the rows' token ids, cut so that
+
+    * every row keeps at least one token of its own (a non-empty suffix);
+    * an image is never split: image tokens (``mm_token_type_ids != 0``) are either all in the
+      prefix or all in the suffix;
+    * when the rows show different images (``i_vis``: the banner is drawn into each variant's
+      screenshot), the prefix ends before the first image token (the ids of the image
+      placeholders are equal, their embeddings are not).
+
+    Hidden states of prefix tokens are the same for every row (causal attention), so token-group
+    spans may straddle the prefix end: features are gathered from the concatenated prefix and
+    suffix states.
+
+    Args:
+        input_ids: ``[n, T]`` right-padded token ids of the group's rows.
+        lens: The ``n`` unpadded lengths.
+        mm_token_type_ids: ``[n, T]`` modality of each token (1 = image), or None (text-only).
+        image_index: The distinct image each row shows (``collate_steps``'s ``index_list``), or None.
+
+    Returns:
+        The prefix length (0: nothing is shared).
+    """
+    n = len(lens)
+    limit = min(lens) - 1
+    if n < 2 or limit <= 0:
+        return 0
+    ids = input_ids[:, :limit]
+    differs = (ids != ids[:1]).any(dim=0).nonzero()
+    p = int(differs[0]) if differs.numel() else limit
+    if mm_token_type_ids is not None and p > 0:
+        types = mm_token_type_ids[0].tolist()
+        first_image = next((i for i in range(p) if types[i] != 0), None)
+        if first_image is not None:
+            if image_index is None or len(set(image_index)) > 1:
+                p = first_image
+            elif types[p] != 0:  # the prefix would end inside an image: back to its start
+                while p > 0 and types[p - 1] != 0:
+                    p -= 1
+    return p
 
 
 def base_model(model: torch.nn.Module) -> torch.nn.Module:
@@ -76,6 +128,39 @@ def keeps_own_placement(model: torch.nn.Module) -> bool:
                 or getattr(model, "is_loaded_in_4bit", False) or getattr(model, "hf_device_map", None))
 
 
+def planned_prefix_len(batch: dict, a: int, b: int, mode: str = "auto") -> int:
+    """The prefix of step group ``a:b`` of a ``collate_steps`` batch that the extractor forwards once.
+
+    Args:
+        batch: A batch of :func:`ipi.extraction.datamodule.collate_steps`.
+        a, b: The group's rows.
+        mode: ``extract.prefix_reuse`` (``auto`` | ``true`` | ``false``).
+
+    Returns:
+        :func:`shared_prefix_len` of the group (``true``), or that length if it saves at least
+        :data:`AUTO_MIN_SAVED_SHARE` of the group's positions (``auto``), else 0.
+    """
+    mode = resolve_prefix_reuse(mode)
+    if mode == "false" or b - a < 2:
+        return 0
+    lens = batch["seq_len_list"][a:b]
+    t = max(lens)
+    types = batch["inputs"].get("mm_token_type_ids")
+    images = batch.get("images")
+    p = shared_prefix_len(batch["inputs"]["input_ids"][a:b, :t].cpu(), lens,
+                          None if types is None else types[a:b, :t].cpu(),
+                          None if images is None else images["index_list"][a:b])
+    if mode == "auto" and (b - a - 1) * p < AUTO_MIN_SAVED_SHARE * sum(lens):
+        return 0
+    return p
+
+
+def _cache_kwarg(model: torch.nn.Module) -> str:
+    """Name of the key/value-cache argument of ``model.forward`` (``cache`` in transformers 5)."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
 class HiddenStateExtractor(L.LightningModule):
     """Runs the frozen backbone on replay batches and returns pooled features.
 
@@ -96,10 +181,17 @@ class HiddenStateExtractor(L.LightningModule):
         layer_indices: Decoder blocks to read (0-based).
         token_groups: Token groups to pool, in order (a subset of ``ipi.protocol.TOKEN_GROUPS``).
         max_rows: Rows per language-model forward pass (``backbone.batch_size``).
+        prefix_reuse: ``extract.prefix_reuse``: ``auto`` | ``true`` | ``false``
+            (:data:`PREFIX_REUSE_MODES`). With reuse, a step group's shared token prefix
+            (:func:`shared_prefix_len`) is forwarded once with a key/value cache, then the rows'
+            suffixes (batched, at most ``max_rows`` per pass) attend to it with their own
+            positions; ``auto`` does so when it saves at least :data:`AUTO_MIN_SAVED_SHARE` of
+            the group's positions. Features are the same to float rounding (docs/extraction.md).
+            A subclass that overrides ``_hook`` always forwards whole rows.
     """
 
     def __init__(self, backbone: Backbone, layer_indices: Sequence[int], token_groups: Sequence[str],
-                 max_rows: int = 8):
+                 max_rows: int = 8, prefix_reuse: str = "auto"):
         super().__init__()
         if keeps_own_placement(backbone.model):
             object.__setattr__(self, "_placed_model", backbone.model)  # not a child: never moved
@@ -113,6 +205,12 @@ class HiddenStateExtractor(L.LightningModule):
             raise ValueError(f"extraction: unknown token groups {unknown}; allowed: {', '.join(TOKEN_GROUPS)}")
         self._group_rows = [TOKEN_GROUPS.index(g) for g in self.token_groups]
         self.max_rows = max(1, int(max_rows))
+        self.prefix_reuse = resolve_prefix_reuse(prefix_reuse)
+        if type(self)._hook is not HiddenStateExtractor._hook:
+            # A subclass's own hooks (e.g. attention focus) would see only the suffix tokens.
+            self.prefix_reuse = "false"
+        self._prefix_states: dict[int, torch.Tensor] = {}
+        self.prefix_stats = {"groups": 0, "groups_reused": 0, "positions": 0, "positions_forwarded": 0}
         self._batch = None
         self._out: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._handles = []
@@ -130,6 +228,14 @@ class HiddenStateExtractor(L.LightningModule):
             if batch is None:  # a forward pass not issued by predict_step: leave it alone
                 return
             h = output[0] if isinstance(output, tuple) else output
+            if batch.get("mode") == "prefix":  # the shared prefix: kept for the suffixes' gather
+                self._prefix_states[layer_idx] = h
+                if layer_idx == deepest:
+                    raise _StopForward
+                return
+            if batch.get("mode") == "suffix":  # [prefix states; suffix states] = the full rows
+                pre = self._prefix_states[layer_idx]
+                h = torch.cat([pre.expand(h.shape[0], -1, -1), h], dim=1)
             hf = h.float()
             pool = batch["pool"].to(hf.device)
             pm = batch["prompt_mask"].to(hf.device)
@@ -150,21 +256,95 @@ class HiddenStateExtractor(L.LightningModule):
             hnd.remove()
         self._handles = []
 
-    def _forward(self, inputs: dict, batch_view: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    def _run(self, inputs: dict, batch_view: dict, cache=None) -> None:
         self._batch = batch_view
         self._out = {}
+        kw = {"use_cache": False} if cache is None else {"use_cache": True, _cache_kwarg(base_model(self.model)): cache}
         try:
-            base_model(self.model)(**inputs, use_cache=False)
+            base_model(self.model)(**inputs, **kw)
         except _StopForward:
             pass
         finally:
             self._batch = None
+
+    def _forward(self, inputs: dict, batch_view: dict, cache=None) -> tuple[torch.Tensor, torch.Tensor]:
+        self._run(inputs, batch_view, cache)
         missing = [i for i in self.layer_indices if i not in self._out]
         if missing:
             raise RuntimeError(f"extraction: hooks on layers {missing} did not fire")
         feats = torch.stack([self._out[i][0] for i in self.layer_indices], dim=1)
         coll = torch.stack([self._out[i][1] for i in self.layer_indices], dim=1)
         return feats, coll
+
+    def _image_outputs(self, vision, batch: dict, a: int, b: int) -> dict:
+        from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+        index = batch["images"]["index_list"]
+        return {"image": BaseModelOutputWithPooling(pooler_output=tuple(vision[i] for i in index[a:b]))}
+
+    def _plain_chunk(self, batch: dict, pool: torch.Tensor, vision, a: int, b: int):
+        """Rows ``a:b`` forwarded whole (padded to the chunk's longest row)."""
+        t = max(batch["seq_len_list"][a:b])
+        inputs = {k: v[a:b, :t] for k, v in batch["inputs"].items() if k != "image_grid_thw"}
+        if vision is not None:
+            inputs["image_grid_thw"] = batch["inputs"]["image_grid_thw"][a:b]
+            inputs["mm_encoder_outputs"] = self._image_outputs(vision, batch, a, b)
+        return self._forward(inputs, {"pool": pool[a:b, :, :t], "prompt_mask": batch["prompt_mask"][a:b, :t]})
+
+    def _prefix_for(self, batch: dict, a: int, b: int) -> int:
+        """The shared prefix of rows ``a:b`` (one step group) to forward once, or 0 (forward whole)."""
+        return planned_prefix_len(batch, a, b, self.prefix_reuse)
+
+    def _prefix_group(self, batch: dict, pool: torch.Tensor, vision, a: int, b: int, p: int):
+        """One step group (rows ``a:b``) with its shared prefix of ``p`` tokens forwarded once.
+
+        The positions of every row are computed on the full rows (Qwen2.5-VL's ``get_rope_index``:
+        3-D M-RoPE positions, whose text positions after an image depend on the image grid) and
+        sliced for the prefix and the suffixes; a text-only model's positions continue at ``p``.
+        The prefix's key/value cache (one row) is expanded to each suffix chunk's rows.
+        """
+        from transformers import DynamicCache
+
+        inputs = batch["inputs"]
+        lens = batch["seq_len_list"]
+        t = max(lens[a:b])
+        ids = inputs["input_ids"][a:b, :t]
+        mask = inputs["attention_mask"][a:b, :t]
+        types = inputs.get("mm_token_type_ids")
+        model = base_model(self.model)
+        if types is not None:
+            pos, _ = model.get_rope_index(ids, types[a:b, :t], image_grid_thw=inputs["image_grid_thw"][a:b],
+                                          attention_mask=mask)
+        else:
+            pos = torch.arange(t, device=ids.device).unsqueeze(0).expand(b - a, -1)
+        has_image = types is not None and vision is not None
+        prefix_has_image = has_image and bool((types[a, :p] != 0).any())
+        pre = {"input_ids": ids[:1, :p], "attention_mask": mask[:1, :p], "position_ids": pos[..., :1, :p]}
+        if prefix_has_image:
+            pre["mm_encoder_outputs"] = self._image_outputs(vision, batch, a, a + 1)
+        cache = DynamicCache()
+        self._prefix_states = {}
+        self._run(pre, {"mode": "prefix"}, cache)
+        kv = [(layer.keys, layer.values) if getattr(layer, "is_initialized", False) else (None, None)
+              for layer in cache.layers]
+        out = []
+        try:
+            for c in range(a, b, self.max_rows):
+                d = min(c + self.max_rows, b)
+                s = max(lens[c:d]) - p
+                suf = {"input_ids": ids[c - a:d - a, p:p + s], "attention_mask": mask[c - a:d - a, :p + s],
+                       "position_ids": pos[..., c - a:d - a, p:p + s]}
+                if has_image and not prefix_has_image:
+                    suf["mm_encoder_outputs"] = self._image_outputs(vision, batch, c, d)
+                n = d - c
+                chunk_cache = DynamicCache(ddp_cache_data=[
+                    (k.expand(n, -1, -1, -1), v.expand(n, -1, -1, -1)) if k is not None else (None, None)
+                    for k, v in kv])
+                out.append(self._forward(suf, {"mode": "suffix", "pool": pool[c:d, :, :p + s],
+                                                "prompt_mask": batch["prompt_mask"][c:d, :p + s]}, chunk_cache))
+        finally:
+            self._prefix_states = {}
+        return out
 
     def predict_step(self, batch: dict, batch_idx: int = 0) -> dict:
         """Forward one batch and pool.
@@ -180,25 +360,37 @@ class HiddenStateExtractor(L.LightningModule):
             images = batch.get("images")
             vision = None
             if images is not None:
-                from transformers.modeling_outputs import BaseModelOutputWithPooling
-
                 # Each distinct screenshot through the vision tower once, for all rows showing it.
                 vision = base_model(self.model).get_image_features(
                     images["pixel_values"], images["image_grid_thw"], return_dict=True).pooler_output
             lens = batch["seq_len_list"]
-            parts = []
-            for a in range(0, len(lens), self.max_rows):
-                b = min(a + self.max_rows, len(lens))
-                t = max(lens[a:b])
-                inputs = {k: v[a:b, :t] for k, v in batch["inputs"].items() if k != "image_grid_thw"}
-                if vision is not None:
-                    inputs["image_grid_thw"] = batch["inputs"]["image_grid_thw"][a:b]
-                    inputs["mm_encoder_outputs"] = {"image": BaseModelOutputWithPooling(
-                        pooler_output=tuple(vision[i] for i in images["index_list"][a:b]))}
-                parts.append(self._forward(inputs, {"pool": pool[a:b, :, :t],
-                                                    "prompt_mask": batch["prompt_mask"][a:b, :t]}))
-            feats = torch.cat([p[0] for p in parts])
-            coll = torch.cat([p[1] for p in parts])
+            parts: list[tuple[torch.Tensor, torch.Tensor]] = []
+            plain: list[int] = []  # consecutive rows forwarded whole, in chunks of max_rows
+
+            def flush():
+                for a in range(0, len(plain), self.max_rows):
+                    chunk = plain[a:a + self.max_rows]  # consecutive rows
+                    parts.append(self._plain_chunk(batch, pool, vision, chunk[0], chunk[-1] + 1))
+                plain.clear()
+
+            start = 0
+            for size in batch.get("group_sizes") or [len(lens)]:
+                a, b = start, start + size
+                start = b
+                p = self._prefix_for(batch, a, b)
+                self.prefix_stats["groups"] += 1
+                self.prefix_stats["positions"] += sum(lens[a:b])
+                if p > 0:
+                    flush()
+                    self.prefix_stats["groups_reused"] += 1
+                    self.prefix_stats["positions_forwarded"] += p + sum(lens[a:b]) - (b - a) * p
+                    parts.extend(self._prefix_group(batch, pool, vision, a, b, p))
+                else:
+                    self.prefix_stats["positions_forwarded"] += sum(lens[a:b])
+                    plain.extend(range(a, b))
+            flush()
+            feats = torch.cat([q[0] for q in parts])
+            coll = torch.cat([q[1] for q in parts])
         return {
             "row_ids": batch["row_ids"],
             "features": feats.cpu(),

@@ -15,6 +15,7 @@ import transformers
 from hydra.utils import instantiate
 
 import ipi
+from ipi.backbone import build_kwargs
 from ipi.config import to_container
 from ipi.extraction.cache import ActivationCache, FeatureSet, stable_hash
 from ipi.extraction.datamodule import ReplayDataModule, StepGroupDataset
@@ -240,7 +241,9 @@ def _forward_missing(cfg, cache: ActivationCache, rows: Sequence[ReplayRow], lay
     log.info("extraction: %d rows to forward (%d already in finished shards)", len(todo), len(done))
     if not todo:
         return 0
-    backbone = backbone if backbone is not None else instantiate(cfg.backbone.loader)
+    # Built for this extraction: no LM head, no decoder blocks above the deepest one read.
+    if backbone is None:
+        backbone = instantiate(cfg.backbone.loader, **build_kwargs(cfg.backbone.loader, max_layer=max(layers)))
     if backbone.n_layers != cfg.backbone.n_layers:
         raise ValueError(
             f"backbone={cfg.backbone.name}: model has {backbone.n_layers} decoder layers, "
@@ -262,7 +265,8 @@ def _forward_missing(cfg, cache: ActivationCache, rows: Sequence[ReplayRow], lay
         callbacks=[writer, *bars], logger=False, enable_checkpointing=False,
         enable_model_summary=False, enable_progress_bar=False,
     )
-    module = HiddenStateExtractor(backbone, layers, token_groups, max_rows=cfg.backbone.batch_size)
+    module = HiddenStateExtractor(backbone, layers, token_groups, max_rows=cfg.backbone.batch_size,
+                                  prefix_reuse=cfg.extract.get("prefix_reuse", "auto"))
     trainer.predict(module, datamodule=dm, return_predictions=False)
     forwarded = writer.rows_written
     if trainer.world_size > 1:

@@ -132,11 +132,10 @@ def baseline_features(cfg, rows, layers: list[int]) -> tuple[np.ndarray, np.ndar
     Returns:
         ``(features [N, L, G, H], collapse [N, L], seconds)``.
     """
-    from hydra.utils import instantiate
-
+    from ipi.backbone import build_backbone
 
     t0 = time.perf_counter()
-    bb = instantiate(cfg.backbone.loader)
+    bb = build_backbone(cfg.backbone.loader, with_lm_head=True)
     ds = ReplayDataset(rows, bb.processor, cfg.backbone.system_prompt, bb.multimodal, bb.image_size,
                        bb.image_token_id)
     feats, coll = [], []
@@ -205,8 +204,7 @@ def extraction_benchmark(n_steps: int = 6, rss_steps: tuple[int, int] = (4, 16),
     Returns:
         A JSON-able dict.
     """
-    from hydra.utils import instantiate
-
+    from ipi.backbone import build_backbone
     from ipi.extraction.bench import speed_benchmark
 
     overrides = list(overrides)
@@ -217,7 +215,8 @@ def extraction_benchmark(n_steps: int = 6, rss_steps: tuple[int, int] = (4, 16),
     out = {"benchmark": "extraction", "backbone": cfg.backbone.name, "steps": n_steps, "rows": len(rows),
            "rows_by_surface": {s: len(rs) for s, rs in by_surface.items()},
            **speed_benchmark(cfg, by_surface, layers, reps=reps,
-                             build_backbone=lambda: instantiate(cfg.backbone.loader))}
+                             build_backbone=lambda: build_backbone(cfg.backbone.loader, with_lm_head=True),
+                             build_ours=lambda: build_backbone(cfg.backbone.loader, max_layer=max(layers)))}
     if rss_steps:
         out["peak_rss_mb"] = [_spawn_rss(overrides, n, shard_rows) for n in rss_steps]
     if torch.cuda.is_available():

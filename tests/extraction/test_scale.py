@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ipi.extraction.datamodule import ReplayDataset, StepGroupDataset, collate_rows, collate_steps
-from ipi.extraction.extractor import HiddenStateExtractor, collapse_statistic, pool_groups
+from ipi.extraction.extractor import HiddenStateExtractor, base_model, collapse_statistic, pool_groups
 from ipi.extraction.rows import build_rows
 from ipi.protocol import DEFAULT_SYSTEM_PROMPT, TOKEN_GROUPS
 from ipi.replay import tokenise
@@ -134,7 +134,7 @@ def test_image_tokens_get_3d_positions(small_backbone, trajectories):
 def test_vision_tower_runs_once_per_distinct_screenshot(small_backbone, trajectories):
     bb = small_backbone
     calls = []
-    hnd = bb.model.model.visual.register_forward_hook(
+    hnd = base_model(bb.model).visual.register_forward_hook(
         lambda m, args, kw, out: calls.append(int(kw.get("grid_thw", args[1] if len(args) > 1 else None).shape[0])),
         with_kwargs=True)
     ext = HiddenStateExtractor(bb, [0], list(TOKEN_GROUPS), max_rows=2)
@@ -209,8 +209,12 @@ def test_quantization_through_the_config(tmp_path, monkeypatch):
     class FakeProcessor:
         tokenizer = type("T", (), {"convert_tokens_to_ids": staticmethod(lambda t: 7)})()
 
+    from ipi.backbone import _processor
+
     monkeypatch.setattr(transformers.Qwen2_5_VLForConditionalGeneration, "from_pretrained", fake_from_pretrained)
+    monkeypatch.setattr(transformers.Qwen2_5_VLModel, "from_pretrained", fake_from_pretrained)  # no LM head
     monkeypatch.setattr(transformers.AutoProcessor, "from_pretrained", lambda *a, **k: FakeProcessor())
+    _processor.cache_clear()  # load_processor caches per process: not the fake one beyond this test
     bb = instantiate(cfg.backbone.loader)
     q = seen["quantization_config"]
     assert q.load_in_4bit and q.bnb_4bit_quant_type == "nf4"
@@ -231,6 +235,7 @@ def test_quantization_through_the_config(tmp_path, monkeypatch):
         compose_train(tmp_path, ["backbone=qwen2_5_vl_7b", "backbone.quantization=int4"], small=False)
     with pytest.raises(Exception, match="quantization=int8 needs a pretrained checkpoint"):
         instantiate(compose_train(tmp_path, ["backbone.quantization=int8"]).backbone.loader)
+    _processor.cache_clear()
 
 
 def _has_bnb_gpu() -> bool:

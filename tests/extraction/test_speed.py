@@ -49,3 +49,28 @@ def test_attn_implementation_auto(monkeypatch):
     assert resolve_attn_implementation("auto", "bfloat16") == "sdpa"
     assert resolve_attn_implementation("eager", "bfloat16") == "eager"
     assert resolve_attn_implementation(None) is None
+
+
+@pytest.mark.slow
+@pytest.mark.needs_shared
+def test_bench_reports_both_speedups_with_exact_features(tmp_path):
+    """The three ways on one step of every surface: the keys of issue 12, the project path's
+    features equal to the TaskTracker-style ones (1e-5 relative), prefix reuse counted per surface."""
+    from ipi.backbone import build_backbone
+    from ipi.extraction.bench import speed_benchmark
+    from ipi.stages import layer_indices
+    from ipi.tools.bench import subset_rows
+    from tests.conftest import SMALL_BACKBONE_OVERRIDES
+
+    cfg, rows = subset_rows(list(SMALL_BACKBONE_OVERRIDES), 1)
+    layers = layer_indices(cfg)
+    by_surface = {s: [r for r in rows if r.variant.surface == s] for s in ("i_vis", "i_dom", "i_tool")}
+    out = speed_benchmark(cfg, by_surface, layers, reps=1,
+                          build_backbone=lambda: build_backbone(cfg.backbone.loader, with_lm_head=True),
+                          build_ours=lambda: build_backbone(cfg.backbone.loader, max_layer=max(layers)))
+    assert out["speedup"] > 0 and out["speedup_vs_elk_style"] > 0
+    for s, res in out["per_surface"].items():
+        assert res["speedup"] > 0 and res["speedup_vs_elk_style"] > 0
+        assert res["ours"]["rel_feature_error"] <= 1e-5 and res["elk"]["rel_feature_error"] <= 1e-5, s
+        assert res["prefix_reuse"]["step_groups_reused"] == res["prefix_reuse"]["step_groups"] == 1, s
+        assert res["ours"]["tokens_per_row"] < res["elk"]["tokens_per_row"], s

@@ -28,7 +28,7 @@ from lightning import LightningModule
 from torch import Tensor, nn
 
 from ipi.metrics.permutation import permute_within
-from ipi.probe.dual import ReducedDesign, fit_reduced
+from ipi.probe.dual import ReducedDesign, fit_reduced, fit_reduced_batch
 from ipi.probe.fit import ProbeConfig, fit_probe, fit_sklearn_reference, score
 from ipi.probe.module import LinearProbe
 from ipi.probe.split import (
@@ -322,8 +322,9 @@ def cross_fit(
       out-of-fold E1 of K refits — the whole cross-fitting procedure rerun on permuted labels,
       exactly as the observed E1 was obtained. The refits are exact and cheap: per fold the
       standardised training rows are reduced once to at most ``n`` coordinates
-      (:class:`ipi.probe.dual.ReducedDesign`) and each refit is a Newton solve there
-      (:func:`ipi.probe.dual.fit_reduced`, ``C = probe_cfg.l2``).
+      (:class:`ipi.probe.dual.ReducedDesign`) and the M refits are Newton solves there, all M
+      of a fold at once (:func:`ipi.probe.dual.fit_reduced_batch`, ``C`` of the fold; the
+      refit on the true labels is :func:`ipi.probe.dual.fit_reduced`).
 
     Args:
         meta: Row table ``[N]`` with ``trajectory_id, step, variant``.
@@ -452,11 +453,10 @@ def _permutation_refits(meta: pd.DataFrame, x: np.ndarray, folds, labelled: np.n
         theta = fit_reduced(design.phi, y_lab[sel], C=c)
         refit[cols] = design.phi_test @ theta[:-1] + theta[-1]
     rng = np.random.default_rng(seed)
-    for j in range(m):
-        y_perm = permute_within(groups, y_lab, rng)
-        for sel, cols, design, c in designs:
-            theta = fit_reduced(design.phi, y_perm[sel], C=c)
-            null[j, cols] = design.phi_test @ theta[:-1] + theta[-1]
+    y_perm = np.stack([permute_within(groups, y_lab, rng) for _ in range(m)])  # [M, n_labelled]
+    for sel, cols, design, c in designs:  # all M refits of a fold share its design: one batched solve
+        theta = fit_reduced_batch(design.phi, y_perm[:, sel], C=c)
+        null[:, cols] = theta[:, :-1] @ design.phi_test.T + theta[:, -1:]
     info = {
         "refit_scores": refit,
         "seed": seed,

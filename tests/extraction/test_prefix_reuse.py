@@ -8,19 +8,13 @@ import torch
 
 from ipi.extraction.datamodule import StepGroupDataset, collate_steps
 from ipi.extraction.extractor import AUTO_MIN_SAVED_SHARE, HiddenStateExtractor, shared_prefix_len
-from ipi.extraction.rows import build_rows
 from ipi.protocol import DEFAULT_SYSTEM_PROMPT, TOKEN_GROUPS
-
-CONTROLS = {"i_vis": ["c_scrambled", "c_imperative", "c_occlusion"], "i_dom": ["c_scrambled", "c_imperative"],
-            "i_tool": ["c_scrambled", "c_imperative"]}
+from tests.extraction.test_scale import _rows as _step_rows
 
 
 def _rows(bb, trajectories, surface, n_steps=2, traj=0):
-    tok = bb.tokenizer
-    count = lambda s: len(tok(s, add_special_tokens=False)["input_ids"])
-    rows = build_rows([trajectories[traj]], surface, CONTROLS[surface], count_tokens=count)
-    steps = sorted({r.step.step for r in rows})[:n_steps]
-    return [r for r in rows if r.step.step in steps]
+    """The first ``n_steps`` steps' rows of one trajectory (two steps: a step group boundary)."""
+    return _step_rows(bb, trajectories, surface, n_steps=n_steps, traj=traj)
 
 
 def _extract(bb, ds, layers, mode, max_rows=3):

@@ -9,16 +9,20 @@ import pytest
 import torch
 
 from ipi.extraction.datamodule import ReplayDataset, StepGroupDataset, collate_rows, collate_steps
-from ipi.extraction.extractor import HiddenStateExtractor, base_model, collapse_statistic, pool_groups
+from ipi.extraction.extractor import (
+    HiddenStateExtractor,
+    base_model,
+    collapse_statistic,
+    pool_groups,
+)
 from ipi.extraction.rows import build_rows
-from ipi.protocol import DEFAULT_SYSTEM_PROMPT, TOKEN_GROUPS
+from ipi.protocol import CONTROLS_BY_SURFACE, DEFAULT_SYSTEM_PROMPT, TOKEN_GROUPS
 from ipi.replay import tokenise
 from tests.conftest import compose_train
 
 pytestmark = pytest.mark.needs_shared
 
-CONTROLS = {"i_vis": ["c_scrambled", "c_imperative", "c_occlusion"], "i_dom": ["c_scrambled", "c_imperative"],
-            "i_tool": ["c_scrambled", "c_imperative"]}
+CONTROLS = {surface: list(controls) for surface, controls in CONTROLS_BY_SURFACE.items()}
 
 
 def _rows(backbone, trajectories, surface, n_steps=1, traj=0):

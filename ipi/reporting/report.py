@@ -56,12 +56,17 @@ def write_results(results: dict, out_dir: str | Path) -> Path:
     return path
 
 
-def _fmt(iv: dict | None) -> str:
+def _estimate_and_ci(iv: dict | None) -> tuple[str, str] | None:
+    """``("0.123", "[0.100, 0.150]")`` of an interval (``[n/a]`` without bounds), None without estimate."""
     if not iv or iv.get("estimate") is None:
-        return "n/a"
+        return None
     lo, hi = iv.get("ci_low"), iv.get("ci_high")
-    ci = f"[{lo:.3f}, {hi:.3f}]" if lo is not None and hi is not None else "[n/a]"
-    return f"{iv['estimate']:.3f} | {ci} | {iv.get('n_boot_used', 0)}"
+    return f"{iv['estimate']:.3f}", (f"[{lo:.3f}, {hi:.3f}]" if lo is not None and hi is not None else "[n/a]")
+
+
+def _fmt(iv: dict | None) -> str:
+    parts = _estimate_and_ci(iv)
+    return "n/a" if parts is None else f"{parts[0]} | {parts[1]} | {iv.get('n_boot_used', 0)}"
 
 
 def estimand_rows(results: Mapping) -> list[tuple[str, dict | None]]:
@@ -156,11 +161,8 @@ def _twin_cells(row) -> list[str]:
 
 
 def _short_iv(iv: dict | None) -> str:
-    if not iv or iv.get("estimate") is None:
-        return "n/a"
-    lo, hi = iv.get("ci_low"), iv.get("ci_high")
-    ci = f" [{lo:.3f}, {hi:.3f}]" if lo is not None and hi is not None else " [n/a]"
-    return f"{iv['estimate']:.3f}{ci}"
+    parts = _estimate_and_ci(iv)
+    return "n/a" if parts is None else f"{parts[0]} {parts[1]}"
 
 
 #: Said under the side-by-side table when the backbone's own weights are random.

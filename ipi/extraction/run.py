@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import logging
 import shutil
 from collections.abc import Sequence
@@ -279,9 +278,11 @@ def _forward_missing(cfg, cache: ActivationCache, rows: Sequence[ReplayRow], lay
             return {"rank": trainer.global_rank, "rows_forwarded": forwarded}
         forwarded = len(todo)  # all ranks together (rank 0 wrote only its share)
     # Release the model before the next extraction (the random twin) builds its own: the Trainer
-    # and the module reference each other, so only the cycle collector frees them.
+    # and the module reference each other (a cycle only the collector frees), so the module lets
+    # go of the model and the model is freed here by reference counting when this function
+    # built it (a caller's backbone stays the caller's).
+    module.release_backbone()
     del trainer, module, backbone
-    gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return forwarded

@@ -107,3 +107,44 @@ def test_pretrained_loader_reads_neither_head_nor_upper_blocks(tmp_path, traject
     old = random_init_from_config(Qwen2_5_VLForConditionalGeneration, config, 3, dtype=torch.float32).model
     new, ref = twin.model.state_dict(), old.state_dict()
     assert len(new) < len(ref) and all(torch.equal(new[k], ref[k]) for k in new)
+
+
+def test_extraction_frees_the_model_it_built_without_the_cycle_collector(tmp_path, trajectories, monkeypatch):
+    """The backbone built for an extraction is freed when ``extract_features`` returns, by reference
+    counting alone (the collector is off), so the random twin's build never holds two models; a
+    caller's own backbone is left usable."""
+    import gc
+    import weakref
+
+    from ipi.extraction import run
+    from ipi.stages import layer_indices
+
+    cfg = compose_train(tmp_path)
+    count = lambda s: len(load_processor(str(PROCESSOR)).tokenizer(s, add_special_tokens=False)["input_ids"])
+    rows = [r for r in build_rows(trajectories[:1], "i_tool", ["c_scrambled"], count_tokens=count)
+            if r.step.step == trajectories[0].steps[0].step]
+    built = []
+
+    def instantiate(*a, **k):
+        bb = run.instantiate.__wrapped__(*a, **k)
+        built.append((weakref.ref(bb.model), [weakref.ref(m) for m in bb.layers]))
+        return bb
+
+    instantiate.__wrapped__ = run.instantiate
+    monkeypatch.setattr(run, "instantiate", instantiate)
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        fs, info = run.extract_features(cfg, rows, layer_indices(cfg), list(TOKEN_GROUPS))
+        assert info["rows_forwarded"] == len(rows) and len(built) == 1
+        model, layers = built[0]
+        assert model() is None and all(m() is None for m in layers)
+        # A backbone handed in stays the caller's and still extracts the same features.
+        mine = build_backbone(cfg.backbone.loader, max_layer=max(info["layers"]))
+        cfg.extract.force = True
+        again, _ = run.extract_features(cfg, rows, layer_indices(cfg), list(TOKEN_GROUPS), backbone=mine)
+        assert mine.model is not None and len(mine.layers) == max(info["layers"]) + 1
+        assert torch.equal(fs.features, again.features)
+    finally:
+        if enabled:
+            gc.enable()

@@ -235,19 +235,28 @@ def plain_tokenizer(tok):
     return plain
 
 
-def plain_encode(tok, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+def plain_encode(tok, text: str, memo: dict | None = None) -> tuple[list[int], list[tuple[int, int]]]:
     """Tokenise untrusted ``text`` as plain characters: no special or added token can arise.
 
     Args:
         tok: A ``transformers`` tokenizer.
         text: Any text (a task, a thought, a page's element list, an injected string).
+        memo: Optional ``{text: (ids, offsets)}`` of texts already tokenised by this tokenizer
+            (the caller owns it and keeps it to one tokenizer); a hit returns the stored result
+            (tokenisation is a pure function of the text), a miss is stored.
 
     Returns:
-        ``(ids, offsets)``: token ids and their ``(start, end)`` character offsets in ``text``.
+        ``(ids, offsets)``: token ids and their ``(start, end)`` character offsets in ``text``
+        (lists the caller must not change when ``memo`` is given).
     """
-    tok = getattr(tok, "tokenizer", tok)
     if not text:
         return [], []
+    if memo is not None:
+        hit = memo.get(text)
+        if hit is None:
+            hit = memo[text] = plain_encode(tok, text)
+        return hit
+    tok = getattr(tok, "tokenizer", tok)
     plain = plain_tokenizer(tok)
     if plain is not None:
         enc = plain.encode(text, add_special_tokens=False)
@@ -270,8 +279,24 @@ def _added_tokens(tok) -> dict[str, int]:
     return table
 
 
-def encode_prompt(tok, rendered: RenderedPrompt, *, image_pad: str | None = None,
-                  n_image_tokens: int = 0) -> tuple[str, torch.Tensor, torch.Tensor, dict[str, tuple[int, int]]]:
+def _added_pattern(added: dict[str, int]) -> re.Pattern | None:
+    """One regex matching any added token (longest first); compiled once per token table."""
+    if not added:
+        return None
+    key = tuple(sorted(added, key=len, reverse=True))
+    hit = _ADDED_PATTERNS.get(key)
+    if hit is None:
+        if len(_ADDED_PATTERNS) >= 8:
+            _ADDED_PATTERNS.clear()
+        hit = _ADDED_PATTERNS[key] = re.compile("|".join(re.escape(a) for a in key))
+    return hit
+
+
+_ADDED_PATTERNS: dict[tuple[str, ...], re.Pattern] = {}
+
+
+def encode_prompt(tok, rendered: RenderedPrompt, *, image_pad: str | None = None, n_image_tokens: int = 0,
+                  memo: dict | None = None) -> tuple[str, torch.Tensor, torch.Tensor, dict[str, tuple[int, int]]]:
     """Tokenise a rendered prompt: template special tokens as tokens, recorded fields as text.
 
     The prompt is cut at every added token of the trusted pieces; each stretch between two
@@ -286,14 +311,18 @@ def encode_prompt(tok, rendered: RenderedPrompt, *, image_pad: str | None = None
         image_pad: The image placeholder token; its one template occurrence becomes
             ``n_image_tokens`` copies.
         n_image_tokens: Image tokens of the screenshot (``grid.prod() // merge**2``).
+        memo: Passed to :func:`plain_encode`: stretches already tokenised (the rows of one
+            step share all stretches but the one holding the injected field).
 
     Returns:
         ``(text, input_ids [T], offsets [T, 2], spans)``: the expanded prompt, its ids and
         character offsets, and the field spans in the expanded text.
     """
     added = _added_tokens(tok)
-    pattern = re.compile("|".join(re.escape(a) for a in sorted(added, key=len, reverse=True))) if added else None
-    runs: list[tuple[str, bool]] = []  # (text, is_special)
+    pattern = _added_pattern(added)
+    # (text, is_special, copies): the image placeholder is one run of ``n_image_tokens`` copies, so
+    # a screenshot's hundreds of image tokens cost one list extension, not one run each.
+    runs: list[tuple[str, bool, int]] = []
     spans: dict[str, tuple[int, int]] = {}
     field_iter = iter(UNTRUSTED_FIELDS)
     pos = 0
@@ -301,17 +330,19 @@ def encode_prompt(tok, rendered: RenderedPrompt, *, image_pad: str | None = None
         if not trusted:
             name = next(field_iter)
             spans[name] = (pos, pos + len(text))
-            runs.append((text, False))
+            runs.append((text, False, 1))
             pos += len(text)
             continue
-        if image_pad and image_pad in text:
-            text = text.replace(image_pad, image_pad * n_image_tokens, 1)
+        expand_at = text.find(image_pad) if image_pad else -1  # its first occurrence is the screenshot
         last = 0
         for m in (pattern.finditer(text) if pattern else ()):
-            runs.append((text[last:m.start()], False))
-            runs.append((m.group(), True))
+            runs.append((text[last:m.start()], False, 1))
+            copies = n_image_tokens if m.start() == expand_at and m.group() == image_pad else 1
+            runs.append((m.group(), True, copies))
+            if copies != 1:
+                pos += len(image_pad) * (copies - 1)
             last = m.end()
-        runs.append((text[last:], False))
+        runs.append((text[last:], False, 1))
         pos += len(text)
     ids: list[int] = []
     offsets: list[tuple[int, int]] = []
@@ -320,23 +351,26 @@ def encode_prompt(tok, rendered: RenderedPrompt, *, image_pad: str | None = None
 
     def flush():
         chunk = "".join(buf)
-        i, o = plain_encode(tok, chunk)
+        buf.clear()
+        if not chunk:
+            return
+        i, o = plain_encode(tok, chunk, memo=memo)
         ids.extend(i)
         offsets.extend((a + buf_at, b + buf_at) for a, b in o)
-        buf.clear()
 
-    for text, special in runs:
+    for text, special, copies in runs:
         if special:
             flush()
-            ids.append(added[text])
-            offsets.append((pos, pos + len(text)))
-            pos += len(text)
+            n = len(text)
+            ids.extend([added[text]] * copies)
+            offsets.extend((pos + k * n, pos + (k + 1) * n) for k in range(copies))
+            pos += n * copies
             buf_at = pos
         else:
             buf.append(text)
             pos += len(text)
     flush()
-    full = "".join(t for t, _ in runs)
+    full = "".join(t * c for t, _, c in runs)
     return full, torch.tensor(ids, dtype=torch.long), torch.tensor(offsets, dtype=torch.long).reshape(-1, 2), spans
 
 
@@ -350,7 +384,8 @@ def _tokens_in(offsets: torch.Tensor, span: tuple[int, int]) -> torch.Tensor:
 
 
 def tokenise(processor, parts: PromptParts, image=None, *, image_size: dict | None = None,
-             image_token_id: int | None = None, image_inputs: dict | None = None) -> TokenisedRow:
+             image_token_id: int | None = None, image_inputs: dict | None = None,
+             memo: dict | None = None) -> TokenisedRow:
     """Render the chat template for one row, tokenise it and locate the token groups.
 
     Recorded text (task, history, tool result, page elements, gold turn) is untrusted: it is
@@ -368,6 +403,9 @@ def tokenise(processor, parts: PromptParts, image=None, *, image_size: dict | No
         image_inputs: The image processor's output for ``image`` (``pixel_values``,
             ``image_grid_thw``), computed once and shared by every variant showing the same
             screenshot; the image is then not processed again.
+        memo: Stretches of template and recorded text already tokenised with this processor's
+            tokenizer (:func:`plain_encode`), shared by the variants of one step (they differ only
+            in the stretch holding the injected field); None: no sharing.
 
     Returns:
         The tokenised row with token groups (PROTOCOL.md §3):
@@ -390,12 +428,12 @@ def tokenise(processor, parts: PromptParts, image=None, *, image_size: dict | No
         grid = image_inputs["image_grid_thw"]
         n_image = int(grid.prod().item()) // (merge * merge)
         expanded, ids, offsets, spans = encode_prompt(tok, rendered, image_pad="<|image_pad|>",
-                                                      n_image_tokens=n_image)
+                                                      n_image_tokens=n_image, memo=memo)
         if int((ids == image_token_id).sum()) != n_image:
             raise ValueError(f"replay: {int((ids == image_token_id).sum())} image tokens for {n_image} image features")
         extra = {"pixel_values": image_inputs["pixel_values"], "image_grid_thw": grid}
     else:
-        expanded, ids, offsets, spans = encode_prompt(tok, rendered)
+        expanded, ids, offsets, spans = encode_prompt(tok, rendered, memo=memo)
     if ids.numel() == 0 or int(offsets[-1, 1]) != len(expanded):
         raise ValueError("replay: tokenizer offsets do not cover the rendered prompt")
     enc: dict[str, torch.Tensor] = {"input_ids": ids[None], "attention_mask": torch.ones(1, ids.numel(), dtype=torch.long),

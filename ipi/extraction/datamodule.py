@@ -95,8 +95,10 @@ def _image_key(row: ReplayRow) -> tuple:
 class StepGroupDataset(ReplayDataset):
     """Step groups (all rows of one trajectory step on one surface), tokenised lazily.
 
-    Each distinct screenshot of a group is rendered and processed once; every row is tokenised
-    against the shared image inputs (:func:`ipi.replay.tokenise` with ``image_inputs``).
+    Each screenshot of a group is decoded once, each distinct (bannered) image rendered and
+    processed once; every row is tokenised against the shared image inputs
+    (:func:`ipi.replay.tokenise` with ``image_inputs``), and the text stretches the rows share
+    (all but the one holding the injected field) are tokenised once per group (``memo``).
     Arguments as :class:`ReplayDataset`; items are step groups instead of rows.
     """
 
@@ -112,6 +114,7 @@ class StepGroupDataset(ReplayDataset):
         image_inputs: list[dict] = []
         items = []
         decoded: dict[str, object] = {}  # the step's screenshot, decoded once for all its variants
+        memo: dict[str, tuple] = {}  # text stretches the variants share, tokenised once per step
         for i in self.groups[g]:
             row = self.rows[i]
             try:
@@ -130,7 +133,7 @@ class StepGroupDataset(ReplayDataset):
                     shared = image_inputs[images[key]]
                 tok = tokenise(self.processor, row.parts(self.system_prompt, self.multimodal), None,
                                image_size=self.image_size, image_token_id=self.image_token_id,
-                               image_inputs=shared)
+                               image_inputs=shared, memo=memo)
             except ValueError as e:
                 raise ValueError(f"row {row.row_id} (screenshot {row.step.screenshot}): {e}") from e
             tok.inputs.pop("pixel_values", None)  # held once per image below

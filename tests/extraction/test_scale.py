@@ -123,6 +123,37 @@ def test_step_group_decodes_each_screenshot_once_and_renders_the_template_once(s
         torch.testing.assert_close(it["tok"].inputs["input_ids"], ref[i]["tok"].inputs["input_ids"], rtol=0, atol=0)
 
 
+def test_step_group_tokenises_shared_stretches_once_with_the_processors_ids(small_backbone, trajectories,
+                                                                             monkeypatch):
+    """The variants of a step differ in one text stretch: the others (system, task and history,
+    gold turn) go through the tokenizer once per step group; every row's ids still equal the
+    processor's own call on the rendered prompt (which expands the image placeholder itself)."""
+    from ipi import replay
+
+    bb = small_backbone
+    for surface in ("i_dom", "i_tool"):
+        rows = _rows(bb, trajectories, surface, n_steps=1)
+        encoded = []
+        real = replay.plain_encode
+
+        def counting(tok, text, memo=None):
+            if memo is None:
+                encoded.append(text)
+            return real(tok, text, memo)
+
+        monkeypatch.setattr(replay, "plain_encode", counting)
+        group = StepGroupDataset(rows, *_args(bb))[0]
+        monkeypatch.setattr(replay, "plain_encode", real)
+        assert len(encoded) == len(set(encoded))  # no stretch tokenised twice
+        per_row = len(encoded) - (len(rows) - 1)  # stretches of one row: all shared but one
+        assert per_row >= 4 and len(encoded) == per_row + len(rows) - 1
+        for row, it in zip(rows, group["items"]):
+            text = replay.render_prompt(bb.processor, row.parts(DEFAULT_SYSTEM_PROMPT, True)).text
+            ref = bb.processor(text=[text], images=[row.variant.image(row.step)], images_kwargs={"size": bb.image_size},
+                               return_tensors="pt")
+            assert torch.equal(it["tok"].inputs["input_ids"], ref["input_ids"]), row.row_id
+
+
 def test_image_tokens_get_3d_positions(small_backbone, trajectories):
     """Without mm_token_type_ids the model would give image tokens 1-D positions: features differ."""
     bb = small_backbone

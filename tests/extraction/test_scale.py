@@ -131,16 +131,17 @@ def test_step_group_tokenises_shared_stretches_once_with_the_processors_ids(smal
     from ipi import replay
 
     bb = small_backbone
+    encoded: list[str] = []  # texts that went through the tokenizer (memo misses)
+    real = replay.plain_encode
+
+    def counting(tok, text, memo=None):
+        if memo is None:
+            encoded.append(text)
+        return real(tok, text, memo)
+
     for surface in ("i_dom", "i_tool"):
         rows = _rows(bb, trajectories, surface, n_steps=1)
-        encoded = []
-        real = replay.plain_encode
-
-        def counting(tok, text, memo=None):
-            if memo is None:
-                encoded.append(text)
-            return real(tok, text, memo)
-
+        encoded.clear()
         monkeypatch.setattr(replay, "plain_encode", counting)
         group = StepGroupDataset(rows, *_args(bb))[0]
         monkeypatch.setattr(replay, "plain_encode", real)

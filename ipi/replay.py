@@ -268,6 +268,10 @@ def plain_encode(tok, text: str, memo: dict | None = None) -> tuple[list[int], l
 
 def count_plain_tokens(tok, text: str) -> int:
     """Number of tokens of ``text`` tokenised as plain characters (:func:`plain_encode`)."""
+    inner = getattr(tok, "tokenizer", tok)
+    plain = plain_tokenizer(inner) if text else None
+    if plain is not None:  # the count alone: no id/offset lists built
+        return len(plain.encode(text, add_special_tokens=False))
     return len(plain_encode(tok, text)[0])
 
 

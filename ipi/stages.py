@@ -40,6 +40,45 @@ from ipi.twin import twin_config, twin_description, twin_seeds
 
 log = logging.getLogger(__name__)
 
+#: Results of the job-independent stages (data import, replay rows, the gallery) kept across the
+#: jobs of one ``train.py -m`` sweep, which Hydra's local launcher runs one after another in one
+#: process (docs/sweeps.md). Keyed by everything the stage reads; only used in multirun mode, so a
+#: single run (or a test calling a task twice) always recomputes. Bounded: oldest entry dropped.
+_SWEEP_MEMO: dict[tuple, object] = {}
+_SWEEP_MEMO_MAX = 16
+
+
+def in_multirun() -> bool:
+    """Whether this process runs the jobs of a Hydra ``-m`` sweep (``hydra.mode=MULTIRUN``)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def sweep_memo(key: tuple, compute, what: str):
+    """``compute()``, or its value from an earlier job of this sweep with the same ``key``.
+
+    Outside a multirun ``compute()`` always runs. The memo keeps at most ``_SWEEP_MEMO_MAX``
+    values; ``what`` names the stage in the log line of a reuse.
+    """
+    if not in_multirun():
+        return compute()
+    if key in _SWEEP_MEMO:
+        log.info("%s: reused from an earlier job of this sweep (same inputs)", what)
+        return _SWEEP_MEMO[key]
+    value = compute()
+    while len(_SWEEP_MEMO) >= _SWEEP_MEMO_MAX:
+        _SWEEP_MEMO.pop(next(iter(_SWEEP_MEMO)))
+    _SWEEP_MEMO[key] = value
+    return value
+
+
+def _config_key(node) -> str:
+    import json
+
+    return json.dumps(to_container(node), sort_keys=True, default=str)
+
 
 def importer(data: DictConfig, backbone: DictConfig) -> functools.partial:
     """The configured importer (``data.importer``, a ``_target_`` node of ``conf/data/<kind>.yaml``).
@@ -87,7 +126,10 @@ def load_data(cfg: DictConfig):
             why each was left out (counts per reason).
     """
 
-    trajs, traj_skips = importer(cfg.data, cfg.backbone)(cfg.data.root)
+    # the same data and backbone in an earlier job of a -m sweep: the same import (sweep_memo)
+    trajs, traj_skips = sweep_memo(("load_data", _config_key(cfg.data), _config_key(cfg.backbone)),
+                                   lambda: importer(cfg.data, cfg.backbone)(cfg.data.root), "data import")
+    trajs, traj_skips = list(trajs), [dict(d) for d in traj_skips]
     if cfg.data.max_trajectories is not None:
         trajs = trajs[: cfg.data.max_trajectories]
     step_skips = [
@@ -173,13 +215,26 @@ def make_rows(cfg: DictConfig, trajectories, surface: str, controls: list[str] |
     entry — are exactly those of a run on that surface, and a ``-m surface=...`` sweep or an
     ``extract.py`` run before it fills each entry once. ``controls`` overrides both.
     ``wording`` is the held-out wording plan of the split (:func:`split_folds`), or None.
+
+    In a ``-m`` sweep the rows of an earlier job with the same trajectories (the same objects:
+    :func:`load_data` reuses its import), surface, controls, attacks, tokenizer and wording plan
+    are reused (:func:`sweep_memo`); rows are frozen dataclasses, never changed after building.
     """
-    count_tokens = token_counter(cfg) if surface != "i_vis" else None
     if controls is None:
         controls = (resolved_controls(cfg) if _value(cfg.surface.name) == surface
                     else list(CONTROLS_BY_SURFACE[surface]))
-    return build_rows(track(trajectories, f"rendering {surface} variants"), surface, controls,
-                      n_attacks=cfg.surface.n_attacks, count_tokens=count_tokens, wording=wording)
+    trajectories = list(trajectories)
+    tokenizer = (str(cfg.backbone.tokenizer_path), _config_key(cfg.backbone.get("tokenizer_kwargs") or {}))
+
+    def build():
+        count_tokens = token_counter(cfg) if surface != "i_vis" else None
+        rows = build_rows(track(trajectories, f"rendering {surface} variants"), surface, controls,
+                          n_attacks=cfg.surface.n_attacks, count_tokens=count_tokens, wording=wording)
+        return trajectories, rows  # the trajectories stay referenced: their ids in the key stay theirs
+
+    key = ("make_rows", tuple(map(id, trajectories)), surface, tuple(controls), int(cfg.surface.n_attacks),
+           tokenizer if surface != "i_vis" else None, repr(wording))
+    return list(sweep_memo(key, build, f"rows of {surface}")[1])
 
 
 def write_gallery(cfg: DictConfig, trajectory, out_dir: Path) -> Path | None:
@@ -187,8 +242,11 @@ def write_gallery(cfg: DictConfig, trajectory, out_dir: Path) -> Path | None:
 
     if not trajectory.steps:
         return None
-    img = build_gallery(trajectory.trajectory_id, trajectory.steps[0], token_counter(cfg),
-                        task=trajectory.task, n_attacks=cfg.surface.n_attacks)
+    key = ("gallery", id(trajectory), int(cfg.surface.n_attacks), str(cfg.backbone.tokenizer_path),
+           _config_key(cfg.backbone.get("tokenizer_kwargs") or {}))
+    _, img = sweep_memo(key, lambda: (trajectory, build_gallery(
+        trajectory.trajectory_id, trajectory.steps[0], token_counter(cfg), task=trajectory.task,
+        n_attacks=cfg.surface.n_attacks)), "gallery")
     return save_png_atomic(img, out_dir / "gallery.png")
 
 

@@ -110,6 +110,12 @@ def wrap_text(text: str, font: ImageFont.ImageFont, max_width: int) -> list[str]
     Words are separated by single spaces (runs of spaces are kept inside the words' spacing);
     newlines start a new line. A word wider than ``max_width`` is broken between characters.
 
+    The greedy rule: a line takes words while the measured line fits. Widths grow as words
+    are appended, so the words a line takes are found by a galloping search over how many
+    of the next words fit (about ``2 log2`` measurements per line instead of one per word and
+    one per character of a line's first word); the lines are those of the word-by-word loop
+    (``tests/surfaces/test_banner.py`` checks both on every bank text and random texts).
+
     Args:
         text: Text to wrap.
         font: Font used to measure (``font.getlength``).
@@ -118,17 +124,42 @@ def wrap_text(text: str, font: ImageFont.ImageFont, max_width: int) -> list[str]
     Returns:
         The lines, without trailing spaces.
     """
+    def fits(s: str) -> bool:
+        return font.getlength(s) <= max_width
+
     lines: list[str] = []
     for para in text.split("\n"):
-        cur = ""
-        for word in para.split(" "):
-            cand = word if not cur else f"{cur} {word}"
-            if font.getlength(cand) <= max_width:
-                cur = cand
+        words = para.split(" ")
+        cur, i, n = "", 0, len(words)
+        while i < n:
+            if not cur:
+                while i < n and not words[i]:  # an empty word on an empty line leaves it empty
+                    i += 1
+                if i == n:
+                    break
+            head = f"{cur} " if cur else ""
+
+            def line(k: int) -> str:  # cur with the next k words
+                return head + " ".join(words[i:i + k])
+
+            # largest k with line(k) fitting: gallop (1, 2, 4, ...) then bisect
+            lo, hi = 0, 1
+            while i + hi <= n and fits(line(hi)):
+                lo, hi = hi, 2 * hi
+            hi = min(hi, n - i + 1)
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                lo, hi = (mid, hi) if fits(line(mid)) else (lo, mid)
+            if lo:
+                cur, i = line(lo), i + lo
                 continue
+            word = words[i]  # words[i] does not fit after cur: a new line starts with it
             if cur:
                 lines.append(cur)
-            cur = ""
+            i += 1
+            if fits(word):
+                cur = word
+                continue
             # Break an over-long word between characters.
             piece = ""
             for ch in word:

@@ -176,6 +176,18 @@ class _Inserter:
         return out, start, start + len(text)
 
 
+def _memoised(count_tokens: Callable[[str], int]) -> Callable[[str], int]:
+    """``count_tokens`` with a memo (one per step: its texts are not seen again)."""
+    counted: dict[str, int] = {}
+
+    def count(text: str) -> int:
+        if text not in counted:
+            counted[text] = count_tokens(text)
+        return counted[text]
+
+    return count
+
+
 def make_variants(
     trajectory_id: str,
     step: Step,
@@ -259,6 +271,9 @@ def make_variants(
 
     if count_tokens is None:
         raise ValueError(f"count_tokens is required for surface {surface!r} (token matching)")
+    # The searches below count the same field or line more than once (the attack's field, each
+    # control's field before and after matching): a per-step memo of the pure counter.
+    count_tokens = _memoised(count_tokens)
     ins = _Inserter(surface, trajectory_id, step)
     extra = {"position": ins.position, "label": ins.label} if surface == "i_dom" else {}
 

@@ -25,8 +25,9 @@ with the number of rows.
 replicates on a 5,000-row table, vectorised vs a plain ``roc_auc_score`` loop, on one core).
 
 ``permutation`` runs :func:`ipi.metrics.bootstrap_timing.bench_permutation`: the exact permutation test's
-199 refits (Gram matrix once, then Newton on ≤ n coefficients; ``ipi/probe/dual.py``) against 20
-scikit-learn fits, at paper width (107,520 features, 1,000 training rows) unless
+199 refits as ``train.py`` runs them (Gram matrix once, then all 199 Newton solves on ≤ n
+coefficients in one batched call, ``fit_reduced_batch`` in ``ipi/probe/dual.py``; single sequential
+refits timed beside it for the batching gain) against 20 scikit-learn fits, at paper width (107,520 features, 1,000 training rows) unless
 ``--perm-features``/``--perm-train`` scale it down; ``ratio`` ≤ 1 is issue 10's requirement.
 
 ``--gpu-7b-shapes`` (needs a CUDA GPU) builds the real Qwen2.5-VL architecture at 7B shapes with

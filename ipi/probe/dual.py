@@ -346,20 +346,25 @@ def _batch_newton_step(phi: torch.Tensor, gram: torch.Tensor | None, w: torch.Te
     """
     b, n = w.shape
     r = phi.shape[1]
+    # Problems with the same weights have the same matrix: factor it once (the first step from
+    # zero of balanced label permutations: every weight is c · 1/4 with c equal across classes).
+    wf = w[:1] if b > 1 and bool((w == w[:1]).all()) else w  # [1 or b, n]
     if gram is None:
         design = torch.cat([phi, torch.ones(n, 1, dtype=phi.dtype)], dim=1)  # [n, r+1]
-        h = (design.T[None] * w[:, None, :]) @ design  # [b, r+1, r+1]
+        h = (design.T[None] * wf[:, None, :]) @ design  # [b or 1, r+1, r+1]
         diag = h.diagonal(dim1=1, dim2=2)
         diag[:, :-1] += lam
         chol, info = torch.linalg.cholesky_ex(h, upper=True)
         step = _upper_cholesky_solve(chol, g[:, :, None])[:, :, 0]
-        ok = info == 0
+        ok = (info == 0).expand(b)
     else:
         sw = torch.sqrt(w)
-        m = torch.mul(gram, sw[:, :, None])  # [b, n, n] = W^{1/2} K W^{1/2}, one buffer
-        m.mul_(sw[:, None, :])
+        swf = sw[:1] if wf.shape[0] == 1 else sw
+        m = torch.mul(gram, swf[:, :, None])  # [b or 1, n, n] = W^{1/2} K W^{1/2}, one buffer
+        m.mul_(swf[:, None, :])
         m.diagonal(dim1=1, dim2=2).add_(lam)
         chol, info = torch.linalg.cholesky_ex(m, upper=True)
+        info = info.expand(b)
         c = w @ phi  # [b, r]: Φᵀ w, the β–intercept block of H
         rhs = torch.stack([g[:, :-1], c], dim=2)  # [b, r, 2]
         t = sw[:, :, None] * (phi @ rhs)  # [b, n, 2]
@@ -370,7 +375,7 @@ def _batch_newton_step(phi: torch.Tensor, gram: torch.Tensor | None, w: torch.Te
         sb = (g[:, -1] - torch.sum(c * u, dim=1)) / schur
         step = torch.cat([u - v * sb[:, None], sb[:, None]], dim=1)
         ok = (info == 0) & (schur > 0)
-    ok &= torch.isfinite(step).all(dim=1)
+    ok = ok & torch.isfinite(step).all(dim=1)
     return step, ok
 
 

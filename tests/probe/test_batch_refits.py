@@ -14,19 +14,24 @@ from ipi.probe.dual import ReducedDesign, fit_reduced, fit_reduced_batch
 from ipi.probe.fit import ProbeConfig
 
 
-def _design(n, d, m_test=40, seed=0, shift=0.7):
+def _design(n, d, m_test=40, seed=0, shift=0.7, balanced=False):
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((n + m_test, d)).astype(np.float32) * rng.uniform(0.3, 2.0, d).astype(np.float32)
     y = (rng.random(n + m_test) < 0.4).astype(np.int64)
+    if balanced:  # one clean and one attack row per step, as the pipeline's training rows
+        y = np.tile([0, 1], (n + m_test) // 2 + 1)[: n + m_test]
     x[y == 1, :3] += shift
     return ReducedDesign.build(x[:n], x[n:]), y[:n], rng
 
 
 # n=120: d=30 primal (direct Hessians), d=400 dual rank n-1 (Woodbury through [n, n]);
 # C=50 on the dual design is (nearly) separable: long damped-Newton paths.
-@pytest.mark.parametrize(("n", "d", "C"), [(120, 30, 1.0), (120, 400, 1.0), (100, 300, 50.0), (90, 60, 0.05)])
-def test_batched_refits_equal_sequential(n, d, C):
-    design, y, rng = _design(n, d, seed=n + d)
+# balanced: every problem's first Newton matrix is the same (factored once for the block)
+@pytest.mark.parametrize(("n", "d", "C", "balanced"), [(120, 30, 1.0, False), (120, 400, 1.0, False),
+                                                       (100, 300, 50.0, False), (90, 60, 0.05, False),
+                                                       (120, 30, 1.0, True), (120, 400, 1.0, True)])
+def test_batched_refits_equal_sequential(n, d, C, balanced):
+    design, y, rng = _design(n, d, seed=n + d, balanced=balanced)
     ys = np.stack([rng.permutation(y) for _ in range(12)] + [y])
     seq = np.stack([fit_reduced(design.phi, v, C=C) for v in ys])
     # a small block_bytes forces several blocks (and blocks of one problem)

@@ -31,7 +31,7 @@ def test_sweep_memo_is_off_outside_a_multirun_and_bounded_inside(monkeypatch):
     first = stages.sweep_memo(("k",), lambda: compute(3), "x")
     assert stages.sweep_memo(("k",), lambda: compute(4), "x") is first and calls == [1, 2, 3]
     for i in range(stages._SWEEP_MEMO_MAX + 3):
-        stages.sweep_memo(("n", i), lambda: compute(i), "x")
+        stages.sweep_memo(("n", i), lambda i=i: compute(i), "x")
     assert len(stages._SWEEP_MEMO) == stages._SWEEP_MEMO_MAX and ("k",) not in stages._SWEEP_MEMO
 
 

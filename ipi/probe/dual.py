@@ -390,7 +390,9 @@ def fit_reduced_batch(phi: np.ndarray, y: np.ndarray, *, C: float = 1.0, tol: fl
     problem's logits, and each Newton system is solved exactly by a batched Cholesky
     factorisation — of the ``[r+1, r+1]`` Hessian, or, when that is dearer (``r`` close to
     ``n``, the dual route), of the ``[n, n]`` matrix ``λI + W^{1/2} Φ Φᵀ W^{1/2}`` through the
-    Woodbury identity (``Φ Φᵀ`` is formed once). The minimiser is unique (strictly convex
+    Woodbury identity (``Φ Φᵀ`` is formed once); problems of a block with equal weights ``W``
+    (the first step of balanced permutations) share one factorisation, and with more than one
+    torch thread the blocks run one per thread, each single-threaded. The minimiser is unique (strictly convex
     objective), so the result equals the sequential fits up to the solver tolerance (the test
     suite checks ``1e-8``). A problem whose factorisation fails, whose line search stalls or
     that does not converge within ``max_iter`` is re-solved alone by :func:`fit_reduced`, which

@@ -137,10 +137,10 @@ def wrap_text(text: str, font: ImageFont.ImageFont, max_width: int) -> list[str]
                     i += 1
                 if i == n:
                     break
-            head = f"{cur} " if cur else ""
+            head, nxt = (f"{cur} " if cur else ""), words[i:]
 
-            def line(k: int) -> str:  # cur with the next k words
-                return head + " ".join(words[i:i + k])
+            def line(k: int, head: str = head, nxt: list[str] = nxt) -> str:  # cur + the next k words
+                return head + " ".join(nxt[:k])
 
             # largest k with line(k) fitting: gallop (1, 2, 4, ...) then bisect
             lo, hi = 0, 1

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from ipi.surfaces.banner import _worst_case, load_font, wrap_text
 from ipi.surfaces.bank import BENIGN_IMPERATIVES, all_attack_texts
+from ipi.surfaces.banner import _worst_case, load_font, wrap_text
 
 
 def greedy_wrap(text: str, font, max_width: int) -> list[str]:

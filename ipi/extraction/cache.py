@@ -67,6 +67,85 @@ def file_sha256(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+#: Files up to this size are hashed whole by :func:`local_content_digest`; larger ones (model
+#: weights) by their size and first and last MiB.
+WHOLE_FILE_BYTES = 64 << 20
+_EDGE_BYTES = 1 << 20
+
+
+def _file_fingerprint(path: Path, size: int) -> str:
+    h = hashlib.sha256(str(size).encode())
+    with open(path, "rb") as f:
+        if size <= WHOLE_FILE_BYTES:
+            while b := f.read(1 << 20):
+                h.update(b)
+        else:
+            h.update(f.read(_EDGE_BYTES))
+            f.seek(size - _EDGE_BYTES)
+            h.update(f.read(_EDGE_BYTES))
+    return h.hexdigest()
+
+
+_DIGESTS: dict[tuple, str] = {}
+
+
+def local_content_digest(path: str | os.PathLike) -> str:
+    """Content digest of a local file or folder, so that a cache key does not depend on where it lies.
+
+    A folder's digest covers the relative name and content of every regular file below it,
+    leaving out dot-files and ``__pycache__``. Files up to :data:`WHOLE_FILE_BYTES` are hashed
+    whole; larger ones (checkpoint weights) by their size and their first and last MiB, so a
+    warm run does not read 16 GB of weights to find its cache entry. Memoised per process on
+    (path, size, mtime) of every file.
+
+    Args:
+        path: An existing local file or folder.
+
+    Returns:
+        ``"sha256:<hex>"``.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+    """
+    root = Path(path)
+    if root.is_file():
+        files = [(root.name, root)]
+    elif root.is_dir():
+        files = sorted(
+            (p.relative_to(root).as_posix(), p) for p in root.rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts
+            and not any(part.startswith(".") for part in p.relative_to(root).parts))
+    else:
+        raise FileNotFoundError(f"{path}: no such file or folder")
+    stats = tuple((rel, p.stat().st_size, p.stat().st_mtime_ns) for rel, p in files)
+    memo_key = (str(root.resolve()), stats)
+    if memo_key not in _DIGESTS:
+        h = hashlib.sha256()
+        for (rel, p), (_, size, _) in zip(files, stats):
+            h.update(f"{rel}\0{_file_fingerprint(p, size)}\n".encode())
+        _DIGESTS[memo_key] = "sha256:" + h.hexdigest()
+    return _DIGESTS[memo_key]
+
+
+def content_addressed(node):
+    """``node`` (a JSON-like config tree) with every local path replaced by its content digest.
+
+    A string holding a ``/`` that names an existing file or folder (the tiny backbone's processor
+    files, a GGUF package folder, a local checkpoint) becomes :func:`local_content_digest` of it.
+    Hub ids (``Qwen/Qwen2.5-VL-7B-Instruct``) that are not local folders stay as they are. The
+    cache key of an extraction hashes this form of the backbone node, so the same files reached
+    through another path (a moved data copy, another checkout, another cluster mount) find the
+    same entry, and changed files do not.
+    """
+    if isinstance(node, dict):
+        return {k: content_addressed(v) for k, v in node.items()}
+    if isinstance(node, (list, tuple)):
+        return [content_addressed(v) for v in node]
+    if isinstance(node, str) and "/" in node and os.path.exists(node):
+        return local_content_digest(node)
+    return node
+
+
 @dataclass
 class FeatureSet:
     """Features of all rows of one cache entry, ordered by ``row_ids``.

@@ -6,6 +6,8 @@ import subprocess
 import textwrap
 import time
 
+import pytest
+
 from tests.conftest import (
     PY,
     REPO,
@@ -44,3 +46,73 @@ def test_writer_lock_waits_for_a_live_holder_and_breaks_a_dead_ones(tmp_path, ca
     with entry.writer_lock() as waited:
         assert waited < 5
     assert time.monotonic() - t0 < 5 and not entry.lock_path.exists()
+
+
+@pytest.mark.needs_shared
+def test_cache_key_follows_the_processor_files_not_their_path(tmp_path, trajectories):
+    """A copy of the processor files elsewhere keys the same entry; one changed byte keys another."""
+    import shutil
+
+    from omegaconf import open_dict
+
+    from ipi.extraction.cache import local_content_digest
+    from ipi.extraction.rows import build_rows
+    from ipi.extraction.run import cache_key
+    from tests.conftest import compose_train
+
+    cfg = compose_train(tmp_path)
+    src = cfg.backbone.tokenizer_path
+    copy = shutil.copytree(src, tmp_path / "elsewhere" / "processor")
+    moved = compose_train(tmp_path, [f"backbone.tokenizer_path={copy}"])
+    assert moved.backbone.loader.processor_path == str(copy) != cfg.backbone.loader.processor_path
+    rows = build_rows(trajectories[:1], "i_vis", ["c_scrambled"])
+    key, spec = cache_key(cfg.backbone, rows, [0], ["last_prompt"])
+    key_moved, spec_moved = cache_key(moved.backbone, rows, [0], ["last_prompt"])
+    assert key_moved == key
+    assert spec_moved["backbone"]["tokenizer_path"] == str(copy)  # the manifest keeps the path as given
+    # Dot-files and __pycache__ are not content; a changed file is.
+    (copy / ".DS_Store").write_bytes(b"x")
+    assert cache_key(moved.backbone, rows, [0], ["last_prompt"])[0] == key
+    cfg_json = copy / "preprocessor_config.json"
+    cfg_json.write_text(cfg_json.read_text().replace("3136", "3137"))
+    assert cache_key(moved.backbone, rows, [0], ["last_prompt"])[0] != key
+    # Hub ids that are not local folders stay strings.
+    hub = compose_train(tmp_path)
+    with open_dict(hub):
+        hub.backbone.tokenizer_path = "Qwen/Qwen2.5-VL-7B-Instruct"
+        hub.backbone.loader.processor_path = "Qwen/Qwen2.5-VL-7B-Instruct"
+    assert cache_key(hub.backbone, rows, [0], ["last_prompt"])[0] != key
+    with pytest.raises(FileNotFoundError, match="no such file or folder"):
+        local_content_digest(tmp_path / "missing")
+
+
+def test_local_content_digest_of_large_files_reads_their_edges(tmp_path, monkeypatch):
+    """Files above WHOLE_FILE_BYTES are fingerprinted by size and first/last MiB (weights)."""
+    import ipi.extraction.cache as cache
+
+    import os
+
+    monkeypatch.setattr(cache, "WHOLE_FILE_BYTES", 3 << 20)
+    tick = iter(range(1, 100))
+
+    def write(path, blob):  # a distinct mtime per write: the memo is keyed on (size, mtime)
+        path.write_bytes(blob)
+        os.utime(path, ns=(next(tick) * 10**9,) * 2)
+
+    big = tmp_path / "w.bin"
+    data = bytearray(5 << 20)
+    write(big, bytes(data))
+    d0 = cache.local_content_digest(big)
+    data[(5 << 20) - 10] = 1  # last MiB: seen
+    write(big, bytes(data))
+    d1 = cache.local_content_digest(big)
+    assert d1 != d0
+    data[(2 << 20) + 5] = 1  # middle: not read for a file this large
+    write(big, bytes(data))
+    # Same size, new mtime: recomputed, but the middle byte is not part of the fingerprint.
+    assert cache.local_content_digest(big) == d1
+    small = tmp_path / "s.bin"
+    write(small, bytes(1 << 20))
+    s0 = cache.local_content_digest(small)
+    write(small, bytes(512 << 10) + b"\1" + bytes((512 << 10) - 1))
+    assert cache.local_content_digest(small) != s0  # small files: every byte

@@ -67,22 +67,20 @@ def file_sha256(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-#: Files up to this size are hashed whole by :func:`local_content_digest`; larger ones (model
-#: weights) by their size and first and last MiB.
-WHOLE_FILE_BYTES = 64 << 20
-_EDGE_BYTES = 1 << 20
+#: Files up to this size are hashed whole by :func:`local_content_digest` (processor files, a
+#: GGUF of a small model); larger ones (checkpoint weights) are identified by location instead.
+WHOLE_FILE_BYTES = 256 << 20
 
 
-def _file_fingerprint(path: Path, size: int) -> str:
-    h = hashlib.sha256(str(size).encode())
+def _file_fingerprint(path: Path, size: int, mtime_ns: int) -> str:
+    if size > WHOLE_FILE_BYTES:
+        # Hashing 16 GB of weights is not a price for a cache hit, and a partial read could miss
+        # a fine-tune that left the sampled bytes alone: large files key by where they are.
+        return "file:" + json.dumps([str(path.resolve()), size, mtime_ns])
+    h = hashlib.sha256()
     with open(path, "rb") as f:
-        if size <= WHOLE_FILE_BYTES:
-            while b := f.read(1 << 20):
-                h.update(b)
-        else:
-            h.update(f.read(_EDGE_BYTES))
-            f.seek(size - _EDGE_BYTES)
-            h.update(f.read(_EDGE_BYTES))
+        while b := f.read(1 << 20):
+            h.update(b)
     return h.hexdigest()
 
 
@@ -93,10 +91,10 @@ def local_content_digest(path: str | os.PathLike) -> str:
     """Content digest of a local file or folder, so that a cache key does not depend on where it lies.
 
     A folder's digest covers the relative name and content of every regular file below it,
-    leaving out dot-files and ``__pycache__``. Files up to :data:`WHOLE_FILE_BYTES` are hashed
-    whole; larger ones (checkpoint weights) by their size and their first and last MiB, so a
-    warm run does not read 16 GB of weights to find its cache entry. Memoised per process on
-    (path, size, mtime) of every file.
+    leaving out dot-files and ``__pycache__``. Files up to :data:`WHOLE_FILE_BYTES` (256 MiB) enter
+    by their bytes; larger ones (checkpoint weights) by resolved path, size and modification
+    time, so a warm run does not read 16 GB of weights to find its cache entry, and a rewritten
+    checkpoint keys a new entry. Memoised per process on (path, size, mtime) of every file.
 
     Args:
         path: An existing local file or folder.
@@ -121,8 +119,8 @@ def local_content_digest(path: str | os.PathLike) -> str:
     memo_key = (str(root.resolve()), stats)
     if memo_key not in _DIGESTS:
         h = hashlib.sha256()
-        for (rel, p), (_, size, _) in zip(files, stats):
-            h.update(f"{rel}\0{_file_fingerprint(p, size)}\n".encode())
+        for (rel, p), (_, size, mtime_ns) in zip(files, stats):
+            h.update(f"{rel}\0{_file_fingerprint(p, size, mtime_ns)}\n".encode())
         _DIGESTS[memo_key] = "sha256:" + h.hexdigest()
     return _DIGESTS[memo_key]
 
@@ -132,7 +130,8 @@ def content_addressed(node):
 
     A string holding a ``/`` that names an existing file or folder (the tiny backbone's processor
     files, a GGUF package folder, a local checkpoint) becomes :func:`local_content_digest` of it.
-    Hub ids (``Qwen/Qwen2.5-VL-7B-Instruct``) that are not local folders stay as they are. The
+    Hub ids (``Qwen/Qwen2.5-VL-7B-Instruct``) that are not local folders stay as they are; files
+    over :data:`WHOLE_FILE_BYTES` key by location (see :func:`local_content_digest`). The
     cache key of an extraction hashes this form of the backbone node, so the same files reached
     through another path (a moved data copy, another checkout, another cluster mount) find the
     same entry, and changed files do not.

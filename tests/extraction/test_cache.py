@@ -86,33 +86,33 @@ def test_cache_key_follows_the_processor_files_not_their_path(tmp_path, trajecto
         local_content_digest(tmp_path / "missing")
 
 
-def test_local_content_digest_of_large_files_reads_their_edges(tmp_path, monkeypatch):
-    """Files above WHOLE_FILE_BYTES are fingerprinted by size and first/last MiB (weights)."""
+def test_local_content_digest_small_files_by_bytes_large_files_by_location(tmp_path, monkeypatch):
+    """Files up to WHOLE_FILE_BYTES enter by every byte; larger ones (weights) by path, size and mtime."""
+    import os
+    import shutil
+
     import ipi.extraction.cache as cache
 
-    import os
-
-    monkeypatch.setattr(cache, "WHOLE_FILE_BYTES", 3 << 20)
+    monkeypatch.setattr(cache, "WHOLE_FILE_BYTES", 2 << 20)
     tick = iter(range(1, 100))
 
     def write(path, blob):  # a distinct mtime per write: the memo is keyed on (size, mtime)
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(blob)
         os.utime(path, ns=(next(tick) * 10**9,) * 2)
 
-    big = tmp_path / "w.bin"
-    data = bytearray(5 << 20)
-    write(big, bytes(data))
-    d0 = cache.local_content_digest(big)
-    data[(5 << 20) - 10] = 1  # last MiB: seen
-    write(big, bytes(data))
-    d1 = cache.local_content_digest(big)
-    assert d1 != d0
-    data[(2 << 20) + 5] = 1  # middle: not read for a file this large
-    write(big, bytes(data))
-    # Same size, new mtime: recomputed, but the middle byte is not part of the fingerprint.
-    assert cache.local_content_digest(big) == d1
-    small = tmp_path / "s.bin"
+    small = tmp_path / "a" / "s.bin"
     write(small, bytes(1 << 20))
-    s0 = cache.local_content_digest(small)
+    s0 = cache.local_content_digest(small.parent)
     write(small, bytes(512 << 10) + b"\1" + bytes((512 << 10) - 1))
-    assert cache.local_content_digest(small) != s0  # small files: every byte
+    s1 = cache.local_content_digest(small.parent)
+    assert s1 != s0  # one byte in the middle
+    moved = shutil.copytree(small.parent, tmp_path / "b", copy_function=shutil.copy2)
+    assert cache.local_content_digest(moved) == s1  # same bytes elsewhere
+    big = tmp_path / "c" / "w.bin"
+    write(big, bytes(3 << 20))
+    b0 = cache.local_content_digest(big.parent)
+    os.utime(big, ns=(10**12,) * 2)  # rewritten in place (same size): a new key
+    assert cache.local_content_digest(big.parent) != b0
+    other = shutil.copytree(big.parent, tmp_path / "d", copy_function=shutil.copy2)
+    assert cache.local_content_digest(other) != cache.local_content_digest(big.parent)  # by location

@@ -301,7 +301,7 @@ class EvaluationConf:
     # S seeds bound the false pass from init variance at 1/(S+1)).
     random_twin_seeds: list[int] = field(default_factory=lambda: [1, 2, 3])
     # Replaced by random_twin_seeds; kept only so that the old key fails with a clear message.
-    random_twin_seed: Optional[int] = None
+    random_twin_seed: Any = None  # any type: a list ([1]) must reach the message too
 
 
 #: ``extract.prefix_reuse`` values (docs/extraction.md).
@@ -455,6 +455,32 @@ def resolved_controls(cfg: DictConfig) -> list[str]:
     return names
 
 
+def check_known_keys(cfg: DictConfig, schema: type | None = None) -> None:
+    """Refuse keys the schema does not have, including ones appended with Hydra's ``+key=value``.
+
+    Hydra rejects ``evaluation.n_bootstrap=10`` (not in the schema) but suggests
+    ``+evaluation.n_bootstrap=10``, which it accepts; the run would then ignore the setting
+    silently. Open nodes (``backbone.loader``, the detector settings) still take new keys.
+
+    Raises:
+        ValueError: One line naming the unknown key and the keys its node allows.
+    """
+    import dataclasses
+
+    from omegaconf.errors import ConfigKeyError
+
+    schema = schema or TrainConf
+    try:
+        given = OmegaConf.to_container(cfg, resolve=False)
+        given.pop("hydra", None)  # Hydra's own node, present in callbacks
+        OmegaConf.merge(OmegaConf.structured(schema), given)
+    except ConfigKeyError as e:
+        node = e.object_type
+        allowed = ", ".join(f.name for f in dataclasses.fields(node)) if dataclasses.is_dataclass(node) else "?"
+        raise ValueError(f"{e.full_key}: unknown setting (a '+' override adds keys the run never reads); "
+                         f"{getattr(node, '__name__', 'this node')} allows: {allowed}") from None
+
+
 def validate(cfg: DictConfig) -> None:
     """Cross-field checks that a schema cannot express; each error is one line.
 
@@ -462,6 +488,7 @@ def validate(cfg: DictConfig) -> None:
         ValueError: Inapplicable control, layer fraction outside (0, 1], ``image`` token group on
             a text-only backbone, or a non-positive bootstrap count.
     """
+    check_known_keys(cfg)
     resolved_controls(cfg)
     resolve_prefix_reuse(cfg.extract.get("prefix_reuse", "auto"))
     check_layer_spec(cfg.layers.spec, cfg.backbone.n_layers, where="layers.spec", backbone=cfg.backbone.name)
@@ -498,10 +525,12 @@ def validate(cfg: DictConfig) -> None:
             "or set evaluation.transfer=false"
         )
     if cfg.evaluation.get("random_twin_seed") is not None:
+        old = to_container(cfg.evaluation.random_twin_seed)
+        seeds = ",".join(str(x) for x in (old if isinstance(old, list) else [old]))
         raise ValueError(
-            f"evaluation.random_twin_seed={cfg.evaluation.random_twin_seed} was replaced by "
+            f"evaluation.random_twin_seed={old} was replaced by "
             "evaluation.random_twin_seeds, a list (one twin per seed; check 6 needs the backbone to beat every "
-            f"one): use evaluation.random_twin_seeds=[{cfg.evaluation.random_twin_seed}] or more seeds, e.g. "
+            f"one): use evaluation.random_twin_seeds=[{seeds}] or more seeds, e.g. "
             "[1,2,3] (docs/estimands.md)"
         )
     if cfg.evaluation.random_twin:

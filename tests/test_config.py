@@ -53,6 +53,27 @@ def test_typo_in_key_fails_at_composition(tmp_path):
         compose_train(tmp_path, ["evaluation.n_bot=10"])
 
 
+@pytest.mark.parametrize("override", ["+evaluation.n_bootstrap=10", "+probe.l3=2", "+surface.banner=red"])
+def test_a_key_appended_with_plus_that_the_run_never_reads_is_refused(tmp_path, override):
+    """Hydra's hint for a typo ('use +key=value') must not turn into a silently ignored setting."""
+    cfg = compose_train(tmp_path, [override])
+    key = override[1:].split("=")[0]
+    with pytest.raises(ValueError, match=rf"{key}: unknown setting .* allows: "):
+        validate(cfg)
+
+
+def test_open_nodes_still_take_new_keys(tmp_path):
+    cfg = compose_train(tmp_path, ["+backbone.loader.random_init_seed=4"])
+    validate(cfg)  # the documented way to extract a twin's entry by hand (docs/extraction.md)
+
+
+@pytest.mark.parametrize("value", ["1", "[1]"])
+def test_the_retired_single_twin_seed_key_names_its_replacement(tmp_path, value):
+    cfg = compose_train(tmp_path, [f"evaluation.random_twin_seed={value}"])
+    with pytest.raises(ValueError, match=r"replaced by evaluation.random_twin_seeds"):
+        validate(cfg)
+
+
 def test_unknown_token_group_fails(tmp_path):
     with pytest.raises((ValidationError, ConfigCompositionException)) as e:
         compose_train(tmp_path, ["token_group.names=[pixels]"])

@@ -39,7 +39,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-__all__ = ["matmul_peak_flops", "speed_benchmark", "count_flops"]
+__all__ = ["matmul_peak_flops", "measurement_warnings", "speed_benchmark", "count_flops"]
 
 SURFACES = ("i_vis", "i_dom", "i_tool")
 
@@ -319,7 +319,9 @@ def speed_benchmark(cfg, rows_by_surface: dict[str, list], layers: Sequence[int]
             mixed[m]["rel_feature_error"] = max(per_surface[s][m]["rel_feature_error"] for s in per_surface)
     mixed["speedup"] = round(mixed["tasktracker"]["steady_s"]["median"] / mixed["ours"]["steady_s"]["median"], 3)
     mixed["speedup_vs_elk_style"] = round(mixed["elk"]["steady_s"]["median"] / mixed["ours"]["steady_s"]["median"], 3)
+    load_after = os.getloadavg()
     return {
+        "warnings": measurement_warnings(reps, load_before, load_after),
         "speedup": mixed["speedup"],
         "speedup_vs_elk_style": mixed["speedup_vs_elk_style"],
         "mixed": mixed,
@@ -331,8 +333,34 @@ def speed_benchmark(cfg, rows_by_surface: dict[str, list], layers: Sequence[int]
         "torch_threads": torch.get_num_threads(),
         "matmul_peak_gflop_s": round(peak / 1e9, 2),
         "loadavg_before": [round(x, 2) for x in load_before],
-        "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+        "loadavg_after": [round(x, 2) for x in load_after],
     }
+
+
+def measurement_warnings(reps: int, load_before: Sequence[float], load_after: Sequence[float],
+                         n_cpus: int | None = None) -> list[str]:
+    """Why a bench result should not be quoted: too few repetitions, or a busy machine.
+
+    Args:
+        reps: Repetitions of each steady-state measurement.
+        load_before: ``os.getloadavg()`` before the timed part (1-, 5-, 15-minute).
+        load_after: The same after it.
+        n_cpus: CPUs of the machine (default ``os.cpu_count()``).
+
+    Returns:
+        One sentence per problem; empty when the figures can be quoted.
+    """
+    n_cpus = n_cpus or os.cpu_count() or 1
+    out = []
+    if reps < 3:
+        out.append(f"reps={reps}: median, min and max of fewer than 3 repetitions; a single load spike "
+                   "decides the ratios (quote runs with --reps 3 or more)")
+    busy = max(load_before[0], load_after[0])
+    # the bench itself adds about one unit of load; more than that on top means other work ran
+    if busy > 1.0 + 0.5 * n_cpus:
+        out.append(f"1-minute load average reached {busy:.2f} on {n_cpus} CPUs: other processes shared "
+                   "the machine; ratios between the ways are unreliable")
+    return out
 
 
 def _child_cpu_s() -> float:

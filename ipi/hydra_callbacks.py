@@ -36,7 +36,7 @@ class ConfigError(ValueError):
 def check_config(config: DictConfig, where: str = "", sweep: bool = False) -> None:
     """Run :func:`ipi.config.validate` on a composed ``train``/``extract`` config.
 
-    Configs without the fields validate reads (``evaluate``) pass unchecked.
+    An ``evaluate`` config (no surface/backbone) is only checked for keys its schema lacks.
 
     Args:
         config: The composed config (with or without its ``hydra`` node).
@@ -48,6 +48,13 @@ def check_config(config: DictConfig, where: str = "", sweep: bool = False) -> No
         ConfigError: One line naming the key, the value and the allowed values.
     """
     if not all(k in config for k in ("surface", "control", "layers", "token_group", "backbone")):
+        if "scores" in config:  # evaluate.py: its schema's keys only
+            from ipi.config import EvaluateConf, check_known_keys
+
+            try:
+                check_known_keys(config, EvaluateConf)
+            except ValueError as e:
+                raise ConfigError(f"config error: {where}{e}") from None
         return
     try:
         if sweep:

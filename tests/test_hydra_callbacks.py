@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import textwrap
 
 import pytest
+
+from ipi.config import ProbeConf
 
 from tests.conftest import (
     PY,
@@ -42,7 +45,10 @@ _DRIVER = textwrap.dedent("""
      "so each would run the whole sweep again; instead extract each surface with DDP first "
      "(`python extract.py surface=<s> evaluation.transfer=false extract.devices=N`), then run the sweep "
      "on one device (docs/sweeps.md)"),
-], ids=["control", "fraction-high", "fraction-zero", "text-only-image", "sweep-job-1", "ddp-in-sweep"])
+    (["+probe.l3=2"],
+     "config error: probe.l3: unknown setting (a '+' override adds keys the run never reads); ProbeConf allows: "
+     + ", ".join(f.name for f in dataclasses.fields(ProbeConf))),
+], ids=["control", "fraction-high", "fraction-zero", "text-only-image", "sweep-job-1", "ddp-in-sweep", "plus-key"])
 def test_cross_field_errors_are_one_line_before_any_heavy_import(tmp_path, overrides, line):
     proc = subprocess.run([PY, "-c", _DRIVER, *overrides, f"hydra.run.dir={tmp_path / 'run'}",
                            f"hydra.sweep.dir={tmp_path / 'sweep'}"],
@@ -50,6 +56,16 @@ def test_cross_field_errors_are_one_line_before_any_heavy_import(tmp_path, overr
     assert proc.returncode == 1
     assert proc.stderr.splitlines() == [line, "heavy modules imported: none"], proc.stderr
     assert not (tmp_path / "sweep").exists() or not any((tmp_path / "sweep").iterdir())
+
+
+def test_evaluate_refuses_a_plus_key_before_reading_scores(tmp_path):
+    proc = subprocess.run([PY, "evaluate.py", f"scores={tmp_path / 'none.csv'}", "+evaluation.n_bootstrap=3",
+                           f"hydra.run.dir={tmp_path / 'run'}"], cwd=REPO, capture_output=True, text=True,
+                          timeout=120, env=_env())
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines()[-1].startswith(
+        "config error: evaluation.n_bootstrap: unknown setting (a '+' override adds keys the run never reads); "
+        "EvaluationConf allows: n_boot, "), proc.stderr
 
 
 @pytest.mark.parametrize(("override", "key", "allowed"), [

@@ -241,7 +241,9 @@ def _forward_missing(cfg, cache: ActivationCache, rows: Sequence[ReplayRow], lay
     """Forward the rows that finished shards lack; return how many (a dict on a non-zero DDP rank)."""
     done = cache.finished_row_ids()
     todo = [r for r in rows if r.row_id not in done]
-    log.info("extraction: %d rows to forward (%d already in finished shards)", len(todo), len(done))
+    twin = cfg.backbone.loader.get("random_init_seed")
+    which = f"{cfg.backbone.name}" + (f", random-weight twin seed {twin}" if twin is not None else "")
+    log.info("extraction (%s): %d rows to forward (%d already in finished shards)", which, len(todo), len(done))
     if not todo:
         return 0
     # Built for this extraction: no LM head, no decoder blocks above the deepest one read.

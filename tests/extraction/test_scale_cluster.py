@@ -117,7 +117,8 @@ def test_sigkill_mid_extraction_resumes_to_the_same_cache(tmp_path):
                              capture_output=True, text=True, timeout=900)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     done = sum(1 for _ in before) * 4  # every shard before the kill held 4 rows (one step group)
-    assert f"extraction: {total - done} rows to forward ({done} already in finished shards)" in resumed.stdout + resumed.stderr
+    assert (f"extraction (tiny_qwen2_5_vl): {total - done} rows to forward ({done} already in finished shards)"
+            in resumed.stdout + resumed.stderr)
     # Finished shards were kept as they were.
     assert all((entry / n).stat().st_mtime_ns == t for n, t in before.items())
 

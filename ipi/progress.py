@@ -5,13 +5,17 @@ Import, rendering and bootstrap use :mod:`rich.progress` through :func:`track` a
 bar over rows from a Lightning callback (:func:`extraction_callbacks`). Everything is silent when quiet mode
 is on: ``quiet=true`` in the config (the task functions call :func:`set_quiet`), the environment
 variable ``IPI_QUIET=1``, or ``CI`` set (CI logs are not a terminal). Bars are drawn on stderr, so
-the results printed on stdout stay clean.
+the results printed on stdout stay clean. When stderr is not a terminal (``2> run.log``, a SLURM
+job's log), a live bar cannot be drawn: each stage then writes a plain line every
+:data:`LINE_EVERY_S` seconds and one when it ends (done/total, elapsed, ETA).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
+import time
 import warnings
 from collections.abc import Iterable, Iterator, Sized
 from contextlib import contextmanager
@@ -100,6 +104,40 @@ class _NullBar:
         return None
 
 
+#: Seconds between two progress lines when stderr is not a terminal.
+LINE_EVERY_S = 30.0
+
+
+def _hms(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    s = int(round(seconds))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+class _LineBar:
+    """Progress as plain lines on stderr (a log file), one every ``LINE_EVERY_S`` and one at the end."""
+
+    def __init__(self, description: str, total: int | None):
+        self.description, self.total, self.done = description, total, 0
+        self.t0 = self._last = time.monotonic()
+
+    def advance(self, n: int = 1) -> None:
+        self.done += n
+        now = time.monotonic()
+        if now - self._last >= LINE_EVERY_S:
+            self._last = now
+            self.line(now)
+
+    def line(self, now: float | None = None) -> None:
+        elapsed = (now or time.monotonic()) - self.t0
+        eta = (elapsed / self.done * (self.total - self.done)) if self.total and self.done else None
+        share = f" ({100 * self.done / self.total:.0f} %)" if self.total else ""
+        sys.stderr.write(f"{self.description}: {self.done}/{self.total if self.total is not None else '?'}{share}, "
+                         f"elapsed {_hms(elapsed)}, ETA {_hms(eta)}\n")
+        sys.stderr.flush()
+
+
 class _Bar:
     def __init__(self, progress, task_id):
         self._progress, self._task = progress, task_id
@@ -125,7 +163,15 @@ def progress_bar(description: str, total: int | None) -> Iterator[_Bar | _NullBa
     from rich.console import Console
     from rich.progress import Progress
 
-    with Progress(*_columns(), console=Console(stderr=True), transient=False) as p:
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        bar = _LineBar(description, total)
+        try:
+            yield bar
+        finally:
+            bar.line()
+        return
+    with Progress(*_columns(), console=console, transient=False) as p:
         yield _Bar(p, p.add_task(description, total=total))
 
 

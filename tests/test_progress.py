@@ -90,3 +90,19 @@ def test_quiet_silences_transformers_and_hub_bars_and_warnings(monkeypatch):
         transformers.utils.logging.set_verbosity(before)
         transformers.utils.logging.enable_progress_bar()
         huggingface_hub.utils.enable_progress_bars()
+
+
+def test_a_log_file_gets_plain_progress_lines_with_eta(capsys, monkeypatch):
+    """stderr redirected to a file: no live bar, so lines every LINE_EVERY_S and one at the end."""
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.delenv("IPI_QUIET", raising=False)
+    progress.set_quiet(False)
+    clock = iter([0.0, 10.0, 40.0, 50.0, 100.0])  # start, then one reading per advance and the end
+    monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock))
+    with progress.progress_bar("extraction (rows)", 12) as bar:
+        for n in (3, 3, 3):
+            bar.advance(n)
+    lines = capsys.readouterr().err.splitlines()
+    # 10 s: too soon; 40 s: 6/12 done -> ETA 40 s; 50 s: too soon after 40; the end at 100 s
+    assert lines == ["extraction (rows): 6/12 (50 %), elapsed 0:00:40, ETA 0:00:40",
+                     "extraction (rows): 9/12 (75 %), elapsed 0:01:40, ETA 0:00:33"]

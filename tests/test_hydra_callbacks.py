@@ -9,7 +9,6 @@ import textwrap
 import pytest
 
 from ipi.config import ProbeConf
-
 from tests.conftest import (
     PY,
     REPO,

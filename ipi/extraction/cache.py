@@ -119,7 +119,7 @@ def local_content_digest(path: str | os.PathLike) -> str:
     memo_key = (str(root.resolve()), stats)
     if memo_key not in _DIGESTS:
         h = hashlib.sha256()
-        for (rel, p), (_, size, mtime_ns) in zip(files, stats):
+        for (rel, p), (_, size, mtime_ns) in zip(files, stats, strict=True):
             h.update(f"{rel}\0{_file_fingerprint(p, size, mtime_ns)}\n".encode())
         _DIGESTS[memo_key] = "sha256:" + h.hexdigest()
     return _DIGESTS[memo_key]

@@ -345,7 +345,6 @@ def _batch_newton_step(phi: torch.Tensor, gram: torch.Tensor | None, w: torch.Te
         step is not finite (the caller re-solves those problems one by one).
     """
     b, n = w.shape
-    r = phi.shape[1]
     # Problems with the same weights have the same matrix: factor it once (the first step from
     # zero of balanced label permutations: every weight is c · 1/4 with c equal across classes).
     wf = w[:1] if b > 1 and bool((w == w[:1]).all()) else w  # [1 or b, n]

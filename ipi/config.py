@@ -3,10 +3,11 @@
 Every config group (``backbone, surface, control, layers, token_group, data, probe, split,
 evaluation, extract``) is typed by a dataclass below and registered in Hydra's ConfigStore as
 ``<group>/schema``; each YAML option lists that schema first in its defaults. Enum-typed fields
-make OmegaConf reject unknown surfaces, controls, token groups and split kinds with a message
-naming the key and the allowed values. Cross-field rules (a control that does not apply to the
-surface, a text-only backbone with the ``image`` token group, layer fractions outside (0, 1])
-are checked by :func:`validate`, which the Hydra callback :class:`ipi.hydra_callbacks.ConfigCheck`
+make OmegaConf reject unknown controls, token groups and split kinds with a message naming the
+key and the allowed values; an unknown ``surface=<name>`` has no config file, and Hydra names the
+ones it has. Cross-field rules (the surface's class and name, a control that does not apply to
+the surface, a text-only backbone with the ``image`` token group or a surface that needs the
+screenshot, layer fractions outside (0, 1]) are checked by :func:`validate`, which the Hydra callback :class:`ipi.hydra_callbacks.ConfigCheck`
 runs on every job's composed config before any job starts (one line, no torch imported).
 """
 
@@ -23,12 +24,13 @@ from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 from ipi.protocol import (
     CONTROLS,
-    CONTROLS_BY_SURFACE,
     DEFAULT_SYSTEM_PROMPT,
-    SURFACES,
     TOKEN_GROUPS,
     check_layer_spec,
+    check_surface,
 )
+from ipi.surfaces.base import Surface
+from ipi.surfaces.registry import register, surface_class, surface_names
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,8 +42,8 @@ def _vocabulary_enum(name: str, values: tuple[str, ...], doc: str) -> type[Enum]
     return enum
 
 
-# Built from ipi.protocol so that the schemas accept exactly the protocol's names.
-Surface = _vocabulary_enum("Surface", SURFACES, "Injection surfaces (PROTOCOL.md §2).")
+# Built from ipi.protocol so that the schemas accept exactly the protocol's names. (Surfaces are
+# not an enum: conf/surface/<name>.yaml names each surface's class; run_surface checks it.)
 Control = _vocabulary_enum("Control", CONTROLS, "Nuisance-matched controls (PROTOCOL.md §2).")
 TokenGroup = _vocabulary_enum("TokenGroup", TOKEN_GROUPS, "Token groups pooled per layer (PROTOCOL.md §3).")
 
@@ -92,9 +94,10 @@ class UnknownAction(str, Enum):
 
 @dataclass
 class SurfaceConf:
-    """Where the injection lands."""
+    """Where the injection lands: ``conf/surface/<name>.yaml`` (docs/surfaces.md)."""
 
-    name: Surface = MISSING
+    _target_: str = MISSING  # the surface's class (ipi.surfaces.base.Surface subclass), built without arguments
+    name: str = MISSING  # must be that class's name (run_surface)
     n_attacks: int = 1  # attack rows per step (templates drawn per (trajectory, step, k))
 
 
@@ -432,25 +435,58 @@ def _package_dir(name: str) -> str:
 
 
 def enum_value(x) -> str:
-    """The plain string of a config value that may be an enum member (``Surface.i_vis`` -> ``"i_vis"``)."""
+    """The plain string of a config value that may be an enum member (``SplitKind.kfold`` -> ``"kfold"``)."""
     return x.value if isinstance(x, Enum) else str(x)
+
+
+def run_surface(cfg: DictConfig) -> Surface:
+    """The run's surface object: the class ``surface._target_`` names, registered and checked.
+
+    A surface whose config file lies outside ``conf/surface`` (a Hydra searchpath entry) joins
+    the registry here (:func:`ipi.surfaces.registry.register`), so the rest of the run finds it
+    by name.
+
+    Raises:
+        ValueError: No ``_target_``, a class that cannot be imported or is no ``Surface``,
+            ``surface.name`` that is not the class's name, or a declaration outside the
+            protocol's vocabulary; one line naming the allowed surfaces.
+    """
+    node = cfg.surface
+    name = enum_value(node.name)
+    target = None if OmegaConf.is_missing(node, "_target_") else node.get("_target_")
+    allowed = f"choose surface=<name>, one of: {', '.join(surface_names())}"
+    if not target:
+        raise ValueError(f"surface={name}: no _target_ naming the surface's class (docs/surfaces.md); {allowed}")
+    try:
+        cls = surface_class(target, "surface")
+    except ValueError as e:
+        raise ValueError(f"{e}; {allowed}") from None
+    candidate = cls()
+    candidate.check()
+    check_surface(candidate)  # the protocol's vocabulary, before the class joins the registry
+    surface = register(cls, "surface")
+    if surface.name != name:
+        raise ValueError(f"surface.name={name} is not the name of surface._target_={target} "
+                         f"({surface.name}); {allowed}")
+    return surface
 
 
 def resolved_controls(cfg: DictConfig) -> list[str]:
     """The controls a run builds: the configured list, or all that apply to the surface.
 
     Raises:
-        ValueError: A configured control does not apply to the surface (one line naming both).
+        ValueError: A configured control does not apply to the surface (one line naming both),
+            or the surface itself is wrong (:func:`run_surface`).
     """
-    surface = enum_value(cfg.surface.name)
-    allowed = CONTROLS_BY_SURFACE[surface]
+    surface = run_surface(cfg)
+    allowed = surface.controls
     if cfg.control.names is None:
         return list(allowed)
     names = [enum_value(c) for c in cfg.control.names]
     for c in names:
         if c not in allowed:
             raise ValueError(
-                f"control={c} does not apply to surface={surface}; allowed: {', '.join(allowed)}"
+                f"control={c} does not apply to surface={surface.name}; allowed: {', '.join(allowed)}"
             )
     return names
 
@@ -500,8 +536,9 @@ def validate(cfg: DictConfig) -> None:
             f"token_group: 'image' is unavailable with the text-only backbone={cfg.backbone.name}; "
             "choose one of last_prompt, task, observation, action"
         )
-    if not cfg.backbone.multimodal and enum_value(cfg.surface.name) == "i_vis":
-        raise ValueError(f"surface=i_vis needs a multimodal backbone; backbone={cfg.backbone.name} is text-only")
+    if not cfg.backbone.multimodal and run_surface(cfg).needs_image:
+        raise ValueError(f"surface={run_surface(cfg).name} needs a multimodal backbone; "
+                         f"backbone={cfg.backbone.name} is text-only")
     l2 = cfg.probe.l2
     if not (l2 == "auto" or (isinstance(l2, (int, float)) and not isinstance(l2, bool) and l2 > 0)):
         raise ValueError(f"probe.l2: {l2!r} is neither a positive number (scikit-learn's C) nor 'auto'")

@@ -1,9 +1,10 @@
 """A Hydra callback that checks a composed config before any job starts (no torch imported).
 
-The schemas in :mod:`ipi.config` reject unknown surfaces, controls, token groups and keys while
-Hydra composes. Rules that tie two fields together — a control that does not apply to the
-surface, a layer fraction outside (0, 1], the ``image`` token group or ``surface=i_vis`` on a
-text-only backbone — are :func:`ipi.config.validate`'s. :class:`ConfigCheck` (registered in
+Hydra refuses a ``surface=<name>`` without a config file (naming the ones it has), and the
+schemas in :mod:`ipi.config` unknown controls, token groups and keys while it composes. Rules that
+tie two fields together — the surface's class and name, a control that does not apply to the
+surface, a layer fraction outside (0, 1], the ``image`` token group or a surface that needs the
+screenshot on a text-only backbone — are :func:`ipi.config.validate`'s. :class:`ConfigCheck` (registered in
 ``conf/hydra/default.yaml``) runs it on the composed config at ``on_run_start``; under
 ``-m`` it composes and checks *every* job of the sweep at ``on_multirun_start``, so a bad
 combination in job 7 fails before job 1 spends minutes extracting. A failure prints one line

@@ -1,9 +1,12 @@
 """The protocol's vocabulary, defined once (PROTOCOL.md §1–§6); torch-free.
 
-Surfaces, variants, the controls that apply to each surface, token groups, the default system
-prompt of replay and the rule that turns a ``layers`` spec into decoder-block indices. The
-structured-config enums (:mod:`ipi.config`) are built from these tuples, and every other module
-imports them from here, so adding a surface or a control is one edit.
+Controls, variants, token groups, the default system prompt of replay and the rule that turns a
+``layers`` spec into decoder-block indices are defined here. The surfaces are objects
+(:mod:`ipi.surfaces.base`, one module per surface, registered by their config files:
+:mod:`ipi.surfaces.registry`); :data:`SURFACES`, :data:`CONTROLS_BY_SURFACE` and
+:func:`transfer_source_surfaces` are read from that registry, and :func:`check_surface` holds every
+surface to this vocabulary. The structured-config schemas (:mod:`ipi.config`) and every other
+module import the names from here.
 """
 
 from __future__ import annotations
@@ -11,22 +14,41 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-#: Injection surfaces (PROTOCOL.md §2): banner on the screenshot, page-text element, tool result.
-SURFACES: tuple[str, ...] = ("i_vis", "i_dom", "i_tool")
-#: Surfaces whose injection is text in the prompt (a text-only backbone reads only these).
-TEXT_SURFACES: tuple[str, ...] = ("i_dom", "i_tool")
-#: Nuisance-matched controls (PROTOCOL.md §2).
+from ipi.surfaces.base import Surface
+from ipi.surfaces.registry import surfaces
+
+#: Nuisance-matched controls (PROTOCOL.md §2), in the order variants are listed.
 CONTROLS: tuple[str, ...] = ("c_scrambled", "c_imperative", "c_occlusion")
-#: The controls that apply to each surface (occlusion only exists on the screenshot).
-CONTROLS_BY_SURFACE: dict[str, tuple[str, ...]] = {
-    "i_vis": ("c_scrambled", "c_imperative", "c_occlusion"),
-    "i_dom": ("c_scrambled", "c_imperative"),
-    "i_tool": ("c_scrambled", "c_imperative"),
-}
 #: Row variants of a step: the clean replay, the attack, and each control.
 VARIANTS: tuple[str, ...] = ("clean", "attack", *CONTROLS)
 #: Token groups pooled per layer (PROTOCOL.md §3), in the order features are stored.
 TOKEN_GROUPS: tuple[str, ...] = ("last_prompt", "image", "task", "observation", "action")
+
+
+def check_surface(surface: Surface) -> Surface:
+    """Hold a surface object to the protocol's vocabulary; returns it.
+
+    Its controls must be known controls (:data:`CONTROLS`) and its untrusted token group a known
+    token group (:data:`TOKEN_GROUPS`); the rest of its declaration is checked by
+    :meth:`ipi.surfaces.base.Surface.check` when it is registered.
+
+    Raises:
+        ValueError: One line naming the surface, the value and the allowed values.
+    """
+    for c in surface.controls:
+        if c not in CONTROLS:
+            raise ValueError(f"surface {surface.name}: unknown control {c!r}; allowed: {', '.join(CONTROLS)}")
+    if surface.untrusted_group not in TOKEN_GROUPS:
+        raise ValueError(f"surface {surface.name}: untrusted_group {surface.untrusted_group!r} is not a token "
+                         f"group; allowed: {', '.join(TOKEN_GROUPS)}")
+    return surface
+
+
+#: Injection surfaces that ship (PROTOCOL.md §2): banner on the screenshot, page-text element, tool
+#: result; one object each in :func:`ipi.surfaces.registry.surfaces`, in its order.
+SURFACES: tuple[str, ...] = tuple(check_surface(s).name for s in surfaces())
+#: The controls that apply to each surface (occlusion only exists on the screenshot).
+CONTROLS_BY_SURFACE: dict[str, tuple[str, ...]] = {s.name: s.controls for s in surfaces()}
 
 #: System prompt of the replayed agent (``backbone.system_prompt`` defaults to it).
 DEFAULT_SYSTEM_PROMPT = (
@@ -44,12 +66,13 @@ ALL_LAYERS = "all"
 def transfer_source_surfaces(surface: str, multimodal: bool) -> list[str]:
     """Surfaces the cross-surface transfer probe trains on (PROTOCOL.md §6; docs/estimands.md).
 
-    Every *other* surface the backbone can read: on ``i_vis`` this is ``i_dom ∪ i_tool``, exactly
+    Every *other* registered surface the backbone can read (a text-only backbone reads none that
+    needs the image), in the registry's order: on ``i_vis`` this is ``i_dom ∪ i_tool``, exactly
     §6; on a text surface it is the other two (one with a text-only backbone, which has no
     ``i_vis``). The transfer probe is always scored on the run's own test rows, so its E1 sits on
     the same rows and bootstrap draws as the probe's.
     """
-    return [s for s in SURFACES if s != surface and (multimodal or s in TEXT_SURFACES)]
+    return [s.name for s in surfaces() if s.name != surface and (multimodal or not s.needs_image)]
 
 
 def check_layer_spec(spec: Sequence, n_layers: int | None = None, where: str = "layers",
@@ -118,5 +141,5 @@ def resolve_layers(spec: Sequence[float | int], n_layers: int) -> list[int]:
     return sorted(out)
 
 
-__all__ = ["ALL_LAYERS", "CONTROLS", "CONTROLS_BY_SURFACE", "DEFAULT_SYSTEM_PROMPT", "SURFACES", "TEXT_SURFACES",
-           "TOKEN_GROUPS", "VARIANTS", "check_layer_spec", "resolve_layers", "transfer_source_surfaces"]
+__all__ = ["ALL_LAYERS", "CONTROLS", "CONTROLS_BY_SURFACE", "DEFAULT_SYSTEM_PROMPT", "SURFACES", "TOKEN_GROUPS",
+           "VARIANTS", "check_layer_spec", "check_surface", "resolve_layers", "transfer_source_surfaces"]

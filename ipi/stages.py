@@ -32,9 +32,10 @@ from ipi.extraction.run import extract_features, transfer_rows
 from ipi.probe.crossfit import FoldedProbe, TransferSource, cross_fit, make_folds
 from ipi.probe.fit import ProbeConfig
 from ipi.progress import quiet_lightning, set_quiet, track
-from ipi.protocol import CONTROLS_BY_SURFACE, TOKEN_GROUPS, resolve_layers, transfer_source_surfaces
+from ipi.protocol import TOKEN_GROUPS, resolve_layers, transfer_source_surfaces
 from ipi.replay import count_plain_tokens
 from ipi.reporting.gallery import build_gallery, save_png_atomic
+from ipi.surfaces.registry import get_surface, surface_names
 from ipi.surfaces.wording import wording_overlap, wording_plan
 from ipi.twin import twin_config, twin_description, twin_seeds
 
@@ -222,18 +223,19 @@ def make_rows(cfg: DictConfig, trajectories, surface: str, controls: list[str] |
     """
     if controls is None:
         controls = (resolved_controls(cfg) if _value(cfg.surface.name) == surface
-                    else list(CONTROLS_BY_SURFACE[surface]))
+                    else list(get_surface(surface).controls))
     trajectories = list(trajectories)
+    token_matched = get_surface(surface).token_matched
     tokenizer = (str(cfg.backbone.tokenizer_path), _config_key(cfg.backbone.get("tokenizer_kwargs") or {}))
 
     def build():
-        count_tokens = token_counter(cfg) if surface != "i_vis" else None
+        count_tokens = token_counter(cfg) if token_matched else None
         rows = build_rows(track(trajectories, f"rendering {surface} variants"), surface, controls,
                           n_attacks=cfg.surface.n_attacks, count_tokens=count_tokens, wording=wording)
         return trajectories, rows  # the trajectories stay referenced: their ids in the key stay theirs
 
     key = ("make_rows", tuple(map(id, trajectories)), surface, tuple(controls), int(cfg.surface.n_attacks),
-           tokenizer if surface != "i_vis" else None, repr(wording))
+           tokenizer if token_matched else None, repr(wording))
     return list(sweep_memo(key, build, f"rows of {surface}")[1])
 
 
@@ -242,7 +244,7 @@ def write_gallery(cfg: DictConfig, trajectory, out_dir: Path) -> Path | None:
 
     if not trajectory.steps:
         return None
-    key = ("gallery", id(trajectory), int(cfg.surface.n_attacks), str(cfg.backbone.tokenizer_path),
+    key = ("gallery", id(trajectory), surface_names(), int(cfg.surface.n_attacks), str(cfg.backbone.tokenizer_path),
            _config_key(cfg.backbone.get("tokenizer_kwargs") or {}))
     _, img = sweep_memo(key, lambda: (trajectory, build_gallery(
         trajectory.trajectory_id, trajectory.steps[0], token_counter(cfg), task=trajectory.task,

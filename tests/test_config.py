@@ -12,7 +12,8 @@ from tests.conftest import compose_train
 
 def test_default_composition(tmp_path):
     cfg = compose_train(tmp_path, small=False)
-    assert cfg.surface.name.value == "i_vis"
+    assert cfg.surface.name == "i_vis"
+    assert cfg.surface._target_ == "ipi.surfaces.i_vis.BannerSurface"
     assert resolved_controls(cfg) == ["c_scrambled", "c_imperative", "c_occlusion"]
     assert cfg.backbone.name == "tiny_qwen2_5_vl" and cfg.backbone.n_layers == 8
     assert [g.value for g in cfg.token_group.names] == ["last_prompt", "image", "task", "observation", "action"]
@@ -32,11 +33,33 @@ def test_all_controls_that_apply(tmp_path, surface, controls):
 
 
 def test_unknown_surface_fails_at_composition(tmp_path):
-    with pytest.raises(ConfigCompositionException):
-        compose_train(tmp_path, ["surface=i_audio"])
+    """A surface with no config file fails in Hydra, which names the options it has."""
     with pytest.raises(ConfigCompositionException) as e:
-        compose_train(tmp_path, ["surface.name=i_audio"])
-    assert "i_vis" in _chain(e.value) and "i_audio" in _chain(e.value)
+        compose_train(tmp_path, ["surface=i_audio"])
+    assert "surface/i_audio" in _chain(e.value)
+    assert all(f"\t{s}\n" in _chain(e.value) + "\n" for s in ("i_vis", "i_dom", "i_tool")), _chain(e.value)
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("surface.name=i_audio", "surface.name=i_audio is not the name of surface._target_=ipi.surfaces.i_vis.BannerSurface"),
+    ("surface.name=i_dom", "surface.name=i_dom is not the name of surface._target_=ipi.surfaces.i_vis.BannerSurface"),
+    ("surface._target_=ipi.surfaces.i_vis.Banner", "surface: _target_='ipi.surfaces.i_vis.Banner': cannot import it"),
+    ("surface._target_=ipi.surfaces.base.TextSurface", "is not a concrete subclass of ipi.surfaces.base.Surface"),
+    ("surface._target_=ipi.surfaces.registry.CONF_DIR", "is not a concrete subclass of ipi.surfaces.base.Surface"),
+    ("surface._target_=BannerSurface", "is not a dotted path"),
+])
+def test_a_surface_whose_class_and_name_disagree_is_refused_naming_the_surfaces(tmp_path, override, message):
+    cfg = compose_train(tmp_path, [override])
+    with pytest.raises(ValueError) as e:
+        validate(cfg)
+    assert message in str(e.value) and str(e.value).endswith("choose surface=<name>, one of: i_vis, i_dom, i_tool")
+
+
+@pytest.mark.parametrize("surface", ["i_vis", "i_dom", "i_tool"])
+def test_each_shipped_surface_file_names_its_own_class(tmp_path, surface):
+    from ipi.config import run_surface
+
+    assert run_surface(compose_train(tmp_path, [f"surface={surface}"])).name == surface
 
 
 def _chain(exc: BaseException) -> str:

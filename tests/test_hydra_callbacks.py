@@ -44,10 +44,16 @@ _DRIVER = textwrap.dedent("""
      "so each would run the whole sweep again; instead extract each surface with DDP first "
      "(`python extract.py surface=<s> evaluation.transfer=false extract.devices=N`), then run the sweep "
      "on one device (docs/sweeps.md)"),
+    (["surface.name=i_audio"],
+     ("config error: surface.name=i_audio is not the name of surface._target_=ipi.surfaces.i_vis.BannerSurface "
+      "(i_vis); choose surface=<name>, one of: i_vis, i_dom, i_tool")),
+    (["surface=i_vis", "backbone.multimodal=false", "token_group=text"],
+     "config error: surface=i_vis needs a multimodal backbone; backbone=tiny_qwen2_5_vl is text-only"),
     (["+probe.l3=2"],
      "config error: probe.l3: unknown setting (a '+' override adds keys the run never reads); ProbeConf allows: "
      + ", ".join(f.name for f in dataclasses.fields(ProbeConf))),
-], ids=["control", "fraction-high", "fraction-zero", "text-only-image", "sweep-job-1", "ddp-in-sweep", "plus-key"])
+], ids=["control", "fraction-high", "fraction-zero", "text-only-image", "sweep-job-1", "ddp-in-sweep",
+        "surface-name", "text-only-surface", "plus-key"])
 def test_cross_field_errors_are_one_line_before_any_heavy_import(tmp_path, overrides, line):
     proc = subprocess.run([PY, "-c", _DRIVER, *overrides, f"hydra.run.dir={tmp_path / 'run'}",
                            f"hydra.sweep.dir={tmp_path / 'sweep'}"],
@@ -68,7 +74,6 @@ def test_evaluate_refuses_a_plus_key_before_reading_scores(tmp_path):
 
 
 @pytest.mark.parametrize(("override", "key", "allowed"), [
-    ("surface.name=i_audio", "surface.name", "[i_vis, i_dom, i_tool]"),
     ("control.names=[c_blur]", "control.names[0]", "[c_scrambled, c_imperative, c_occlusion]"),
     ("token_group.names=[pixels]", "token_group.names[0]", "[last_prompt, image, task, observation, action]"),
     ("data.unknown_action=drop", "data.unknown_action", "[keep, skip, error]"),

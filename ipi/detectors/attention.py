@@ -12,9 +12,9 @@ its fast attention kernel; the forward stops after the deepest chosen layer. The
 (``[N, L, G, heads]`` masses, its own key; no hidden states) lives beside the hidden-state entries.
 
 Features (:func:`focus_ratios`): per layer and head, the focus ratio
-``r = a_task / (a_task + a_untrusted)`` with ``untrusted`` = the span the injection lands in:
-image tokens on ``i_vis``, the observation (element list / tool result) on ``i_dom`` and
-``i_tool``. Detector (:class:`AttentionFocusDetector`): heads chosen on training rows only (the
+``r = a_task / (a_task + a_untrusted)`` with ``untrusted`` = the span the injection lands in, the
+surface's ``untrusted_group`` (:mod:`ipi.surfaces.base`): image tokens on ``i_vis``, the
+observation (element list / tool result) on ``i_dom`` and ``i_tool``. Detector (:class:`AttentionFocusDetector`): heads chosen on training rows only (the
 ``top_k`` heads with the highest training AUC of ``−r``, attack vs clean); score
 ``= −mean(r over the chosen heads)`` (less focus on the task = more likely an attack).
 """
@@ -33,14 +33,17 @@ import torch
 from ipi.detectors.base import check_fit_inputs
 from ipi.extraction.extractor import HiddenStateExtractor, ShardWriter, _StopForward
 from ipi.protocol import TOKEN_GROUPS
+from ipi.surfaces.registry import get_surface, surface_names
 
 log = logging.getLogger(__name__)
 
-__all__ = ["AttentionFocusDetector", "AttentionFocusExtractor", "UNTRUSTED_GROUP", "extract_attention",
-           "focus_ratios", "last_token_attention"]
+__all__ = ["AttentionFocusDetector", "AttentionFocusExtractor", "extract_attention", "focus_ratios",
+           "last_token_attention", "untrusted_groups"]
 
-#: The token group holding the untrusted content of each surface (docs/replay.md).
-UNTRUSTED_GROUP = {"i_vis": "image", "i_dom": "observation", "i_tool": "observation"}
+
+def untrusted_groups() -> dict[str, str]:
+    """The token group holding the untrusted content of each registered surface (docs/replay.md)."""
+    return {name: get_surface(name).untrusted_group for name in surface_names()}
 
 #: Bumped whenever the attention features change.
 ATTENTION_VERSION = 1
@@ -195,7 +198,7 @@ def focus_ratios(mass: np.ndarray, surfaces: Sequence[str], eps: float = 1e-12) 
 
     Args:
         mass: ``[N, L, G, heads]`` attention masses, G in ``TOKEN_GROUPS`` order.
-        surfaces: ``[N]`` each row's surface (picks its untrusted group, :data:`UNTRUSTED_GROUP`).
+        surfaces: ``[N]`` each row's surface (picks its ``untrusted_group``, :func:`untrusted_groups`).
         eps: Added to the denominator (a row whose task and untrusted spans get no mass at all
             has ratio 0).
 
@@ -204,7 +207,7 @@ def focus_ratios(mass: np.ndarray, surfaces: Sequence[str], eps: float = 1e-12) 
     """
     mass = np.asarray(mass, dtype=np.float64)
     task = mass[:, :, TOKEN_GROUPS.index("task"), :]
-    gi = np.array([TOKEN_GROUPS.index(UNTRUSTED_GROUP[str(s)]) for s in surfaces])
+    gi = np.array([TOKEN_GROUPS.index(get_surface(str(s)).untrusted_group) for s in surfaces])
     untrusted = mass[np.arange(len(gi)), :, gi, :]  # [N, L, heads]
     r = task / (task + untrusted + eps)
     return r.reshape(r.shape[0], -1)
@@ -263,5 +266,5 @@ class AttentionFocusDetector:
     def settings(self) -> dict:
         return {"name": self.name, "top_k": self.top_k, "layers": self.layer_indices,
                 "query": "last prompt token", "ratio": "a_task / (a_task + a_untrusted)",
-                "untrusted": UNTRUSTED_GROUP, "selection": "top_k heads by training AUC of -ratio",
+                "untrusted": untrusted_groups(), "selection": "top_k heads by training AUC of -ratio",
                 "score": "-mean ratio over chosen heads"}

@@ -41,8 +41,6 @@ import torch
 
 __all__ = ["matmul_peak_flops", "measurement_warnings", "speed_benchmark", "count_flops"]
 
-SURFACES = ("i_vis", "i_dom", "i_tool")
-
 
 def matmul_peak_flops(n: int = 1024, reps: int = 8, dtype: torch.dtype = torch.float32) -> float:
     """Measured dense matmul throughput of this machine at the current torch thread count.

@@ -5,9 +5,11 @@ Usage (from the repository root)::
     python -m ipi.reporting.gallery [--data-root ../shared/data/webvoyager] \\
         --trajectory examples/taskAmazon--0 --step 0 --out outputs/gallery.png
 
-Row 1 shows the ``i_vis`` variants (downscaled screenshot plus an enlarged crop of the banner
-region); rows 2 and 3 show the ``i_dom`` and ``i_tool`` variants as text panels: the changed
-region of the element list / tool result, with the inserted text highlighted and its token count.
+One row per registered surface (:func:`ipi.surfaces.registry.surfaces`, titled by its
+``gallery_title``): a surface that needs the screenshot (``i_vis``) shows each variant's
+downscaled screenshot plus an enlarged crop of the banner region; a text surface (``i_dom``,
+``i_tool``) shows text panels of the changed region of its field (element list, tool result),
+with the inserted text highlighted and its token count.
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ from PIL import Image, ImageDraw, ImageFont
 from ipi.data.schema import Step
 from ipi.data.webvoyager import import_webvoyager
 from ipi.io import atomic_path
-from ipi.protocol import CONTROLS_BY_SURFACE, SURFACES
-from ipi.surfaces import Variant, make_variants
+from ipi.surfaces.base import Surface, TextSurface, Variant
+from ipi.surfaces.registry import surfaces
 
 CELL_W = 520
 GAP = 16
@@ -36,16 +38,6 @@ MUTED = (90, 90, 90)
 HIGHLIGHT = (255, 236, 120)
 MARKER = (170, 210, 255)
 CONTEXT_CHARS = 220
-
-SURFACE_TITLES = {
-    "i_vis": "i_vis: banner drawn on the screenshot (box, colours, font fixed per step; "
-    "controls keep the attack's character count and layout)",
-    "i_dom": "i_dom: new element entry in the page text at a seeded position "
-    "(controls: same position and wrapper, same token count)",
-    "i_tool": "i_tool: line appended to the tool result block "
-    "(controls: same place and prefix, same token count)",
-}
-
 
 def _shared_dir() -> Path:
     shared = os.environ.get("IPI_SHARED")
@@ -165,23 +157,23 @@ def _context(text: str, start: int, end: int, n: int = CONTEXT_CHARS) -> tuple[s
     return before, after
 
 
-def _text_segments(v: Variant) -> list[tuple[str, str]]:
-    field = v.element_text if v.surface == "i_dom" else v.tool_result
+def _text_segments(v: Variant, surface: TextSurface) -> list[tuple[str, str]]:
+    field = getattr(v, surface.field)
     start, end = v.meta["insert_start"], v.meta["insert_end"]
     if v.variant == "clean":
         before, after = _context(field, start, end)
         if not field:
             before = "(empty)"
-        lead = "\n" if (v.surface == "i_tool" and field) else " "
+        lead = "\n" if (surface.new_line and field) else " "
         return [(before + lead, "normal"), (">> insertion point <<", "marker"),
                 (" " + after if after else "", "normal")]
     before, after = _context(field, start, end)
     return [(before, "normal"), (field[start:end], "inject"), (after, "normal")]
 
 
-def _label(v: Variant) -> tuple[str, str]:
+def _label(v: Variant, surface: Surface) -> tuple[str, str]:
     title = v.variant if v.variant != "attack" else f"attack (k={v.attack_index})"
-    if v.surface == "i_vis":
+    if surface.needs_image:
         if v.variant == "clean":
             info = "clean screenshot (crop: banner region)"
         elif v.injected_text is None:
@@ -254,17 +246,17 @@ def build_gallery(
     Returns:
         The gallery (RGB).
     """
-    rows: list[tuple[str, list[Image.Image]]] = []
-    for surface in SURFACES:
-        variants = make_variants(trajectory_id, step, surface, CONTROLS_BY_SURFACE[surface],
-                                 n_attacks=n_attacks, count_tokens=count_tokens)
+    rows: list[tuple[Surface, list[Image.Image]]] = []
+    for surface in surfaces():
+        variants = surface.make_variants(trajectory_id, step, surface.controls, n_attacks=n_attacks,
+                                         count_tokens=count_tokens)
         cells = []
         for v in variants:
-            if surface == "i_vis":
+            if surface.needs_image:
                 body = _vis_cell(v, step, cell_width)
             else:
-                body = _text_panel(_text_segments(v), cell_width)
-            cells.append(_labelled(body, *_label(v)))
+                body = _text_panel(_text_segments(v, surface), cell_width)
+            cells.append(_labelled(body, *_label(v, surface)))
         rows.append((surface, cells))
 
     n_cols = max(len(c) for _, c in rows)
@@ -282,7 +274,7 @@ def build_gallery(
     y = MARGIN + header_h
     for surface, cells in rows:
         d.line([(MARGIN, y), (width - MARGIN, y)], fill=(180, 180, 180), width=2)
-        d.text((MARGIN, y + 6), SURFACE_TITLES[surface], fill=(0, 90, 170), font=_font(20))
+        d.text((MARGIN, y + 6), surface.gallery_title, fill=(0, 90, 170), font=_font(20))
         y += title_h
         for i, c in enumerate(cells):
             out.paste(c, (MARGIN + i * (cell_width + GAP), y))

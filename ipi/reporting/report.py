@@ -18,7 +18,7 @@ from pathlib import Path
 from ipi.evaluation.reportable import estimand_entries, reportability_of
 from ipi.evaluation.spread import spread_lines
 from ipi.io import atomic_write_text
-from ipi.protocol import TEXT_SURFACES
+from ipi.surfaces.registry import find_surface
 
 #: Figure file names in a run folder, in report order, with their captions.
 FIGURES = {
@@ -192,12 +192,13 @@ def _twin_caption(results: Mapping) -> str:
 def construction_note(results: Mapping) -> str | None:
     """Why verdict check 2 is decided by construction on this run's surface (docs/estimands.md).
 
-    C1 sees four metadata scalars: step, horizon, prompt length and Δprompt length. On the text
-    surfaces (``i_dom``, ``i_tool``) the injected text lengthens the prompt, so Δprompt length
-    alone separates attack from clean rows (C1 E1 = 1.000): check 2 fails whatever the probe
-    does. On ``i_vis`` the banner is drawn on the screenshot and leaves the prompt length
-    unchanged, so C1's inputs are equal for the attack and clean rows of a step (C1 E1 ≈ 0.5)
-    and check 2 reduces to the probe separating at all.
+    C1 sees four metadata scalars: step, horizon, prompt length and Δprompt length. On a surface
+    whose injected text lengthens the prompt (``i_dom``, ``i_tool``) Δprompt length alone
+    separates attack from clean rows (C1 E1 = 1.000): check 2 fails whatever the probe does. On
+    ``i_vis`` the banner is drawn on the screenshot and leaves the prompt length unchanged, so
+    C1's inputs are equal for the attack and clean rows of a step (C1 E1 ≈ 0.5) and check 2
+    reduces to the probe separating at all. The surface object says which
+    (:meth:`ipi.surfaces.base.Surface.construction_note`).
 
     Returns:
         One paragraph, or None without C1 results.
@@ -205,17 +206,10 @@ def construction_note(results: Mapping) -> str | None:
     c1 = ((results.get("c1") or {}).get("e1") or {}).get("estimate")
     if c1 is None:
         return None
-    surface = (results.get("run") or {}).get("surface")
+    surface = find_surface((results.get("run") or {}).get("surface"))
     head = f"C1 (metadata baseline) E1 = {c1:.3f}. "
-    if surface in TEXT_SURFACES:
-        return head + (f"On {surface} the injected text lengthens the prompt, so Δprompt length alone "
-                       "separates attack from clean rows by construction (expected C1 E1 = 1.000): check 2 "
-                       "is decided by the design of this surface, not by the probe.")
-    if surface == "i_vis":
-        return head + ("On i_vis the banner is drawn on the screenshot and leaves the prompt length "
-                       "unchanged (Δprompt length 0), so C1's inputs are equal for the attack and clean rows "
-                       "of a step (expected C1 E1 ≈ 0.5): check 2 is passed by construction and reduces to "
-                       "the probe separating at all.")
+    if surface is not None:
+        return head + surface.construction_note()
     return head + ("Whether check 2 is decided by construction depends on the surface: on text surfaces "
                    "Δprompt length separates attack from clean (C1 = 1.000), on i_vis it is 0 (C1 ≈ 0.5).")
 

@@ -7,8 +7,9 @@ make OmegaConf reject unknown controls, token groups and split kinds with a mess
 key and the allowed values; an unknown ``surface=<name>`` has no config file, and Hydra names the
 ones it has. Cross-field rules (the surface's class and name, a control that does not apply to
 the surface, a text-only backbone with the ``image`` token group or a surface that needs the
-screenshot, layer fractions outside (0, 1]) are checked by :func:`validate`, which the Hydra callback :class:`ipi.hydra_callbacks.ConfigCheck`
-runs on every job's composed config before any job starts (one line, no torch imported).
+screenshot, layer fractions outside (0, 1]) are checked by :func:`validate`, which the Hydra
+callback :class:`ipi.hydra_callbacks.ConfigCheck` runs on every job's composed config before any
+job starts (one line, no torch imported).
 """
 
 from __future__ import annotations
@@ -536,9 +537,9 @@ def validate(cfg: DictConfig) -> None:
             f"token_group: 'image' is unavailable with the text-only backbone={cfg.backbone.name}; "
             "choose one of last_prompt, task, observation, action"
         )
-    if not cfg.backbone.multimodal and run_surface(cfg).needs_image:
-        raise ValueError(f"surface={run_surface(cfg).name} needs a multimodal backbone; "
-                         f"backbone={cfg.backbone.name} is text-only")
+    surface = run_surface(cfg)
+    if not cfg.backbone.multimodal and surface.needs_image:
+        raise ValueError(f"surface={surface.name} needs a multimodal backbone; backbone={cfg.backbone.name} is text-only")
     l2 = cfg.probe.l2
     if not (l2 == "auto" or (isinstance(l2, (int, float)) and not isinstance(l2, bool) and l2 > 0)):
         raise ValueError(f"probe.l2: {l2!r} is neither a positive number (scikit-learn's C) nor 'auto'")

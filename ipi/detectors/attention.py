@@ -14,9 +14,10 @@ its fast attention kernel; the forward stops after the deepest chosen layer. The
 Features (:func:`focus_ratios`): per layer and head, the focus ratio
 ``r = a_task / (a_task + a_untrusted)`` with ``untrusted`` = the span the injection lands in, the
 surface's ``untrusted_group`` (:mod:`ipi.surfaces.base`): image tokens on ``i_vis``, the
-observation (element list / tool result) on ``i_dom`` and ``i_tool``. Detector (:class:`AttentionFocusDetector`): heads chosen on training rows only (the
-``top_k`` heads with the highest training AUC of ``−r``, attack vs clean); score
-``= −mean(r over the chosen heads)`` (less focus on the task = more likely an attack).
+observation (element list / tool result) on ``i_dom`` and ``i_tool``. Detector
+(:class:`AttentionFocusDetector`): heads chosen on training rows only (the ``top_k`` heads with
+the highest training AUC of ``−r``, attack vs clean); score ``= −mean(r over the chosen heads)``
+(less focus on the task = more likely an attack).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ __all__ = ["AttentionFocusDetector", "AttentionFocusExtractor", "extract_attenti
 def untrusted_groups() -> dict[str, str]:
     """The token group holding the untrusted content of each registered surface (docs/replay.md)."""
     return {name: get_surface(name).untrusted_group for name in surface_names()}
+
 
 #: Bumped whenever the attention features change.
 ATTENTION_VERSION = 1

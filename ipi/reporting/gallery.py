@@ -39,6 +39,7 @@ HIGHLIGHT = (255, 236, 120)
 MARKER = (170, 210, 255)
 CONTEXT_CHARS = 220
 
+
 def _shared_dir() -> Path:
     shared = os.environ.get("IPI_SHARED")
     return Path(shared) if shared else Path(__file__).resolve().parents[2].parent / "shared"

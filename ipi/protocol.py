@@ -66,8 +66,10 @@ ALL_LAYERS = "all"
 def transfer_source_surfaces(surface: str, multimodal: bool) -> list[str]:
     """Surfaces the cross-surface transfer probe trains on (PROTOCOL.md §6; docs/estimands.md).
 
-    Every *other* registered surface the backbone can read (a text-only backbone reads none that
-    needs the image), in the registry's order: on ``i_vis`` this is ``i_dom ∪ i_tool``, exactly
+    Every *other* surface that ships (:func:`ipi.surfaces.registry.surfaces`; a surface from
+    elsewhere is never a source, so no run's sources depend on which surfaces another job of its
+    sweep named) the backbone can read (a text-only backbone reads none that needs the image), in
+    the registry's order: on ``i_vis`` this is ``i_dom ∪ i_tool``, exactly
     §6; on a text surface it is the other two (one with a text-only backbone, which has no
     ``i_vis``). The transfer probe is always scored on the run's own test rows, so its E1 sits on
     the same rows and bootstrap draws as the probe's.

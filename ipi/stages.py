@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from ipi.backbone_text import load_tokenizer
 from ipi.config import enum_value as _value
-from ipi.config import resolved_controls, to_container, validate
+from ipi.config import resolved_controls, run_surface, to_container, validate
 from ipi.data import DataError
 from ipi.data.discover import summarise_skips
 from ipi.data.images import image_limits_for
@@ -35,7 +35,7 @@ from ipi.progress import quiet_lightning, set_quiet, track
 from ipi.protocol import TOKEN_GROUPS, resolve_layers, transfer_source_surfaces
 from ipi.replay import count_plain_tokens
 from ipi.reporting.gallery import build_gallery, save_png_atomic
-from ipi.surfaces.registry import get_surface, surface_names
+from ipi.surfaces.registry import get_surface, surfaces
 from ipi.surfaces.wording import wording_overlap, wording_plan
 from ipi.twin import twin_config, twin_description, twin_seeds
 
@@ -240,15 +240,20 @@ def make_rows(cfg: DictConfig, trajectories, surface: str, controls: list[str] |
 
 
 def write_gallery(cfg: DictConfig, trajectory, out_dir: Path) -> Path | None:
-    """``gallery.png``: every surface × variant of the first usable step of ``trajectory``."""
+    """``gallery.png``: every surface × variant of the first usable step of ``trajectory``.
+
+    One row per surface that ships, and one for the run's own surface when it does not ship.
+    """
 
     if not trajectory.steps:
         return None
-    key = ("gallery", id(trajectory), surface_names(), int(cfg.surface.n_attacks), str(cfg.backbone.tokenizer_path),
-           _config_key(cfg.backbone.get("tokenizer_kwargs") or {}))
+    own, shipped = run_surface(cfg), surfaces()
+    shown = [*shipped, *([] if own in shipped else [own])]
+    key = ("gallery", id(trajectory), tuple(s.name for s in shown), int(cfg.surface.n_attacks),
+           str(cfg.backbone.tokenizer_path), _config_key(cfg.backbone.get("tokenizer_kwargs") or {}))
     _, img = sweep_memo(key, lambda: (trajectory, build_gallery(
         trajectory.trajectory_id, trajectory.steps[0], token_counter(cfg), task=trajectory.task,
-        n_attacks=cfg.surface.n_attacks)), "gallery")
+        n_attacks=cfg.surface.n_attacks, shown=shown)), "gallery")
     return save_png_atomic(img, out_dir / "gallery.png")
 
 

@@ -43,7 +43,10 @@ __all__ = ["AttentionFocusDetector", "AttentionFocusExtractor", "extract_attenti
 
 
 def untrusted_groups() -> dict[str, str]:
-    """The token group holding the untrusted content of each registered surface (docs/replay.md)."""
+    """The token group holding the untrusted content of each surface that ships (docs/replay.md).
+
+    A surface from elsewhere declares its own (``untrusted_group``); :func:`focus_ratios` reads it.
+    """
     return {name: get_surface(name).untrusted_group for name in surface_names()}
 
 

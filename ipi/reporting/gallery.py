@@ -5,8 +5,8 @@ Usage (from the repository root)::
     python -m ipi.reporting.gallery [--data-root ../shared/data/webvoyager] \\
         --trajectory examples/taskAmazon--0 --step 0 --out outputs/gallery.png
 
-One row per registered surface (:func:`ipi.surfaces.registry.surfaces`, titled by its
-``gallery_title``): a surface that needs the screenshot (``i_vis``) shows each variant's
+One row per surface (those that ship, :func:`ipi.surfaces.registry.surfaces`, and a run's own;
+titled by its ``gallery_title``): a surface that needs the screenshot (``i_vis``) shows each variant's
 downscaled screenshot plus an enlarged crop of the banner region; a text surface (``i_dom``,
 ``i_tool``) shows text panels of the changed region of its field (element list, tool result),
 with the inserted text highlighted and its token count.
@@ -233,6 +233,7 @@ def build_gallery(
     task: str = "",
     n_attacks: int = 1,
     cell_width: int = CELL_W,
+    shown: Sequence[Surface] | None = None,
 ) -> Image.Image:
     """Render every surface × variant of one step into one image.
 
@@ -243,12 +244,14 @@ def build_gallery(
         task: Task instruction, shown in the header.
         n_attacks: Attack rows per surface.
         cell_width: Width of one cell in pixels.
+        shown: The surfaces, one row each, in order; None: the surfaces that ship
+            (:func:`ipi.surfaces.registry.surfaces`).
 
     Returns:
         The gallery (RGB).
     """
     rows: list[tuple[Surface, list[Image.Image]]] = []
-    for surface in surfaces():
+    for surface in (surfaces() if shown is None else shown):
         variants = surface.make_variants(trajectory_id, step, surface.controls, n_attacks=n_attacks,
                                          count_tokens=count_tokens)
         cells = []

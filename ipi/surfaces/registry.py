@@ -1,13 +1,18 @@
 """The registry of injection surfaces: one :class:`~ipi.surfaces.base.Surface` object per name.
 
 ``conf/surface/<name>.yaml`` names each surface's class in ``_target_``; the registry reads the
-repository's ``conf/surface/`` once (the surfaces that ship: ``i_vis``, ``i_dom``, ``i_tool``) and
-builds one object per class (without arguments: a surface holds no state; the file's other keys,
-``name`` and ``n_attacks``, are run settings). A config file found elsewhere (a Hydra searchpath
-entry) adds its surface when the run's config is checked (:func:`ipi.config.run_surface`
-:func:`register`\\ s it). So a fourth surface is one module and one YAML file
-(docs/surfaces.md, "Adding a surface"); :data:`ipi.protocol.SURFACES`, the controls per surface,
-the transfer sources, the gallery and the attention detector's untrusted groups all come from here.
+repository's ``conf/surface/`` once and builds one object per class (without arguments: a surface
+holds no state; the file's other keys, ``name`` and ``n_attacks``, are run settings). These are
+the surfaces that *ship* (``i_vis``, ``i_dom``, ``i_tool``): :func:`surfaces` lists them, and
+:data:`ipi.protocol.SURFACES`, the controls per surface, the transfer sources, the gallery rows
+and the attention detector's untrusted groups come from that list. So a fourth surface is one
+module and one YAML file (docs/surfaces.md, "Adding a surface").
+
+A config file found elsewhere (a Hydra searchpath entry) names a surface that does not ship: the
+run whose config names it resolves it (:func:`ipi.config.run_surface` calls :func:`register`),
+and :func:`get_surface` finds it by name from then on, but it is never *listed*: what a run lists
+depends on its own config only, so a job of a ``-m`` sweep that includes such a surface gives the
+same results as the same run alone.
 
 Order (:func:`surfaces`): the surfaces that need the screenshot first, then the text surfaces,
 by name within each (``i_vis, i_dom, i_tool``): the order of reports, the gallery rows and the
@@ -63,7 +68,10 @@ def surface_class(target: str, where: str) -> type[Surface]:
 
 
 def register(cls: type[Surface], where: str = "") -> Surface:
-    """Add a surface class (idempotent for the same class) and return its object.
+    """Resolve a surface class (idempotent for the same class) and return its object.
+
+    A class that does not ship is found by :func:`get_surface` from then on, never listed by
+    :func:`surfaces` (see the module docstring).
 
     Args:
         cls: A concrete :class:`Surface` subclass.
@@ -95,8 +103,8 @@ def _add(cls: type[Surface], where: str) -> Surface:
 
 
 @functools.cache
-def _load() -> None:
-    """Register the surfaces of :data:`CONF_DIR` (once per process)."""
+def _load() -> tuple[str, ...]:
+    """Register the surfaces of :data:`CONF_DIR` (once per process); returns their names."""
     files = sorted(CONF_DIR.glob("*.yaml"))
     if not files:
         raise ValueError(f"{CONF_DIR}: no surface config files (conf/surface/<name>.yaml)")
@@ -113,12 +121,12 @@ def _load() -> None:
             raise ValueError(f"{path}: the file name, its name ({node.get('name')!r}) and the class's name "
                              f"({getattr(cls, 'name', None)!r}) must be the same")
         _add(cls, str(path))
+    return tuple(p.stem for p in files)
 
 
 def surfaces() -> tuple[Surface, ...]:
-    """Every registered surface, screenshot surfaces first, then by name (see the module docstring)."""
-    _load()
-    return tuple(sorted(_REGISTRY.values(), key=lambda s: (not s.needs_image, s.name)))
+    """The surfaces that ship, screenshot surfaces first, then by name (see the module docstring)."""
+    return tuple(sorted((_REGISTRY[n] for n in _load()), key=lambda s: (not s.needs_image, s.name)))
 
 
 def surface_names() -> tuple[str, ...]:
@@ -127,7 +135,7 @@ def surface_names() -> tuple[str, ...]:
 
 
 def find_surface(name: str) -> Surface | None:
-    """The registered surface called ``name``, or None."""
+    """The surface called ``name`` (shipped, or resolved by a run's config), or None."""
     _load()
     return _REGISTRY.get(str(name))
 
@@ -136,7 +144,7 @@ def get_surface(surface: str | Surface) -> Surface:
     """The surface object of a name (a :class:`Surface` is returned as is).
 
     Raises:
-        ValueError: Unknown name (one line naming the registered surfaces).
+        ValueError: Unknown name (one line naming the surfaces that ship).
     """
     if isinstance(surface, Surface):
         return surface

@@ -137,20 +137,22 @@ def test_the_protocol_vocabulary_is_enforced(attrs, message):
 def test_register_is_idempotent_and_refuses_a_second_class_under_one_name(fresh_registry):
     extra = fresh_registry.register(_Extra)
     assert fresh_registry.register(_Extra) is extra
-    assert fresh_registry.surface_names() == ("i_vis", "i_dom", "i_extra", "i_tool")
+    assert fresh_registry.get_surface("i_extra") is extra
     with pytest.raises(ValueError, match="surface 'i_dom' is already ipi.surfaces.i_dom.ElementListSurface; rename"):
         fresh_registry.register(_variant_of(_Extra, name="i_dom"), "x.yaml")
 
 
-def test_transfer_sources_follow_the_registry(fresh_registry):
-    assert protocol.transfer_source_surfaces("i_vis", True) == ["i_dom", "i_tool"]
-    assert protocol.transfer_source_surfaces("i_dom", False) == ["i_tool"]
+def test_a_surface_from_elsewhere_is_found_by_name_but_never_listed(fresh_registry):
+    """A run's sources and gallery must not depend on which surfaces other jobs of its sweep named."""
     fresh_registry.register(_Extra)
     fresh_registry.register(_ExtraImage)
-    # screenshot surfaces first, then text surfaces, by name within each
-    assert fresh_registry.surface_names() == ("i_vis", "i_zoom", "i_dom", "i_extra", "i_tool")
-    assert protocol.transfer_source_surfaces("i_vis", True) == ["i_zoom", "i_dom", "i_extra", "i_tool"]
-    assert protocol.transfer_source_surfaces("i_dom", False) == ["i_extra", "i_tool"]
+    assert fresh_registry.surface_names() == ("i_vis", "i_dom", "i_tool")
+    assert protocol.transfer_source_surfaces("i_vis", True) == ["i_dom", "i_tool"]
+    assert protocol.transfer_source_surfaces("i_dom", False) == ["i_tool"]
+    # a run on the surface from elsewhere trains its transfer probe on every shipped surface it can read
+    assert protocol.transfer_source_surfaces("i_extra", True) == ["i_vis", "i_dom", "i_tool"]
+    assert protocol.transfer_source_surfaces("i_extra", False) == ["i_dom", "i_tool"]
+    assert fresh_registry.find_surface("i_zoom").needs_image
 
 
 def _reload_from(monkeypatch, conf: Path):
@@ -173,6 +175,17 @@ def test_the_registry_reads_conf_surface(conf_dir):
     for f in (REPO / "conf" / "surface").glob("*.yaml"):
         (conf_dir / f.name).write_text(f.read_text())
     assert registry.surface_names() == ("i_vis", "i_dom", "i_tool")
+
+
+def test_a_shipped_fourth_surface_is_listed_in_order_and_becomes_a_transfer_source(conf_dir):
+    for f in (REPO / "conf" / "surface").glob("*.yaml"):
+        (conf_dir / f.name).write_text(f.read_text())
+    for cls in (_Extra, _ExtraImage):
+        (conf_dir / f"{cls.name}.yaml").write_text(f"_target_: {__name__}.{cls.__qualname__}\nname: {cls.name}\n")
+    # screenshot surfaces first, then text surfaces, by name within each
+    assert registry.surface_names() == ("i_vis", "i_zoom", "i_dom", "i_extra", "i_tool")
+    assert protocol.transfer_source_surfaces("i_vis", True) == ["i_zoom", "i_dom", "i_extra", "i_tool"]
+    assert protocol.transfer_source_surfaces("i_dom", False) == ["i_extra", "i_tool"]
 
 
 @pytest.mark.parametrize(("name", "text", "message"), [

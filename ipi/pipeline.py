@@ -22,7 +22,7 @@ from ipi.evaluation.scoretable import evaluate_score_table, read_score_table, tw
 from ipi.evaluation.verdict import verdict
 from ipi.extraction.run import extract_features, transfer_rows
 from ipi.io import atomic_write_text
-from ipi.metrics.estimands import evaluate_tables
+from ipi.metrics import evaluate_tables
 from ipi.progress import track
 from ipi.protocol import TOKEN_GROUPS
 from ipi.reporting.report import write_run_report

@@ -12,7 +12,7 @@ import pandas as pd
 from ipi.evaluation.reportable import mark_reportability
 from ipi.evaluation.spread import split_spread
 from ipi.evaluation.verdict import verdict
-from ipi.metrics.estimands import evaluate_tables
+from ipi.metrics import evaluate_tables
 from ipi.progress import progress_bar
 from ipi.reporting.report import write_run_report
 from ipi.reporting.tracking import log_run

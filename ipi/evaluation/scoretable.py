@@ -15,7 +15,7 @@ import pandas as pd
 
 from ipi.evaluation.reportable import mark_reportability
 from ipi.evaluation.verdict import verdict
-from ipi.metrics.estimands import evaluate_tables, validate_table
+from ipi.metrics import evaluate_tables, validate_table
 from ipi.protocol import CONTROLS
 
 __all__ = ["CSV_SUFFIXES", "PARQUET_SUFFIXES", "TWIN_SEED_COLUMN", "check_score_rows", "evaluate_score_table",

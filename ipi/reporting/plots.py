@@ -28,7 +28,7 @@ import pandas as pd
 
 from ipi.evaluation.reportable import estimand_entries, reportability_of
 from ipi.io import atomic_path
-from ipi.metrics.estimands import ATTACK, CLEAN, is_control, step_weights, validate_table
+from ipi.metrics.table import ATTACK, CLEAN, is_control, step_weights, validate_table
 
 __all__ = ["forest_rows", "plot_forest", "plot_heatmap", "plot_roc", "roc_curves", "save_figure"]
 

@@ -79,7 +79,7 @@ from scipy.special import ndtr
 
 from ipi.evaluation.verdict import CLAIM_DETECTS, verdict
 from ipi.io import atomic_write_text
-from ipi.metrics.estimands import evaluate_tables
+from ipi.metrics import evaluate_tables
 from ipi.probe.crossfit import cross_fit, make_folds
 from ipi.probe.fit import ProbeConfig
 from ipi.progress import quiet_lightning

@@ -78,7 +78,7 @@ def test_report_marks_every_estimate_of_a_two_trajectory_run(tmp_path):
     from ipi.reporting.report import write_run_report
     from ipi.evaluation.reportable import mark_reportability
     from ipi.evaluation.verdict import verdict
-    from ipi.metrics.estimands import evaluate_tables
+    from ipi.metrics import evaluate_tables
 
     table = _two_trajectory_table()
     res = evaluate_tables(table, {}, n_boot=200, seed=0)

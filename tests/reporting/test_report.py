@@ -28,7 +28,7 @@ def _table(seed=0, n_traj=8, two_attacks=True):
 
 def _results(table):
     from ipi.evaluation.verdict import verdict
-    from ipi.metrics.estimands import evaluate_tables
+    from ipi.metrics import evaluate_tables
 
     res = evaluate_tables(table, {"c1": table.assign(score=table.step.astype(float))}, n_boot=100, seed=0)
     res["verdict"] = verdict(res)

@@ -24,7 +24,7 @@ def offline(monkeypatch, tmp_path):
 
 def _results():
     from ipi.evaluation.verdict import verdict
-    from ipi.metrics.estimands import evaluate_tables
+    from ipi.metrics import evaluate_tables
 
     rng = np.random.default_rng(0)
     rows = [(f"t{t}", s, v, float(rng.normal() + (v == "attack")))

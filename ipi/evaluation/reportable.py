@@ -42,7 +42,7 @@ from ipi.metrics.keys import (
     E2,
     E3,
     ESTIMATE,
-    N_BOOT,
+    N_BOOT_KEY,
     N_BOOT_USED,
     N_CLUSTERS,
     PERMUTED,
@@ -153,7 +153,7 @@ def reportability(results: Mapping, *, min_clusters: int = DEFAULTS.min_clusters
         estimate gets that reason alone, otherwise every failed rule is listed.
     """
     boot = results.get(BOOTSTRAP) or {}
-    n_boot = boot.get(N_BOOT)
+    n_boot = boot.get(N_BOOT_KEY)
     out: dict[str, str | None] = {}
     for key, _label, iv in estimand_entries(results):
         iv = iv or {}

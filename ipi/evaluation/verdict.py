@@ -36,7 +36,6 @@ from ipi.evaluation.results import DEFAULTS, Check, ResultsView, Settings, Verdi
 from ipi.metrics.keys import (
     C1,
     C2,
-    CHECKS,
     CLAIM,
     COLLAPSE_ONLY,
     DIFFERENCES,
@@ -50,6 +49,7 @@ from ipi.metrics.keys import (
     PERMUTED,
     dotted,
 )
+from ipi.metrics.keys import CHECKS as CHECKS_KEY  # CHECKS below is the checklist
 
 __all__ = [
     "CLAIM_DETECTS",
@@ -542,7 +542,7 @@ def format_verdict(result: Mapping) -> str:
     Returns:
         Lines like ``"[PASS] 1 separates: E1 CI low 0.710 > 0.5"`` and ``"claim: ..."``.
     """
-    lines = [f"[{c['status']}] {c['id']} {c['name']}: {c['detail']}" for c in result[CHECKS]]
+    lines = [f"[{c['status']}] {c['id']} {c['name']}: {c['detail']}" for c in result[CHECKS_KEY]]
     note = result.get("claim_note")
     lines.append(f"claim: {result[CLAIM]}" + (f" ({note})" if note else ""))
     return "\n".join(lines)

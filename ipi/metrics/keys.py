@@ -76,12 +76,12 @@ def e1_minus_baseline_e1(baseline: str) -> str:
 
 E1_MINUS_C1_E1 = e1_minus_baseline_e1(C1)
 
-# bootstrap.*
-N_BOOT = "n_boot"
-SEED = "seed"
-LEVEL = "level"
+# bootstrap.* (``_KEY``: the values of the same names are ipi.metrics.bootstrap's defaults)
+N_BOOT_KEY = "n_boot"
+SEED_KEY = "seed"
+LEVEL_KEY = "level"
 N_CLUSTERS = "n_clusters"
-INTERVAL = "interval"
+INTERVAL_KEY = "interval"
 CLUSTERS_BY_ESTIMAND = "clusters_by_estimand"
 
 # permutation.* read by the verdict and the reports

@@ -17,19 +17,20 @@ from omegaconf import DictConfig
 from ipi.config import enum_value as _value
 from ipi.config import to_container
 from ipi.detectors.run import attention_matrix, attention_transfer_source, build_detector, detector_record
-from ipi.evaluation.callbacks import EstimandsCallback, ReportCallback
+from ipi.evaluation.assess import ScoreTables, assess
+from ipi.evaluation.callbacks import EstimandsCallback
 from ipi.evaluation.scoretable import evaluate_score_table, read_score_table, twin_score_table
-from ipi.evaluation.verdict import verdict
 from ipi.extraction.run import extract_features, transfer_rows
 from ipi.io import atomic_write_text
-from ipi.metrics.estimands import evaluate_tables
+from ipi.metrics.keys import RANDOM_TWIN, SPLIT_REPEATS
 from ipi.progress import track
 from ipi.protocol import TOKEN_GROUPS
 from ipi.reporting.report import write_run_report
+from ipi.reporting.report_callback import ReportCallback
 from ipi.reporting.tracking import task_wrapper
 from ipi.twin import twin_config, twin_seeds
 from ipi.stages import (
-    bootstrap_kwargs,
+    assess_settings,
     check_split_feasible,
     extraction_surfaces,
     fit_folds,
@@ -52,7 +53,6 @@ from ipi.stages import (
     twin_features,
     twin_record,
     twin_score_tables,
-    verdict_kwargs,
     wording_record,
     write_gallery,
 )
@@ -115,18 +115,16 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
     extra = {"counts": run_counts(trajs, meta, rows, fits, folds, step_skips, traj_skips),
              "run": {**run_record(cfg, layers, groups, int(x.shape[1]), folds, transfer,
                                   wording_record(rows, folds, plan), infos),
-                     "random_twin": twin_record(cfg, twin_infos)}}
+                     RANDOM_TWIN: twin_record(cfg, twin_infos)}}
     extra["run"]["detector"] = detector_record(cfg, det, fits)
     if infos_att:
         extra["run"]["attention_cache_keys"] = {s: i["cache_key"] for s, i in infos_att.items()}
 
     # Score the test rows with the probe through Lightning; the callbacks compute and write.
     te_meta = meta.iloc[fits.test_index].reset_index(drop=True)
-    est = EstimandsCallback(te_meta, fits.baselines, **bootstrap_kwargs(cfg.evaluation),
-                            **verdict_kwargs(cfg.evaluation), permutation=fits.permutation_input(),
-                            alpha=cfg.evaluation.permutation.alpha,
-                            min_boot_fraction=cfg.evaluation.min_boot_fraction,
-                            twins=twin_tables or None, pretrained=bool(cfg.backbone.pretrained))
+    settings = assess_settings(cfg.evaluation, pretrained=bool(cfg.backbone.pretrained))
+    est = EstimandsCallback(te_meta, fits.baselines, settings, permutation=fits.permutation_input(),
+                            twins=twin_tables or None)
     test_ids = fold_sides(folds)[1]
     gallery = (write_gallery(cfg, next(t for t in trajs if t.trajectory_id in set(test_ids)), out_dir)
                if cfg.report.gallery else None)
@@ -142,8 +140,8 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
 
     if cfg.split.repeats > 1:  # re-rolled splits beside the pre-registered one (docs/estimands.md)
         seeds = [cfg.split.seed + i for i in range(cfg.split.repeats)]
-        extra["split_repeats"] = {"seeds": seeds, "results": [
-            evaluate_split(cfg, trajs, s, layers, groups, probe) for s in track(seeds[1:], "split.repeats")]}
+        extra[SPLIT_REPEATS] = {"seeds": seeds, "results": [
+            evaluate_split(cfg, trajs, s, layers, groups, probe, settings) for s in track(seeds[1:], "split.repeats")]}
     rep = ReportCallback(est, out_dir, extra, config=to_container(cfg), gallery=gallery, plots=cfg.report.plots,
                          html=cfg.report.html, before_results=write_side_files)
     score_test_rows(fits, x, [est, rep], loggers)
@@ -159,13 +157,14 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
                          "baselines": fits.baselines, "extraction": info, "elapsed_s": elapsed}
 
 
-def evaluate_split(cfg: DictConfig, trajs, seed: int, layers, groups, probe) -> dict:
-    """Estimands and verdict of the run on the split of ``seed`` (``split.repeats``).
+def evaluate_split(cfg: DictConfig, trajs, seed: int, layers, groups, probe, settings) -> dict:
+    """Results of the run on the split of ``seed`` (``split.repeats``), as a dict.
 
     The same pipeline as the pre-registered split — held-out wording families of that split
-    (so its own rows and cache entry), probe, C1, collapse-only and permuted baselines, shared
-    bootstrap draws, verdict — without the transfer probe (it does not enter the verdict).
-    ``probe`` is :func:`ipi.stages.probe_settings` of the run.
+    (so its own rows and cache entry), probe, C1, collapse-only and permuted baselines, and the
+    same assessment (:func:`ipi.evaluation.assess.assess` with the run's ``settings``: shared
+    bootstrap draws, verdict, reportability) — without the transfer probe (it does not enter the
+    verdict) and the random twins. ``probe`` is :func:`ipi.stages.probe_settings` of the run.
     """
     folds, plan = split_folds(cfg, trajs, seed)
     rows = make_rows(cfg, trajs, _value(cfg.surface.name), wording=plan)
@@ -176,12 +175,7 @@ def evaluate_split(cfg: DictConfig, trajs, seed: int, layers, groups, probe) -> 
     fits = fit_folds(cfg, meta, x, features, layers, folds, probe, det=det, x_det=x_det)
     table = meta.iloc[fits.test_index][["trajectory_id", "step", "variant"]].reset_index(drop=True)
     table["score"] = fits.probe_scores(x) if det.name == "logistic" else fits.test_scores
-    ev = cfg.evaluation
-    perm = fits.permutation_input()
-    res = evaluate_tables(table, fits.baselines, **bootstrap_kwargs(ev),
-                          permutation=None if perm is None else {**perm, "alpha": ev.permutation.alpha})
-    res["verdict"] = verdict(res, **verdict_kwargs(ev))
-    return res
+    return assess(ScoreTables(table, fits.baselines, permutation=fits.permutation_input()), settings).to_dict()
 
 
 @task_wrapper
@@ -229,10 +223,8 @@ def extract(cfg: DictConfig) -> tuple[dict, dict]:
 @task_wrapper
 def evaluate(cfg: DictConfig) -> tuple[dict, dict]:
     """Evaluate a score table (CSV/Parquet) into ``results.json``, reports and figures."""
-    ev = cfg.evaluation
-    results = evaluate_score_table(cfg.scores, **bootstrap_kwargs(ev), **verdict_kwargs(ev),
-                                   min_boot_fraction=ev.min_boot_fraction,
-                                   twin=cfg.get("twin_scores"), pretrained=cfg.get("backbone_pretrained"))
+    results = evaluate_score_table(cfg.scores, twin=cfg.get("twin_scores"),
+                                   settings=assess_settings(cfg.evaluation, pretrained=cfg.get("backbone_pretrained")))
     write_run_report(results, Path(cfg.paths.output_dir), scores=read_score_table(cfg.scores),
                      config=to_container(cfg), plots=cfg.report.plots, html_report=cfg.report.html)
     return results, {}

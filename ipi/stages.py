@@ -27,6 +27,7 @@ from ipi.data import DataError
 from ipi.data.discover import summarise_skips
 from ipi.data.images import image_limits_for
 from ipi.detectors.crossfit import cross_fit_detector
+from ipi.evaluation.results import Settings
 from ipi.extraction.rows import build_rows
 from ipi.extraction.run import extract_features, transfer_rows
 from ipi.probe.crossfit import FoldedProbe, TransferSource, cross_fit, make_folds
@@ -433,14 +434,13 @@ def probe_settings(probe: DictConfig, seed: int) -> tuple[ProbeConfig, float, li
                         solver=_value(probe.get("solver", "newton"))), l2, l2_grid)
 
 
-def bootstrap_kwargs(ev: DictConfig) -> dict:
-    """Cluster-bootstrap settings of ``cfg.evaluation`` (PROTOCOL.md §5): n_boot, seed, level, interval."""
-    return {"n_boot": ev.n_boot, "seed": ev.seed, "level": ev.level, "interval": _value(ev.interval)}
-
-
-def verdict_kwargs(ev: DictConfig) -> dict:
-    """Verdict thresholds of ``cfg.evaluation`` (PROTOCOL.md §7): collapse ceiling, C1 maximum, min clusters."""
-    return {"collapse_ceiling": ev.collapse_ceiling, "c1_max": ev.c1_max, "min_clusters": ev.min_clusters}
+def assess_settings(ev: DictConfig, pretrained: bool | None = None) -> Settings:
+    """The assessment settings of ``cfg.evaluation`` (PROTOCOL.md §5, §7): bootstrap, verdict
+    thresholds, reportability gate, permutation level; ``pretrained`` is ``backbone.pretrained``
+    (None for a score table of unknown origin)."""
+    return Settings(n_boot=ev.n_boot, seed=ev.seed, level=ev.level, interval=_value(ev.interval),
+                    collapse_ceiling=ev.collapse_ceiling, c1_max=ev.c1_max, min_clusters=ev.min_clusters,
+                    min_boot_fraction=ev.min_boot_fraction, alpha=ev.permutation.alpha, pretrained=pretrained)
 
 
 def make_loggers(cfg: DictConfig) -> list:

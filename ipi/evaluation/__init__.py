@@ -1,11 +1,17 @@
-"""Evaluation: score tables on disk and the reportability verdict (PROTOCOL.md §5, §7).
+"""Evaluation: one assessment path from score tables to results (PROTOCOL.md §5, §7).
+
+:func:`assess` turns a run's score tables into the typed :class:`Results` (estimands, verdict,
+reportability); score tables on disk are read and assessed by :func:`evaluate_score_table`.
 
 Public API::
 
-    from ipi.evaluation import read_score_table, evaluate_score_table, verdict
+    from ipi.evaluation import assess, ScoreTables, Settings, read_score_table, evaluate_score_table, verdict
 """
 
+from ipi.evaluation.assess import ScoreTables, assess
+from ipi.evaluation.results import DEFAULTS, Results, Settings
 from ipi.evaluation.scoretable import evaluate_score_table, read_score_table
-from ipi.evaluation.verdict import format_verdict, verdict
+from ipi.evaluation.verdict import format_verdict, judge, verdict
 
-__all__ = ["evaluate_score_table", "format_verdict", "read_score_table", "verdict"]
+__all__ = ["DEFAULTS", "Results", "ScoreTables", "Settings", "assess", "evaluate_score_table", "format_verdict",
+           "judge", "read_score_table", "verdict"]

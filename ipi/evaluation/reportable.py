@@ -28,14 +28,39 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-__all__ = ["BASELINE_LABELS", "estimand_entries", "mark_reportability", "reportability", "reportability_of"]
+from ipi.evaluation.results import DEFAULTS, Reportability, ResultsView, Settings
+from ipi.metrics.keys import (
+    BOOTSTRAP,
+    BY_SEED,
+    C1,
+    CI_HIGH,
+    CI_LOW,
+    CLUSTERS_BY_ESTIMAND,
+    COLLAPSE_ONLY,
+    DIFFERENCES,
+    E1,
+    E2,
+    E3,
+    ESTIMATE,
+    N_BOOT_KEY,
+    N_BOOT_USED,
+    N_CLUSTERS,
+    PERMUTED,
+    RANDOM_TWIN,
+    REPORTABILITY,
+    SEEDS,
+    TRANSFER,
+    dotted,
+)
+
+__all__ = ["BASELINE_LABELS", "estimand_entries", "mark", "mark_reportability", "reportability", "reportability_of"]
 
 #: Display names of the baselines' estimands.
 BASELINE_LABELS = {
-    "c1": "C1 metadata baseline",
-    "collapse_only": "C2 collapse-only",
-    "permuted": "permuted labels",
-    "transfer": "cross-surface transfer",
+    C1: "C1 metadata baseline",
+    COLLAPSE_ONLY: "C2 collapse-only",
+    PERMUTED: "permuted labels",
+    TRANSFER: "cross-surface transfer",
 }
 
 
@@ -48,38 +73,38 @@ def estimand_entries(results: Mapping) -> list[tuple[str, str, Mapping | None]]:
     per control, each baseline's E1 (and E2; C1's E3 per control), then the paired differences.
     """
     r = results
-    rows: list[tuple[str, str, Mapping | None]] = [("e1", "E1 attack vs clean", r.get("e1")),
-                                                   ("e2", "E2 paired step", r.get("e2"))]
-    rows += [(f"e3.{c}", f"E3 attack vs {c}", iv) for c, iv in sorted((r.get("e3") or {}).items())]
+    rows: list[tuple[str, str, Mapping | None]] = [(E1, "E1 attack vs clean", r.get(E1)),
+                                                   (E2, "E2 paired step", r.get(E2))]
+    rows += [(dotted(E3, c), f"E3 attack vs {c}", iv) for c, iv in sorted((r.get(E3) or {}).items())]
     for key, label in BASELINE_LABELS.items():
         if isinstance(r.get(key), Mapping):
-            rows.append((f"{key}.e1", f"{label} E1", r[key].get("e1")))
-            if r[key].get("e2"):
-                rows.append((f"{key}.e2", f"{label} E2", r[key].get("e2")))
-            if key == "c1":  # metadata balance of the controls (docs/estimands.md)
-                rows += [(f"c1.e3.{c}", f"{label} E3 attack vs {c}", iv)
-                         for c, iv in sorted((r[key].get("e3") or {}).items())]
-    twin = r.get("random_twin")
+            rows.append((dotted(key, E1), f"{label} E1", r[key].get(E1)))
+            if r[key].get(E2):
+                rows.append((dotted(key, E2), f"{label} E2", r[key].get(E2)))
+            if key == C1:  # metadata balance of the controls (docs/estimands.md)
+                rows += [(dotted(C1, E3, c), f"{label} E3 attack vs {c}", iv)
+                         for c, iv in sorted((r[key].get(E3) or {}).items())]
+    twin = r.get(RANDOM_TWIN)
     if isinstance(twin, Mapping):  # the same probe on the random-weight twins (verdict check 6)
-        env = " (max over seeds)" if len(twin.get("seeds") or ()) > 1 else ""
-        rows += [("random_twin.e1", f"random twin{env} E1", twin.get("e1")),
-                 ("random_twin.e2", f"random twin{env} E2", twin.get("e2"))]
-        rows += [(f"random_twin.e3.{c}", f"random twin{env} E3 attack vs {c}", iv)
-                 for c, iv in sorted((twin.get("e3") or {}).items())]
-        for seed, est in (twin.get("by_seed") or {}).items():
-            rows += [(f"random_twin.by_seed.{seed}.e1", f"random twin seed {seed} E1", est.get("e1")),
-                     (f"random_twin.by_seed.{seed}.e2", f"random twin seed {seed} E2", est.get("e2"))]
-            rows += [(f"random_twin.by_seed.{seed}.e3.{c}", f"random twin seed {seed} E3 attack vs {c}", iv)
-                     for c, iv in sorted((est.get("e3") or {}).items())]
+        env = " (max over seeds)" if len(twin.get(SEEDS) or ()) > 1 else ""
+        rows += [(dotted(RANDOM_TWIN, E1), f"random twin{env} E1", twin.get(E1)),
+                 (dotted(RANDOM_TWIN, E2), f"random twin{env} E2", twin.get(E2))]
+        rows += [(dotted(RANDOM_TWIN, E3, c), f"random twin{env} E3 attack vs {c}", iv)
+                 for c, iv in sorted((twin.get(E3) or {}).items())]
+        for seed, est in (twin.get(BY_SEED) or {}).items():
+            rows += [(dotted(RANDOM_TWIN, BY_SEED, seed, E1), f"random twin seed {seed} E1", est.get(E1)),
+                     (dotted(RANDOM_TWIN, BY_SEED, seed, E2), f"random twin seed {seed} E2", est.get(E2))]
+            rows += [(dotted(RANDOM_TWIN, BY_SEED, seed, E3, c), f"random twin seed {seed} E3 attack vs {c}", iv)
+                     for c, iv in sorted((est.get(E3) or {}).items())]
 
     def diffs(prefix: str, label: str, tree: Mapping) -> None:
         for k, iv in sorted(tree.items()):
-            if isinstance(iv, Mapping) and "estimate" in iv:
-                rows.append((f"{prefix}.{k}", f"{label}{k}", iv))
+            if isinstance(iv, Mapping) and ESTIMATE in iv:
+                rows.append((dotted(prefix, k), f"{label}{k}", iv))
             elif isinstance(iv, Mapping):  # e.g. {control: iv}, or {seed: {control: iv}}
-                diffs(f"{prefix}.{k}", f"{label}{k} ", iv)
+                diffs(dotted(prefix, k), f"{label}{k} ", iv)
 
-    diffs("differences", "", r.get("differences") or {})
+    diffs(DIFFERENCES, "", r.get(DIFFERENCES) or {})
     return rows
 
 
@@ -93,13 +118,13 @@ def _num(x) -> float | None:
 
 def _count(v) -> int | None:
     if isinstance(v, Mapping):
-        v = v.get("n_clusters")
+        v = v.get(N_CLUSTERS)
     return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
 def _clusters(boot: Mapping, key: str) -> int | None:
     """Test trajectories behind one estimand: per-estimand count if recorded, else the run's."""
-    by = boot.get("clusters_by_estimand")
+    by = boot.get(CLUSTERS_BY_ESTIMAND)
     if isinstance(by, Mapping):
         v = by.get(key)
         if v is None:  # nested, e.g. {"e3": {"c_scrambled": 4}}
@@ -108,11 +133,11 @@ def _clusters(boot: Mapping, key: str) -> int | None:
                 v = v.get(part) if isinstance(v, Mapping) else None
         if _count(v) is not None:
             return _count(v)
-    return _count(boot.get("n_clusters"))
+    return _count(boot.get(N_CLUSTERS))
 
 
-def reportability(results: Mapping, *, min_clusters: int = 5, min_boot_fraction: float = 0.9,
-                  ) -> dict[str, str | None]:
+def reportability(results: Mapping, *, min_clusters: int = DEFAULTS.min_clusters,
+                  min_boot_fraction: float = DEFAULTS.min_boot_fraction) -> dict[str, str | None]:
     """Whether each estimate may be reported, and if not, why (rules in the module docstring).
 
     Args:
@@ -127,14 +152,14 @@ def reportability(results: Mapping, *, min_clusters: int = 5, min_boot_fraction:
         ``{estimand key: None | reason}``, keys as in :func:`estimand_entries`; an undefined
         estimate gets that reason alone, otherwise every failed rule is listed.
     """
-    boot = results.get("bootstrap") or {}
-    n_boot = boot.get("n_boot")
+    boot = results.get(BOOTSTRAP) or {}
+    n_boot = boot.get(N_BOOT_KEY)
     out: dict[str, str | None] = {}
     for key, _label, iv in estimand_entries(results):
         iv = iv or {}
-        est, lo, hi = (_num(iv.get(k)) for k in ("estimate", "ci_low", "ci_high"))
+        est, lo, hi = (_num(iv.get(k)) for k in (ESTIMATE, CI_LOW, CI_HIGH))
         n_clusters = _clusters(boot, key)
-        used = iv.get("n_boot_used")
+        used = iv.get(N_BOOT_USED)
         if est is None:
             out[key] = "undefined (no estimate)"
             continue
@@ -155,16 +180,28 @@ def reportability(results: Mapping, *, min_clusters: int = 5, min_boot_fraction:
     return out
 
 
-def mark_reportability(results: Mapping, min_clusters: int = 5, min_boot_fraction: float = 0.9) -> dict:
+def mark(results: Mapping, settings: Settings = DEFAULTS) -> Reportability:
+    """The reportability marks of a results dict with the thresholds of ``settings``.
+
+    Returns:
+        The :class:`~ipi.evaluation.results.Reportability` (``min_clusters``,
+        ``min_boot_fraction``, :func:`reportability`'s marks).
+    """
+    marks = reportability(results, min_clusters=settings.min_clusters,
+                          min_boot_fraction=settings.min_boot_fraction)
+    return Reportability(min_clusters=int(settings.min_clusters),
+                         min_boot_fraction=float(settings.min_boot_fraction), estimands=marks)
+
+
+def mark_reportability(results: Mapping, min_clusters: int = DEFAULTS.min_clusters,
+                       min_boot_fraction: float = DEFAULTS.min_boot_fraction) -> dict:
     """``results["reportability"]``: the thresholds and :func:`reportability`'s marks.
 
     Returns:
         ``{"min_clusters", "min_boot_fraction", "estimands": {key: None | reason},
-        "not_reportable": int}``.
+        "not_reportable": int}`` (:meth:`~ipi.evaluation.results.Reportability.to_dict`).
     """
-    marks = reportability(results, min_clusters=min_clusters, min_boot_fraction=min_boot_fraction)
-    return {"min_clusters": int(min_clusters), "min_boot_fraction": float(min_boot_fraction),
-            "estimands": marks, "not_reportable": sum(v is not None for v in marks.values())}
+    return mark(results, Settings(min_clusters=min_clusters, min_boot_fraction=min_boot_fraction)).to_dict()
 
 
 def reportability_of(results: Mapping) -> dict[str, str | None]:
@@ -173,7 +210,7 @@ def reportability_of(results: Mapping) -> dict[str, str | None]:
     Runs record theirs (with the configured thresholds) in ``results.json``; a results dict
     without them (an older file) gets :func:`reportability` with the defaults.
     """
-    stored = results.get("reportability")
+    stored = ResultsView(results).get(REPORTABILITY)
     if isinstance(stored, Mapping) and isinstance(stored.get("estimands"), Mapping):
         return dict(stored["estimands"])
     return reportability(results)

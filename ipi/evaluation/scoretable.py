@@ -2,20 +2,23 @@
 
 A score table file is CSV (``.csv``) or Parquet (``.parquet``/``.pq``) with the columns
 ``trajectory_id, step, variant, score`` and optionally ``weight`` (see
-:mod:`ipi.metrics.estimands`). :func:`evaluate_score_table` turns one into the JSON-ready report:
-estimands with paired cluster-bootstrap intervals, counts, and the §7 verdict.
+:mod:`ipi.metrics.table`). :func:`evaluate_score_table` turns one into the JSON-ready report
+through :func:`ipi.evaluation.assess.assess`: estimands with paired cluster-bootstrap intervals,
+counts, the §7 verdict and the reportability marks.
 """
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
 
-from ipi.evaluation.reportable import mark_reportability
-from ipi.evaluation.verdict import verdict
-from ipi.metrics.estimands import evaluate_tables, validate_table
+from ipi.evaluation.assess import ScoreTables, assess
+from ipi.evaluation.results import DEFAULTS, Settings
+from ipi.metrics.table import CONTROL_PREFIX, validate_table
 from ipi.protocol import CONTROLS
 
 __all__ = ["CSV_SUFFIXES", "PARQUET_SUFFIXES", "TWIN_SEED_COLUMN", "check_score_rows", "evaluate_score_table",
@@ -47,7 +50,7 @@ def read_score_table(path) -> pd.DataFrame:
         path: ``.csv``, ``.parquet`` or ``.pq`` file.
 
     Returns:
-        The normalised table (see :func:`ipi.metrics.estimands.validate_table`).
+        The normalised table (see :func:`ipi.metrics.table.validate_table`).
 
     Raises:
         ValueError: One-line message naming the file and the offending column/row (rows are
@@ -110,13 +113,11 @@ def check_score_rows(table: pd.DataFrame, source: str, row_name=None) -> pd.Data
     Raises:
         ValueError: One line naming the file, the row(s) and the problem.
     """
-    import difflib
-
     name = row_name or (lambda i: f"row {i}")
     known = list(CONTROLS)
     variant = table["variant"].to_numpy()
     for i, v in enumerate(variant):
-        if v.startswith("c_") and v not in known:
+        if v.startswith(CONTROL_PREFIX) and v not in known:
             near = difflib.get_close_matches(v, known, n=1)
             hint = f"did you mean {near[0]!r}? " if near else ""
             raise ValueError(f"{source}: column 'variant' {name(i)}: unknown control {v!r} "
@@ -172,7 +173,7 @@ def split_twin_table(table: pd.DataFrame, source: str = "random-twin score table
     A table without the ``twin_seed`` column is one twin of unknown seed, keyed ``"twin"``.
 
     Raises:
-        ValueError: A seed's rows fail :func:`ipi.metrics.estimands.validate_table`.
+        ValueError: A seed's rows fail :func:`ipi.metrics.table.validate_table`.
     """
     if TWIN_SEED_COLUMN not in table.columns:
         return {"twin": check_score_rows(validate_table(table, source), source)}
@@ -187,46 +188,37 @@ def split_twin_table(table: pd.DataFrame, source: str = "random-twin score table
 def evaluate_score_table(
     path,
     *,
-    n_boot: int = 1000,
-    seed: int = 0,
-    level: float = 0.95,
     baselines: Mapping[str, object] | None = None,
-    collapse_ceiling: float = 0.60,
-    c1_max: float = 0.95,
-    min_clusters: int = 5,
-    min_boot_fraction: float = 0.9,
-    interval: str = "percentile",
     twin=None,
-    pretrained: bool | None = None,
+    settings: Settings = DEFAULTS,
+    **overrides,
 ) -> dict:
-    """Estimands, counts and verdict of a score-table file (PROTOCOL.md §5, §7).
+    """Estimands, counts, verdict and reportability of a score-table file (PROTOCOL.md §5, §7).
 
     Args:
         path: The probe's score table (``.csv``/``.parquet``).
-        n_boot: Bootstrap replicates ``B``.
-        seed: Seed of the bootstrap draws.
-        level: Interval coverage.
         baselines: Optional named baseline tables (paths or DataFrames) scored on the same
             test trajectories, e.g. ``{"c1": ..., "collapse_only": ..., "permuted": ...}``;
             they share the bootstrap draws with the main table.
-        collapse_ceiling: Ceiling of verdict check 5.
-        c1_max: Bound of C1's E1 in verdict check 2.
-        min_clusters: Fewest test trajectories for the verdict checks.
-        interval: ``"percentile"`` (PROTOCOL.md §5/§9) or ``"bca"``.
         twin: The random-weight twins' score table (path or DataFrame; ``train.py`` writes
             ``scores_twin.csv`` with a ``twin_seed`` column, one block of rows per seed; a table
             without it is one twin) on the same rows, or None (verdict check 6 NOT RUN).
-        pretrained: Whether the backbone's own weights are trained (False fails check 6), or None.
+        settings: Bootstrap, verdict thresholds, reportability gate and ``pretrained``
+            (:class:`~ipi.evaluation.results.Settings`).
+        **overrides: Fields of ``settings`` to replace (``n_boot=200``, ``interval="bca"``,
+            ``pretrained=False`` ...).
 
     Returns:
-        :func:`ipi.metrics.estimands.evaluate_tables`'s dict plus ``"source"`` (the path),
-        ``"counts"`` (``{"trajectories", "steps", "rows", "rows_by_variant"}`` of the main
-        table) and ``"verdict"`` (:func:`ipi.evaluation.verdict.verdict`; checks whose inputs
-        are absent are ``"NOT RUN"``).
+        :func:`ipi.evaluation.assess.assess`'s results as a dict: the numbers, ``"source"`` (the
+        path; ``"source_twin"`` for a twin file), ``"counts"`` (``{"trajectories", "steps",
+        "rows", "rows_by_variant"}`` of the main table), ``"verdict"`` (checks whose inputs are
+        absent are ``"NOT RUN"``) and ``"reportability"``.
 
     Raises:
         ValueError: On an unreadable or invalid table (see :func:`read_score_table`).
+        TypeError: An override that is not a field of :class:`~ipi.evaluation.results.Settings`.
     """
+    settings = replace(settings, **overrides)
     main = read_score_table(path)
     loaded = {}
     for name, item in (baselines or {}).items():
@@ -239,13 +231,7 @@ def evaluate_score_table(
     if twin is not None:
         twins = split_twin_table(twin if isinstance(twin, pd.DataFrame) else read_score_table(twin),
                                  "random-twin score table" if isinstance(twin, pd.DataFrame) else str(twin))
-    results = evaluate_tables(main, loaded, n_boot=n_boot, seed=seed, level=level, interval=interval,
-                              twins=twins)
-    results["source"] = str(path)
-    if twin is not None and not isinstance(twin, pd.DataFrame):
-        results["source_twin"] = str(twin)
-    results["counts"] = _counts(main)
-    results["verdict"] = verdict(results, collapse_ceiling=collapse_ceiling, c1_max=c1_max,
-                                 min_clusters=min_clusters, pretrained=pretrained)
-    results["reportability"] = mark_reportability(results, min_clusters, min_boot_fraction)
-    return results
+    results = assess(ScoreTables(main, loaded, twins), settings, source=str(path),
+                     source_twin=None if twin is None or isinstance(twin, pd.DataFrame) else str(twin),
+                     counts=_counts(main))
+    return results.to_dict()

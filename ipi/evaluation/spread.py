@@ -13,15 +13,17 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from ipi.metrics.keys import CLAIM, E1, E2, E3, ESTIMATE, VERDICT, dotted
+
 __all__ = ["split_spread", "spread_lines"]
 
 CLAIMS = ("detects malicious content", "separates clean steps from this attack surface on this split", "none")
 
 
 def _flat(results: Mapping) -> dict[str, float | None]:
-    out = {"e1": (results.get("e1") or {}).get("estimate"), "e2": (results.get("e2") or {}).get("estimate")}
-    for c, iv in sorted((results.get("e3") or {}).items()):
-        out[f"e3.{c}"] = (iv or {}).get("estimate")
+    out = {E1: (results.get(E1) or {}).get(ESTIMATE), E2: (results.get(E2) or {}).get(ESTIMATE)}
+    for c, iv in sorted((results.get(E3) or {}).items()):
+        out[dotted(E3, c)] = (iv or {}).get(ESTIMATE)
     return out
 
 
@@ -49,7 +51,7 @@ def split_spread(main: Mapping, repeats: Sequence[Mapping], seeds: Sequence[int]
         ok = [v for v in vals if v is not None]
         est[k] = {"min": float(min(ok)) if ok else None, "median": float(np.median(ok)) if ok else None,
                   "max": float(max(ok)) if ok else None, "values": vals}
-    claims = [(r.get("verdict") or {}).get("claim", "none") for r in allr]
+    claims = [(r.get(VERDICT) or {}).get(CLAIM, CLAIMS[-1]) for r in allr]
     strength = {CLAIMS[0]: 2, CLAIMS[1]: 1}
     counts = {CLAIMS[0]: sum(strength.get(c, 0) >= 2 for c in claims),
               CLAIMS[1]: sum(strength.get(c, 0) >= 1 for c in claims)}

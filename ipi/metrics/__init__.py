@@ -1,41 +1,54 @@
 """Metrics of the protocol: weighted AUC, estimands E1/E2/E3, cluster bootstrap (PROTOCOL.md §5).
 
+One module per concept: :mod:`~ipi.metrics.table` (the score-table schema),
+:mod:`~ipi.metrics.auc` (weighted AUC), :mod:`~ipi.metrics.bootstrap` (draws, intervals, paired
+differences), :mod:`~ipi.metrics.estimands` (E1/E2/E3 of one table),
+:mod:`~ipi.metrics.twins` (the random-weight twins' envelope and seed-predictive interval),
+:mod:`~ipi.metrics.permutation` (the exact permutation test), :mod:`~ipi.metrics.compare` (every
+table of a run on shared draws: :class:`Estimates`) and :mod:`~ipi.metrics.keys` (the result key
+strings).
+
 Public API::
 
-    from ipi.metrics import weighted_auc, bootstrap_weighted_auc, estimands, evaluate_tables
+    from ipi.metrics import weighted_auc, bootstrap_weighted_auc, estimands, compare_tables, evaluate_tables
 """
 
 from ipi.metrics.auc import bootstrap_weighted_auc, grouped_weighted_auc, weighted_auc
-from ipi.metrics.estimands import (
+from ipi.metrics.bootstrap import (
     Draws,
-    EstimandSet,
     Interval,
+    bca_interval,
+    bootstrap_p,
     draw_multiplicities,
-    estimands,
-    evaluate_tables,
-    is_control,
     make_draws,
+    make_interval,
     paired_difference,
-    seed_predictive_difference,
     percentile_interval,
-    step_weights,
-    validate_table,
 )
+from ipi.metrics.compare import Estimates, compare_tables, evaluate_tables
+from ipi.metrics.estimands import EstimandSet, estimands
+from ipi.metrics.table import is_control, step_weights, validate_table
+from ipi.metrics.twins import seed_predictive_difference
 
 __all__ = [
     "Draws",
     "EstimandSet",
+    "Estimates",
     "Interval",
+    "bca_interval",
+    "bootstrap_p",
     "bootstrap_weighted_auc",
+    "compare_tables",
     "draw_multiplicities",
     "estimands",
     "evaluate_tables",
     "grouped_weighted_auc",
     "is_control",
     "make_draws",
+    "make_interval",
     "paired_difference",
-    "seed_predictive_difference",
     "percentile_interval",
+    "seed_predictive_difference",
     "step_weights",
     "validate_table",
     "weighted_auc",

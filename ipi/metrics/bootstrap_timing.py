@@ -14,14 +14,9 @@ from contextlib import contextmanager
 import numpy as np
 import pandas as pd
 
-from ipi.metrics.estimands import (
-    ATTACK,
-    CLEAN,
-    estimands,
-    make_draws,
-    step_weights,
-    validate_table,
-)
+from ipi.metrics.bootstrap import make_draws
+from ipi.metrics.estimands import estimands
+from ipi.metrics.table import ATTACK, CLEAN, step_weights, validate_table
 from ipi.protocol import VARIANTS
 
 __all__ = ["bench_bootstrap", "bench_permutation", "bootstrap_benchmark", "synthetic_score_table"]

@@ -18,13 +18,18 @@ into the reported numbers. The refits themselves are :func:`ipi.probe.crossfit.c
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 from ipi.metrics.auc import weighted_auc
+from ipi.metrics.table import ATTACK, CLEAN
 
-__all__ = ["null_tolerance", "permutation_summary", "permute_within"]
+__all__ = ["ALPHA", "PermutationSummary", "null_tolerance", "permutation_summary", "permute_within"]
+
+#: Level of the exact permutation test (``evaluation.permutation.alpha``): PASS needs ``p <= alpha``.
+ALPHA = 0.05
 
 
 def permute_within(groups: np.ndarray, y: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -54,9 +59,62 @@ def null_tolerance(sd: float, m: int) -> float:
     return max(0.02, 3.0 * float(sd) / math.sqrt(m))
 
 
+@dataclass(frozen=True)
+class PermutationSummary:
+    """The exact permutation test's numbers (PROTOCOL.md §7.4; :func:`permutation_summary`).
+
+    Attributes:
+        m: Refits ``M``.
+        e1: The observed E1 (the test statistic).
+        null_e1: E1 of each refit ``[M]``.
+        null_mean: Mean of ``null_e1``.
+        null_sd: Sample SD (``ddof=1``) of ``null_e1`` (0 with one refit).
+        null_q025: 2.5% quantile of ``null_e1`` (``numpy.quantile``, linear).
+        null_q975: 97.5% quantile.
+        n_ge: Refits with E1 >= the observed E1.
+        p_value: ``(1 + n_ge) / (M + 1)``.
+        alpha: Level of the test.
+        tolerance: How far the null mean may lie from 0.5 (:func:`null_tolerance`).
+        seed: Seed of the label permutations, or None.
+        e1_refit: E1 of the same refit procedure on the true labels, or None.
+        unit: The randomisation unit in words, or None (then not written).
+        design: The refits' solver design in words, or None (then not written).
+    """
+
+    m: int
+    e1: float
+    null_e1: list[float]
+    null_mean: float
+    null_sd: float
+    null_q025: float
+    null_q975: float
+    n_ge: int
+    p_value: float
+    alpha: float
+    tolerance: float
+    seed: int | None
+    e1_refit: float | None
+    unit: str | None = None
+    design: str | None = None
+
+    def to_dict(self) -> dict:
+        """JSON-ready ``{"m", "e1", "null_e1", ..., "seed", "e1_refit"[, "unit"][, "design"]}`` (no
+        timings: results.json is reproducible bit for bit)."""
+        out = {"m": self.m, "e1": self.e1, "null_e1": list(self.null_e1), "null_mean": self.null_mean,
+               "null_sd": self.null_sd, "null_q025": self.null_q025, "null_q975": self.null_q975, "n_ge": self.n_ge,
+               "p_value": self.p_value, "alpha": self.alpha, "tolerance": self.tolerance, "seed": self.seed,
+               "e1_refit": self.e1_refit}
+        if self.unit is not None:
+            out["unit"] = self.unit
+        if self.design is not None:
+            out["design"] = self.design
+        return out
+
+
 def permutation_summary(table: pd.DataFrame, null_scores: np.ndarray, e1: float, *,
-                        weights: np.ndarray | None = None, alpha: float = 0.05,
-                        seed: int | None = None, refit_scores: np.ndarray | None = None) -> dict:
+                        weights: np.ndarray | None = None, alpha: float = ALPHA,
+                        seed: int | None = None, refit_scores: np.ndarray | None = None,
+                        unit: str | None = None, design: str | None = None) -> PermutationSummary:
     """Null distribution, p-value and decision numbers of the permutation test (§7.4).
 
     Args:
@@ -70,11 +128,12 @@ def permutation_summary(table: pd.DataFrame, null_scores: np.ndarray, e1: float,
         refit_scores: Optional ``[n]`` scores of the same refit procedure on the **true**
             labels; their E1 is reported as ``e1_refit``, a check that the cheap refits
             reproduce the probe (it should equal ``e1`` up to the solvers' tolerance).
+        unit: The randomisation unit in words (recorded), or None.
+        design: The refits' design in words (recorded), or None.
 
     Returns:
-        JSON-ready ``{"m", "e1", "null_e1" [M], "null_mean", "null_sd", "null_q025",
-        "null_q975", "n_ge", "p_value", "alpha", "tolerance", "seed", "e1_refit"}``; ``null_sd`` is the
-        sample SD (``ddof=1``), the quantiles are ``numpy.quantile``'s (linear).
+        The :class:`PermutationSummary`; ``null_sd`` is the sample SD (``ddof=1``), the
+        quantiles are ``numpy.quantile``'s (linear).
 
     Raises:
         ValueError: If ``null_scores`` does not have one column per table row, or a replicate
@@ -84,7 +143,7 @@ def permutation_summary(table: pd.DataFrame, null_scores: np.ndarray, e1: float,
     if null_scores.ndim != 2 or null_scores.shape[1] != len(table) or null_scores.shape[0] < 1:
         raise ValueError(f"null_scores must be [M >= 1, {len(table)}], got {null_scores.shape}")
     variant = table["variant"].to_numpy(dtype=object)
-    pos, neg = variant == "attack", variant == "clean"
+    pos, neg = variant == ATTACK, variant == CLEAN
     w = np.ones(len(table)) if weights is None else np.asarray(weights, dtype=np.float64)
     lab = pos | neg
     if not np.isfinite(null_scores[:, lab]).all():
@@ -94,20 +153,21 @@ def permutation_summary(table: pd.DataFrame, null_scores: np.ndarray, e1: float,
     sd = float(np.std(null, ddof=1)) if m > 1 else 0.0
     n_ge = int(np.sum(null >= e1))
     q025, q975 = np.quantile(null, [0.025, 0.975])
-    return {
-        "m": m,
-        "e1": float(e1),
-        "null_e1": [float(v) for v in null],
-        "null_mean": float(np.mean(null)),
-        "null_sd": sd,
-        "null_q025": float(q025),
-        "null_q975": float(q975),
-        "n_ge": n_ge,
-        "p_value": (1 + n_ge) / (m + 1),
-        "alpha": float(alpha),
-        "tolerance": null_tolerance(sd, m),
-        "seed": None if seed is None else int(seed),
-        "e1_refit": (None if refit_scores is None else
-                     float(weighted_auc(np.asarray(refit_scores)[pos], np.asarray(refit_scores)[neg],
-                                        w[pos], w[neg]))),
-    }
+    return PermutationSummary(
+        m=m,
+        e1=float(e1),
+        null_e1=[float(v) for v in null],
+        null_mean=float(np.mean(null)),
+        null_sd=sd,
+        null_q025=float(q025),
+        null_q975=float(q975),
+        n_ge=n_ge,
+        p_value=(1 + n_ge) / (m + 1),
+        alpha=float(alpha),
+        tolerance=null_tolerance(sd, m),
+        seed=None if seed is None else int(seed),
+        e1_refit=(None if refit_scores is None else
+                  float(weighted_auc(np.asarray(refit_scores)[pos], np.asarray(refit_scores)[neg], w[pos], w[neg]))),
+        unit=unit,
+        design=design,
+    )

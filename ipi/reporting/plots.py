@@ -27,8 +27,10 @@ import numpy as np
 import pandas as pd
 
 from ipi.evaluation.reportable import estimand_entries, reportability_of
+from ipi.evaluation.results import DEFAULTS
 from ipi.io import atomic_path
-from ipi.metrics.estimands import ATTACK, CLEAN, is_control, step_weights, validate_table
+from ipi.metrics.keys import BOOTSTRAP
+from ipi.metrics.table import ATTACK, CLEAN, is_control, step_weights, validate_table
 
 __all__ = ["forest_rows", "plot_forest", "plot_heatmap", "plot_roc", "roc_curves", "save_figure"]
 
@@ -72,7 +74,7 @@ def roc_curves(scores: pd.DataFrame) -> dict[str, dict]:
         ``sklearn.metrics.roc_auc_score`` with the step weights, equal to E1 / E3[c].
 
     Raises:
-        ValueError: On an invalid table (see :func:`ipi.metrics.estimands.validate_table`).
+        ValueError: On an invalid table (see :func:`ipi.metrics.table.validate_table`).
     """
     from sklearn.metrics import roc_auc_score, roc_curve
 
@@ -251,7 +253,7 @@ def plot_forest(results: Mapping, path: str | os.PathLike, title: str = "") -> P
         _forest_panel(axes[1, 0], diffs, 0.0, (lo - pad, hi + pad))
         axes[1, 0].set_xlabel("paired difference of AUCs (same bootstrap draws; 0 = no difference)",
                               fontsize=9)
-    level = (results.get("bootstrap") or {}).get("level", 0.95)
+    level = (results.get(BOOTSTRAP) or {}).get("level", DEFAULTS.level)
     axes[0, 0].set_title(title or f"Estimands with {level:.0%} cluster-bootstrap intervals", fontsize=10)
     n_marked = sum(r[4] is not None for r in aucs + diffs)
     if n_marked:

@@ -16,8 +16,36 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ipi.evaluation.reportable import estimand_entries, reportability_of
+from ipi.evaluation.results import DEFAULTS
 from ipi.evaluation.spread import spread_lines
 from ipi.io import atomic_write_text
+from ipi.metrics.keys import (
+    BOOTSTRAP,
+    BY_SEED,
+    C1,
+    CHECKS,
+    CLAIM,
+    CLUSTERS_BY_ESTIMAND,
+    COUNTS,
+    DIFFERENCES,
+    E1,
+    E1_MINUS_TWIN_E1,
+    E1_MINUS_TWIN_E1_BY_SEED,
+    E1_MINUS_TWIN_E1_PREDICTIVE,
+    E2,
+    E3,
+    E3_MINUS_TWIN_E3,
+    E3_MINUS_TWIN_E3_BY_SEED,
+    E3_MINUS_TWIN_E3_PREDICTIVE,
+    PERMUTATION,
+    RANDOM_TWIN,
+    REPORTABILITY,
+    RUN,
+    SEEDS,
+    SOURCE,
+    SPLIT_SPREAD,
+    VERDICT,
+)
 from ipi.surfaces.registry import find_surface
 
 #: Figure file names in a run folder, in report order, with their captions.
@@ -83,11 +111,11 @@ def _not_reportable_note(marks: Mapping[str, str | None], results: Mapping) -> s
     n = sum(v is not None for v in marks.values())
     if not n:
         return None
-    rep = results.get("reportability") or {}
+    rep = results.get(REPORTABILITY) or {}
     return (f"{n} of {len(marks)} estimates are marked not reportable (the verdict could not use them: "
-            f"fewer than {rep.get('min_clusters', 5)} contributing test trajectories, fewer than "
-            f"{rep.get('min_boot_fraction', 0.9):.0%} of the bootstrap replicates usable, or a degenerate "
-            "interval). Do not report them as results.")
+            f"fewer than {rep.get('min_clusters', DEFAULTS.min_clusters)} contributing test trajectories, fewer than "
+            f"{rep.get('min_boot_fraction', DEFAULTS.min_boot_fraction):.0%} of the bootstrap replicates usable, "
+            "or a degenerate interval). Do not report them as results.")
 
 
 def twin_rows(results: Mapping) -> list[tuple]:
@@ -101,47 +129,56 @@ def twin_rows(results: Mapping) -> list[tuple]:
     ∓ the Student-t prediction half-width of the init-seed SD: ``*_predictive``; E1 and each
     E3[c]; E2 has none).
     """
-    twin = results.get("random_twin")
+    twin = results.get(RANDOM_TWIN)
     if not isinstance(twin, Mapping):
         return []
-    seeds = [str(s) for s in twin.get("seeds") or []]
-    by_seed = twin.get("by_seed") or {}
-    d = results.get("differences") or {}
+    seeds = [str(s) for s in twin.get(SEEDS) or []]
+    by_seed = twin.get(BY_SEED) or {}
+    d = results.get(DIFFERENCES) or {}
 
     def per_seed(name: str, control: str | None = None) -> list[dict | None]:
         out = []
         for s in seeds:
             est = by_seed.get(s) or {}
-            out.append((est.get("e3") or {}).get(control) if control else est.get(name))
+            out.append((est.get(E3) or {}).get(control) if control else est.get(name))
         return out
 
-    rows = [("E1 attack vs clean", results.get("e1"), per_seed("e1"), twin.get("e1"), d.get("e1_minus_twin_e1"),
-             d.get("e1_minus_twin_e1_predictive")),
-            ("E2 paired step", results.get("e2"), per_seed("e2"), twin.get("e2"), None, None)]
-    for c, iv in sorted((results.get("e3") or {}).items()):
-        rows.append((f"E3 attack vs {c}", iv, per_seed("e3", c), (twin.get("e3") or {}).get(c),
-                     (d.get("e3_minus_twin_e3") or {}).get(c), (d.get("e3_minus_twin_e3_predictive") or {}).get(c)))
+    rows = [("E1 attack vs clean", results.get(E1), per_seed(E1), twin.get(E1), d.get(E1_MINUS_TWIN_E1),
+             d.get(E1_MINUS_TWIN_E1_PREDICTIVE)),
+            ("E2 paired step", results.get(E2), per_seed(E2), twin.get(E2), None, None)]
+    for c, iv in sorted((results.get(E3) or {}).items()):
+        rows.append((f"E3 attack vs {c}", iv, per_seed(E3, c), (twin.get(E3) or {}).get(c),
+                     (d.get(E3_MINUS_TWIN_E3) or {}).get(c), (d.get(E3_MINUS_TWIN_E3_PREDICTIVE) or {}).get(c)))
     return rows
 
 
 def twin_difference_rows(results: Mapping) -> list[tuple[str, list[dict | None]]]:
     """``(label, [trained − twin seed, paired ...])`` for E1 and each E3[c], seeds in order."""
-    twin = results.get("random_twin")
+    twin = results.get(RANDOM_TWIN)
     if not isinstance(twin, Mapping):
         return []
-    seeds = [str(s) for s in twin.get("seeds") or []]
-    d = results.get("differences") or {}
-    e1 = d.get("e1_minus_twin_e1_by_seed") or {}
-    e3 = d.get("e3_minus_twin_e3_by_seed") or {}
+    seeds = [str(s) for s in twin.get(SEEDS) or []]
+    d = results.get(DIFFERENCES) or {}
+    e1 = d.get(E1_MINUS_TWIN_E1_BY_SEED) or {}
+    e3 = d.get(E3_MINUS_TWIN_E3_BY_SEED) or {}
     rows = [("E1 attack vs clean", [e1.get(s) for s in seeds])]
-    for c in sorted(results.get("e3") or {}):
+    for c in sorted(results.get(E3) or {}):
         rows.append((f"E3 attack vs {c}", [(e3.get(s) or {}).get(c) for s in seeds]))
     return rows
 
 
+def _twin_seeds(results: Mapping) -> list[str]:
+    return [str(s) for s in (results.get(RANDOM_TWIN) or {}).get(SEEDS) or []]
+
+
+def _random_backbone(results: Mapping) -> bool:
+    """Whether the run's own backbone has random weights (``run.random_twin.backbone_pretrained`` False)."""
+    return ((results.get(RUN) or {}).get(RANDOM_TWIN) or {}).get("backbone_pretrained") is False
+
+
 def _twin_headers(results: Mapping) -> tuple[list[str], list[str]]:
     """Column heads of the two twin tables (the side-by-side one, the per-seed differences)."""
-    seeds = [str(s) for s in (results.get("random_twin") or {}).get("seeds") or []]
+    seeds = _twin_seeds(results)
     env = "max over twin seeds" if len(seeds) > 1 else "random twin"
     main = (["estimand", "trained"] + [f"twin seed {s}" for s in seeds]
             + ([env] if len(seeds) > 1 else []) + [f"trained − {env}, paired"]
@@ -172,7 +209,7 @@ RANDOM_BACKBONE_NOTE = ("The backbone's own weights are random (backbone.pretrai
 
 
 def _twin_caption(results: Mapping) -> str:
-    seeds = [str(s) for s in (results.get("random_twin") or {}).get("seeds") or []]
+    seeds = _twin_seeds(results)
     n = len(seeds)
     which = (f"{n} random-weight twins (seeds {', '.join(seeds)})" if n > 1
              else f"the random-weight twin{f' (seed {seeds[0]})' if seeds else ''}")
@@ -203,10 +240,10 @@ def construction_note(results: Mapping) -> str | None:
     Returns:
         One paragraph, or None without C1 results.
     """
-    c1 = ((results.get("c1") or {}).get("e1") or {}).get("estimate")
+    c1 = ((results.get(C1) or {}).get(E1) or {}).get("estimate")
     if c1 is None:
         return None
-    surface = find_surface((results.get("run") or {}).get("surface"))
+    surface = find_surface((results.get(RUN) or {}).get("surface"))
     head = f"C1 (metadata baseline) E1 = {c1:.3f}. "
     if surface is not None:
         return head + surface.construction_note()
@@ -216,7 +253,7 @@ def construction_note(results: Mapping) -> str | None:
 
 def permutation_lines(results: Mapping) -> list[str]:
     """The exact permutation test's numbers (PROTOCOL.md §7.4), one fact per line."""
-    p = results.get("permutation")
+    p = results.get(PERMUTATION)
     if not isinstance(p, Mapping):
         return []
     out = [f"M = {p['m']} refits, labels permuted within each training (trajectory, step), seed {p.get('seed')}",
@@ -231,15 +268,15 @@ def permutation_lines(results: Mapping) -> list[str]:
 
 def cluster_lines(results: Mapping) -> list[str]:
     """Per-estimand contributing test trajectories (PROTOCOL.md §7.0), flagged when below the gate."""
-    v = results.get("verdict") or {}
-    rep = v.get("reportability") or {}
+    v = results.get(VERDICT) or {}
+    rep = v.get(REPORTABILITY) or {}
     mc = v.get("min_clusters")
     return [f"{k}: {x['clusters']}" + ("" if x["reportable"] else f" (< {mc}: not used by the verdict)")
             for k, x in rep.items()]
 
 
 def _bootstrap_text(bs: Mapping) -> str:
-    return ", ".join(f"{k}={v}" for k, v in bs.items() if k != "clusters_by_estimand")
+    return ", ".join(f"{k}={v}" for k, v in bs.items() if k != CLUSTERS_BY_ESTIMAND)
 
 
 def render_report(results: dict, figures: Mapping[str, str] | None = None) -> str:
@@ -255,12 +292,12 @@ def render_report(results: dict, figures: Mapping[str, str] | None = None) -> st
     """
     r = results
     lines = [f"# ipi report — {r.get('run', {}).get('surface', '')}", ""]
-    v = r.get("verdict")
+    v = r.get(VERDICT)
     if v:
-        lines += ["## Verdict (PROTOCOL.md §7)", "", f"**Licensed claim: {v['claim']}**", ""]
+        lines += ["## Verdict (PROTOCOL.md §7)", "", f"**Licensed claim: {v[CLAIM]}**", ""]
         if v.get("claim_note"):
             lines += [f"*{v['claim_note']}*", ""]
-        lines += [f"- [{c['status']}] {c['id']}. {c['name']}: {c['detail']}" for c in v["checks"]]
+        lines += [f"- [{c['status']}] {c['id']}. {c['name']}: {c['detail']}" for c in v[CHECKS]]
         lines.append("")
         note = construction_note(r)
         if note:
@@ -272,8 +309,8 @@ def render_report(results: dict, figures: Mapping[str, str] | None = None) -> st
         if cl:
             lines += [f"Test trajectories contributing rows to both sides of each estimand "
                       f"(min_clusters {v.get('min_clusters')}):", ""] + [f"- {x}" for x in cl] + [""]
-    if r.get("split_spread"):
-        lines += spread_lines(r["split_spread"])
+    if r.get(SPLIT_SPREAD):
+        lines += spread_lines(r[SPLIT_SPREAD])
     marks = reportability_of(r)
     lines += ["## Estimands (PROTOCOL.md §5)", ""]
     note = _not_reportable_note(marks, r)
@@ -298,7 +335,7 @@ def render_report(results: dict, figures: Mapping[str, str] | None = None) -> st
             lines += ["", "| " + " | ".join(h if i == 0 else f"{h} [95% CI]" for i, h in enumerate(dhead)) + " |",
                       "|---" * len(dhead) + "|"]
             lines += ["| " + " | ".join([label, *(_short_iv(x) for x in ivs)]) + " |" for label, ivs in drows]
-        if ((r.get("run") or {}).get("random_twin") or {}).get("backbone_pretrained") is False:
+        if _random_backbone(r):
             lines += ["", RANDOM_BACKBONE_NOTE]
         lines.append("")
     if figures:
@@ -306,7 +343,7 @@ def render_report(results: dict, figures: Mapping[str, str] | None = None) -> st
         for name, rel in figures.items():
             caption = FIGURES.get(name, (None, name))[1]
             lines += [f"![{name}]({rel})", "", f"*{caption}*", ""]
-    counts = r.get("counts")
+    counts = r.get(COUNTS)
     if counts:
         lines += ["## Data", ""]
         for k, val in counts.items():
@@ -316,10 +353,10 @@ def render_report(results: dict, figures: Mapping[str, str] | None = None) -> st
             else:
                 lines.append(f"- {k}: {val}")
         lines.append("")
-    run = r.get("run")
+    run = r.get(RUN)
     if run:
         lines += ["## Run", ""] + [f"- {k}: {val}" for k, val in run.items()] + [""]
-    bs = r.get("bootstrap")
+    bs = r.get(BOOTSTRAP)
     if bs:
         lines += ["Cluster bootstrap over test trajectories: " + _bootstrap_text(bs), ""]
     return "\n".join(lines)
@@ -403,26 +440,26 @@ def render_html(results: Mapping, figures: Mapping[str, str | Path] | None = Non
         HTML text.
     """
     r = results
-    run = r.get("run") or {}
+    run = r.get(RUN) or {}
     title = " · ".join(str(x) for x in (run.get("surface"), run.get("backbone")) if x) or "score table"
     out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
            f"<title>ipi report — {_h(title)}</title><style>{REPORT_CSS}</style></head><body>",
            f"<h1>ipi report — {_h(title)}</h1>"]
-    if r.get("source"):
-        out.append(f'<p class="muted">score table: {_h(r["source"])}</p>')
-    v = r.get("verdict")
+    if r.get(SOURCE):
+        out.append(f'<p class="muted">score table: {_h(r[SOURCE])}</p>')
+    v = r.get(VERDICT)
     if v:
-        cls = {"detects malicious content": "detects", "none": "none"}.get(v["claim"], "separates")
+        cls = {"detects malicious content": "detects", "none": "none"}.get(v[CLAIM], "separates")
         out += ["<h2>Verdict (PROTOCOL.md §7)</h2>",
-                f'<div class="claim {cls}">Licensed claim: <b>{_h(v["claim"])}</b></div>',
+                f'<div class="claim {cls}">Licensed claim: <b>{_h(v[CLAIM])}</b></div>',
                 "<table><tr><th>#</th><th>check</th><th>status</th><th>numbers behind it</th></tr>"]
-        for c in v["checks"]:
+        for c in v[CHECKS]:
             status_cls = c["status"].replace(" ", "")
             out.append(f'<tr><td>{c["id"]}</td><td>{_h(c["name"])}</td>'
                        f'<td class="{status_cls}">{_h(c["status"])}</td><td>{_h(c["detail"])}</td></tr>')
         out.append("</table>")
         if v.get("claim_note"):
-            out.insert(len(out) - len(v["checks"]) - 2, f'<p class="muted">{_h(v["claim_note"])}</p>')
+            out.insert(len(out) - len(v[CHECKS]) - 2, f'<p class="muted">{_h(v["claim_note"])}</p>')
         note = construction_note(r)
         if note:
             out.append(f"<p><b>Check 2 on this surface.</b> {_h(note)}</p>")
@@ -435,7 +472,7 @@ def render_html(results: Mapping, figures: Mapping[str, str | Path] | None = Non
             out.append(f"<details><summary>Test trajectories contributing rows to both sides of each estimand "
                        f"(min_clusters {_h(v.get('min_clusters'))})</summary><ul>"
                        + "".join(f"<li>{_h(x)}</li>" for x in cl) + "</ul></details>")
-    sp = r.get("split_spread")
+    sp = r.get(SPLIT_SPREAD)
     if sp:
         out += [f"<h2>Split spread ({sp['n_splits']} splits; pre-registered seed {sp['preregistered_seed']})</h2>",
                 "<p>The verdict above is the pre-registered split's. Re-rolled splits "
@@ -446,8 +483,8 @@ def render_html(results: Mapping, figures: Mapping[str, str | Path] | None = Non
                        + "</tr>")
         out.append("</table><ul>" + "".join(f"<li>splits licensing &quot;{_h(c)}&quot;: {k}/{sp['n_splits']}</li>"
                                             for c, k in sp["claims"].items()) + "</ul>")
-    bs = r.get("bootstrap") or {}
-    level = bs.get("level", 0.95)
+    bs = r.get(BOOTSTRAP) or {}
+    level = bs.get("level", DEFAULTS.level)
     marks = reportability_of(r)
     out.append("<h2>Estimands (PROTOCOL.md §5)</h2>")
     note = _not_reportable_note(marks, r)
@@ -484,7 +521,7 @@ def render_html(results: Mapping, figures: Mapping[str, str | Path] | None = Non
                 out.append(f"<tr><td>{_h(label)}</td>" + "".join(f'<td class="num">{_h(_short_iv(x))}</td>'
                                                                   for x in ivs) + "</tr>")
             out.append("</table>")
-        if ((r.get("run") or {}).get("random_twin") or {}).get("backbone_pretrained") is False:
+        if _random_backbone(r):
             out.append(f"<p><b>{_h(RANDOM_BACKBONE_NOTE)}</b></p>")
     if bs:
         out.append('<p class="muted">Cluster bootstrap over test trajectories: '
@@ -498,7 +535,7 @@ def render_html(results: Mapping, figures: Mapping[str, str | Path] | None = Non
                 continue
             caption = FIGURES.get(name, (None, name))[1] + " Click the figure for full size."
             out.append(f"<figure>{img_tag(path, name)}<figcaption>{_h(caption)}</figcaption></figure>")
-    counts = r.get("counts")
+    counts = r.get(COUNTS)
     if counts:
         out += ["<h2>Data</h2>", "<table>"]
         details = []
@@ -554,7 +591,7 @@ def write_run_report(results: dict, out_dir: str | Path, *, scores=None, config:
     """
     out_dir = Path(out_dir)
     paths: dict[str, Path] = {}
-    run = results.get("run") or {}
+    run = results.get(RUN) or {}
     title = title or " · ".join(str(x) for x in (run.get("surface"), run.get("backbone"),
                                                  run.get("layers_config"),
                                                  "+".join(run.get("token_groups") or [])) if x)

@@ -26,6 +26,21 @@ import pandas as pd
 
 from ipi.evaluation.reportable import reportability_of
 from ipi.io import atomic_write_text
+from ipi.metrics.keys import (
+    C1,
+    CLAIM,
+    COLLAPSE_ONLY,
+    E1,
+    E2,
+    E3,
+    P_VALUE,
+    PERMUTATION,
+    PERMUTED,
+    RUN,
+    TRANSFER,
+    VERDICT,
+    dotted,
+)
 
 __all__ = ["summary_rows", "write_summary_tables"]
 
@@ -40,10 +55,11 @@ def _detector_label(run: dict) -> str:
 
 def _columns(results: list[dict]) -> list[tuple[str, str]]:
     """``(label, estimand key)`` of the summary columns, controls in sorted order."""
-    controls = sorted({c for r in results for c in (r.get("e3") or {})})
-    cols = [("E1", "e1"), ("E2", "e2"), ("C1 E1", "c1.e1")]
-    cols += [(f"E3 {c}", f"e3.{c}") for c in controls]
-    cols += [("transfer E1", "transfer.e1"), ("permuted E1", "permuted.e1"), ("collapse-only E1", "collapse_only.e1")]
+    controls = sorted({c for r in results for c in (r.get(E3) or {})})
+    cols = [("E1", E1), ("E2", E2), ("C1 E1", dotted(C1, E1))]
+    cols += [(f"E3 {c}", dotted(E3, c)) for c in controls]
+    cols += [("transfer E1", dotted(TRANSFER, E1)), ("permuted E1", dotted(PERMUTED, E1)),
+             ("collapse-only E1", dotted(COLLAPSE_ONLY, E1))]
     return cols
 
 
@@ -70,7 +86,7 @@ def summary_rows(jobs: list[tuple[str, dict]], familywise: dict[str, str] | None
     cols = _columns([r for _, r in jobs])
     rows = []
     for job, res in jobs:
-        run = res.get("run") or {}
+        run = res.get(RUN) or {}
         marks = reportability_of(res)
         row = {"job": job, "surface": run.get("surface"), "detector": _detector_label(run),
                "layers": str(run.get("layers_config", "")), "token_groups": "+".join(run.get("token_groups") or [])}
@@ -80,9 +96,9 @@ def summary_rows(jobs: list[tuple[str, dict]], familywise: dict[str, str] | None
             row[f"{label} ci_low"] = None if iv is None else iv.get("ci_low")
             row[f"{label} ci_high"] = None if iv is None else iv.get("ci_high")
             row[f"{label} not_reportable"] = (marks.get(key) or "") if iv is not None else ""
-        perm = res.get("permutation") or {}
-        row["permutation p"] = perm.get("p_value")
-        row["claim"] = (res.get("verdict") or {}).get("claim")
+        perm = res.get(PERMUTATION) or {}
+        row["permutation p"] = perm.get(P_VALUE)
+        row["claim"] = (res.get(VERDICT) or {}).get(CLAIM)
         row["claim family-wise"] = (familywise or {}).get(job)
         rows.append(row)
     return pd.DataFrame(rows)

@@ -61,7 +61,25 @@ from pathlib import Path
 
 import pandas as pd
 
+from ipi.evaluation.results import DEFAULTS
 from ipi.io import atomic_write_text
+from ipi.metrics.keys import (
+    BOOTSTRAP,
+    CHECKS,
+    CLAIM,
+    E1,
+    E1_MINUS_C1_E1,
+    E2,
+    E3,
+    E3_MINUS_TWIN_E3,
+    E3_MINUS_TWIN_E3_PREDICTIVE,
+    P_VALUE,
+    P_VALUES,
+    PERMUTATION,
+    RUN,
+    VERDICT,
+    dotted,
+)
 from ipi.reporting.report import REPORT_CSS, html_escape, img_tag
 from ipi.reporting.summary import _detector_label
 
@@ -70,7 +88,7 @@ __all__ = ["collect", "familywise", "holm", "main", "write_sweep_report"]
 CLAIM_DETECTS = "detects malicious content"
 CLAIM_SEPARATES = "separates clean steps from this attack surface on this split"
 
-HEATMAP_ESTIMANDS = ("e1", "e3.c_scrambled")
+HEATMAP_ESTIMANDS = (E1, dotted(E3, "c_scrambled"))
 
 
 def _job_dirs(sweep: Path) -> list[Path]:
@@ -98,7 +116,7 @@ def _preregistered(job: Path) -> str | None:
 
 
 def _check_status(res: dict, cid: int) -> str | None:
-    for c in (res.get("verdict") or {}).get("checks") or []:
+    for c in (res.get(VERDICT) or {}).get(CHECKS) or []:
         if c.get("id") == cid:
             return c.get("status")
     return None
@@ -106,7 +124,7 @@ def _check_status(res: dict, cid: int) -> str | None:
 
 def _permutation_p(res: dict) -> float | None:
     """The check-4 permutation p-value when the run has one (exact permutation test)."""
-    for path in (("permutation", "p_value"), ("permutation", "p")):
+    for path in ((PERMUTATION, P_VALUE), (PERMUTATION, "p")):
         cur = res
         for k in path:
             cur = cur.get(k) if isinstance(cur, dict) else None
@@ -121,23 +139,23 @@ def claim_p_values(res: dict) -> tuple[float, float]:
     A p-value a run did not record (older ``results.json``) counts as 1: no claim is licensed
     without its test.
     """
-    claim = (res.get("verdict") or {}).get("claim")
-    pv = res.get("p_values") or {}
+    claim = (res.get(VERDICT) or {}).get(CLAIM)
+    pv = res.get(P_VALUES) or {}
 
     def num(x) -> float:
         return float(x) if isinstance(x, (int, float)) else 1.0
 
-    p_sep = num(pv.get("e1")) if _check_status(res, 1) == "PASS" else 1.0
+    p_sep = num(pv.get(E1)) if _check_status(res, 1) == "PASS" else 1.0
     if claim != CLAIM_DETECTS:
         return p_sep, 1.0
-    parts = [num(pv.get("e1")), num(pv.get("e1_minus_c1_e1"))]
-    e3 = pv.get("e3") or {}
-    parts += [num(e3.get(c)) for c in (res.get("e3") or {})]
+    parts = [num(pv.get(E1)), num(pv.get(E1_MINUS_C1_E1))]
+    e3 = pv.get(E3) or {}
+    parts += [num(e3.get(c)) for c in (res.get(E3) or {})]
     if _check_status(res, 6) is not None:  # check 6: E3[c] − max over twin seeds (docs/estimands.md)
-        twin = pv.get("e3_minus_twin_e3") or {}
-        parts += [num(twin.get(c)) for c in (res.get("e3") or {})]
-        pred = pv.get("e3_minus_twin_e3_predictive") or {}  # and a new random draw (seed-predictive)
-        parts += [num(pred.get(c)) for c in (res.get("e3") or {})]
+        twin = pv.get(E3_MINUS_TWIN_E3) or {}
+        parts += [num(twin.get(c)) for c in (res.get(E3) or {})]
+        pred = pv.get(E3_MINUS_TWIN_E3_PREDICTIVE) or {}  # and a new random draw (seed-predictive)
+        parts += [num(pred.get(c)) for c in (res.get(E3) or {})]
     return p_sep, max(parts)
 
 
@@ -233,7 +251,7 @@ def collect(sweep: str | Path) -> pd.DataFrame:
             res = json.loads((job / "results.json").read_text())
         except json.JSONDecodeError as e:
             raise ValueError(f"{job / 'results.json'}: not valid JSON ({e})") from e
-        run = res.get("run") or {}
+        run = res.get(RUN) or {}
         layers = run.get("layers")
         layer_label = str(run.get("layers_config", "?"))
         if layers is not None:
@@ -246,14 +264,14 @@ def collect(sweep: str | Path) -> pd.DataFrame:
             "detector": _detector_label(run),
             "layers": layer_label,
             "token_group": _token_group_name(job, run),
-            "claim": (res.get("verdict") or {}).get("claim"),
-            "level": float((res.get("bootstrap") or {}).get("level", 0.95)),
+            "claim": (res.get(VERDICT) or {}).get(CLAIM),
+            "level": float((res.get(BOOTSTRAP) or {}).get("level", DEFAULTS.level)),
             "preregistered_spec": _preregistered(job),
         }
         row["p_separates"], row["p_detects"] = claim_p_values(res)
         row["p_permutation"] = _permutation_p(res)
-        ivs = {"e1": res.get("e1"), "e2": res.get("e2")}
-        ivs.update({f"e3.{c}": iv for c, iv in (res.get("e3") or {}).items()})
+        ivs = {E1: res.get(E1), E2: res.get(E2)}
+        ivs.update({dotted(E3, c): iv for c, iv in (res.get(E3) or {}).items()})
         for k, iv in ivs.items():
             iv = iv or {}
             row[k] = iv.get("estimate")

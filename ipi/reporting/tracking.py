@@ -30,6 +30,7 @@ from pathlib import Path
 from lightning.pytorch.loggers import WandbLogger
 
 from ipi.evaluation.reportable import estimand_entries, reportability_of
+from ipi.metrics.keys import CHECKS, CLAIM, COUNTS, VERDICT
 
 log = logging.getLogger(__name__)
 
@@ -167,10 +168,10 @@ def log_run(logger: WandbLogger, results: Mapping, figures: Mapping[str, str | P
     payload: dict = {"estimands": wandb.Table(
         columns=["estimand", "estimate", "ci_low", "ci_high", "n_boot_used", "reportable", "not_reportable_because"],
         data=data)}
-    verdict = results.get("verdict")
+    verdict = results.get(VERDICT)
     if verdict:
-        payload["verdict"] = wandb.Table(columns=["id", "check", "status", "detail"],
-                                         data=[[c["id"], c["name"], c["status"], c["detail"]] for c in verdict["checks"]])
+        payload[VERDICT] = wandb.Table(columns=["id", "check", "status", "detail"],
+                                         data=[[c["id"], c["name"], c["status"], c["detail"]] for c in verdict[CHECKS]])
     allow = bool(getattr(logger, "upload_screenshots", False))
     for name, path in figures.items():
         if name == "gallery" and not allow:
@@ -184,9 +185,9 @@ def log_run(logger: WandbLogger, results: Mapping, figures: Mapping[str, str | P
     # One flag per estimate, beside its test/<key> metrics: filter W&B panels on it.
     summary = {f"reportable/{key}": why is None for key, why in marks.items()}
     if verdict:
-        summary["verdict/claim"] = verdict["claim"]
-        summary.update({f"verdict/check_{c['id']}": c["status"] for c in verdict["checks"]})
-    summary.update(_flat_counts(results.get("counts") or {}))
+        summary["verdict/claim"] = verdict[CLAIM]
+        summary.update({f"verdict/check_{c['id']}": c["status"] for c in verdict[CHECKS]})
+    summary.update(_flat_counts(results.get(COUNTS) or {}))
     run.summary.update(summary)
     keys += list(summary)
     return keys

@@ -6,7 +6,8 @@ known truths, runs the project's real pipeline pieces on each — trajectory spl
 :func:`~ipi.probe.fit_probe`, the C1 metadata baseline, the permuted-label probe and the
 collapse-only probe (all through :func:`~ipi.probe.crossfit.cross_fit`, the function
 ``train.py`` uses, including the M = 199 permuted-label refits of verdict check 4's exact
-permutation test), :func:`~ipi.metrics.evaluate_tables` and the verdict — and reports:
+permutation test), and the one assessment path :func:`~ipi.evaluation.assess.assess` (estimands,
+verdict, reportability) — and reports:
 
 * the rate of the claim "detects malicious content" under truths (b), (c), ``twin_token`` and
   ``twin_seed``, where it is false (must be ≤ 5%; under ``twin_seed`` at most ``1/(S+1)`` by
@@ -77,9 +78,10 @@ import numpy as np
 import pandas as pd
 from scipy.special import ndtr
 
-from ipi.evaluation.verdict import CLAIM_DETECTS, verdict
+from ipi.evaluation.assess import DEFAULTS, ScoreTables, Settings, assess
+from ipi.evaluation.verdict import CLAIM_DETECTS
 from ipi.io import atomic_write_text
-from ipi.metrics.estimands import evaluate_tables
+from ipi.metrics.compare import Estimates
 from ipi.probe.crossfit import cross_fit, make_folds
 from ipi.probe.fit import ProbeConfig
 from ipi.progress import quiet_lightning
@@ -134,7 +136,7 @@ class SimParams:
     collapse_box: float = 0.002
     test_fraction: float = 0.3
     l2: float = 1.0
-    n_boot: int = 1000
+    n_boot: int = DEFAULTS.n_boot
     permutation_m: int = 199  # refits of the exact permutation test (verdict check 4)
 
     def for_truth(self, truth: str) -> SimParams:
@@ -373,19 +375,20 @@ def true_estimands(w: np.ndarray, p: SimParams, dirs: dict[str, np.ndarray],
     return out
 
 
-def _flat(results: dict) -> dict[str, dict]:
-    """Intervals by flat key: ``e1, e2, e3.<c>``; with twins ``twin.*`` (the envelope, max over
-    seeds), ``diff.e3.<c>`` (E3 − envelope) and ``diff1.e3.<c>`` (E3 − the first seed's E3)."""
-    flat = {"e1": results["e1"], "e2": results["e2"]}
-    flat.update({f"e3.{c}": iv for c, iv in results["e3"].items()})
-    twin = results.get("random_twin")
-    if twin:
-        flat.update({"twin.e1": twin["e1"], "twin.e2": twin["e2"]})
-        flat.update({f"twin.e3.{c}": iv for c, iv in twin["e3"].items()})
-        d = results["differences"]
-        flat.update({f"diff.e3.{c}": iv for c, iv in d["e3_minus_twin_e3"].items()})
-        first = d["e3_minus_twin_e3_by_seed"][twin["seeds"][0]]
-        flat.update({f"diff1.e3.{c}": iv for c, iv in first.items()})
+def _flat(est: Estimates) -> dict[str, dict]:
+    """JSON-ready intervals by flat key: ``e1, e2, e3.<c>``; with twins ``twin.*`` (the envelope,
+    max over seeds), ``diff.e3.<c>`` (E3 − envelope) and ``diff1.e3.<c>`` (E3 − the first seed's E3)."""
+    main = est.main
+    flat = {"e1": main.e1.to_dict(), "e2": main.e2.to_dict()}
+    flat.update({f"e3.{c}": iv.to_dict() for c, iv in main.e3.items()})
+    twin = est.random_twin
+    if twin is not None:
+        flat.update({"twin.e1": twin.e1.to_dict(), "twin.e2": twin.e2.to_dict()})
+        flat.update({f"twin.e3.{c}": iv.to_dict() for c, iv in twin.e3.items()})
+        d = est.differences.twin
+        flat.update({f"diff.e3.{c}": x.to_dict() for c, x in d.e3.items()})
+        first = d.e3_by_seed[twin.seeds[0]]
+        flat.update({f"diff1.e3.{c}": x.to_dict() for c, x in first.items()})
     return flat
 
 
@@ -454,9 +457,9 @@ def run_dataset(p: SimParams, truth: str, index: int, seed: int, key: tuple | No
         tbl["score"] = tf.probe_scores(xt)
         twin_tables[j] = tbl
         twin_w.append(tf.probes[0].effective_weights()[0].detach().numpy())
-    results = evaluate_tables(main_table, fits.baselines, n_boot=pt.n_boot, seed=boot_seed,
-                              permutation=fits.permutation_input(), twins=twin_tables or None)
-    v = verdict(results, pretrained=True if twin_tables else None)
+    assessed = assess(ScoreTables(main_table, fits.baselines, twin_tables or None, fits.permutation_input()),
+                      Settings(n_boot=pt.n_boot, seed=boot_seed, pretrained=True if twin_tables else None))
+    v, perm = assessed.verdict, assessed.estimates.permutation
     w, _ = fits.probes[0].effective_weights()
     p_trained = pt.twin(trained[1]) if trained is not None else pt
     truth_vals = true_estimands(w.detach().numpy(), p_trained, dirs, test_templates)
@@ -472,21 +475,21 @@ def run_dataset(p: SimParams, truth: str, index: int, seed: int, key: tuple | No
         beats_all = all(truth_vals[f"e3.{c}"] > max(t[f"e3.{c}"] for t in tv) for c in CONTROLS)
     else:
         beats_all = None
-    p_sep, p_det = claim_p_values({**results, "verdict": v})
+    p_sep, p_det = claim_p_values(assessed.to_dict())
     est = {}
-    for key, iv in _flat(results).items():
+    for key, iv in _flat(assessed.estimates).items():
         tv = truth_vals[key]
         est[key] = {**iv, "true": tv,
                     "covered": bool(iv["ci_low"] is not None and iv["ci_low"] <= tv <= iv["ci_high"])}
     return {
         "truth": truth,
         "index": index,
-        "claim": v["claim"],
-        "checks": {str(c["id"]): c["status"] for c in v["checks"]},
+        "claim": v.claim,
+        "checks": {str(c.id): c.status for c in v.checks},
         "estimands": est,
-        "baselines": {k: results[k]["e1"]["estimate"] for k in fits.baselines},
-        "permutation": ({k: results["permutation"][k] for k in ("p_value", "null_mean", "null_sd", "e1_refit")}
-                        if "permutation" in results else None),
+        "baselines": {k: b.e1.to_dict()["estimate"] for k, b in assessed.estimates.baselines.items()},
+        "permutation": ({"p_value": perm.p_value, "null_mean": perm.null_mean, "null_sd": perm.null_sd,
+                         "e1_refit": perm.e1_refit} if perm is not None else None),
         "n_test_trajectories": len(folds[0][1]),
         "p_separates": p_sep,
         "p_detects": p_det,
@@ -527,7 +530,7 @@ def coverage_dataset(p: SimParams, n_test: int, index: int, seed: int,
     truth_vals = true_estimands(w.detach().numpy(), pt, dirs, test_templates)
     covered, width = {}, {}
     for method in intervals:
-        res = _flat(evaluate_tables(table, {}, n_boot=pt.n_boot, seed=boot_seed, interval=method))
+        res = _flat(assess(ScoreTables(table), Settings(n_boot=pt.n_boot, seed=boot_seed, interval=method)).estimates)
         covered[method] = {k: bool(iv["ci_low"] is not None and iv["ci_low"] <= truth_vals[k] <= iv["ci_high"])
                            for k, iv in res.items()}
         width[method] = {k: (iv["ci_high"] - iv["ci_low"]) if iv["ci_low"] is not None else None
@@ -722,7 +725,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--twins", type=int, default=SimParams.n_twins,
                     help="random-weight twins per dataset (default %(default)s, as evaluation.random_twin_seeds; "
                          "0: check 6 NOT RUN)")
-    ap.add_argument("--n-boot", type=int, default=1000, help="bootstrap replicates (default 1000)")
+    ap.add_argument("--n-boot", type=int, default=SimParams.n_boot, help="bootstrap replicates (default %(default)s)")
     ap.add_argument("--permutations", type=int, default=SimParams.permutation_m,
                     help="refits M of the exact permutation test, verdict check 4 (default 199; 0: not run)")
     ap.add_argument("--seed", type=int, default=0)

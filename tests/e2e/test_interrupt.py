@@ -60,11 +60,11 @@ _KILL_DRIVER = textwrap.dedent("""
     marker = pathlib.Path(os.environ["IPI_TEST_MARKER"])
     if os.environ["IPI_TEST_WHERE"] == "bootstrap":
         import ipi.evaluation.callbacks as cb
-        original = cb.evaluate_tables
-        def evaluate_tables(*a, **k):
+        original = cb.assess
+        def assess(*a, **k):
             marker.write_text("bootstrap started")
             return original(*a, **k)
-        cb.evaluate_tables = evaluate_tables
+        cb.assess = assess
     elif os.environ["IPI_TEST_WHERE"] == "import":
         import ipi.stages as tasks
         original = tasks.importer

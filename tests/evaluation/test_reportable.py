@@ -76,14 +76,10 @@ def test_report_marks_every_estimate_of_a_two_trajectory_run(tmp_path):
 
     import ipi.reporting.plots as plots
     from ipi.reporting.report import write_run_report
-    from ipi.evaluation.reportable import mark_reportability
-    from ipi.evaluation.verdict import verdict
-    from ipi.metrics.estimands import evaluate_tables
+    from ipi.evaluation.assess import ScoreTables, Settings, assess
 
     table = _two_trajectory_table()
-    res = evaluate_tables(table, {}, n_boot=200, seed=0)
-    res["verdict"] = verdict(res)
-    res["reportability"] = mark_reportability(res)
+    res = assess(ScoreTables(table), Settings(n_boot=200, seed=0)).to_dict()
     assert res["e2"]["ci_low"] == res["e2"]["ci_high"] == 1.0  # degenerate, as in the issue
     figs, extents = {}, {}
     real_save = plots.save_figure

@@ -25,7 +25,7 @@ from ipi.evaluation.verdict import (
     verdict,
 )
 from ipi.metrics.auc import weighted_auc
-from ipi.metrics.estimands import evaluate_tables, estimands
+from ipi.metrics import estimands, evaluate_tables
 from ipi.metrics.permutation import null_tolerance, permutation_summary, permute_within
 from ipi.probe.crossfit import cross_fit, make_folds
 from ipi.probe.dual import ReducedDesign, fit_reduced
@@ -90,10 +90,11 @@ def test_permutation_summary_hand_worked():
     # three replicates: E1 = 1.0, 0.5, 0.0 (attack rows 0, 2 vs clean rows 1, 3)
     null = np.array([[2, 1, 3, 0, np.nan], [1, 1, 1, 1, np.nan], [0, 1, 0, 2, np.nan]], dtype=float)
     s = permutation_summary(table, null, e1=1.0, seed=7)
-    assert s["null_e1"] == [1.0, 0.5, 0.0]
-    assert s["n_ge"] == 1 and s["p_value"] == pytest.approx(2 / 4)
-    assert s["null_mean"] == pytest.approx(0.5) and s["null_sd"] == pytest.approx(0.5)
-    assert s["tolerance"] == pytest.approx(max(0.02, 3 * 0.5 / np.sqrt(3)))
+    assert s.null_e1 == [1.0, 0.5, 0.0]
+    assert s.n_ge == 1 and s.p_value == pytest.approx(2 / 4)
+    assert s.null_mean == pytest.approx(0.5) and s.null_sd == pytest.approx(0.5)
+    assert s.tolerance == pytest.approx(max(0.02, 3 * 0.5 / np.sqrt(3)))
+    assert s.to_dict()["seed"] == 7 and "unit" not in s.to_dict()
     assert null_tolerance(0.01, 199) == 0.02
     with pytest.raises(ValueError, match="unscored"):
         permutation_summary(table, np.full((2, 5), np.nan), e1=1.0)

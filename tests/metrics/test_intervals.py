@@ -10,7 +10,7 @@ import pytest
 from scipy import stats
 from sklearn.metrics import roc_auc_score
 
-from ipi.metrics.estimands import (
+from ipi.metrics import (
     bca_interval,
     bootstrap_p,
     estimands,

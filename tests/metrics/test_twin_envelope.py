@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 from sklearn.metrics import roc_auc_score
 
-from ipi.metrics.estimands import evaluate_tables, make_draws
+from ipi.metrics import evaluate_tables, make_draws
 
 # ---------------------------------------------------------------------------------------------
 # Estimands: the twin on the shared draws
@@ -126,7 +126,7 @@ def test_seed_predictive_bound_holds_its_level_when_the_trained_net_is_another_d
     """Planted truth: the trained network's estimate is exchangeable with the S twins' (normal init
     effect on top of a test-set effect all networks share, and bootstrap noise). "CI low > 0" must
     then happen at rate (1 − level)/2 = 0.025 whatever the test set."""
-    from ipi.metrics.estimands import seed_predictive_difference
+    from ipi.metrics import seed_predictive_difference
 
     rng = np.random.default_rng(0)
     n_sim, hits = 4000, 0
@@ -134,7 +134,7 @@ def test_seed_predictive_bound_holds_its_level_when_the_trained_net_is_another_d
         e = 0.6 + 0.1 * rng.standard_normal() + 0.05 * rng.standard_normal(n_seeds + 1)
         reps = e[:, None] + 0.03 * rng.standard_normal((n_seeds + 1, 20))
         iv = seed_predictive_difference(e[0], reps[0], e[1:], reps[1:])
-        hits += iv["ci_low"] > 0
+        hits += iv.ci_low > 0
     rate = hits / n_sim
     # binomial SD at 0.025 with 4000 draws is 0.0025: 4 SD either side
     assert abs(rate - 0.025) < 0.01, rate
@@ -142,12 +142,12 @@ def test_seed_predictive_bound_holds_its_level_when_the_trained_net_is_another_d
 
 def test_seed_predictive_p_value_matches_its_interval():
     """p < 0.025 exactly when the 95% seed-predictive interval's low end is above 0."""
-    from ipi.metrics.estimands import seed_predictive_difference
+    from ipi.metrics import seed_predictive_difference
 
     rng = np.random.default_rng(4)
     for _ in range(200):
         twins = 0.55 + rng.normal(0, 0.04, size=3)
         iv = seed_predictive_difference(0.7, 0.7 + 0.03 * rng.standard_normal(400), twins,
                                         twins[:, None] + 0.03 * rng.standard_normal((3, 400)))
-        assert 0.0 < iv["p_value"] < 1.0
-        assert (iv["ci_low"] > 0) == (iv["p_value"] < 0.025)
+        assert 0.0 < iv.p_value < 1.0
+        assert (iv.ci_low > 0) == (iv.p_value < 0.025)

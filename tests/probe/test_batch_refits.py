@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ipi.metrics.estimands import evaluate_tables
+from ipi.metrics import evaluate_tables
 from ipi.metrics.permutation import permute_within
 from ipi.probe.crossfit import cross_fit, make_folds
 from ipi.probe.dual import ReducedDesign, fit_reduced, fit_reduced_batch

@@ -27,11 +27,10 @@ def _table(seed=0, n_traj=8, two_attacks=True):
 
 
 def _results(table):
-    from ipi.evaluation.verdict import verdict
-    from ipi.metrics.estimands import evaluate_tables
+    from ipi.evaluation.assess import ScoreTables, Settings, assess
 
-    res = evaluate_tables(table, {"c1": table.assign(score=table.step.astype(float))}, n_boot=100, seed=0)
-    res["verdict"] = verdict(res)
+    res = assess(ScoreTables(table, {"c1": table.assign(score=table.step.astype(float))}),
+                 Settings(n_boot=100, seed=0)).to_dict()
     res["counts"] = {"trajectories": 8, "rows": len(table), "skipped_steps": [{"step": 1, "reason": "x"}]}
     res["run"] = {"surface": "i_dom", "backbone": "b", "layers_config": "six", "token_groups": ["task"]}
     return res

@@ -23,15 +23,13 @@ def offline(monkeypatch, tmp_path):
 
 
 def _results():
-    from ipi.evaluation.verdict import verdict
-    from ipi.metrics.estimands import evaluate_tables
+    from ipi.evaluation.assess import ScoreTables, Settings, assess
 
     rng = np.random.default_rng(0)
     rows = [(f"t{t}", s, v, float(rng.normal() + (v == "attack")))
             for t in range(6) for s in range(3) for v in ("clean", "attack", "c_scrambled")]
     table = pd.DataFrame(rows, columns=["trajectory_id", "step", "variant", "score"])
-    res = evaluate_tables(table, {"c1": table.assign(score=0.0)}, n_boot=50, seed=0)
-    res["verdict"] = verdict(res)
+    res = assess(ScoreTables(table, {"c1": table.assign(score=0.0)}), Settings(n_boot=50, seed=0)).to_dict()
     res["counts"] = {"trajectories": 6, "rows": len(table), "skipped_steps": []}
     res["run"] = {"surface": "i_dom", "backbone": "test"}
     return res, table

@@ -1,0 +1,254 @@
+"""What an assessment takes and gives: its settings, and the results as a typed tree (PROTOCOL.md §5, §7).
+
+* :class:`Settings`: the bootstrap, the verdict's thresholds and the reportability gate. Its
+  defaults are the one place those defaults live in Python (the bootstrap's come from
+  :mod:`ipi.metrics.bootstrap`, the permutation level from :mod:`ipi.metrics.permutation`, which
+  cannot import this layer); every function of :mod:`ipi.evaluation` that takes one of them
+  defaults to :data:`DEFAULTS`.
+* :class:`Results`: the numbers (:class:`ipi.metrics.compare.Estimates`), the
+  :class:`Verdict` and the :class:`Reportability` marks; ``to_dict()`` is ``results.json``'s
+  content (before the run's ``counts`` and ``run``), key names from :mod:`ipi.metrics.keys`.
+* :class:`ResultsView`: typed reads of a results *dict* (``results.json``, ``to_dict()`` or a
+  hand-built one), the one accessor through which the verdict reads its inputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from ipi.metrics.bootstrap import INTERVAL, LEVEL, N_BOOT, SEED
+from ipi.metrics.compare import Estimates
+from ipi.metrics.keys import (
+    BOOTSTRAP,
+    BY_SEED,
+    CHECKS,
+    CLAIM,
+    CLUSTERS_BY_ESTIMAND,
+    COUNTS,
+    DIFFERENCES,
+    E1,
+    E3,
+    N_CLUSTERS,
+    PERMUTATION,
+    RANDOM_TWIN,
+    REPORTABILITY,
+    SEEDS,
+    SOURCE,
+    SOURCE_TWIN,
+    VERDICT,
+)
+from ipi.metrics.permutation import ALPHA
+
+__all__ = ["DEFAULTS", "Check", "Reportability", "Results", "ResultsView", "Settings", "Verdict"]
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How a run's score tables are assessed (``cfg.evaluation``; PROTOCOL.md §5, §7).
+
+    Attributes:
+        n_boot: Cluster-bootstrap replicates ``B``.
+        seed: Seed of the bootstrap draws.
+        level: Interval coverage.
+        interval: ``"percentile"`` (PROTOCOL.md §5) or ``"bca"``.
+        collapse_ceiling: Ceiling of verdict check 5 (PROTOCOL.md §6 default 0.60).
+        c1_max: Bound C1's E1 must stay below in check 2 (PROTOCOL.md §7: 0.95).
+        min_clusters: Fewest test trajectories contributing rows to both sides of an estimand for
+            it to enter a check or be reportable (PROTOCOL.md §7.0).
+        min_boot_fraction: Fewest usable replicates, as a fraction of ``n_boot``, for an estimate
+            to be reportable (:mod:`ipi.evaluation.reportable`).
+        alpha: Level of the exact permutation test (check 4).
+        pretrained: ``backbone.pretrained`` (False fails check 6: at most "separates ..."), or
+            None when unknown (a score table).
+    """
+
+    n_boot: int = N_BOOT
+    seed: int = SEED
+    level: float = LEVEL
+    interval: str = INTERVAL
+    collapse_ceiling: float = 0.60
+    c1_max: float = 0.95
+    min_clusters: int = 5
+    min_boot_fraction: float = 0.9
+    alpha: float = ALPHA
+    pretrained: bool | None = None
+
+
+#: The default settings (PROTOCOL.md's defaults).
+DEFAULTS = Settings()
+
+
+@dataclass(frozen=True)
+class Check:
+    """One row of the verdict's checklist (PROTOCOL.md §7).
+
+    Attributes:
+        id: The check's number.
+        name: Its name.
+        status: ``"PASS"``, ``"FAIL"``, ``"INCONCLUSIVE"`` or ``"NOT RUN"``.
+        detail: One line: the numbers and the comparison that decided it.
+        numbers: The numbers behind it (JSON-ready).
+    """
+
+    id: int
+    name: str
+    status: str
+    detail: str
+    numbers: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        """``{"id", "name", "status", "detail", "numbers"}``."""
+        return {"id": self.id, "name": self.name, "status": self.status, "detail": self.detail,
+                "numbers": self.numbers}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The checks and the strongest licensed claim (:func:`ipi.evaluation.verdict.judge`).
+
+    Attributes:
+        checks: The checklist's results, in order.
+        claim: The strongest licensed claim.
+        claim_note: Why a stronger claim is not licensed ("" when every check passed).
+        min_clusters: The cluster gate of every check.
+        reportability: ``{estimand key: {"clusters", "reportable"}}``: the gate per estimand.
+    """
+
+    checks: tuple[Check, ...]
+    claim: str
+    claim_note: str
+    min_clusters: int
+    reportability: dict
+
+    def to_dict(self) -> dict:
+        """``{"checks": [...], "claim", "claim_note", "min_clusters", "reportability"}``."""
+        return {CHECKS: [c.to_dict() for c in self.checks], CLAIM: self.claim, "claim_note": self.claim_note,
+                "min_clusters": int(self.min_clusters), REPORTABILITY: self.reportability}
+
+
+@dataclass(frozen=True)
+class Reportability:
+    """Which estimates may be reported, and why not (:func:`ipi.evaluation.reportable.mark`).
+
+    Attributes:
+        min_clusters: The cluster threshold applied.
+        min_boot_fraction: The usable-replicate threshold applied.
+        estimands: ``{estimand key: None (reportable) | reason}`` in report order.
+    """
+
+    min_clusters: int
+    min_boot_fraction: float
+    estimands: dict[str, str | None]
+
+    @property
+    def not_reportable(self) -> int:
+        """How many estimates are marked not reportable."""
+        return sum(v is not None for v in self.estimands.values())
+
+    def to_dict(self) -> dict:
+        """``{"min_clusters", "min_boot_fraction", "estimands", "not_reportable"}``."""
+        return {"min_clusters": int(self.min_clusters), "min_boot_fraction": float(self.min_boot_fraction),
+                "estimands": self.estimands, "not_reportable": self.not_reportable}
+
+
+@dataclass(frozen=True)
+class Results:
+    """One assessment (:func:`ipi.evaluation.assess.assess`): numbers, verdict, reportability.
+
+    Attributes:
+        estimates: The numbers (estimands, baselines, twins, differences, p-values, permutation
+            test, bootstrap facts).
+        verdict: The checks and the claim.
+        reportability: The per-estimate marks.
+        settings: The settings it was made with (not written).
+        source: The score table's path (``evaluate.py``), or None.
+        source_twin: The twins' score table's path, or None.
+        counts: Counts of the score table (``evaluate.py``), or None (``train.py`` adds its own).
+    """
+
+    estimates: Estimates
+    verdict: Verdict
+    reportability: Reportability
+    settings: Settings = DEFAULTS
+    source: str | None = None
+    source_twin: str | None = None
+    counts: dict | None = None
+
+    def to_dict(self) -> dict:
+        """The JSON-ready results: :meth:`Estimates.to_dict`, then ``source``, ``source_twin``,
+        ``counts`` (when set), ``verdict`` and ``reportability``."""
+        out = self.estimates.to_dict()
+        for key, value in ((SOURCE, self.source), (SOURCE_TWIN, self.source_twin), (COUNTS, self.counts)):
+            if value is not None:
+                out[key] = value
+        out[VERDICT] = self.verdict.to_dict()
+        out[REPORTABILITY] = self.reportability.to_dict()
+        return out
+
+
+class ResultsView:
+    """Typed reads of a results dict: each method names a place of the layout (:mod:`ipi.metrics.keys`).
+
+    A missing entry (an older file, a hand-built dict, a run without twins) reads as None.
+    """
+
+    def __init__(self, results: Mapping):
+        self.results = results
+
+    def get(self, *path):
+        """The value at ``path`` (keys from :mod:`ipi.metrics.keys`), or None when any step is missing."""
+        cur = self.results
+        for key in path:
+            if not isinstance(cur, Mapping) or key not in cur:
+                return None
+            cur = cur[key]
+        return cur
+
+    @property
+    def e1(self):
+        """The probe's E1 interval."""
+        return self.get(E1)
+
+    @property
+    def e3(self):
+        """The probe's ``{control: E3 interval}``."""
+        return self.get(E3)
+
+    def baseline(self, name: str, estimand: str = E1):
+        """A baseline's estimand (``baseline("c1")`` is C1's E1)."""
+        return self.get(name, estimand)
+
+    def difference(self, key: str):
+        """A paired difference (``difference(E1_MINUS_C1_E1)``) or a ``{control: ...}`` group of them."""
+        return self.get(DIFFERENCES, key)
+
+    @property
+    def twin_e3(self):
+        """The random twins' envelope ``{control: E3 interval}``."""
+        return self.get(RANDOM_TWIN, E3)
+
+    @property
+    def twin_seeds(self) -> list:
+        """The random twins' seeds (empty without twins)."""
+        return list(self.get(RANDOM_TWIN, SEEDS) or [])
+
+    @property
+    def twin_by_seed(self):
+        """``{seed: {"e1", "e2", "e3"}}`` of the random twins."""
+        return self.get(RANDOM_TWIN, BY_SEED)
+
+    @property
+    def permutation(self):
+        """The exact permutation test's summary."""
+        return self.get(PERMUTATION)
+
+    @property
+    def clusters_by_estimand(self):
+        """``bootstrap.clusters_by_estimand``: contributing trajectories per estimand (§7.0)."""
+        return self.get(BOOTSTRAP, CLUSTERS_BY_ESTIMAND)
+
+    @property
+    def n_clusters(self):
+        """``bootstrap.n_clusters``: the test trajectories of the bootstrap."""
+        return self.get(BOOTSTRAP, N_CLUSTERS)

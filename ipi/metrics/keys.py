@@ -1,0 +1,104 @@
+"""The key strings of a run's results (``results.json``), each defined once (docs/outputs.md).
+
+The typed results (:class:`ipi.metrics.compare.Estimates`, :class:`ipi.evaluation.results.Results`)
+write their ``to_dict()`` with these names, and every reader of a results dict — the verdict, the
+reportability marks, the reports, the sweep summary, W&B — reads with them. Torch-free, no imports.
+
+Layout (``{...}`` an interval ``{"estimate", "ci_low", "ci_high", "n_boot_used"}``)::
+
+    e1, e2: {...}            e3: {control: {...}}
+    <baseline>: {e1, e2, e3}                               # c1, collapse_only, permuted, transfer
+    random_twin: {e1, e2, e3, seeds, by_seed: {seed: {e1, e2, e3}}}
+    differences: {e1_minus_<baseline>_e1, e1_minus_e3, e1_minus_twin_e1, e3_minus_twin_e3,
+                  e1_minus_twin_e1_by_seed, e3_minus_twin_e3_by_seed,
+                  e1_minus_twin_e1_predictive, e3_minus_twin_e3_predictive}
+    p_values: {e1, e3, e1_minus_<baseline>_e1, e3_minus_twin_e3, e3_minus_twin_e3_predictive}
+    permutation: {...}       bootstrap: {n_boot, seed, level, n_clusters, interval, clusters_by_estimand}
+    source, source_twin, counts, verdict, reportability, run, split_spread
+"""
+
+from __future__ import annotations
+
+# The estimands of one score table (PROTOCOL.md §5).
+E1 = "e1"
+E2 = "e2"
+E3 = "e3"
+ESTIMANDS = (E1, E2, E3)
+
+# Interval fields.
+ESTIMATE = "estimate"
+CI_LOW = "ci_low"
+CI_HIGH = "ci_high"
+N_BOOT_USED = "n_boot_used"
+
+# The baselines a run fits beside the probe (PROTOCOL.md §5–§6), by the name they are stored under.
+C1 = "c1"
+COLLAPSE_ONLY = "collapse_only"
+C2 = "c2"  # this project's other name for collapse_only (hand-built results)
+PERMUTED = "permuted"
+TRANSFER = "transfer"
+
+# Top-level sections.
+RANDOM_TWIN = "random_twin"
+DIFFERENCES = "differences"
+P_VALUES = "p_values"
+PERMUTATION = "permutation"
+BOOTSTRAP = "bootstrap"
+SOURCE = "source"
+SOURCE_TWIN = "source_twin"
+COUNTS = "counts"
+VERDICT = "verdict"
+REPORTABILITY = "reportability"
+RUN = "run"
+SPLIT_SPREAD = "split_spread"
+SPLIT_REPEATS = "split_repeats"  # handed from the pipeline to the report, never written
+
+# random_twin.*
+SEEDS = "seeds"
+BY_SEED = "by_seed"
+
+# differences.* (and p_values.*, clusters_by_estimand.differences.*)
+E1_MINUS_E3 = "e1_minus_e3"
+E1_MINUS_TWIN_E1 = "e1_minus_twin_e1"
+E3_MINUS_TWIN_E3 = "e3_minus_twin_e3"
+BY_SEED_SUFFIX = "_by_seed"
+PREDICTIVE_SUFFIX = "_predictive"
+E1_MINUS_TWIN_E1_BY_SEED = E1_MINUS_TWIN_E1 + BY_SEED_SUFFIX
+E3_MINUS_TWIN_E3_BY_SEED = E3_MINUS_TWIN_E3 + BY_SEED_SUFFIX
+E1_MINUS_TWIN_E1_PREDICTIVE = E1_MINUS_TWIN_E1 + PREDICTIVE_SUFFIX
+E3_MINUS_TWIN_E3_PREDICTIVE = E3_MINUS_TWIN_E3 + PREDICTIVE_SUFFIX
+
+
+def e1_minus_baseline_e1(baseline: str) -> str:
+    """Key of the paired difference ``E1 − <baseline> E1`` (e.g. ``e1_minus_c1_e1``)."""
+    return f"e1_minus_{baseline}_e1"
+
+
+E1_MINUS_C1_E1 = e1_minus_baseline_e1(C1)
+
+# bootstrap.* (``_KEY``: the values of the same names are ipi.metrics.bootstrap's defaults)
+N_BOOT_KEY = "n_boot"
+SEED_KEY = "seed"
+LEVEL_KEY = "level"
+N_CLUSTERS = "n_clusters"
+INTERVAL_KEY = "interval"
+CLUSTERS_BY_ESTIMAND = "clusters_by_estimand"
+
+# permutation.* read by the verdict and the reports
+P_VALUE = "p_value"
+NULL_MEAN = "null_mean"
+
+# verdict.*
+CLAIM = "claim"
+CHECKS = "checks"
+
+#: Keys of the results a baseline name may not take (they would collide with a section).
+RESERVED_KEYS = frozenset(
+    {E1, E2, E3, DIFFERENCES, BOOTSTRAP, COUNTS, VERDICT, SOURCE, "baselines", PERMUTATION, P_VALUES, RANDOM_TWIN}
+)
+
+
+def dotted(*parts) -> str:
+    """A dotted estimand key (``differences.e1_minus_e3.c_scrambled``), as the reportability marks and
+    the verdict's cluster gate name estimands."""
+    return ".".join(map(str, parts))

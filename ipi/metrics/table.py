@@ -1,0 +1,191 @@
+"""The score-table schema: columns, variants, validation and step weights (PROTOCOL.md §5, §9).
+
+A *score table* is a :class:`pandas.DataFrame` with one row per forward pass on the test split:
+
+============== =====================================================================
+column         meaning
+============== =====================================================================
+trajectory_id  the cluster of the bootstrap (compared as strings)
+step           0-based step index within the trajectory (integer)
+variant        ``"clean"``, ``"attack"`` or a control ``"c_<name>"`` (PROTOCOL.md §2)
+score          the probe's score ``f`` (finite float; larger = more attack-like)
+weight         optional row weight ``w`` overriding the default step weights
+============== =====================================================================
+
+The default step weight is ``w = 1 / #rows with the same (trajectory_id, step, variant)``, so
+every step counts once per variant (:func:`step_weights`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["ATTACK", "CLEAN", "CONTROL_PREFIX", "REQUIRED_COLUMNS", "is_control", "step_weights", "validate_table"]
+
+CLEAN = "clean"
+ATTACK = "attack"
+CONTROL_PREFIX = "c_"
+REQUIRED_COLUMNS = ("trajectory_id", "step", "variant", "score")
+
+
+def is_control(variant: str) -> bool:
+    """Whether ``variant`` names a nuisance-matched control (``"c_<name>"``, PROTOCOL.md §2)."""
+    return isinstance(variant, str) and variant.startswith(CONTROL_PREFIX) and len(variant) > 2
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def validate_table(
+    table: pd.DataFrame,
+    source: str = "score table",
+    *,
+    row_name: Callable[[int], str] | None = None,
+) -> pd.DataFrame:
+    """Check a score table and return a normalised copy (PROTOCOL.md §5, §9).
+
+    Checks the columns ``trajectory_id, step, variant, score`` (and ``weight`` when present),
+    their types, that scores are finite, that every variant is ``clean``, ``attack`` or
+    ``c_<name>``, and that there is at least one attack and one clean row. Extra columns are
+    kept untouched.
+
+    Args:
+        table: The score table.
+        source: Name used at the start of error messages (e.g. the file path).
+        row_name: Maps a 0-based row position to the text naming it in messages
+            (default ``"row <i>"``).
+
+    Returns:
+        A copy with ``trajectory_id`` and ``variant`` as Python ``str`` objects, ``step`` as
+        ``int64``, ``score`` (and ``weight``) as ``float64``, and a fresh ``RangeIndex``.
+
+    Raises:
+        ValueError: One-line message ``"<source>: column '<col>' <row>: <problem>"`` naming the
+            first offending column/row.
+    """
+    name = row_name or (lambda i: f"row {i}")
+    if not isinstance(table, pd.DataFrame):
+        raise ValueError(f"{source}: expected a pandas DataFrame, got {type(table).__name__}")
+    missing = [c for c in REQUIRED_COLUMNS if c not in table.columns]
+    if missing:
+        raise ValueError(
+            f"{source}: missing column(s) {', '.join(repr(c) for c in missing)} "
+            f"(need {', '.join(REQUIRED_COLUMNS)}[, weight]; found {list(map(str, table.columns))})"
+        )
+    if table.columns.duplicated().any():
+        dup = table.columns[table.columns.duplicated()][0]
+        raise ValueError(f"{source}: duplicated column {dup!r}")
+    if len(table) == 0:
+        raise ValueError(f"{source}: the table has no rows")
+    out = table.reset_index(drop=True).copy()
+
+    def first_bad(mask: np.ndarray) -> int:
+        return int(np.flatnonzero(mask)[0])
+
+    # trajectory_id: present, non-empty; compared as strings.
+    tid = out["trajectory_id"]
+    bad = tid.isna().to_numpy()
+    if bad.any():
+        raise ValueError(f"{source}: column 'trajectory_id' {name(first_bad(bad))}: missing value")
+    tid = tid.map(str)
+    bad = (tid.str.len() == 0).to_numpy()
+    if bad.any():
+        raise ValueError(f"{source}: column 'trajectory_id' {name(first_bad(bad))}: empty string")
+    out["trajectory_id"] = tid.astype(object)
+
+    # step: integer-valued, non-negative.
+    step = out["step"]
+    if not (pd.api.types.is_integer_dtype(step) or pd.api.types.is_float_dtype(step)):
+        num = pd.to_numeric(step, errors="coerce")
+        bad = num.isna().to_numpy()
+        if bad.any():
+            i = first_bad(bad)
+            raise ValueError(
+                f"{source}: column 'step' {name(i)}: not an integer ({_short(step.iloc[i])})"
+            )
+        step = num
+    vals = step.to_numpy(dtype=np.float64, na_value=np.nan)
+    bad = ~np.isfinite(vals) | (vals != np.round(vals)) | (vals < 0)
+    if bad.any():
+        i = first_bad(bad)
+        raise ValueError(
+            f"{source}: column 'step' {name(i)}: expected a non-negative integer, "
+            f"got {_short(step.iloc[i])}"
+        )
+    out["step"] = vals.astype(np.int64)
+
+    # variant: clean | attack | c_<name>.
+    var = out["variant"]
+    ok = np.array(
+        [isinstance(v, str) and (v in (CLEAN, ATTACK) or is_control(v)) for v in var], dtype=bool
+    )
+    if not ok.all():
+        i = first_bad(~ok)
+        raise ValueError(
+            f"{source}: column 'variant' {name(i)}: unknown variant {_short(var.iloc[i])} "
+            f"(expected 'clean', 'attack' or 'c_<name>')"
+        )
+    out["variant"] = var.astype(object)
+
+    # score (and weight): numeric and finite.
+    for col, allow_negative in (("score", True), ("weight", False)):
+        if col not in out.columns:
+            continue
+        s = out[col]
+        if pd.api.types.is_bool_dtype(s):
+            raise ValueError(f"{source}: column {col!r}: booleans, expected numbers")
+        if not pd.api.types.is_numeric_dtype(s):
+            num = pd.to_numeric(s, errors="coerce")
+            bad = (num.isna() & s.notna()).to_numpy()
+            if bad.any():
+                i = first_bad(bad)
+                raise ValueError(
+                    f"{source}: column {col!r} {name(i)}: not a number ({_short(s.iloc[i])})"
+                )
+            s = num
+        vals = s.to_numpy(dtype=np.float64, na_value=np.nan)
+        bad = np.isnan(vals)
+        if bad.any():
+            raise ValueError(f"{source}: column {col!r} {name(first_bad(bad))}: NaN {col}")
+        bad = ~np.isfinite(vals)
+        if bad.any():
+            i = first_bad(bad)
+            raise ValueError(f"{source}: column {col!r} {name(i)}: infinite {col} ({vals[i]})")
+        if not allow_negative:
+            bad = vals < 0
+            if bad.any():
+                i = first_bad(bad)
+                raise ValueError(f"{source}: column {col!r} {name(i)}: negative {col} ({vals[i]})")
+        out[col] = vals
+
+    variants = set(out["variant"])
+    for needed in (ATTACK, CLEAN):
+        if needed not in variants:
+            raise ValueError(
+                f"{source}: column 'variant': no {needed!r} rows (found {sorted(variants)})"
+            )
+    return out
+
+
+def step_weights(table: pd.DataFrame) -> np.ndarray:
+    """Row weights of PROTOCOL.md §5.
+
+    Default: ``w = 1 / (number of rows with the same (trajectory_id, step, variant))`` so that
+    every step counts once per variant. A ``weight`` column, when present, overrides this.
+
+    Args:
+        table: A score table (see :func:`validate_table`).
+
+    Returns:
+        ``float64`` array ``[n_rows]`` aligned with the table's rows.
+    """
+    if "weight" in table.columns:
+        return table["weight"].to_numpy(dtype=np.float64)
+    keys = [table["trajectory_id"].map(str), table["step"], table["variant"]]
+    counts = table.groupby(keys, sort=False)["score"].transform("size").to_numpy()
+    return 1.0 / counts.astype(np.float64)

@@ -23,8 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ipi.attacks.pyliteral import class_constants, evaluate, module_constants  # noqa: E402
-from ipi.io import atomic_path  # noqa: E402
+from ipi.attacks.pyliteral import class_constants, module_constants
+from ipi.io import atomic_path
 
 OUT = Path(__file__).resolve().parents[1] / "ipi" / "attacks" / "data"
 

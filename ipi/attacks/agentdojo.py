@@ -136,9 +136,9 @@ def _task_version(cls: ast.ClassDef, names: dict) -> tuple[int, int, int] | None
     for dec in cls.decorator_list:
         if isinstance(dec, ast.Attribute) and dec.attr == "register_injection_task":
             return (1, 0, 0)
-        if isinstance(dec, ast.Call) and isinstance(dec.func, ast.Attribute):
-            if dec.func.attr in ("update_injection_task", "register_new_injection_task") and dec.args:
-                return tuple(evaluate(dec.args[0], names))  # type: ignore[return-value]
+        if (isinstance(dec, ast.Call) and isinstance(dec.func, ast.Attribute) and dec.args
+                and dec.func.attr in ("update_injection_task", "register_new_injection_task")):
+            return tuple(evaluate(dec.args[0], names))  # type: ignore[return-value]
     return None
 
 
@@ -265,11 +265,12 @@ class AgentDojoSource:
         stale = sorted(set(fams) - every)
         if stale:
             raise AttackSourceError(f"ipi/attacks/data/{_CONFIG}: families for unknown tasks {stale}")
-        return tuple(latest[k][1] for k in sorted(latest, key=lambda k: (k.split("/")[0], int(k.rsplit("_", 1)[1]))))
+        order = sorted(latest, key=lambda k: (k.split("/")[0], int(k.rsplit("_", 1)[1])))
+        return tuple(latest[k][1] for k in order)
 
     @functools.cached_property
     def _benign(self) -> tuple[BenignText, ...]:
-        root, version = self._root
+        root, _ = self._root
         out = []
         for vec in self._cfg["benign_vectors"]:
             suite, name = vec.split("/")

@@ -31,7 +31,7 @@ GOAL = Goal(id="x/g", source="x", family="redirect", text="greet {first_name} at
 def _by_hand(key: str, slot: str) -> str:
     """The pool choice recomputed from its definition: SHA-256 of the unit-separated parts."""
     pool = slot_pools()[slot]
-    h = int(hashlib.sha256("\x1f".join(("attack-slot", key, slot)).encode()).hexdigest(), 16)
+    h = int(hashlib.sha256(f"attack-slot\x1f{key}\x1f{slot}".encode()).hexdigest(), 16)
     return pool[h % len(pool)]
 
 
@@ -55,8 +55,8 @@ def test_filling_is_identical_in_another_process_with_another_hash_seed():
     code = ("import json; from tests.attacks.test_slots import TPL, GOAL; from ipi.attacks.slots import render; "
             f"print(json.dumps([render(TPL, GOAL, k).text for k in {keys!r}]))")
     env = {**os.environ, "PYTHONHASHSEED": "12345", "PYTHONPATH": str(REPO)}
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], check=False, cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     import json
 

@@ -29,8 +29,11 @@ class ProjectSource:
                               name=f"ATTACK_TEMPLATES[{i}]", origin=_ORIGIN)
                      for i, t in enumerate(ATTACK_TEMPLATES))
 
-    @functools.cache  # noqa: B019 - one instance per config, the bank is constant
     def goals(self) -> tuple[Goal, ...]:
+        return self._goals
+
+    @functools.cached_property
+    def _goals(self) -> tuple[Goal, ...]:
         extra = load_data("project.yaml") or {}
         known = {g for _, g in ATTACK_GOAL_LIST}
         stale = sorted(set(extra) - known)

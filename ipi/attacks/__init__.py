@@ -5,16 +5,17 @@ One module per source (:mod:`~ipi.attacks.project`, :mod:`~ipi.attacks.agentdojo
 the composite :mod:`~ipi.attacks.mix`) implements :class:`~ipi.attacks.base.AttackSource`;
 :func:`~ipi.attacks.slots.render` fills a template with a goal and its other slots. Adding a
 source is adding a module whose ``__all__`` exports one class with a ``family`` name and the
-protocol's methods: :func:`available_sources` finds it; nothing branches on a source's name.
-docs/attacks.md describes every source, its license and its counts.
+protocol's methods, and its name to the import line below (the package imports nothing by a
+computed name: tests/test_safety.py); :func:`available_sources` finds the class there, and
+nothing branches on a source's name (tests/attacks/test_sources.py fails on a source module
+left out of the import line). docs/attacks.md describes every source, its license and counts.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
-import pkgutil
 
+from ipi.attacks import agentdojo, garak, injecagent, mix, notinject, project
 from ipi.attacks.base import (
     GOAL_FAMILIES,
     TARGET_KINDS,
@@ -52,11 +53,14 @@ def _is_source_class(obj: object) -> bool:
             and all(callable(getattr(obj, m, None)) for m in _METHODS))
 
 
+#: The source modules (see the module docstring).
+SOURCE_MODULES = (agentdojo, garak, injecagent, mix, notinject, project)
+
+
 @functools.cache
 def _discover() -> dict[str, type]:
     found: dict[str, type] = {}
-    for mod in pkgutil.iter_modules(__path__):
-        m = importlib.import_module(f"{__name__}.{mod.name}")
+    for m in SOURCE_MODULES:
         for name in getattr(m, "__all__", ()):
             obj = getattr(m, name)
             if _is_source_class(obj):
@@ -68,7 +72,7 @@ def _discover() -> dict[str, type]:
 
 
 def available_sources(*, composite: bool = False) -> dict[str, type]:
-    """Source family → source class, for every source module of this package, in name order.
+    """Source family → source class, for every module of :data:`SOURCE_MODULES`, in name order.
 
     Args:
         composite: Include composite sources (the mix).

@@ -57,6 +57,22 @@ def _fresh(family):
     return available_sources(composite=True)[family]()
 
 
+def test_every_module_defining_a_source_is_registered():
+    """A new source file left out of ipi.attacks.SOURCE_MODULES would be silently unused."""
+    import importlib
+    import pkgutil
+
+    import ipi.attacks as pkg
+    from ipi.attacks import _is_source_class
+
+    defining = set()
+    for mod in pkgutil.iter_modules(pkg.__path__):
+        m = importlib.import_module(f"ipi.attacks.{mod.name}")
+        if any(_is_source_class(getattr(m, n)) for n in getattr(m, "__all__", ())):
+            defining.add(m.__name__)
+    assert defining == {m.__name__ for m in pkg.SOURCE_MODULES}
+
+
 def test_every_source_module_is_found_and_mix_is_composite():
     assert set(available_sources()) == set(COUNTS)
     assert set(available_sources(composite=True)) == set(COUNTS) | {"mix"}

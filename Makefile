@@ -14,6 +14,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH)
 	$(PY) -m pip install -q -e ".[test]"
+	# agentdojo's files only (the agentdojo attack source reads them; its LLM clients are not needed)
+	$(PY) -m pip install -q --no-deps "agentdojo==0.1.35"
 	touch $@
 
 setup: $(VENV)/.installed

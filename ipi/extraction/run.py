@@ -16,7 +16,7 @@ from hydra.utils import instantiate
 import ipi
 from ipi.backbone import build_kwargs
 from ipi.config import to_container
-from ipi.extraction.cache import ActivationCache, FeatureSet, content_addressed, stable_hash
+from ipi.extraction.cache import ActivationCache, FeatureSet, keyed_form, stable_hash
 from ipi.extraction.datamodule import ReplayDataModule, StepGroupDataset
 from ipi.extraction.extractor import HiddenStateExtractor, ShardWriter
 from ipi.extraction.rows import ReplayRow, row_fingerprint
@@ -139,7 +139,7 @@ def cache_key(backbone_cfg, rows: Sequence[ReplayRow], layer_indices: Sequence[i
     fps = [row_fingerprint(r, b["system_prompt"], b["multimodal"]) for r in rows]
     # Local paths (processor files, GGUF folder, checkpoint) enter the key by content, not by
     # location; the manifest keeps the paths as given.
-    key = stable_hash({**spec, "backbone": content_addressed(spec["backbone"]), "rows": fps})
+    key = stable_hash({**keyed_form(spec), "rows": fps})
     manifest_spec = {
         **spec,
         "versions": {"ipi": ipi.__version__, "transformers": transformers.__version__,

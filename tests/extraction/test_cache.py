@@ -1,4 +1,4 @@
-"""ipi.extraction.cache: the writer lock of a cache entry."""
+"""ipi.extraction.activation_cache: the writer lock of a cache entry."""
 
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ from tests.conftest import (
 
 
 def test_writer_lock_waits_for_a_live_holder_and_breaks_a_dead_ones(tmp_path, caplog):
-    from ipi.extraction.cache import ActivationCache
+    from ipi.extraction.activation_cache import ActivationCache
 
     entry = ActivationCache(tmp_path, "ab" * 32, {})
     holder = textwrap.dedent(f"""
         import sys, time
-        from ipi.extraction.cache import ActivationCache
+        from ipi.extraction.activation_cache import ActivationCache
         with ActivationCache({str(tmp_path)!r}, {"ab" * 32!r}, {{}}).writer_lock():
             print("held", flush=True)
             time.sleep(float(sys.argv[1]))
@@ -30,7 +30,7 @@ def test_writer_lock_waits_for_a_live_holder_and_breaks_a_dead_ones(tmp_path, ca
     proc = subprocess.Popen([PY, "-c", holder, "2"], cwd=REPO, env=_env(), stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "held"
     assert entry.lock_holder().startswith(f"pid {proc.pid} on host ")
-    with caplog.at_level("WARNING", logger="ipi.extraction.cache"):
+    with caplog.at_level("WARNING", logger="ipi.extraction.activation_cache"):
         with entry.writer_lock() as waited:
             assert waited > 1.0
     assert proc.wait(timeout=30) == 0
@@ -55,7 +55,7 @@ def test_cache_key_follows_the_processor_files_not_their_path(tmp_path, trajecto
 
     from omegaconf import open_dict
 
-    from ipi.extraction.cache import local_content_digest
+    from ipi.extraction.activation_cache import local_content_digest
     from ipi.extraction.rows import build_rows
     from ipi.extraction.run import cache_key
     from tests.conftest import compose_train
@@ -91,7 +91,7 @@ def test_local_content_digest_small_files_by_bytes_large_files_by_location(tmp_p
     import os
     import shutil
 
-    import ipi.extraction.cache as cache
+    import ipi.extraction.activation_cache as cache
 
     monkeypatch.setattr(cache, "WHOLE_FILE_BYTES", 2 << 20)
     tick = iter(range(1, 100))
@@ -122,7 +122,7 @@ def _entry_with_processor(tmp_path, processor_dir, spec_extra=None):
     """A one-shard cache entry whose backbone node names ``processor_dir`` (as ``cache_key`` builds it)."""
     import torch
 
-    from ipi.extraction.cache import ActivationCache, keyed_form, stable_hash
+    from ipi.extraction.activation_cache import ActivationCache, keyed_form, stable_hash
 
     def spec_for(path):
         return {"backbone": {"name": "tiny", "tokenizer_path": str(path),
@@ -145,7 +145,7 @@ def test_manifest_check_compares_the_backbone_by_content_as_the_key_does(tmp_pat
     import os
     import shutil
 
-    from ipi.extraction.cache import ActivationCache, CacheError, keyed_form, stable_hash
+    from ipi.extraction.activation_cache import ActivationCache, CacheError, keyed_form, stable_hash
 
     proc = tmp_path / "shared" / "models" / "processor"
     proc.mkdir(parents=True)
@@ -188,7 +188,7 @@ def test_manifest_without_content_record_is_read_through_its_paths(tmp_path):
     import json
     import shutil
 
-    from ipi.extraction.cache import ActivationCache, CacheError
+    from ipi.extraction.activation_cache import ActivationCache, CacheError
 
     proc = tmp_path / "a" / "processor"
     proc.mkdir(parents=True)

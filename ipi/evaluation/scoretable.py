@@ -10,6 +10,7 @@ counts, the §7 verdict and the reportability marks.
 from __future__ import annotations
 
 import difflib
+import logging
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -20,6 +21,8 @@ from ipi.evaluation.assess import ScoreTables, assess
 from ipi.evaluation.results import DEFAULTS, Settings
 from ipi.metrics.table import CONTROL_PREFIX, validate_table
 from ipi.protocol import CONTROLS
+
+log = logging.getLogger(__name__)
 
 __all__ = ["CSV_SUFFIXES", "PARQUET_SUFFIXES", "TWIN_SEED_COLUMN", "check_score_rows", "evaluate_score_table",
            "read_score_table", "split_twin_table", "twin_score_table"]
@@ -97,10 +100,14 @@ def check_score_rows(table: pd.DataFrame, source: str, row_name=None) -> pd.Data
 
     * a control the project does not know (``c_scrambld``): a misspelt control would be reported
       as an estimand of its own, and its rows missing from the real control's;
-    * an exact duplicate of an earlier row (every column equal): a pasted or concatenated table
-      would double-count a step;
     * a variant whose rows all have weight 0 (``weight`` column): its estimands are 0/0, and the
       run would write a results.json of nulls before failing.
+
+    Rows identical to an earlier row (every column equal) are valid and kept: several attack
+    rows at one step are allowed (PROTOCOL.md §2) and a detector with discrete or saturated
+    scores ties often, so two attack rows of a step can be equal; the step weights of §5 (each
+    row ``1 / rows of its (trajectory, step, variant)``) count the step once either way. They
+    are logged as a warning naming the first pair, since a table pasted twice also looks so.
 
     Args:
         table: A table returned by :func:`validate_table`.
@@ -127,9 +134,11 @@ def check_score_rows(table: pd.DataFrame, source: str, row_name=None) -> pd.Data
         i = int(dup.nonzero()[0][0])
         same = (table == table.iloc[i]).all(axis=1).to_numpy()
         j = int(same.nonzero()[0][0])
-        raise ValueError(f"{source}: {name(i)} repeats {name(j)} exactly (trajectory_id="
-                         f"{table['trajectory_id'].iloc[i]!r}, step={table['step'].iloc[i]}, "
-                         f"variant={variant[i]!r}); remove the copy")
+        log.warning("%s: %d row(s) repeat an earlier row exactly, e.g. %s = %s (trajectory_id=%r, step=%s, "
+                    "variant=%r); kept: identical rows are valid (several rows of a variant at one step, "
+                    "tied scores; PROTOCOL.md §2, §5), but a table pasted twice looks the same",
+                    source, int(dup.sum()), name(i), name(j), table["trajectory_id"].iloc[i],
+                    table["step"].iloc[i], variant[i])
     if "weight" in table.columns:
         totals = table.groupby("variant", sort=True)["weight"].sum()
         zero = [str(v) for v, w in totals.items() if not w > 0]

@@ -167,8 +167,6 @@ def test_html_figures_open_full_size_on_click(tmp_path):
 @pytest.mark.parametrize("text, match", [
     ("trajectory_id,step,variant,score\na,0,clean,0.1\na,0,attack,1\na,0,c_scrambld,0.3\n",
      r"row 2 \(line 4\): unknown control 'c_scrambld' \(did you mean 'c_scrambled'\?"),
-    ("trajectory_id,step,variant,score\na,0,clean,0.1\na,0,attack,1\na,0,clean,0.1\n",
-     r"row 2 \(line 4\) repeats row 0 \(line 2\) exactly"),
     ("trajectory_id,step,variant,score,weight\na,0,clean,0.1,0\na,0,attack,1,1\nb,0,clean,0.2,0\n",
      r"column 'weight': every 'clean' row has weight 0"),
 ])

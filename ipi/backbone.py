@@ -121,7 +121,7 @@ def keep_decoder_layers(model: nn.Module, n_keep: int | None) -> nn.ModuleList:
 
 
 @lru_cache(maxsize=8)
-def _processor(path: str, items: tuple):
+def _processor(path: str, items: tuple, content: str | None = None):
     from transformers import AutoProcessor
 
     return AutoProcessor.from_pretrained(path, **dict(items))
@@ -132,9 +132,17 @@ def load_processor(path: str | os.PathLike, **kwargs):
 
     The main backbone, its random twins and the bench build several backbones on one processor;
     parsing the tokenizer files each time costs ~1 s. Processors are only read, never changed.
+    A local folder is remembered by its content (:func:`ipi.extraction.activation_cache.
+    local_content_digest`, memoised by its files' inodes, sizes and times), so changed processor
+    files are loaded again.
     """
-    return _processor(os.path.abspath(path) if os.path.isdir(str(path)) else str(path),
-                      tuple(sorted(kwargs.items())))
+    local = os.path.isdir(str(path))
+    content = None
+    if local:
+        from ipi.extraction.activation_cache import local_content_digest
+
+        content = local_content_digest(path)
+    return _processor(os.path.abspath(path) if local else str(path), tuple(sorted(kwargs.items())), content)
 
 
 def build_kwargs(loader, *, max_layer: int | None = None, with_lm_head: bool = False) -> dict:

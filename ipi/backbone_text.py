@@ -84,7 +84,7 @@ def find_gguf(folder: str | os.PathLike, gguf_file: str | None = None) -> str:
 
 
 @lru_cache(maxsize=8)
-def _tokenizer(path: str, items: tuple):
+def _tokenizer(path: str, items: tuple, content: str | None = None):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(path, **dict(items))
@@ -101,9 +101,14 @@ def load_tokenizer(path: str | os.PathLike, **kwargs):
         **kwargs: e.g. ``gguf_file=...``.
 
     Returns:
-        The tokenizer.
+        The tokenizer (a local folder is remembered by its content, so changed files load again).
     """
-    return _tokenizer(str(path), tuple(sorted(kwargs.items())))
+    content = None
+    if os.path.isdir(str(path)):
+        from ipi.extraction.activation_cache import local_content_digest
+
+        content = local_content_digest(path)
+    return _tokenizer(str(path), tuple(sorted(kwargs.items())), content)
 
 
 class TextChatProcessor:

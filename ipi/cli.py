@@ -1,41 +1,185 @@
-"""What the entry scripts share: input errors as one line, and where the results went.
+"""What the entry scripts share: input errors as one line, failed sweep jobs, where the results went.
 
-An error caused by the user's input (a data folder, a score table, a cache, a split) ends the
-command with one line naming the file / key and exit status 2; set ``HYDRA_FULL_ERROR=1`` for
-the traceback. Anything else is a bug and keeps its full traceback. SIGTERM and SIGINT end the
-command within seconds with status 128 + the signal (143, 130): see :mod:`ipi.interrupt`.
+An error caused by the user's input (a data folder, a score table, a cache, a split, a config
+value the model's config class refuses) ends the command with one line naming the file / key and
+exit status 2; set ``HYDRA_FULL_ERROR=1`` for the traceback. Anything else is a bug and keeps its
+full traceback. SIGTERM and SIGINT end the command within seconds with status 128 + the signal
+(143, 130): see :mod:`ipi.interrupt`.
+
+**A job of a ``-m`` sweep that fails does not end the sweep** (docs/sweeps.md, *Failed jobs*):
+the failure is written to the job's folder as :data:`FAILED_FILE` (``{"job", "overrides",
+"error", "message", "input_error", "traceback"}``; the traceback only for a bug), one line
+``job N (overrides) failed: ...`` goes to stderr, and the next job starts. When every job has
+run, :class:`ipi.hydra_callbacks.ConfigCheck` lists the failed jobs in
+``<sweep>/failed_jobs.json`` and on stderr and ends the command with status 1; the sweep report
+(:mod:`ipi.reporting.sweep`) lists them as failed cells. This is Hydra's own rule for a failing
+job (run every job, report the failures at the end), kept for input errors that end a single
+run with ``sys.exit(2)``, and written down where a person looks for it.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import sys
+import traceback
 from collections.abc import Callable
+from pathlib import Path
 
 from omegaconf import DictConfig
 
+from ipi.hydra_callbacks import FAILED_FILE  # a failed sweep job's record, in its own folder
+
+log = logging.getLogger(__name__)
+
 
 def _input_errors() -> tuple[type[BaseException], ...]:
+    from huggingface_hub.errors import StrictDataclassError
+    from omegaconf.errors import MissingMandatoryValue
+
     from ipi.data.schema import DataError
     from ipi.extraction.activation_cache import CacheError
     from ipi.probe.split import LeakageError
 
     return (DataError, CacheError, LeakageError, FileNotFoundError, NotADirectoryError,
-            IsADirectoryError, ValueError)
+            IsADirectoryError, ValueError, StrictDataclassError, MissingMandatoryValue)
 
 
-def run_entry(task: Callable[[DictConfig], tuple], cfg: DictConfig) -> tuple:
+def _unwrap(e: BaseException) -> BaseException:
+    """The error a ``hydra.utils.instantiate`` wrapped (``InstantiationException``), else ``e``."""
+    from hydra.errors import InstantiationException
+
+    while isinstance(e, InstantiationException) and e.__cause__ is not None:
+        e = e.__cause__
+    return e
+
+
+def _paths_of(cfg, field: str, prefix: str = "") -> list[str]:
+    """Dotted paths in ``cfg`` (a config tree, read without resolving) whose last key is ``field``."""
+    from omegaconf import DictConfig
+
+    out = []
+    if isinstance(cfg, DictConfig):
+        for k in cfg.keys():
+            if k == "hydra":
+                continue
+            if k == field:
+                out.append(f"{prefix}{k}")
+            child = cfg._get_node(k)
+            if isinstance(child, DictConfig) and not child._is_none() and not child._is_interpolation():
+                out += _paths_of(child, field, f"{prefix}{k}.")
+    return out
+
+
+def message(e: BaseException, cfg: DictConfig | None = None) -> str:
+    """``e``'s message for a person, with a hint where the fix is mechanical.
+
+    An error raised in a DataLoader worker (torch puts the worker's traceback in the message) is
+    reported by its own last line. transformers' config classes (strict dataclasses) refuse an ``int`` where a ``float`` is
+    expected (``initializer_range=30000`` from a command line) in a two-line message naming only
+    the field: it is put on one line, naming the config key (found in ``cfg``), with the hint to
+    write ``30000.0``.
+
+    Args:
+        e: The error.
+        cfg: The run's config, to name the key of a field a model config class refused.
+
+    Returns:
+        The message (one line for a refused field).
+    """
+    import re
+
+    from huggingface_hub.errors import StrictDataclassError
+
+    msg = str(e)
+    lines = msg.strip().splitlines()
+    if lines and lines[0].startswith("Caught ") and "DataLoader worker" in lines[0]:
+        # torch re-raises a worker's error with the worker's traceback as its message: keep the
+        # error's own line (``DataError: <file>: step k: cannot decode screenshot (...)``)
+        msg = lines[-1].split(": ", 1)[1] if ": " in lines[-1] else lines[-1]
+    if isinstance(e, StrictDataclassError):
+        msg = " ".join(part.strip() for part in msg.splitlines() if part.strip())
+        field = re.search(r"field '([^']+)'", msg)
+        keys = _paths_of(cfg, field.group(1)) if field and cfg is not None else []
+        if keys:
+            msg = f"{' or '.join(keys)}: {msg}"
+    if "expected float, got int" in msg:
+        msg += " (write the number with a decimal point, e.g. 30000.0)"
+    return msg
+
+
+def input_error(e: BaseException) -> BaseException | None:
+    """The input error behind ``e`` (``e`` itself, or what ``instantiate`` wrapped), or None for a bug."""
+    inner = _unwrap(e)
+    return inner if isinstance(inner, _input_errors()) else None
+
+
+def _in_multirun() -> bool:
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+    except (ImportError, ValueError):
+        return False
+
+
+def _job_identity() -> tuple[str, list[str]]:
+    from hydra.core.hydra_config import HydraConfig
+
+    hc = HydraConfig.get()
+    return str(hc.job.get("num", "?")), [str(o) for o in hc.overrides.task]
+
+
+def record_failure(out_dir: str | os.PathLike, e: BaseException, cfg: DictConfig | None = None) -> dict:
+    """Write :data:`FAILED_FILE` for a failed sweep job into ``out_dir``; return the record.
+
+    Args:
+        out_dir: The job's output folder.
+        e: What ended the job.
+        cfg: The job's config (:func:`message`).
+
+    Returns:
+        ``{"job", "overrides", "error", "message", "input_error", "traceback"}``.
+    """
+    from ipi.io import atomic_write_text
+
+    inner = input_error(e)
+    shown = inner if inner is not None else e
+    job, overrides = _job_identity()
+    record = {
+        "job": job,
+        "overrides": overrides,
+        "error": type(shown).__name__,
+        "message": message(shown, cfg),
+        "input_error": inner is not None,
+        "traceback": None if inner is not None else "".join(traceback.format_exception(e)),
+    }
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    atomic_write_text(Path(out_dir) / FAILED_FILE, json.dumps(record, indent=1) + "\n")
+    return record
+
+
+def run_entry(task: Callable[[DictConfig], tuple], cfg: DictConfig) -> tuple | None:
     """Run a task function; report input errors in one line (exit 2) and the output folder.
+
+    Under ``-m`` a failed job is recorded (:func:`record_failure`) and the sweep goes on (module
+    docstring); a signal still ends the whole sweep.
 
     Args:
         task: ``ipi.pipeline.train`` / ``extract`` / ``evaluate``.
         cfg: The composed config.
 
     Returns:
-        What the task returns.
+        What the task returns (None for a failed job of a sweep).
     """
     from ipi.interrupt import Interrupted, stop_on_signals
 
+    sweep = _in_multirun()
+    out_dir = cfg.paths.output_dir
+    if sweep:  # a rerun into the same sweep folder: an old failure is not this job's
+        Path(out_dir, FAILED_FILE).unlink(missing_ok=True)
     try:
         with stop_on_signals():
             out = task(cfg)
@@ -44,14 +188,25 @@ def run_entry(task: Callable[[DictConfig], tuple], cfg: DictConfig) -> tuple:
               "command resumes)", file=sys.stderr)
         sys.stderr.flush()
         sys.exit(e.exit_code)
-    except _input_errors() as e:
+    except Exception as e:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
-        print(f"error: {e}  ({type(e).__name__}; HYDRA_FULL_ERROR=1 shows the traceback)", file=sys.stderr)
+        inner = input_error(e)
+        if sweep:
+            rec = record_failure(out_dir, e, cfg)
+            if inner is None:  # a bug: its traceback goes to the job's log file too
+                log.error("job %s failed", rec["job"], exc_info=e)
+            print(f"job {rec['job']} failed: {rec['error']}: {rec['message'].splitlines()[0]} (recorded in "
+                  f"{Path(out_dir) / FAILED_FILE}; the sweep goes on)", file=sys.stderr)
+            sys.stderr.flush()
+            return None
+        if inner is None:
+            raise
+        print(f"error: {message(inner, cfg)}  ({type(inner).__name__}; HYDRA_FULL_ERROR=1 shows the traceback)",
+              file=sys.stderr)
         sys.exit(2)
     results = out[0] if isinstance(out, tuple) and out else None
     claim = (results or {}).get("verdict", {}).get("claim") if isinstance(results, dict) else None
-    out_dir = cfg.paths.output_dir
     print(f"{cfg.task_name}: outputs in {out_dir}" + (f" — licensed claim: {claim}" if claim else ""),
           file=sys.stderr)
     return out

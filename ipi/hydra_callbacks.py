@@ -12,16 +12,22 @@ combination in job 7 fails before job 1 spends minutes extracting. A failure pri
 and exits with status 1: Hydra turns an exception raised by a callback into a warning and goes
 on, so the callback ends the process itself (``SystemExit``, as Hydra does for its own errors).
 Nothing here imports torch, Lightning or transformers.
+
+At ``on_multirun_end`` (every job has run) :func:`sweep_failures` gathers the failed jobs that
+:func:`ipi.cli.run_entry` recorded (``<sweep>/<n>/failed.json``) into ``<sweep>/failed_jobs.json``,
+prints one line per failed job and ends the command with status 1 when any job failed.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
+from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from ipi.config import validate, validate_sweep_job
 
@@ -32,6 +38,26 @@ _BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 
 class ConfigError(ValueError):
     """An invalid combination of config values (one-line message naming key and allowed values)."""
+
+
+def _missing_keys(node, prefix: str = "") -> list[str]:
+    """Dotted keys under ``node`` (a top-level ``hydra`` node aside) still ``???`` (mandatory, no default).
+
+    Walks the nodes without resolving interpolations (``paths.output_dir`` needs a job).
+    """
+    out: list[str] = []
+    keys = range(len(node)) if isinstance(node, ListConfig) else list(node.keys())
+    for k in keys:
+        if not prefix and k == "hydra":
+            continue
+        name = f"{prefix}{k}"
+        if OmegaConf.is_missing(node, k):
+            out.append(name)
+            continue
+        child = node._get_node(k)
+        if isinstance(child, (DictConfig, ListConfig)) and not child._is_none() and not child._is_interpolation():
+            out += _missing_keys(child, f"{name}.")
+    return sorted(out)
 
 
 def check_config(config: DictConfig, where: str = "", sweep: bool = False) -> None:
@@ -57,6 +83,13 @@ def check_config(config: DictConfig, where: str = "", sweep: bool = False) -> No
             except ValueError as e:
                 raise ConfigError(f"config error: {where}{e}") from None
         return
+    missing = _missing_keys(config)
+    if missing:
+        group = missing[0].split(".", 1)[0]
+        name = OmegaConf.select(config, f"{group}.name", default=None) if group != missing[0] else None
+        which = f"{group}={name} needs " if name is not None else ""
+        raise ConfigError(f"config error: {where}{which}{', '.join(missing)} (mandatory, no default); "
+                          f"give {' '.join(f'{k}=...' for k in missing)} on the command line")
     try:
         if sweep:
             validate_sweep_job(config)
@@ -85,6 +118,73 @@ def _exit_on_error(fn, *args) -> None:
         raise SystemExit(1) from None
 
 
+#: Written by :func:`ipi.cli.record_failure` into a failed job's folder (kept here: no torch import).
+FAILED_FILE = "failed.json"
+#: The sweep's list of failed jobs, in the sweep folder.
+FAILED_JOBS_FILE = "failed_jobs.json"
+
+
+def sweep_failures(sweep_dir: str | Path) -> list[dict]:
+    """The failure records of a sweep's jobs (``<sweep>/<n>/failed.json``), in job order.
+
+    :func:`ipi.cli.run_entry` removes a job's old record when the job starts again (a rerun into
+    the same sweep folder), so a record present is from this sweep.
+
+    Args:
+        sweep_dir: The multirun folder.
+
+    Returns:
+        ``[{"job", "overrides", "error", "message", "input_error", "traceback", "folder"}]``; an
+        unreadable record is reported with ``error = "unreadable failed.json"``.
+    """
+    out = []
+    root = Path(sweep_dir)
+    if not root.is_dir():
+        return out
+    for f in root.glob(f"*/{FAILED_FILE}"):
+        try:
+            rec = json.loads(f.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            rec = {"job": f.parent.name, "overrides": [], "error": "unreadable failed.json", "message": str(e)}
+        out.append({**rec, "folder": str(f.parent)})
+    return sorted(out, key=lambda r: (0, int(r["job"])) if str(r.get("job")).isdigit() else (1, str(r.get("job"))))
+
+
+def report_sweep_failures(sweep_dir: str | Path) -> list[dict]:
+    """Write ``<sweep>/failed_jobs.json`` (always, ``[]`` when none failed) and print the failed jobs.
+
+    Returns:
+        The failure records (:func:`sweep_failures`).
+    """
+    from ipi.io import atomic_write_text
+
+    failures = sweep_failures(sweep_dir)
+    root = Path(sweep_dir)
+    if root.is_dir():
+        atomic_write_text(root / FAILED_JOBS_FILE, json.dumps(failures, indent=1) + "\n")
+    if failures:
+        jobs = job_overrides(root)
+        common = set.intersection(*map(set, jobs)) if len(jobs) > 1 else set()
+        lines = [f"sweep: {len(failures)} of {len(jobs)} jobs failed (listed in {root / FAILED_JOBS_FILE}):"]
+        lines += [f"  job {r['job']} ({cell_name(r.get('overrides') or [], common)}): {r['error']}: "
+                  f"{str(r['message']).splitlines()[0]}" for r in failures]
+        sys.stderr.write("\n".join(lines) + "\n")
+        sys.stderr.flush()
+    return failures
+
+
+def job_overrides(sweep_dir: str | Path) -> list[list[str]]:
+    """The overrides of every job folder of a sweep (``<n>/.hydra/overrides.yaml``)."""
+    from omegaconf import OmegaConf
+
+    return [[str(o) for o in OmegaConf.load(f)] for f in sorted(Path(sweep_dir).glob("*/.hydra/overrides.yaml"))]
+
+
+def cell_name(overrides: list[str], common: set[str]) -> str:
+    """The overrides of one job that not every job of its sweep shares (the swept values)."""
+    return " ".join(o for o in overrides if o not in common) or " ".join(overrides)
+
+
 class ConfigCheck(Callback):
     """Checks every job's config before anything runs (see the module docstring)."""
 
@@ -106,6 +206,10 @@ class ConfigCheck(Callback):
         for i, job in enumerate(jobs):
             job_cfg = loader.load_sweep_config(config, job)
             _exit_on_error(check_config, job_cfg, f"job {i} ({' '.join(job)}): ", True)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if report_sweep_failures(config.hydra.sweep.dir):
+            raise SystemExit(1)
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         # Covers sweepers whose jobs are not known up front, and remote launchers.

@@ -15,6 +15,10 @@ task) turns either into :class:`Interrupted`, an exception that is *not* an ``Ex
   unwinds through those context managers, so no half-written file is left; finished cache shards
   stay and the same command forwards only the rows they lack. The cache-entry lock is released.
 
+DataLoader workers ignore both signals (:func:`ignore_stop_signals`, their ``worker_init_fn``;
+a forked worker also finds the inherited handler doing nothing), so Ctrl-C, which signals the
+whole process group, prints one line, not one traceback per worker.
+
 The entry script then exits with the shell's convention: 128 + the signal number (143 for
 SIGTERM, 130 for SIGINT). A second signal while the run unwinds is ignored (logged); SIGKILL
 remains the hammer, and is safe too (docs/reliability.md, *Interrupted runs*).
@@ -27,7 +31,9 @@ in place (docs/sweeps.md, *Preemption and time limits*).
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -80,8 +86,14 @@ def stop_on_signals(signals=STOP_SIGNALS) -> Iterator[None]:
         yield
         return
     state = {"raised": None}
+    owner = os.getpid()
 
     def handler(signum, _frame):
+        if os.getpid() != owner:
+            # A forked child (a DataLoader worker) inherits this handler. Ctrl-C signals the whole
+            # process group: the run's own process stops and shuts its workers down; a worker
+            # raising too would print one traceback per worker.
+            return
         if state["raised"] is not None:
             log.warning("received %s while stopping after %s; still stopping (SIGKILL ends it now)",
                         signal.Signals(signum).name, signal.Signals(state["raised"]).name)
@@ -100,4 +112,41 @@ def stop_on_signals(signals=STOP_SIGNALS) -> Iterator[None]:
             signal.signal(s, previous[s])
 
 
-__all__ = ["Interrupted", "STOP_SIGNALS", "stop_on_signals"]
+#: Set in a DataLoader worker once a stop signal reached it (:func:`ignore_stop_signals`).
+_WORKER_STOPPING = threading.Event()
+
+
+def _worker_signal(_signum, _frame) -> None:
+    _WORKER_STOPPING.set()
+
+
+def _worker_excepthook(kind, value, tb) -> None:
+    # After a stop signal the run's own process exits; a batch it was receiving leaves the
+    # worker's fd-sharing thread (multiprocessing.resource_sharer) with a reset connection, which
+    # it would print as a traceback. Only that is dropped, and only once the signal came.
+    if _WORKER_STOPPING.is_set() and issubclass(kind, (ConnectionError, EOFError)):
+        return
+    sys.__excepthook__(kind, value, tb)
+
+
+def ignore_stop_signals(_worker_id: int | None = None) -> None:
+    """Leave SIGTERM and SIGINT to the run's own process: the ``worker_init_fn`` of DataLoader workers.
+
+    Ctrl-C (and SLURM's SIGTERM at a time limit) reaches every process of the group. The run's
+    own process stops (:func:`stop_on_signals`) and shuts its DataLoader workers down through
+    their queues; a worker that handled the signal itself would print its own traceback (one per
+    worker) or die and make torch report "DataLoader worker exited unexpectedly". Here the
+    worker only notes the signal and carries on until it is shut down; the connection its
+    fd-sharing thread loses when the run's process exits mid-batch is not printed either.
+    Workers started with ``spawn`` do not inherit :func:`stop_on_signals`' handler, so they are
+    told here too.
+
+    Args:
+        _worker_id: The DataLoader's worker id (unused).
+    """
+    for s in STOP_SIGNALS:
+        signal.signal(s, _worker_signal)
+    sys.excepthook = _worker_excepthook
+
+
+__all__ = ["Interrupted", "STOP_SIGNALS", "ignore_stop_signals", "stop_on_signals"]

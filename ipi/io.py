@@ -44,3 +44,79 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     with atomic_path(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
     return Path(path)
+
+
+def stat_fingerprint(path: str | os.PathLike) -> tuple:
+    """What changes whenever a file's content may have changed: ``(path, device, inode, size,
+    mtime_ns, ctime_ns)``.
+
+    An atomic rewrite (temporary file, then rename: how every importer of this project writes)
+    gives a new inode; an in-place rewrite moves ``ctime``. Both happen even when the new
+    content has the old size and the clock did not tick between writes, so a memo keyed by this
+    tuple never serves another content's value for a path.
+    """
+    st = os.stat(path)
+    return (os.path.abspath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+_DIGESTS: dict[tuple, str] = {}
+_DIGESTS_MAX = 65536
+
+
+def content_digest(path: str | os.PathLike) -> str:
+    """SHA-256 hex digest of a file's bytes, memoised per process by :func:`stat_fingerprint`.
+
+    The memo is keyed by the file's fingerprint, not its path: a path whose content changed
+    (another data root writing the same file name, a rewritten screenshot) is hashed again.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+    """
+    import hashlib
+
+    fp = stat_fingerprint(path)
+    hit = _DIGESTS.get(fp)
+    if hit is None:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            while b := f.read(1 << 20):
+                h.update(b)
+        if stat_fingerprint(path) == fp:  # unchanged while it was read: safe to remember
+            if len(_DIGESTS) >= _DIGESTS_MAX:
+                _DIGESTS.pop(next(iter(_DIGESTS)))
+            _DIGESTS[fp] = h.hexdigest()
+        hit = h.hexdigest()
+    return hit
+
+
+def tree_fingerprint(root: str | os.PathLike) -> str:
+    """A digest of :func:`stat_fingerprint` of every file under ``root`` (symlinks followed), or of
+    ``root`` itself when it is a file; ``"absent"`` when it does not exist.
+
+    Cheap (one ``stat`` per file, nothing read) and changes whenever a file under ``root`` is
+    added, removed, renamed or rewritten: the key of a memo of what was read from ``root`` (the
+    data import of a ``-m`` sweep's jobs).
+    """
+    import hashlib
+
+    root = Path(root)
+    h = hashlib.sha256()
+    if root.is_file():
+        h.update(repr(stat_fingerprint(root)).encode())
+        return h.hexdigest()
+    if not root.is_dir():
+        return "absent"
+    seen: set[tuple[int, int]] = set()
+    for folder, dirs, files in os.walk(root, followlinks=True):
+        st = os.stat(folder)
+        if (st.st_dev, st.st_ino) in seen:  # a symlink loop
+            dirs[:] = []
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        dirs.sort()
+        for name in sorted(files):
+            try:
+                h.update(repr(stat_fingerprint(os.path.join(folder, name))).encode())
+            except OSError:  # a dangling link
+                h.update(f"{folder}/{name}: unreadable".encode())
+    return h.hexdigest()

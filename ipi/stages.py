@@ -25,11 +25,12 @@ from ipi.config import enum_value as _value
 from ipi.config import resolved_controls, run_surface, to_container, validate
 from ipi.data import DataError
 from ipi.data.discover import summarise_skips
-from ipi.data.images import image_limits_for
+from ipi.data.images import decode_memo, image_limits_for
 from ipi.detectors.crossfit import cross_fit_detector
 from ipi.evaluation.results import Settings
 from ipi.extraction.rows import build_rows
 from ipi.extraction.run import extract_features, transfer_rows
+from ipi.io import tree_fingerprint
 from ipi.probe.crossfit import FoldedProbe, TransferSource, cross_fit, make_folds
 from ipi.probe.fit import ProbeConfig
 from ipi.progress import quiet_lightning, set_quiet, track
@@ -74,6 +75,13 @@ def sweep_memo(key: tuple, compute, what: str):
         _SWEEP_MEMO.pop(next(iter(_SWEEP_MEMO)))
     _SWEEP_MEMO[key] = value
     return value
+
+
+def _content_of(path) -> str:
+    """A local file or folder's content digest (memoised by its files' stat fingerprints); a hub id as is."""
+    from ipi.extraction.activation_cache import content_addressed
+
+    return str(content_addressed(str(path)))
 
 
 def _config_key(node) -> str:
@@ -129,8 +137,15 @@ def load_data(cfg: DictConfig):
     """
 
     # the same data and backbone in an earlier job of a -m sweep: the same import (sweep_memo)
-    trajs, traj_skips = sweep_memo(("load_data", _config_key(cfg.data), _config_key(cfg.backbone)),
-                                   lambda: importer(cfg.data, cfg.backbone)(cfg.data.root), "data import")
+    # keyed by the data's files too (tree_fingerprint: a root rewritten between jobs is imported
+    # again); every screenshot decode the import check does is remembered by content in the cache
+    def run_import():
+        with decode_memo(Path(cfg.extract.cache_dir) / "decoded_screenshots" if "extract" in cfg else None):
+            return importer(cfg.data, cfg.backbone)(cfg.data.root)
+
+    trajs, traj_skips = sweep_memo(("load_data", _config_key(cfg.data), _config_key(cfg.backbone),
+                                    tree_fingerprint(cfg.data.root), _content_of(cfg.backbone.get("tokenizer_path"))),
+                                   run_import, "data import")
     trajs, traj_skips = list(trajs), [dict(d) for d in traj_skips]
     if cfg.data.max_trajectories is not None:
         trajs = trajs[: cfg.data.max_trajectories]
@@ -227,7 +242,8 @@ def make_rows(cfg: DictConfig, trajectories, surface: str, controls: list[str] |
                     else list(get_surface(surface).controls))
     trajectories = list(trajectories)
     token_matched = get_surface(surface).token_matched
-    tokenizer = (str(cfg.backbone.tokenizer_path), _config_key(cfg.backbone.get("tokenizer_kwargs") or {}))
+    tokenizer = (str(cfg.backbone.tokenizer_path), _config_key(cfg.backbone.get("tokenizer_kwargs") or {}),
+                 _content_of(cfg.backbone.tokenizer_path))
 
     def build():
         count_tokens = token_counter(cfg) if token_matched else None
@@ -251,7 +267,8 @@ def write_gallery(cfg: DictConfig, trajectory, out_dir: Path) -> Path | None:
     own, shipped = run_surface(cfg), surfaces()
     shown = [*shipped, *([] if own in shipped else [own])]
     key = ("gallery", id(trajectory), tuple(s.name for s in shown), int(cfg.surface.n_attacks),
-           str(cfg.backbone.tokenizer_path), _config_key(cfg.backbone.get("tokenizer_kwargs") or {}))
+           str(cfg.backbone.tokenizer_path), _config_key(cfg.backbone.get("tokenizer_kwargs") or {}),
+           _content_of(cfg.backbone.tokenizer_path))
     _, img = sweep_memo(key, lambda: (trajectory, build_gallery(
         trajectory.trajectory_id, trajectory.steps[0], token_counter(cfg), task=trajectory.task,
         n_attacks=cfg.surface.n_attacks, shown=shown)), "gallery")

@@ -37,7 +37,9 @@ Mapping onto the native schema (``docs/data.md``, "browser-use"):
   ``"Action executed: <previous action>"`` when it has none, ``"No previous action."`` at step 0.
 * browser-use records no page text in the history: ``element_text = ""``,
   ``element_text_omitted = True``.
-* A base64 ``screenshot`` is written once (atomically) to ``<image_dir>/<trajectory_id>/<k>.png``;
+* A base64 ``screenshot`` is written once (atomically) to
+  ``<image_dir>/root-<digest of the data root>/<trajectory_id>/<k>.png`` (one folder per data
+  root: two roots with the same trajectory ids never share a file);
   a ``screenshot_path`` that is not absolute, or no longer exists where it was written, is looked
   up beside the history file. A step without model output (a failed call) has no action and is
   not a step; a missing screenshot is a counted skip.
@@ -53,9 +55,8 @@ import tempfile
 from pathlib import Path
 
 from ipi.data.discover import walk
-from ipi.data.images import DEFAULT_LIMITS, ImageLimits, screenshot_problem
+from ipi.data.images import DEFAULT_LIMITS, ImageLimits, root_image_dir, screenshot_problem, write_image_bytes
 from ipi.data.schema import DataError, Skip, Step, Trajectory
-from ipi.io import atomic_path
 from ipi.progress import track
 
 __all__ = ["SOURCE", "browser_use_action", "browser_use_action_type", "import_browser_use_report"]
@@ -147,12 +148,7 @@ def _screenshot(state: dict, file: Path, image_dir: Path, trajectory_id: str, k:
             raw = base64.b64decode(data, validate=True)
         except (binascii.Error, ValueError):
             return image_dir / trajectory_id / f"{k}.invalid-base64"
-        out = image_dir / trajectory_id / f"{k}.png"
-        if not out.is_file() or out.read_bytes() != raw:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            with atomic_path(out) as tmp:
-                Path(tmp).write_bytes(raw)
-        return out
+        return write_image_bytes(image_dir / trajectory_id / f"{k}.png", raw)
     return None
 
 
@@ -256,7 +252,9 @@ def import_browser_use_report(
     root = Path(os.path.abspath(root))
     if not root.exists():
         raise FileNotFoundError(f"browser-use root {root} does not exist")
-    image_dir = Path(image_dir) if image_dir is not None else Path(tempfile.gettempdir()) / "ipi_browser_use"
+    # one folder per data root: two roots with equal trajectory ids never share a file
+    image_dir = root_image_dir(Path(image_dir) if image_dir is not None
+                               else Path(tempfile.gettempdir()) / "ipi_browser_use", root)
     skipped: list[dict] = []
     files: list[tuple[str, Path]] = []
     if root.is_file():

@@ -19,14 +19,18 @@ from __future__ import annotations
 import json
 import os
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import PIL
 from PIL import Image
 
 from ipi.data.discover import is_lfs_pointer
 from ipi.data.schema import DataError
+from ipi.io import content_digest
 
 __all__ = [
     "DEFAULT_LIMITS",
@@ -34,6 +38,9 @@ __all__ = [
     "MAX_SCREENSHOT_PIXELS",
     "MIN_SCREENSHOT_SIDE",
     "ImageLimits",
+    "decode_memo",
+    "root_image_dir",
+    "write_image_bytes",
     "image_limits_for",
     "load_rgb",
     "resized_size",
@@ -112,9 +119,107 @@ def resized_size(width: int, height: int, limits: ImageLimits = DEFAULT_LIMITS) 
     return w, h
 
 
+def root_image_dir(base: str | os.PathLike, root: str | os.PathLike) -> Path:
+    """The folder under ``base`` where an importer writes the screenshots of data root ``root``.
+
+    Importers that hold screenshots inside their data (browser-use's base64 screenshots,
+    Multimodal-Mind2Web's Parquet images) write them to files the replay reads. Two data roots
+    may use the same trajectory and step names (two agents' browser-use runs of the same task
+    ids), so each root gets its own folder, named by a digest of its resolved path: one root's
+    files are never overwritten by, or read as, another's.
+
+    Args:
+        base: The importer's ``image_dir``.
+        root: The data root being imported.
+
+    Returns:
+        ``<base>/root-<16 hex digits>``.
+    """
+    import hashlib
+
+    digest = hashlib.sha256(os.path.realpath(root).encode("utf-8", "surrogateescape")).hexdigest()[:16]
+    return Path(base) / f"root-{digest}"
+
+
+def write_image_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically unless the file already holds exactly these bytes.
+
+    Compared by content, never by size or name alone: a file of equal size holding other bytes is
+    rewritten (a new inode, so every memo keyed by :func:`ipi.io.stat_fingerprint` sees it).
+    """
+    from ipi.io import atomic_path
+
+    path = Path(path)
+    if path.is_file() and path.stat().st_size == len(data) and path.read_bytes() == data:
+        return path
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+    return path
+
+
+#: Folder of "decodes" markers (one empty file per screenshot content that decoded, by SHA-256,
+#: per Pillow version), set by :func:`decode_memo`; None: decode every time.
+_DECODE_MEMO_DIR: Path | None = None
+#: Contents (SHA-256) that decoded in this process.
+_DECODED: set[str] = set()
+
+
+@contextmanager
+def decode_memo(folder: str | os.PathLike | None) -> Iterator[None]:
+    """Remember, in ``folder``, the screenshot contents that decoded, while the block runs.
+
+    :func:`screenshot_problem` decodes every screenshot (~10-35 ms each); a content that decoded
+    once decodes again under the same Pillow version, so a later run over the same data reads a
+    marker named by the file's SHA-256 (:func:`ipi.io.content_digest`, which the cache key
+    computes anyway) instead. Keyed by content, never by path: a changed file is decoded again.
+    The run passes ``<extract.cache_dir>/decoded_screenshots``.
+
+    Args:
+        folder: The marker folder, or None (no memo on disk; the in-process memo stays).
+
+    Yields:
+        Nothing.
+    """
+    global _DECODE_MEMO_DIR
+    old, _DECODE_MEMO_DIR = _DECODE_MEMO_DIR, (Path(folder) if folder is not None else None)
+    try:
+        yield
+    finally:
+        _DECODE_MEMO_DIR = old
+
+
+def _marker(digest: str) -> Path | None:
+    if _DECODE_MEMO_DIR is None:
+        return None
+    return _DECODE_MEMO_DIR / f"pillow-{PIL.__version__}" / digest[:2] / digest
+
+
+def _decodes(path: str | os.PathLike) -> str | None:
+    """None when ``path`` decodes as the replay decodes it (:func:`load_rgb`), else the reason."""
+    digest = content_digest(path)
+    marker = _marker(digest)
+    if digest in _DECODED or (marker is not None and marker.is_file()):
+        return None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the size was checked
+            load_rgb(path)
+    except DataError as e:
+        cause = e.__cause__
+        return f"cannot decode ({type(cause).__name__}: {cause})" if cause is not None else f"cannot decode ({e})"
+    _DECODED.add(digest)
+    if marker is not None:
+        try:
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.touch()
+        except OSError:  # a read-only cache: decode again next time
+            pass
+    return None
+
+
 def screenshot_problem(path: str | os.PathLike, max_pixels: int | None = None,
                        limits: ImageLimits | None = DEFAULT_LIMITS) -> str | None:
-    """Why an existing screenshot cannot be used, or None (cheap: no pixel is decoded).
+    """Why an existing screenshot cannot be used, or None.
 
     Reads the header and walks the file's chunks (``PIL.Image.verify``: structure and CRCs),
     so an empty, truncated, bit-flipped or non-image file is caught; a Git LFS pointer file is
@@ -122,8 +227,13 @@ def screenshot_problem(path: str | os.PathLike, max_pixels: int | None = None,
     before anything is decoded (a decompression bomb), as is one with a side under
     :data:`MIN_SCREENSHOT_SIDE`; with ``limits``, an image the processor would refuse (aspect
     ratio over 200, a resized side under one patch, resized pixels over ``limits.max_pixels``)
-    is refused too. A file that passes can still fail to decode if its compressed stream was
-    forged with valid checksums; :func:`load_rgb` then raises ``DataError``.
+    is refused too. Last, the file is decoded exactly as the replay decodes it
+    (:func:`load_rgb`: every pixel, the chunks after the image data, the conversion to RGB), so
+    a file whose chunks all carry valid checksums but whose compressed stream or a later chunk
+    cannot be decoded (a forged ``IDAT``, a ``zTXt`` with an unknown compression method after
+    the image data) is refused here, at import, where ``data.on_bad_step`` decides (a counted
+    skip naming the file and step, or an error before any forward pass), not mid-extraction.
+    A content that decoded before is not decoded again (:func:`decode_memo`).
 
     Args:
         path: The screenshot.
@@ -164,7 +274,7 @@ def screenshot_problem(path: str | os.PathLike, max_pixels: int | None = None,
         if rw * rh > limits.max_pixels:
             return (f"refused by the image processor ({w}x{h} resizes to {rw}x{rh} = {rw * rh} pixels "
                     f"> max_pixels {limits.max_pixels})")
-    return None
+    return _decodes(path)
 
 
 def _composite(rgba: Image.Image) -> Image.Image:
@@ -210,12 +320,14 @@ def load_rgb(path: str | os.PathLike, step: int | None = None) -> Image.Image:
     """Open a screenshot and return :func:`to_rgb` of it.
 
     Raises:
-        DataError: The file cannot be decoded (message names the file and step).
+        DataError: The file cannot be decoded, for whatever reason Pillow or its codecs give
+            (``OSError``, ``SyntaxError``, ``zlib.error``, ``struct.error``, ...; message names
+            the file and step).
     """
     try:
         with Image.open(path) as im:
             im.load()
             return to_rgb(im)
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
+    except Exception as e:  # PIL and its codecs raise many types; every one means "cannot decode"
         where = f": step {step}" if step is not None else ""
         raise DataError(f"{path}{where}: cannot decode screenshot ({type(e).__name__}: {e})") from e

@@ -54,10 +54,9 @@ from pathlib import Path
 
 from PIL import Image
 
-from ipi.data.images import DEFAULT_LIMITS, ImageLimits, screenshot_problem
+from ipi.data.images import DEFAULT_LIMITS, ImageLimits, root_image_dir, screenshot_problem, write_image_bytes
 from ipi.data.online_mind2web import NO_PREVIOUS_ACTION, mind2web_action_type
 from ipi.data.schema import DataError, Skip, Step, Trajectory
-from ipi.io import atomic_path
 from ipi.progress import track
 
 __all__ = ["COLUMNS", "SOURCE", "html_to_element_text", "import_multimodal_mind2web_report"]
@@ -198,11 +197,7 @@ def _image_bytes(value) -> bytes | None:
 
 def _write_image(data: bytes, folder: Path, stem: str) -> Path:
     ext = ".jpg" if data[:3] == b"\xff\xd8\xff" else ".png" if data[:8] == b"\x89PNG\r\n\x1a\n" else ".img"
-    path = folder / f"{stem}{ext}"
-    if not (path.is_file() and path.stat().st_size == len(data)):
-        with atomic_path(path) as tmp:
-            tmp.write_bytes(data)
-    return path
+    return write_image_bytes(folder / f"{stem}{ext}", data)
 
 
 def _safe(name: str) -> str:
@@ -262,8 +257,8 @@ def import_multimodal_mind2web_report(
     root = Path(os.path.abspath(root))
     if not root.exists():
         raise FileNotFoundError(f"Multimodal-Mind2Web root {root} does not exist")
-    base = Path(image_dir) if image_dir is not None else (
-        Path(os.environ.get("IPI_CACHE_DIR", "outputs/cache")) / "multimodal_mind2web")
+    base = root_image_dir(Path(image_dir) if image_dir is not None else (
+        Path(os.environ.get("IPI_CACHE_DIR", "outputs/cache")) / "multimodal_mind2web"), root)
     keep = None
     if limit is not None:
         ids = sorted({str(r["annotation_id"]) for r in _open_rows(root, split, ["annotation_id"])})

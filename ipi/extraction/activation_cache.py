@@ -53,6 +53,22 @@ class CacheError(RuntimeError):
     """A cache entry is inconsistent (manifest and shards disagree)."""
 
 
+class NonFiniteFeatures(CacheError):
+    """Features are inf or NaN (a float16 overflow): refused before a shard or manifest is written."""
+
+
+def _nonfinite_shard(path: Path) -> str | None:
+    """Why a shard's features are not all finite (the first row), or None."""
+    with safe_open(str(path), framework="pt") as f:
+        feats = f.get_tensor("features")
+        ids = json.loads(f.metadata()["row_ids"])
+    bad = ~torch.isfinite(feats)
+    if not bool(bad.any()):
+        return None
+    r, li = (int(x) for x in bad.nonzero()[0][:2])
+    return f"{path.name} holds inf/NaN ({str(feats.dtype).removeprefix('torch.')}; row {ids[r]}, layer axis {li})"
+
+
 def stable_hash(obj) -> str:
     """SHA-256 hex digest of a JSON-serialisable object (sorted keys)."""
     return hashlib.sha256(json.dumps(obj, sort_keys=True, ensure_ascii=False, default=str).encode()).hexdigest()
@@ -94,7 +110,8 @@ def local_content_digest(path: str | os.PathLike) -> str:
     leaving out dot-files and ``__pycache__``. Files up to :data:`WHOLE_FILE_BYTES` (256 MiB) enter
     by their bytes; larger ones (checkpoint weights) by resolved path, size and modification
     time, so a warm run does not read 16 GB of weights to find its cache entry, and a rewritten
-    checkpoint keys a new entry. Memoised per process on (path, size, mtime) of every file.
+    checkpoint keys a new entry. Memoised per process on (path, size, mtime, inode, ctime) of
+    every file.
 
     Args:
         path: An existing local file or folder.
@@ -115,11 +132,15 @@ def local_content_digest(path: str | os.PathLike) -> str:
             and not any(part.startswith(".") for part in p.relative_to(root).parts))
     else:
         raise FileNotFoundError(f"{path}: no such file or folder")
-    stats = tuple((rel, p.stat().st_size, p.stat().st_mtime_ns) for rel, p in files)
+    # memo key: size and mtime enter the digest of a large file; inode and ctime change on every
+    # rewrite (atomic or in place) even when size and mtime do not, so the memo never serves
+    # another content's digest (ipi.io.stat_fingerprint)
+    stats = tuple((rel, st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
+                  for rel, p in files for st in (p.stat(),))
     memo_key = (str(root.resolve()), stats)
     if memo_key not in _DIGESTS:
         h = hashlib.sha256()
-        for (rel, p), (_, size, mtime_ns) in zip(files, stats, strict=True):
+        for (rel, p), (_, size, mtime_ns, _, _) in zip(files, stats, strict=True):
             h.update(f"{rel}\0{_file_fingerprint(p, size, mtime_ns)}\n".encode())
         _DIGESTS[memo_key] = "sha256:" + h.hexdigest()
     return _DIGESTS[memo_key]
@@ -295,6 +316,7 @@ class ActivationCache:
 
         Raises:
             CacheError: Rows are missing or unexpected rows are present.
+            NonFiniteFeatures: A shard holds inf or NaN features (no manifest is written).
         """
         seen: dict[str, int] = {}
         shards = []
@@ -304,6 +326,11 @@ class ActivationCache:
             for r in ids:
                 seen[r] = seen.get(r, 0) + 1
             shards.append({"name": p.name, "rows": len(ids), "bytes": p.stat().st_size, "sha256": file_sha256(p)})
+        for p in self.shard_paths():  # a shard an older version wrote before the finite check
+            if (why := _nonfinite_shard(p)) is not None:
+                raise NonFiniteFeatures(
+                    f"cache {self.dir}: {why}; not finalised. Delete the entry (extract.force=true "
+                    "rebuilds it) and use backbone.cache_dtype=bfloat16 or float32")
         expected = set(expected_row_ids)
         missing = expected - seen.keys()
         extra = seen.keys() - expected
@@ -381,6 +408,7 @@ class ActivationCache:
 
         Raises:
             CacheError: The entry is incomplete or inconsistent, or a row is absent.
+            NonFiniteFeatures: The entry holds inf or NaN features (written before the check).
         """
         manifest = self.read_manifest()
         index = {r: i for i, r in enumerate(row_ids)}
@@ -404,5 +432,11 @@ class ActivationCache:
                 filled[i] = True
         if feats is None or not filled.all():
             raise CacheError(f"cache {self.dir}: {int((~filled).sum())} requested rows absent")
+        if not bool(torch.isfinite(feats).all()):  # an entry finished by a version without the check
+            r = int((~torch.isfinite(feats)).flatten(1).any(1).nonzero()[0, 0])
+            raise NonFiniteFeatures(
+                f"cache {self.dir}: a finished entry holds inf/NaN features (dtype "
+                f"{str(feats.dtype).removeprefix('torch.')}, row {row_ids[r]}); refusing to read it. "
+                "Rerun with extract.force=true (rebuilds the entry) and backbone.cache_dtype=bfloat16 or float32")
         return FeatureSet(row_ids=list(row_ids), features=feats, collapse=collapse, prompt_len=plen,
                           layers=list(manifest["layers"]), token_groups=list(manifest["token_groups"]))

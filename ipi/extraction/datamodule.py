@@ -18,6 +18,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from ipi.extraction.rows import ReplayRow
+from ipi.interrupt import ignore_stop_signals
 from ipi.protocol import TOKEN_GROUPS
 from ipi.replay import tokenise
 
@@ -246,5 +247,6 @@ class ReplayDataModule(L.LightningDataModule):
             self.dataset, batch_size=self.batch_size, shuffle=False, num_workers=self.num_workers,
             collate_fn=partial(collate, pad_token_id=self.pad_token_id),
             persistent_workers=False, pin_memory=torch.cuda.is_available(),
+            worker_init_fn=ignore_stop_signals if self.num_workers > 0 else None,  # Ctrl-C: the main process stops
             prefetch_factor=self.prefetch_factor if self.num_workers > 0 else None,
         )

@@ -18,7 +18,7 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 
 from ipi.backbone import Backbone
 from ipi.config import PREFIX_REUSE_MODES, resolve_prefix_reuse  # noqa: F401 (re-exported)
-from ipi.extraction.activation_cache import ActivationCache
+from ipi.extraction.activation_cache import ActivationCache, NonFiniteFeatures
 from ipi.protocol import TOKEN_GROUPS
 
 
@@ -415,6 +415,49 @@ class HiddenStateExtractor(L.LightningModule):
         }
 
 
+def check_finite(features: torch.Tensor, dtype: torch.dtype, row_ids: list[str],
+                 layers: list[int] | None = None, token_groups: list[str] | None = None) -> None:
+    """Refuse features that are, or become in ``dtype``, inf or NaN (before a shard is written).
+
+    float16 holds at most 65,504; activations of Qwen2 and Qwen2-VL exceed it (the residual stream
+    of later blocks), and a cast turns them into inf. A shard (hence an entry) never holds them.
+
+    Args:
+        features: ``[n, L, G, H]`` features as pooled (float32).
+        dtype: The cache dtype (``backbone.cache_dtype``).
+        row_ids: The n row ids.
+        layers: Decoder-block indices of the L axis (for the message), or None.
+        token_groups: Names of the G axis (for the message), or None.
+
+    Raises:
+        NonFiniteFeatures: One line naming the dtype, the first layer and token group affected,
+            a row, the largest magnitude and the remedy.
+    """
+    cast = features.to(dtype)
+    bad = ~torch.isfinite(cast)
+    if not bool(bad.any()):
+        return
+    r, li, gi = (int(x) for x in bad.nonzero()[0][:3])
+    layer = layers[li] if layers is not None and li < len(layers) else li
+    group = token_groups[gi] if token_groups is not None and gi < len(token_groups) else gi
+    finite_before = bool(torch.isfinite(features).all())
+    name = str(dtype).removeprefix("torch.")
+    peak = float(features[torch.isfinite(features)].abs().max()) if finite_before else float("nan")
+    by_layer = sorted({int(x) for x in bad.any(dim=(0, 2, 3)).nonzero().flatten()})
+    layer_list = ", ".join(str(layers[i] if layers is not None and i < len(layers) else i) for i in by_layer)
+    if finite_before:
+        why = (f"hidden states up to {peak:.4g} in absolute value overflow backbone.cache_dtype={name} "
+               f"(largest finite {float(torch.finfo(dtype).max):.6g})")
+        remedy = "set backbone.cache_dtype=bfloat16 or float32"
+    else:
+        why = "the forward pass itself produced inf/NaN hidden states"
+        remedy = ("run the forward in bf16 or fp32 (extract.precision=bf16-mixed or 32-true; a float16 "
+                  "model dtype overflows) and keep backbone.cache_dtype=bfloat16 or float32")
+    raise NonFiniteFeatures(
+        f"non-finite features at decoder layer {layer} (token group {group}, row {row_ids[r]}; "
+        f"layers affected: {layer_list}): {why}; {remedy}. Nothing of these rows was cached")
+
+
 class ShardWriter(BasePredictionWriter):
     """Streams predict outputs to cache shards (each rank its own), so memory stays flat.
 
@@ -422,13 +465,22 @@ class ShardWriter(BasePredictionWriter):
         cache: The cache entry to write into.
         shard_rows: Rows per shard.
         dtype: Stored feature dtype (``float16`` | ``bfloat16`` | ``float32``).
+        layers: Decoder-block indices of the features' layer axis (named in errors).
+        token_groups: Token-group names of the features' group axis (named in errors).
+
+    Raises (from a batch's end):
+        NonFiniteFeatures: A feature is inf or NaN after the cast to ``dtype`` (float16 holds
+            at most 65,504): nothing of that shard is written, so no entry holds it.
     """
 
-    def __init__(self, cache: ActivationCache, shard_rows: int = 256, dtype: str = "float32"):
+    def __init__(self, cache: ActivationCache, shard_rows: int = 256, dtype: str = "float32",
+                 layers: list[int] | None = None, token_groups: list[str] | None = None):
         super().__init__(write_interval="batch")
         self.cache = cache
         self.shard_rows = shard_rows
         self.dtype = getattr(torch, dtype)
+        self.layers = layers
+        self.token_groups = token_groups
         self._buf: list[dict] = []
         self._n = 0
         self._seq = 0
@@ -438,8 +490,10 @@ class ShardWriter(BasePredictionWriter):
         if not self._buf:
             return
         ids = [r for b in self._buf for r in b["row_ids"]]
+        raw = torch.cat([b["features"] for b in self._buf])
+        check_finite(raw, self.dtype, ids, self.layers, self.token_groups)
         tensors = {
-            "features": torch.cat([b["features"] for b in self._buf]).to(self.dtype),
+            "features": raw.to(self.dtype),
             "collapse": torch.cat([b["collapse"] for b in self._buf]),
             "prompt_len": torch.cat([b["prompt_len"] for b in self._buf]).long(),
             "seq_len": torch.cat([b["seq_len"] for b in self._buf]).long(),

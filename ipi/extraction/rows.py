@@ -5,9 +5,9 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 
 from ipi.data.schema import Step, Trajectory
+from ipi.io import content_digest
 from ipi.replay import PromptParts
 from ipi.surfaces.variants import Variant, make_variants
 from ipi.surfaces.wording import WordingPlan
@@ -58,21 +58,17 @@ class ReplayRow:
         }
 
 
-@lru_cache(maxsize=4096)
-def _file_digest(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while b := f.read(1 << 20):
-            h.update(b)
-    return h.hexdigest()
-
-
 def row_fingerprint(row: ReplayRow, system_prompt: str, has_image: bool) -> str:
-    """Hash of everything about a row that changes its features (prompt texts, image bytes, banner)."""
+    """Hash of everything about a row that changes its features (prompt texts, image bytes, banner).
+
+    The screenshot enters by its bytes (:func:`ipi.io.content_digest`, memoised by the file's
+    inode, size and times, never by its path alone: two data roots whose importers wrote the
+    same file name, or a screenshot rewritten between two jobs of a sweep, key by what they hold).
+    """
     v = row.variant
     payload = repr((
         row.row_id, row.parts(system_prompt, has_image), v.injected_text,
-        v.banner, _file_digest(row.step.screenshot) if has_image else None,
+        v.banner, content_digest(row.step.screenshot) if has_image else None,
     ))
     return hashlib.sha256(payload.encode()).hexdigest()
 

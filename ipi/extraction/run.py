@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import shutil
 from collections.abc import Sequence
@@ -16,7 +17,13 @@ from hydra.utils import instantiate
 import ipi
 from ipi.backbone import build_kwargs
 from ipi.config import to_container
-from ipi.extraction.activation_cache import ActivationCache, FeatureSet, keyed_form, stable_hash
+from ipi.extraction.activation_cache import (
+    ActivationCache,
+    FeatureSet,
+    content_addressed,
+    keyed_form,
+    stable_hash,
+)
 from ipi.extraction.datamodule import ReplayDataModule, StepGroupDataset
 from ipi.extraction.extractor import HiddenStateExtractor, ShardWriter
 from ipi.extraction.rows import ReplayRow, row_fingerprint
@@ -107,14 +114,63 @@ def resolve_num_workers(num_workers, accelerator: str = "auto", cpu_count: int |
     return n
 
 
+#: The image-processor backend every cache entry was built with before the backend entered the
+#: key: transformers' default when torchvision is installed (as in this project's environment).
+#: An entry built with it keeps its key; any other backend adds ``image_processor_backend``.
+DEFAULT_IMAGE_BACKEND = "torchvision"
+
+
+@functools.lru_cache(maxsize=8)
+def _backend_of(path: str, content: str, kwargs: tuple) -> str:
+    try:
+        from transformers import AutoImageProcessor
+
+        proc = AutoImageProcessor.from_pretrained(path, **dict(kwargs))
+    except (OSError, ValueError, ImportError) as e:  # not available offline: transformers' own rule
+        from transformers.utils import is_torchvision_available
+
+        log.debug("image processor of %s not loadable (%s); backend from transformers' default rule", path, e)
+        return "torchvision" if is_torchvision_available() else "pil"
+    backend = getattr(proc, "backend", None)
+    if backend is None:  # a transformers without named backends: the "Fast" classes use torchvision
+        backend = "torchvision" if type(proc).__name__.endswith("Fast") else "pil"
+    return str(backend)
+
+
+def image_processor_backend(backbone_cfg) -> str | None:
+    """The backend of the image processor the extraction will use (``"torchvision"`` or ``"pil"``).
+
+    transformers picks torchvision when it is installed, else PIL; the two resize and normalise
+    differently (pixel values differ by up to 0.015), so the features differ. Resolved the way
+    the backbone's processor is loaded (``AutoImageProcessor`` on the processor folder or hub id,
+    with the loader's revision and offline settings); None for a text-only backbone.
+
+    Args:
+        backbone_cfg: The ``backbone`` config node (or its container).
+
+    Returns:
+        The backend name, or None.
+    """
+    b = to_container(backbone_cfg) if not isinstance(backbone_cfg, dict) else backbone_cfg
+    if not b.get("multimodal", True):
+        return None
+    loader = b.get("loader") or {}
+    path = str(loader.get("processor_path") or loader.get("model_id") or b.get("tokenizer_path"))
+    kwargs = tuple(sorted((k, loader[k]) for k in ("revision", "trust_remote_code", "local_files_only")
+                          if loader.get(k) is not None))
+    return _backend_of(path, str(content_addressed(path)), kwargs)
+
+
 def cache_key(backbone_cfg, rows: Sequence[ReplayRow], layer_indices: Sequence[int],
               token_groups: Sequence[str]) -> tuple[str, dict]:
     """Key of the activation cache entry for these rows, and the spec stored in its manifest.
 
     The key hashes everything that changes the features: the backbone loader node (model id,
     revision, dtype or tiny config and seed), pixel limits, the system prompt, the resolved layer
-    indices, the token groups, the cache dtype and every row's fingerprint (prompt texts,
-    screenshot bytes, banner). Device, precision plugin, batch size and workers are left out.
+    indices, the token groups, the cache dtype, the image-processor backend when it is not
+    :data:`DEFAULT_IMAGE_BACKEND` (:func:`image_processor_backend`; PIL and torchvision give other
+    pixel values) and every row's fingerprint (prompt texts, screenshot bytes, banner). Device,
+    precision plugin, batch size and workers are left out.
     Local paths in the backbone node enter by content (:func:`ipi.extraction.activation_cache.
     content_addressed`), so moving the data or the checkout keeps the key.
 
@@ -136,6 +192,9 @@ def cache_key(backbone_cfg, rows: Sequence[ReplayRow], layer_indices: Sequence[i
         "token_groups": list(token_groups),
         "dtype": b["cache_dtype"],
     }
+    backend = image_processor_backend(b)
+    if backend not in (None, DEFAULT_IMAGE_BACKEND):  # the default keeps every existing key
+        spec["image_processor_backend"] = backend
     fps = [row_fingerprint(r, b["system_prompt"], b["multimodal"]) for r in rows]
     # Local paths (processor files, GGUF folder, checkpoint) enter the key by content, not by
     # location; the manifest keeps the paths as given.
@@ -261,7 +320,8 @@ def _forward_missing(cfg, cache: ActivationCache, rows: Sequence[ReplayRow], lay
     per_step = max(len(g) for g in dataset.groups)
     dm = ReplayDataModule(dataset, pad, batch_size=max(1, cfg.backbone.batch_size // per_step),
                           num_workers=resolve_num_workers(cfg.extract.num_workers, cfg.extract.accelerator))
-    writer = ShardWriter(cache, shard_rows=cfg.extract.shard_rows, dtype=cfg.backbone.cache_dtype)
+    writer = ShardWriter(cache, shard_rows=cfg.extract.shard_rows, dtype=cfg.backbone.cache_dtype,
+                         layers=list(layers), token_groups=list(token_groups))
     bars = extraction_callbacks(True if cfg.quiet else None, total_rows=len(todo))  # rows, elapsed, ETA
     trainer = L.Trainer(
         accelerator=cfg.extract.accelerator, devices=cfg.extract.devices,

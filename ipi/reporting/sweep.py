@@ -20,6 +20,12 @@ it, the layer and token-group labels from its ``run`` section (``layers_config``
 
 A cell that two jobs claim (the sweep varied something else too) is an error naming both jobs.
 
+**Failed cells.** A job that failed (its folder holds ``failed.json``, written by
+:func:`ipi.cli.run_entry`; docs/sweeps.md) has no estimates: the report lists it under "Failed
+cells" with its overrides and reason (``failed_cells.csv`` too), and it stays a member of the
+family below with p = 1 (it licenses nothing, and leaving it out would shrink the Holm family
+to the cells that happened to finish).
+
 **Family-wise error control** (PROTOCOL.md §7: "a claim for one cell of a sweep needs
 family-wise error control over the sweep's cells, or a cell named as pre-registered before the
 sweep"). Every job of the folder is one cell of the family (``N`` cells, stated in the report).
@@ -180,24 +186,27 @@ def holm(p_values, alpha: float) -> list[bool]:
     return out
 
 
-def familywise(df: pd.DataFrame, alpha: float, preregistered: str | None = None) -> pd.DataFrame:
+def familywise(df: pd.DataFrame, alpha: float, preregistered: str | None = None,
+               n_failed: int = 0) -> pd.DataFrame:
     """Add ``p_separates, p_detects, claim_familywise, preregistered`` to a :func:`collect` table.
 
     Args:
         df: One row per cell with ``claim``, ``p_separates``, ``p_detects`` and ``overrides``.
         alpha: Family-wise level (one-sided), e.g. 0.025.
         preregistered: Space-separated ``key=value`` overrides naming one cell, or None.
+        n_failed: Cells of the sweep whose job failed: members of the family with p = 1.
 
     Returns:
-        A copy with ``claim_familywise`` (Holm over all ``len(df)`` cells; the pre-registered
+        A copy with ``claim_familywise`` (Holm over all ``len(df) + n_failed`` cells; the pre-registered
         cell keeps its own claim) and ``preregistered`` (bool).
 
     Raises:
         ValueError: ``preregistered`` names no cell or several cells of the sweep.
     """
     out = df.copy()
-    sep = holm(out["p_separates"], alpha)
-    det = holm(out["p_detects"], alpha)
+    pad = [1.0] * int(n_failed)
+    sep = holm([*out["p_separates"], *pad], alpha)[: len(out)]
+    det = holm([*out["p_detects"], *pad], alpha)[: len(out)]
     out["claim_familywise"] = [CLAIM_DETECTS if d else CLAIM_SEPARATES if s else "none"
                                for s, d in zip(sep, det)]
     out["preregistered"] = False
@@ -233,7 +242,7 @@ def collect(sweep: str | Path) -> pd.DataFrame:
         sweep: The multirun folder (``outputs/train/multiruns/<time>``).
 
     Returns:
-        Columns ``job, overrides, surface, backbone, detector, layers, token_group`` and, for every
+        Columns ``job, overrides, surface, backbone, detector, layers, token_group, data_root`` and, for every
         estimand ``k`` found (``e1``, ``e2``, ``e3.<control>``), ``k``, ``k_ci_low``,
         ``k_ci_high``; plus ``claim``, ``level``, ``preregistered_spec`` (the jobs'
         ``evaluation.preregistered``), ``p_separates`` and ``p_detects`` (:func:`claim_p_values`).
@@ -264,6 +273,7 @@ def collect(sweep: str | Path) -> pd.DataFrame:
             "detector": _detector_label(run),
             "layers": layer_label,
             "token_group": _token_group_name(job, run),
+            "data_root": run.get("data_root"),
             "claim": (res.get(VERDICT) or {}).get(CLAIM),
             "level": float((res.get(BOOTSTRAP) or {}).get("level", DEFAULTS.level)),
             "preregistered_spec": _preregistered(job),
@@ -281,6 +291,23 @@ def collect(sweep: str | Path) -> pd.DataFrame:
     if not rows:
         raise FileNotFoundError(f"{sweep}: no job folder with results.json")
     return pd.DataFrame(rows)
+
+
+def failed_cells(sweep: str | Path) -> pd.DataFrame:
+    """One row per failed job of a multirun folder: ``job, cell, error, message``.
+
+    ``cell`` is the job's overrides that not every job shares (the swept values); ``message`` is
+    the first line of the reason (the whole one is in the job's ``failed.json``).
+    """
+    from ipi.hydra_callbacks import cell_name, job_overrides, sweep_failures
+
+    records = sweep_failures(sweep)
+    jobs = job_overrides(sweep)
+    common = set.intersection(*map(set, jobs)) if len(jobs) > 1 else set()
+    return pd.DataFrame(
+        [{"job": str(r["job"]), "cell": cell_name(r.get("overrides") or [], common), "error": r.get("error"),
+          "message": str(r.get("message", "")).splitlines()[0] if r.get("message") else ""} for r in records],
+        columns=["job", "cell", "error", "message"])
 
 
 def _layer_key(label: str):
@@ -319,7 +346,14 @@ def write_sweep_report(sweep: str | Path) -> dict[str, Path]:
     from ipi.reporting.plots import plot_heatmap
 
     sweep = Path(sweep)
-    df = collect(sweep)
+    failed = failed_cells(sweep)
+    try:
+        df = collect(sweep)
+    except FileNotFoundError:
+        if failed.empty or not sweep.is_dir():
+            raise
+        raise FileNotFoundError(f"{sweep}: every job failed ({len(failed)}; failed_jobs.json and each "
+                                "job's failed.json say why)") from None
     specs = set(df["preregistered_spec"].dropna())
     if len(specs) > 1:
         raise ValueError(f"{sweep}: jobs name different pre-registered cells ({sorted(specs)}); "
@@ -329,9 +363,10 @@ def write_sweep_report(sweep: str | Path) -> dict[str, Path]:
         raise ValueError(f"{sweep}: jobs use different evaluation.level values {sorted(levels)}")
     prereg = next(iter(specs), None)
     alpha = (1.0 - levels.pop()) / 2.0
-    df = familywise(df, alpha, prereg).drop(columns=["preregistered_spec"])
-    n_cells = len(df)
-    family = (f"Family: {n_cells} cells (every job of this sweep). A claim is licensed under Holm's "
+    df = familywise(df, alpha, prereg, n_failed=len(failed)).drop(columns=["preregistered_spec"])
+    n_cells = len(df) + len(failed)
+    family = (f"Family: {n_cells} cells (every job of this sweep"
+              + (f", {len(failed)} of them failed: p = 1" if len(failed) else "") + "). A claim is licensed under Holm's "
               f"family-wise error control at one-sided alpha = {alpha:g} over the {n_cells} cells "
               f"(column claim_familywise); the column claim is each cell's own verdict at the nominal level"
               + (f". Pre-registered cell: {prereg} (keeps its nominal claim)." if prereg else
@@ -339,13 +374,19 @@ def write_sweep_report(sweep: str | Path) -> dict[str, Path]:
     out: dict[str, Path] = {}
     csv = df.to_csv(index=False)
     out["csv"] = atomic_write_text(sweep / "sweep.csv", csv)
+    if len(failed):
+        out["failed_csv"] = atomic_write_text(sweep / "failed_cells.csv", failed.to_csv(index=False))
     figures: list[tuple[str, Path]] = []
-    for (surface, backbone, detector), part in df.groupby(["surface", "backbone", "detector"], dropna=False,
-                                                           sort=True):
+    roots = sorted(str(r) for r in df["data_root"].dropna().unique())
+    for (surface, backbone, detector, root), part in df.groupby(["surface", "backbone", "detector", "data_root"],
+                                                                 dropna=False, sort=True):
         multi = df[["surface", "backbone", "detector"]].drop_duplicates().shape[0] > 1
         suffix = f"_{surface}_{backbone}" if multi else ""
         if df["detector"].nunique() > 1:
             suffix += f"_{detector}".replace(" ", "_").replace("(", "").replace(")", "")
+        if len(roots) > 1:  # a sweep over data roots: one heatmap per root
+            suffix += f"_root{roots.index(str(root)) if str(root) in roots else 'NA'}"
+            detector = f"{detector} · data.root={root}"
         for key in HEATMAP_ESTIMANDS:
             if key not in part.columns or part[key].isna().all():
                 continue
@@ -356,10 +397,18 @@ def write_sweep_report(sweep: str | Path) -> dict[str, Path]:
                          low=_grid(part, f"{key}_ci_low"), high=_grid(part, f"{key}_ci_high"))
             figures.append((label, path))
             out[path.stem] = path
-    cols = ["job", "layers", "token_group", "surface", "detector", "e1", "e1_ci_low", "e1_ci_high"]
+    cols = ["job", "layers", "token_group", "surface", "detector", *(["data_root"] if len(roots) > 1 else []),
+            "e1", "e1_ci_low", "e1_ci_high"]
     cols += [c for c in ("e3.c_scrambled", "e3.c_scrambled_ci_low", "e3.c_scrambled_ci_high", "claim",
                          "p_separates", "p_detects", "claim_familywise", "preregistered") if c in df]
-    md = [f"# Sweep report — {sweep}", "", f"{len(df)} jobs.", "", family, ""]
+    md = [f"# Sweep report — {sweep}", "",
+          f"{len(df) + len(failed)} jobs" + (f", {len(failed)} failed (below)." if len(failed) else "."), "",
+          family, ""]
+    if len(failed):
+        md += ["## Failed cells", "", "| job | cell | error | reason |", "|---|---|---|---|"]
+        md += [f"| {r.job} | {r.cell} | {r.error} | {str(r.message).replace('|', '/')} |"
+               for r in failed.itertuples()]
+        md += ["", "## Finished cells", ""]
     md += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for _, r in df[cols].iterrows():
         md.append("| " + " | ".join(f"{v:.3f}" if isinstance(v, float) else str(v) for v in r) + " |")
@@ -368,8 +417,11 @@ def write_sweep_report(sweep: str | Path) -> dict[str, Path]:
     out["md"] = atomic_write_text(sweep / "sweep_report.md", "\n".join(md) + "\n")
     html = ["<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">",
             f"<title>sweep report</title><style>{REPORT_CSS}</style></head><body>",
-            f"<h1>Sweep report</h1><p class=\"muted\">{html_escape(sweep)} · {len(df)} jobs</p>",
+            f"<h1>Sweep report</h1><p class=\"muted\">{html_escape(sweep)} · {len(df) + len(failed)} jobs"
+            + (f", {len(failed)} failed" if len(failed) else "") + "</p>",
             f"<p><strong>{html_escape(family)}</strong></p>"]
+    if len(failed):
+        html.append("<h2>Failed cells</h2>" + failed.to_html(index=False, border=0))
     for label, p in figures:
         html.append(f"<figure>{img_tag(p, label)}<figcaption>{html_escape(label)} per layer × token group "
                     "(estimate and 95% CI)</figcaption></figure>")
@@ -397,7 +449,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, path in paths.items():
         print(f"{name}: {path}")
     df = pd.read_csv(paths["csv"])
-    print(f"family: {len(df)} cells; claims licensed family-wise (Holm): "
+    n_failed = len(pd.read_csv(paths["failed_csv"])) if "failed_csv" in paths else 0
+    if n_failed:
+        print(f"failed cells: {n_failed} (listed in sweep_report.md and {paths['failed_csv']})")
+    print(f"family: {len(df) + n_failed} cells; claims licensed family-wise (Holm): "
           + ", ".join(f"{c}: {int((df.claim_familywise == c).sum())}" for c in (CLAIM_DETECTS, CLAIM_SEPARATES))
           + (f"; pre-registered: job {df.job[df.preregistered].iloc[0]}" if df.preregistered.any() else ""))
     return 0

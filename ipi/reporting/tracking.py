@@ -114,8 +114,12 @@ def task_wrapper(task: Callable) -> Callable:
             out = task(cfg, *args, **kwargs)
             failed = False
             return out
-        except Exception as e:  # the entry script reports it (ipi.cli); the log keeps one line
-            log.error("task %s failed: %s: %s", getattr(task, "__name__", task), type(e).__name__, e)
+        except Exception as e:  # the entry script reports it (ipi.cli); the log keeps its message
+            from ipi.cli import input_error, message
+
+            inner = input_error(e) or e
+            log.error("task %s failed: %s: %s", getattr(task, "__name__", task), type(inner).__name__,
+                      message(inner, cfg))
             raise
         finally:
             finish_wandb(exit_code=1 if failed else 0)

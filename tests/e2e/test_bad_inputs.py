@@ -19,6 +19,7 @@ import pytest
 from PIL import Image, ImageFile
 
 from ipi.data import DataError, Skip, load_native, load_trajectories, read_native, write_native
+from ipi.data.images import load_rgb
 from ipi.data.webvoyager import (
     MAX_SCREENSHOT_PIXELS,
     import_webvoyager,
@@ -83,6 +84,14 @@ def forged_png() -> bytes:
     return png_by_hand(64, 64, b"this is not a zlib stream")
 
 
+def damaged_after_idat_png(seed: int) -> bytes:
+    """A real PNG with a chunk after the image data that every checksum accepts but no decoder
+    reads: a ``zTXt`` (compressed text) naming compression method 5 (PNG defines only 0)."""
+    raw = png_bytes(seed)
+    at = raw.rindex(b"IEND") - 4  # the IEND chunk's length field
+    return raw[:at] + _chunk(b"zTXt", b"Comment\x00\x05" + zlib.compress(b"hello")) + raw[at:]
+
+
 def messages(actions: list[str], task: str, feedback_before: set[int] = frozenset()) -> list[dict]:
     """A WebVoyager chat: system, the task with the first observation, then one turn per action.
 
@@ -138,6 +147,8 @@ def build_corpus(root: Path, with_real: bool = True) -> dict[str, Path]:
         "corrupt_png": corrupt_png(8),
         "zero_byte_png": b"",
         "enormous_png": enormous_png(),
+        "forged_png": forged_png(),
+        "damaged_after_idat_png": damaged_after_idat_png(9),
     }
     for seed, (name, shot2) in enumerate(step_cases.items(), 1):
         log, shots = two_turns(name, seed, shot2)
@@ -186,6 +197,8 @@ EXPECTED_SKIP = {
     "corrupt_png": ("step", 1, "unreadable screenshot: "),
     "zero_byte_png": ("step", 1, "unreadable screenshot: empty file (0 bytes)"),
     "enormous_png": ("step", 1, "unreadable screenshot: image too large"),
+    "forged_png": ("step", 1, "unreadable screenshot: cannot decode (OSError"),
+    "damaged_after_idat_png": ("step", 1, "unreadable screenshot: cannot decode (SyntaxError: Unknown compression"),
     "no_screenshot_after_failed_action": ("step", 1, "missing screenshot"),
     "malformed_json": ("trajectory", "not valid JSON (line 2, column 3"),
     "empty_log": ("trajectory", "empty file (0 bytes)"),
@@ -248,6 +261,8 @@ BAD_STEP_ERRORS = {
     "corrupt_png": r"screenshot2\.png: step 1: unreadable screenshot: .*(CRC|checksum|broken)",
     "zero_byte_png": r"screenshot2\.png: step 1: unreadable screenshot: empty file \(0 bytes\)",
     "enormous_png": r"screenshot2\.png: step 1: unreadable screenshot: image too large",
+    "forged_png": r"screenshot2\.png: step 1: unreadable screenshot: cannot decode \(OSError",
+    "damaged_after_idat_png": r"screenshot2\.png: step 1: unreadable screenshot: cannot decode \(SyntaxError",
     "malformed_json": r"interact_messages\.json: not valid JSON \(line 2, column 3",
     "empty_log": r"interact_messages\.json: empty file \(0 bytes\)",
     "empty_list_log": r"interact_messages\.json: empty list of chat messages",
@@ -329,7 +344,8 @@ def test_enormous_header_is_refused_without_decoding(tmp_path, monkeypatch):
     mid.write_bytes(png_by_hand(10000, 10000, zlib.compress(b"\0" * 64)))
     assert screenshot_problem(mid) == (
         f"image too large (10000x10000 = 100000000 pixels > {MAX_SCREENSHOT_PIXELS})")
-    assert screenshot_problem(mid, max_pixels=10**9) is None
+    # Under a raised limit the header passes and only then is the file decoded (here: refused).
+    assert screenshot_problem(mid, max_pixels=10**9) == "cannot decode (AssertionError: pixels decoded)"
 
 
 def test_tiny_screenshot_is_a_bad_step(tmp_path):
@@ -338,17 +354,60 @@ def test_tiny_screenshot_is_a_bad_step(tmp_path):
     assert screenshot_problem(tiny) == "image too small (8x40; at least 32x32)"
 
 
-def test_forged_png_fails_at_decode_naming_file_and_step(tmp_path):
-    """A stream forged with valid CRCs passes the cheap header check; decoding it names the file."""
+@pytest.mark.parametrize("make", [forged_png, lambda: damaged_after_idat_png(41)], ids=["forged", "after_idat"])
+def test_undecodable_screenshot_passing_every_checksum_is_refused_at_import(tmp_path, make):
+    """Every chunk's CRC is right (Pillow's verify passes), yet decoding fails: the import check
+    decodes what the replay decodes, so the step is refused at import, and a step built around
+    the file anyway (native JSONL) names the file and step when decoded."""
+    from ipi.data.schema import Step
     from ipi.surfaces.variants import make_variants
 
-    log, shots = two_turns("forged", 40, forged_png())
-    task_folder(tmp_path / "t", log, shots, 40)
-    (t,) = import_webvoyager(tmp_path)
-    step = t.steps[1]
-    clean = make_variants(t.trajectory_id, step, "i_vis", [])[0]
-    with pytest.raises(DataError, match=r"screenshot2\.png: step 1: cannot decode screenshot \(OSError"):
+    p = tmp_path / "s.png"
+    p.write_bytes(make())
+    with Image.open(p) as im:
+        im.verify()  # the header-and-checksum check alone lets it through
+    assert screenshot_problem(p).startswith("cannot decode (")
+    with pytest.raises(DataError, match=r"s\.png: step 3: cannot decode screenshot"):
+        load_rgb(p, 3)
+    step = Step(step=3, screenshot=str(p), element_text="", element_text_omitted=True, tool_result="",
+                thought="", action="ANSWER; x", action_type="answer", history=())
+    clean = make_variants("t", step, "i_vis", [])[0]
+    with pytest.raises(DataError, match=r"s\.png: step 3: cannot decode screenshot"):
         clean.image(step)
+
+
+def test_import_check_passes_exactly_the_files_the_replay_decodes(tmp_path):
+    """Attack the check: seeded damage to the bytes after the image data (chunk types, lengths,
+    payloads with their CRCs recomputed, truncation). A file the check passes always decodes;
+    a file that does not decode never passes."""
+    rng = random.Random(5)
+    base = damaged_after_idat_png(3).replace(b"zTXt", b"tEXt")  # a text chunk after IDAT
+    start = base.rindex(b"tEXt") - 4
+    n_pass = n_refused = 0
+    for i in range(60):
+        raw = bytearray(base)
+        kind = i % 3
+        if kind == 0:  # rewrite the chunk after IDAT with valid CRC: random type and payload
+            ctype = rng.choice([b"zTXt", b"iTXt", b"iCCP", b"tEXt", b"eXIf", b"IDAT", b"sRGB", b"pHYs"])
+            payload = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 24)))
+            raw = raw[:start] + bytearray(_chunk(ctype, payload)) + raw[raw.rindex(b"IEND") - 4:]
+        elif kind == 1:  # flip a byte anywhere after the image data
+            at = rng.randrange(start, len(raw))
+            raw[at] ^= 1 << rng.randrange(8)
+        else:  # cut the file somewhere after the image data
+            raw = raw[: rng.randrange(start, len(raw))]
+        p = tmp_path / f"d{i}.png"
+        p.write_bytes(bytes(raw))
+        problem = screenshot_problem(p, limits=None)
+        try:
+            load_rgb(p)
+            decodes = True
+        except DataError:
+            decodes = False
+        assert problem is not None or decodes, (i, problem)
+        n_pass += problem is None
+        n_refused += problem is not None
+    assert n_pass and n_refused  # both kinds were built
 
 
 # ----------------------------------------------------------------------------- native JSONL

@@ -187,3 +187,42 @@ def test_signal_in_any_stage_exits_128_plus_signal_with_no_results(tmp_path, syn
     assert f"interrupted by {signal.Signals(sig).name}" in log_text and "Traceback" not in log_text
     assert not (run / "results.json").exists()
     assert _no_temporaries(run) == []  # the half-written results.json went with its temporary name
+
+
+@pytest.mark.needs_shared
+def test_ctrl_c_with_dataloader_workers_prints_one_line_and_exits_130(tmp_path, syn_root):
+    """Ctrl-C signals the whole foreground process group, DataLoader workers included: the run
+    prints one line and exits 130; no worker prints a traceback (nor torch's "DataLoader worker
+    exited unexpectedly")."""
+    import os
+
+    run, cache = tmp_path / "run", tmp_path / "cache"
+    cmd = [PY, "train.py", *_cli(_base(syn_root), run, cache), "extract.num_workers=2"]
+    with open(tmp_path / "log", "wb") as log:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # its own group, as a terminal's foreground job
+        _wait_for(lambda: len(list(cache.glob("*/shard-*.safetensors"))) >= 1, proc, "a shard")
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=60)
+    text = (tmp_path / "log").read_text()
+    assert proc.returncode == 130, text[-3000:]
+    assert "Traceback" not in text and "DataLoader worker" not in text, text[-3000:]
+    after = text[text.index("train: interrupted by SIGINT"):].strip().splitlines()
+    assert len(after) == 1 and after[0].startswith("train: interrupted by SIGINT; stopped")
+    assert not (run / "results.json").exists()
+
+
+def test_worker_ignores_stop_signals_and_only_a_connection_lost_after_one_is_quiet(capsys):
+    from ipi import interrupt
+
+    interrupt._WORKER_STOPPING.clear()
+    try:
+        interrupt._worker_excepthook(ConnectionResetError, ConnectionResetError(104, "reset"), None)
+        assert "ConnectionResetError" in capsys.readouterr().err  # no signal yet: printed
+        interrupt._worker_signal(signal.SIGINT, None)
+        interrupt._worker_excepthook(ConnectionResetError, ConnectionResetError(104, "reset"), None)
+        assert capsys.readouterr().err == ""
+        interrupt._worker_excepthook(KeyError, KeyError("k"), None)
+        assert "KeyError" in capsys.readouterr().err  # anything else still shows
+    finally:
+        interrupt._WORKER_STOPPING.clear()

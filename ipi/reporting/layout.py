@@ -79,6 +79,11 @@ __all__ = [
 MAX_COLUMNS = 6
 #: How many items of a long list (skipped steps, ...) a report lists.
 MAX_LIST_ITEMS = 200
+#: Top-level keys of ``results.json`` that hold no estimand: :func:`interval_keys` does not look
+#: inside them (the verdict's numbers and the split spread repeat estimands; p-values are numbers).
+NOT_ESTIMANDS = (VERDICT, REPORTABILITY, SPLIT_SPREAD, PERMUTATION, P_VALUES, BOOTSTRAP, COUNTS, RUN)
+#: The reportable column of an interval the reportability gate does not mark.
+UNGATED_NOTE = "not gated (no verdict check uses it)"
 
 #: Figure file names in a run folder, in report order, with their captions.
 FIGURES = {
@@ -137,10 +142,14 @@ class EstimandTable:
     Attributes:
         rows: ``(key, label, interval, why)`` per estimand (``why`` None when reportable).
         level: The interval's coverage (column head).
+        ungated: Keys of rows that the reportability gate does not mark (an interval of
+            ``results.json`` outside :func:`~ipi.evaluation.reportable.estimand_entries`, such as
+            C2 collapse-only E3): shown with :data:`UNGATED_NOTE` instead of yes/no.
     """
 
     rows: tuple[tuple[str, str, Mapping | None, str | None], ...]
     level: float
+    ungated: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -237,9 +246,8 @@ def _value(x) -> str:
         return str(x)
     if isinstance(x, float):
         return f"{x:.4g}"
-    if isinstance(x, (list, tuple)):
-        shown = ", ".join(_value(v) for v in x[:20])
-        return f"[{shown}{f', … ({len(x)} values)' if len(x) > 20 else ''}]"
+    if isinstance(x, (list, tuple)):  # every value: the cell wraps
+        return f"[{', '.join(_value(v) for v in x)}]"
     return str(x)
 
 
@@ -274,6 +282,32 @@ def numbers_blocks(numbers: Mapping) -> tuple:
     rest = {k: v for k, v in numbers.items() if k not in groups}
     grid = Grid(("", *groups), tuple((f, *(g[f] for g in groups.values())) for f in fields[0]))
     return ((KeyValues(tuple((k, v, ()) for k, v in flat_items(rest))),) if rest else ()) + (grid,)
+
+
+def interval_keys(results: Mapping) -> list[str]:
+    """Dotted key of every interval (a dict with ``estimate``, ``ci_low``, ``ci_high``) of a results
+    dict outside :data:`NOT_ESTIMANDS`, in the dict's order; what the report must show."""
+    out: list[str] = []
+
+    def walk(tree: Mapping, prefix: tuple) -> None:
+        for k, v in tree.items():
+            if _is_interval(v):
+                out.append(dotted(*prefix, k))
+            elif isinstance(v, Mapping):
+                walk(v, (*prefix, k))
+
+    walk({k: v for k, v in results.items() if k not in NOT_ESTIMANDS}, ())
+    return out
+
+
+def _extra_label(key: str) -> str:
+    """A reader's name for an interval key outside :func:`estimand_entries`
+    (``collapse_only.e3.c_scrambled`` → ``C2 collapse-only E3 attack vs c_scrambled``)."""
+    head, *rest = key.split(".")
+    names = {E1: "E1", E2: "E2"}
+    tail = (names[rest[0]] if len(rest) == 1 and rest[0] in names
+            else f"E3 attack vs {rest[1]}" if len(rest) == 2 and rest[0] == E3 else " ".join(rest))
+    return f"{BASELINE_LABELS[head]} {tail}".strip() if head in BASELINE_LABELS else key
 
 
 def split_columns(grid: Grid, max_columns: int = MAX_COLUMNS) -> list[Grid]:
@@ -461,7 +495,7 @@ BASELINE_NOTES = {
 }
 
 
-def _baselines(r: Mapping, rows: list) -> Section | None:
+def _baselines(r: Mapping, rows: list, ungated: frozenset[str] = frozenset()) -> Section | None:
     if not rows:
         return None
     level = (r.get(BOOTSTRAP) or {}).get(LEVEL_KEY, DEFAULTS.level)
@@ -470,7 +504,7 @@ def _baselines(r: Mapping, rows: list) -> Section | None:
     note = construction_note(r)
     if note:
         blocks.append(Text(note, label="Check 2 on this surface."))
-    blocks.append(EstimandTable(tuple(rows), level))
+    blocks.append(EstimandTable(tuple(rows), level, ungated))
     summary = " · ".join(f"{BASELINE_LABELS[k]} E1 {interval_text((r[k] or {}).get(E1)).split(' ')[0]}"
                          for k in present)
     return Section("baselines", "Baselines (PROTOCOL.md §5–§6)", tuple(blocks), summary=summary)
@@ -561,7 +595,7 @@ def _twins(r: Mapping, marks: Mapping, labels: Mapping[str, str]) -> Section | N
     return Section("twins", "Trained vs random-weight twins (check 6)", tuple(blocks), summary=summary)
 
 
-def _differences(r: Mapping, rows: list) -> Section | None:
+def _differences(r: Mapping, rows: list, ungated: frozenset[str] = frozenset()) -> Section | None:
     if not rows:
         return None
     level = (r.get(BOOTSTRAP) or {}).get(LEVEL_KEY, DEFAULTS.level)
@@ -569,7 +603,7 @@ def _differences(r: Mapping, rows: list) -> Section | None:
                          "so the interval is that of the difference (docs/estimands.md). \"max over twin seeds\" "
                          "is the per-draw maximum over the random-weight twins; \"seed-predictive\" adds the "
                          "init-seed variance of a new random draw.", "muted"),
-                    EstimandTable(tuple(rows), level)]
+                    EstimandTable(tuple(rows), level, ungated)]
     p = r.get(P_VALUES)
     if isinstance(p, Mapping) and p:
         blocks += [Text("One-sided bootstrap p-values (of E1 ≤ 0.5, E3[c] ≤ 0.5, each difference ≤ 0): "
@@ -712,12 +746,25 @@ def report_sections(results: Mapping, figures: Mapping[str, str] | None = None,
         labels[key] = (f"{difference_label(key)} ({label})" if g == "differences" and difference_label(key) != label
                        else label)
         groups[g].append((key, labels[key], iv, marks.get(key)))
+    # Intervals of results.json the gate does not list (a baseline's E3) join their baseline's rows.
+    known = set(labels)
+    extra = [k for k in interval_keys(r) if k not in known]
+    groups["baselines"] += [(k, _extra_label(k), _at(r, k), None) for k in extra if _group(k) == "baselines"]
+    order = list(BASELINE_LABELS)
+    groups["baselines"].sort(key=lambda row: order.index(row[0].split(".")[0]))  # stable: per baseline
+    ungated = frozenset(extra)
     sections = [_verdict(r), _headline(r, groups["headline"], marks, figures), _figures(figures),
-                _baselines(r, groups["baselines"]), _twins(r, marks, labels), _differences(r, groups["differences"])]
-    if groups["other"]:
+                _baselines(r, groups["baselines"], ungated), _twins(r, marks, labels),
+                _differences(r, groups["differences"], ungated)]
+    # Whatever no section shows yet (a new kind of estimand) is listed, so every interval appears.
+    shown = shown_keys([s for s in sections if s is not None])
+    other = [row for row in groups["other"] if row[0] not in shown]
+    other += [(k, _extra_label(k), _at(r, k), marks.get(k)) for k in interval_keys(r)
+              if k not in shown and k not in {row[0] for row in other}]
+    if other:
         level = (r.get(BOOTSTRAP) or {}).get(LEVEL_KEY, DEFAULTS.level)
-        sections.append(Section("other", "Other estimands", (EstimandTable(tuple(groups["other"]), level),),
-                                summary=f"{len(groups['other'])} estimands"))
+        sections.append(Section("other", "Other estimands", (EstimandTable(tuple(other), level, ungated),),
+                                summary=f"{len(other)} estimands"))
     sections += [_permutation(r), _spread(r), _counts(r), _run(r)]
     if config_yaml:
         sections.append(Section("config", "Resolved config", (Code(config_yaml, "yaml"),),

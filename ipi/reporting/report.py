@@ -35,6 +35,7 @@ from ipi.reporting.layout import (
     Section,
     Side,
     Text,
+    UNGATED_NOTE,
     interval_text,
     report_sections,
     split_columns,
@@ -108,8 +109,10 @@ def _unreportable(grids: list[Grid]) -> dict[str, list[str]]:
 
 def _md_unreportable(grids: list[Grid]) -> list[str]:
     by_reason = _unreportable(grids)
-    return (["Struck through, not reportable:", "", *(f"- {why}: {', '.join(labels)}" for why, labels in by_reason.items()),
-             ""] if by_reason else [])
+    if not by_reason:
+        return []
+    return ["Struck through, not reportable:", "",
+            *(f"- {why}: {', '.join(labels)}" for why, labels in by_reason.items()), ""]
 
 
 def _md_blocks(blocks, out: list[str]) -> None:
@@ -127,13 +130,14 @@ def _md_blocks(blocks, out: list[str]) -> None:
             if i + 1 == len(blocks) or not isinstance(blocks[i + 1], CheckLine):
                 out.append("")  # the checks are one list
         elif isinstance(b, EstimandTable):
-            out += [f"| estimand | estimate | {b.level:.0%} CI | replicates used | reportable |", "|---|---|---|---|---|"]
+            out += [f"| estimand | estimate | {b.level:.0%} CI | replicates used | reportable |",
+                    "|---|---|---|---|---|"]
             for _key, label, iv, why in b.rows:
                 iv = iv if isinstance(iv, Mapping) else {}
                 parts = interval_text(iv).split(" ", 1)
                 est, ci = (parts[0], parts[1]) if len(parts) == 2 else ("n/a", "n/a")
                 label = _md_escape(label) if why is None else f"~~{_md_escape(label)}~~"
-                mark = "yes" if why is None else f"**no**: {_md_escape(why)}"
+                mark = (UNGATED_NOTE if _key in b.ungated else "yes") if why is None else f"**no**: {_md_escape(why)}"
                 out.append(f"| {label} | {est} | {ci} | {iv.get('n_boot_used', '')} | {mark} |")
             out.append("")
         elif isinstance(b, Grid):
@@ -209,12 +213,14 @@ th{background:#f3f3f3}td.num{text-align:right;font-variant-numeric:tabular-nums;
 td.iv{text-align:right;font-variant-numeric:tabular-nums}td.iv .ci{display:block;font-size:.85em;color:#555;white-space:nowrap}
 td.iv.unreportable{color:#8a8a8a;background:#f4f4f4}td.iv.unreportable span{text-decoration:line-through}
 table.kv th{font-weight:normal;background:#f8f8f8}table.kv td{overflow-wrap:anywhere}
-.PASS{color:#1b7a1b;font-weight:600}.FAIL{color:#b21f1f;font-weight:600}.INCONCLUSIVE{color:#a86b00;font-weight:600}.NOT.RUN,.NOTRUN{color:#777;font-weight:600;white-space:nowrap}
+.PASS{color:#1b7a1b;font-weight:600}.FAIL{color:#b21f1f;font-weight:600}.INCONCLUSIVE{color:#a86b00;font-weight:600}
+.NOTRUN{color:#777;font-weight:600;white-space:nowrap}
 details.check{border-bottom:1px solid #eee}
 details.check>summary{display:flex;gap:.7em;align-items:baseline;cursor:pointer;padding:.3em 0;list-style:none}
 details.check>summary::-webkit-details-marker{display:none}
 details.check>summary::before{content:"\\25B8";color:#888}details.check[open]>summary::before{content:"\\25BE"}
-details.check .status{flex:0 0 7.5em}details.check .cname{flex:0 0 18.5em;font-weight:600;white-space:nowrap;overflow:hidden;text-overflow:ellipsis}
+details.check .status{flex:0 0 7.5em}
+details.check .cname{flex:0 0 20.5em;font-weight:600;white-space:nowrap;overflow:hidden;text-overflow:ellipsis}
 details.check .lead{flex:1 1 0;min-width:0;white-space:nowrap;overflow:hidden;text-overflow:ellipsis;color:#333}
 details.check[open] .lead,details.check[open] .cname{white-space:normal}details.check table{margin-left:1.6em}
 .side{display:flex;flex-wrap:wrap;gap:0 2em;align-items:flex-start}.side>div{flex:1 1 520px;min-width:0}
@@ -310,7 +316,7 @@ class _HtmlBlocks:
 
     def _checkline(self, b: CheckLine, out):
         status_cls = b.status.replace(" ", "")
-        out.append(f'<details class="check"><summary><span class="status {status_cls}">{_h(b.status)}</span>'
+        out.append(f'<details class="check"><summary><span class="status {_h(status_cls)}">{_h(b.status)}</span>'
                    f'<span class="cname">{_h(b.id)}. {_h(b.name)}</span><span class="lead">{_h(b.detail)}</span>'
                    "</summary>")
         self.render(b.tables, out)
@@ -324,7 +330,7 @@ class _HtmlBlocks:
             parts = interval_text(iv).split(" ", 1)
             est, ci = (parts[0], parts[1]) if len(parts) == 2 else ("n/a", "n/a")
             cls = "" if why is None else ' class="unreportable"'
-            mark = "yes" if why is None else f"no: {_h(why)}"
+            mark = (UNGATED_NOTE if key in b.ungated else "yes") if why is None else f"no: {_h(why)}"
             out.append(f'<tr{cls}><td>{_h(label)}</td><td class="num est" data-key="{_h(key)}">{_h(est)}</td>'
                        f'<td class="num est">{_h(ci)}</td><td class="num">{_h(iv.get("n_boot_used", ""))}</td>'
                        f'<td class="why">{mark}</td></tr>')
@@ -338,8 +344,8 @@ class _HtmlBlocks:
             out.append("</table>")
         by_reason = _unreportable(parts)
         if by_reason:
-            out.append('<p class="muted">Struck through, not reportable: '
-                       + "; ".join(f"{_h(why)}: {_h(', '.join(labels))}" for why, labels in by_reason.items()) + ".</p>")
+            reasons = "; ".join(f"{_h(why)}: {_h(', '.join(labels))}" for why, labels in by_reason.items())
+            out.append(f'<p class="muted">Struck through, not reportable: {reasons}.</p>')
 
     def _keyvalues(self, b: KeyValues, out):
         rows = []

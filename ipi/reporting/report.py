@@ -220,12 +220,12 @@ details.check>summary{display:flex;gap:.7em;align-items:baseline;cursor:pointer;
 details.check>summary::-webkit-details-marker{display:none}
 details.check>summary::before{content:"\\25B8";color:#888}details.check[open]>summary::before{content:"\\25BE"}
 details.check .status{flex:0 0 7.5em}
-details.check .cname{flex:0 0 20.5em;font-weight:600;white-space:nowrap;overflow:hidden;text-overflow:ellipsis}
+details.check .cname{flex:0 0 22.5em;font-weight:600;white-space:nowrap;overflow:hidden;text-overflow:ellipsis}
 details.check .lead{flex:1 1 0;min-width:0;white-space:nowrap;overflow:hidden;text-overflow:ellipsis;color:#333}
 details.check[open] .lead,details.check[open] .cname{white-space:normal}details.check table{margin-left:1.6em}
 .side{display:flex;flex-wrap:wrap;gap:0 2em;align-items:flex-start}.side>div{flex:1 1 520px;min-width:0}
 .side>div:has(figure){flex:0 1 440px}
-figure{margin:1em 0}figure img{max-width:100%;border:1px solid #ddd}figcaption{font-size:.9em;color:#555}
+figure{margin:1em 0}figure img{max-width:100%;box-sizing:border-box;border:1px solid #ddd}figcaption{font-size:.9em;color:#555}
 pre{background:#f6f8fa;padding:.8em;white-space:pre-wrap;overflow-wrap:anywhere;font-size:.85em;border-radius:4px}
 .muted{color:#666;font-size:.9em}li{overflow-wrap:anywhere}
 tr.unreportable td{color:#8a8a8a;background:#f4f4f4}tr.unreportable td.est{text-decoration:line-through}

@@ -219,10 +219,11 @@ details.check{border-bottom:1px solid #eee}
 details.check>summary{display:flex;gap:.7em;align-items:baseline;cursor:pointer;padding:.3em 0;list-style:none}
 details.check>summary::-webkit-details-marker{display:none}
 details.check>summary::before{content:"\\25B8";color:#888}details.check[open]>summary::before{content:"\\25BE"}
-details.check .status{flex:0 0 7.5em}
+details.check .status{flex:0 0 8.6em}
 details.check .cname{flex:0 0 22.5em;font-weight:600;white-space:nowrap;overflow:hidden;text-overflow:ellipsis}
 details.check .lead{flex:1 1 0;min-width:0;white-space:nowrap;overflow:hidden;text-overflow:ellipsis;color:#333}
 details.check[open] .lead,details.check[open] .cname{white-space:normal}details.check table{margin-left:1.6em}
+@media (max-width:1100px){details.check>summary{flex-wrap:wrap;row-gap:0}details.check .cname{flex:1 1 auto}details.check .lead{flex:1 1 100%;padding-left:1.4em}}
 .side{display:flex;flex-wrap:wrap;gap:0 2em;align-items:flex-start}.side>div{flex:1 1 520px;min-width:0}
 .side>div:has(figure){flex:0 1 440px}
 figure{margin:1em 0}figure img{max-width:100%;box-sizing:border-box;border:1px solid #ddd}figcaption{font-size:.9em;color:#555}

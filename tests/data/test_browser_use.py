@@ -133,7 +133,10 @@ def test_older_version_base64_and_skips(tmp_path):
     assert [(s.action, s.action_type) for s in t.steps] == [
         ("go_to_url(url='https://news.example')", "navigate"), ("scroll_down(amount=None)", "scroll")]
     assert t.steps[1].tool_result == "Navigated to https://news.example"
-    assert t.steps[0].screenshot == str(tmp_path / "img" / "old" / "agent_history" / "0.png")
+    from ipi.data.images import root_image_dir
+
+    # the data root's own folder under image_dir (never shared with another root)
+    assert t.steps[0].screenshot == str(root_image_dir(tmp_path / "img", root) / "old" / "agent_history" / "0.png")
     assert Image.open(t.steps[0].screenshot).getpixel((0, 0)) == (0, 200, 0)
     reasons = {os.path.relpath(d["path"], root): d["reason"] for d in skipped}
     assert reasons == {os.path.join("no_task", "history.json"): NO_TASK,

@@ -124,7 +124,10 @@ def test_multimodal_mind2web_parquet(m2w_root, tmp_path, monkeypatch):
     assert s2.tool_result == "Action executed: [combobox]  Pick-up location -> TYPE: Brooklyn"
     assert s0.tool_result == "No previous action."
     # Screenshots are the dataset's bytes, unchanged (JPEG stays JPEG).
-    assert s0.screenshot == str(img / "aaa" / "aaa-uid0.jpg")
+    # ... written to the data root's own folder under image_dir (never shared with another root)
+    from ipi.data.images import root_image_dir
+
+    assert s0.screenshot == str(root_image_dir(img, m2w_root) / "aaa" / "aaa-uid0.jpg")
     assert Path(s0.screenshot).read_bytes() == _png_bytes(fmt="JPEG")
     assert Path(s2.screenshot).read_bytes() == _png_bytes((0, 0, 200))
     assert s0.element_text == html_to_element_text(HTML)
@@ -133,7 +136,8 @@ def test_multimodal_mind2web_parquet(m2w_root, tmp_path, monkeypatch):
     trajs2, _ = load_trajectories("multimodal_mind2web", m2w_root, split="test_task",
                                   image_dir=tmp_path / "img2", limit=2)
     assert [t.trajectory_id for t in trajs2] == ["aaa", "bbb"]
-    assert not (tmp_path / "img2" / "ccc").exists()
+    assert [p.name for p in (root_image_dir(tmp_path / "img2", m2w_root)).iterdir()] != []
+    assert not (root_image_dir(tmp_path / "img2", m2w_root) / "ccc").exists()
     # No split: every Parquet file.
     trajs3, _ = load_trajectories("multimodal_mind2web", m2w_root, image_dir=img)
     assert [t.trajectory_id for t in trajs3] == ["aaa", "bbb", "ccc", "zzz"]

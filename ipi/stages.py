@@ -140,7 +140,7 @@ def load_data(cfg: DictConfig):
     # keyed by the data's files too (tree_fingerprint: a root rewritten between jobs is imported
     # again); every screenshot decode the import check does is remembered by content in the cache
     def run_import():
-        with decode_memo(Path(cfg.extract.cache_dir) / "decoded_screenshots" if "extract" in cfg else None):
+        with decode_memo(cfg.extract.cache_dir if "extract" in cfg else None):
             return importer(cfg.data, cfg.backbone)(cfg.data.root)
 
     trajs, traj_skips = sweep_memo(("load_data", _config_key(cfg.data), _config_key(cfg.backbone),

@@ -157,48 +157,68 @@ def write_image_bytes(path: str | os.PathLike, data: bytes) -> Path:
     return path
 
 
-#: Folder of "decodes" markers (one empty file per screenshot content that decoded, by SHA-256,
-#: per Pillow version), set by :func:`decode_memo`; None: decode every time.
-_DECODE_MEMO_DIR: Path | None = None
-#: Contents (SHA-256) that decoded in this process.
+#: The file of screenshot contents (SHA-256 hex, one per line) that decoded, under the Pillow
+#: version in its name, set by :func:`decode_memo`; None: decode every time.
+_DECODE_MEMO_FILE: Path | None = None
+#: Contents (SHA-256) known to decode: decoded in this process, or read from the memo file.
 _DECODED: set[str] = set()
+#: Memo files already read into :data:`_DECODED` by this process.
+_READ: set[Path] = set()
 
 
 @contextmanager
-def decode_memo(folder: str | os.PathLike | None) -> Iterator[None]:
-    """Remember, in ``folder``, the screenshot contents that decoded, while the block runs.
+def decode_memo(cache_dir: str | os.PathLike | None) -> Iterator[None]:
+    """Remember, in ``cache_dir``, the screenshot contents that decoded, while the block runs.
 
     :func:`screenshot_problem` decodes every screenshot (~10-35 ms each); a content that decoded
-    once decodes again under the same Pillow version, so a later run over the same data reads a
-    marker named by the file's SHA-256 (:func:`ipi.io.content_digest`, which the cache key
-    computes anyway) instead. Keyed by content, never by path: a changed file is decoded again.
-    The run passes ``<extract.cache_dir>/decoded_screenshots``.
+    once decodes again under the same Pillow version, so a later run over the same data finds
+    its SHA-256 (:func:`ipi.io.content_digest`, which the cache key computes anyway) in
+    ``<cache_dir>/decoded_screenshots.pillow-<version>.txt`` (one hex digest per line, appended;
+    a torn line only means one more decode) instead. Keyed by content, never by path: a changed
+    file is decoded again. The run passes ``extract.cache_dir``.
 
     Args:
-        folder: The marker folder, or None (no memo on disk; the in-process memo stays).
+        cache_dir: The folder of the memo file, or None (no memo on disk; the in-process one stays).
 
     Yields:
         Nothing.
     """
-    global _DECODE_MEMO_DIR
-    old, _DECODE_MEMO_DIR = _DECODE_MEMO_DIR, (Path(folder) if folder is not None else None)
+    global _DECODE_MEMO_FILE
+    new = Path(cache_dir) / f"decoded_screenshots.pillow-{PIL.__version__}.txt" if cache_dir is not None else None
+    old, _DECODE_MEMO_FILE = _DECODE_MEMO_FILE, new
     try:
         yield
     finally:
-        _DECODE_MEMO_DIR = old
+        _DECODE_MEMO_FILE = old
 
 
-def _marker(digest: str) -> Path | None:
-    if _DECODE_MEMO_DIR is None:
-        return None
-    return _DECODE_MEMO_DIR / f"pillow-{PIL.__version__}" / digest[:2] / digest
+def _known_decoded(digest: str) -> bool:
+    memo = _DECODE_MEMO_FILE
+    if memo is not None and memo not in _READ:
+        _READ.add(memo)
+        try:
+            _DECODED.update(line.strip() for line in memo.read_text(encoding="ascii", errors="replace").splitlines()
+                            if len(line.strip()) == 64)
+        except OSError:  # no memo yet
+            pass
+    return digest in _DECODED
+
+
+def _remember_decoded(digest: str) -> None:
+    _DECODED.add(digest)
+    if _DECODE_MEMO_FILE is not None:
+        try:
+            _DECODE_MEMO_FILE.parent.mkdir(parents=True, exist_ok=True)
+            with open(_DECODE_MEMO_FILE, "a", encoding="ascii") as f:  # one short O_APPEND write
+                f.write(digest + "\n")
+        except OSError:  # a read-only cache: decode again next time
+            pass
 
 
 def _decodes(path: str | os.PathLike) -> str | None:
     """None when ``path`` decodes as the replay decodes it (:func:`load_rgb`), else the reason."""
     digest = content_digest(path)
-    marker = _marker(digest)
-    if digest in _DECODED or (marker is not None and marker.is_file()):
+    if _known_decoded(digest):
         return None
     try:
         with warnings.catch_warnings():
@@ -207,13 +227,7 @@ def _decodes(path: str | os.PathLike) -> str | None:
     except DataError as e:
         cause = e.__cause__
         return f"cannot decode ({type(cause).__name__}: {cause})" if cause is not None else f"cannot decode ({e})"
-    _DECODED.add(digest)
-    if marker is not None:
-        try:
-            marker.parent.mkdir(parents=True, exist_ok=True)
-            marker.touch()
-        except OSError:  # a read-only cache: decode again next time
-            pass
+    _remember_decoded(digest)
     return None
 
 

@@ -120,11 +120,19 @@ def _worker_signal(_signum, _frame) -> None:
     _WORKER_STOPPING.set()
 
 
+def _from_fd_sharing(tb) -> bool:
+    """Whether a traceback starts in multiprocessing's fd-sharing server thread (``resource_sharer._serve``)."""
+    code = tb.tb_frame.f_code if tb is not None else None
+    return code is not None and code.co_name == "_serve" and code.co_filename.endswith("resource_sharer.py")
+
+
 def _worker_excepthook(kind, value, tb) -> None:
-    # After a stop signal the run's own process exits; a batch it was receiving leaves the
-    # worker's fd-sharing thread (multiprocessing.resource_sharer) with a reset connection, which
-    # it would print as a traceback. Only that is dropped, and only once the signal came.
-    if _WORKER_STOPPING.is_set() and issubclass(kind, (ConnectionError, EOFError)):
+    # When the run's own process exits (a stop signal) while it receives a batch, the worker's
+    # fd-sharing thread (multiprocessing.resource_sharer) loses its connection and would print it
+    # as a traceback: dropped once the signal came, or whenever that thread's connection to the
+    # run's process breaks (the signal handler may not have run yet: it runs between bytecodes of
+    # the worker's main thread). Anything else is printed.
+    if issubclass(kind, (ConnectionError, EOFError)) and (_WORKER_STOPPING.is_set() or _from_fd_sharing(tb)):
         return
     sys.__excepthook__(kind, value, tb)
 

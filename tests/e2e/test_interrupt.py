@@ -224,5 +224,18 @@ def test_worker_ignores_stop_signals_and_only_a_connection_lost_after_one_is_qui
         assert capsys.readouterr().err == ""
         interrupt._worker_excepthook(KeyError, KeyError("k"), None)
         assert "KeyError" in capsys.readouterr().err  # anything else still shows
+        interrupt._WORKER_STOPPING.clear()
+        # the fd-sharing thread's broken connection, before the signal handler ran
+        import multiprocessing.resource_sharer as rs
+
+        def _serve():
+            raise ConnectionResetError(104, "reset")
+
+        _serve.__code__ = _serve.__code__.replace(co_filename=rs.__file__)
+        try:
+            _serve()
+        except ConnectionResetError as e:
+            interrupt._worker_excepthook(type(e), e, e.__traceback__.tb_next)
+        assert capsys.readouterr().err == ""
     finally:
         interrupt._WORKER_STOPPING.clear()

@@ -131,7 +131,7 @@ class AttentionFocusExtractor(HiddenStateExtractor):
 def attention_cache_key(cfg, rows, layers: Sequence[int]) -> tuple[str, dict]:
     """Key of the attention entry: the hidden-state key's inputs plus what this extraction reads."""
     from ipi.extraction.activation_cache import stable_hash
-    from ipi.extraction.run import cache_key
+    from ipi.extraction.forward import cache_key
 
     hidden_key, spec = cache_key(cfg.backbone, rows, list(layers), list(TOKEN_GROUPS))
     att = {"kind": "attention_focus", "version": ATTENTION_VERSION, "query": "last_prompt",
@@ -149,13 +149,13 @@ def extract_attention(cfg, rows, layers: Sequence[int]):
 
     Returns:
         ``(FeatureSet with features [N, L, G, heads], info)``; info as
-        :func:`ipi.extraction.run.extract_features`'s.
+        :func:`ipi.extraction.forward.extract_features`'s.
     """
     from hydra.utils import instantiate
 
     from ipi.extraction.activation_cache import ActivationCache
     from ipi.extraction.datamodule import ReplayDataModule, StepGroupDataset
-    from ipi.extraction.run import resolve_num_workers, resolve_precision
+    from ipi.extraction.forward import resolve_num_workers, resolve_precision
     from ipi.progress import extraction_callbacks
 
     layers = sorted(set(int(i) for i in layers))

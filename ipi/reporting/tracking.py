@@ -114,7 +114,7 @@ def task_wrapper(task: Callable) -> Callable:
             out = task(cfg, *args, **kwargs)
             failed = False
             return out
-        except Exception as e:  # the entry script reports it (ipi.cli); the log keeps one line
+        except Exception as e:  # the entry script reports it (ipi.run.cli); the log keeps one line
             log.error("task %s failed: %s: %s", getattr(task, "__name__", task), type(e).__name__, e)
             raise
         finally:

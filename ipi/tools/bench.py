@@ -11,7 +11,7 @@ into pooled features, on the configured backbone (default: the tiny Qwen2.5-VL o
   while the project's layer ``k`` is the output of block ``k`` (docs/replay.md); so that the two
   paths compute the same quantity, the baseline's final norm is swapped for the identity while
   it runs (an RMSNorm costs nothing next to the LM head; the logits are still computed).
-* **ours** — :func:`ipi.extraction.run.extract_features` exactly as ``train.py`` runs it
+* **ours** — :func:`ipi.extraction.forward.extract_features` exactly as ``train.py`` runs it
   (Lightning predict, step groups with each screenshot encoded once, hooks on the chosen layers,
   early stop, no LM head, batched pooling, shards streamed to a temporary cache entry).
 
@@ -57,7 +57,7 @@ import numpy as np
 import torch
 
 from ipi.backbone import Backbone, find_decoder_layers
-from ipi.config import REPO_ROOT, register_configs
+from ipi.run.config import REPO_ROOT, register_configs
 from ipi.extraction.datamodule import ReplayDataset, StepGroupDataset, collate_steps
 from ipi.extraction.extractor import (
     HiddenStateExtractor,
@@ -66,11 +66,11 @@ from ipi.extraction.extractor import (
     pool_groups,
 )
 from ipi.tools.extraction_timing import _identity_final_norm
-from ipi.extraction.run import extract_features
+from ipi.extraction.forward import extract_features
 from ipi.tools.bootstrap_timing import bench_bootstrap, bench_permutation
 from ipi.progress import quiet_lightning
 from ipi.protocol import SURFACES, TOKEN_GROUPS
-from ipi.stages import layer_indices, load_data, make_rows
+from ipi.run.stages import layer_indices, load_data, make_rows
 
 #: Qwen2.5-VL-7B-Instruct's architecture (config.json of the checkpoint).
 QWEN2_5_VL_7B_TEXT = dict(
@@ -152,7 +152,7 @@ def baseline_features(cfg, rows, layers: list[int]) -> tuple[np.ndarray, np.ndar
 
 
 def project_features(cfg, rows, layers: list[int], cache_dir: str):
-    """The project's path: :func:`ipi.extraction.run.extract_features` into a fresh cache entry.
+    """The project's path: :func:`ipi.extraction.forward.extract_features` into a fresh cache entry.
 
     Returns:
         ``(features [N, L, G, H], collapse [N, L], seconds, info)``.

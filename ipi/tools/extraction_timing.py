@@ -10,7 +10,7 @@ statistic), timed on the same rows of real shared trajectories, surface by surfa
 * **elk-style** (key ``speedup_vs_elk_style``): the base model without the LM head, the
   variants of one step batched (right padded, each row with its own image inputs), every
   decoder block with ``output_hidden_states=True``, per-row preparation as above.
-* **ours**: :func:`ipi.extraction.run.extract_features` exactly as ``train.py`` runs it, into a
+* **ours**: :func:`ipi.extraction.forward.extract_features` exactly as ``train.py`` runs it, into a
   fresh temporary cache entry each repetition: the base model without LM head and without the
   blocks above the deepest one read (``ipi.backbone.build_backbone(..., max_layer=...)``), each
   screenshot encoded once per step group, and each step group's shared token prefix forwarded
@@ -157,13 +157,13 @@ def elk_features(bb, cfg, rows, layers: Sequence[int]) -> dict:
 
 
 def ours_features(bb, cfg, rows, layers: Sequence[int]) -> dict:
-    """The project path (:func:`ipi.extraction.run.extract_features`) into a fresh cache entry.
+    """The project path (:func:`ipi.extraction.forward.extract_features`) into a fresh cache entry.
 
     Returns:
         As :func:`tasktracker_features`; ``prep_s`` is timed in a separate pass over the same
         step groups (rendering, tokenising, collating: what DataLoader workers would do).
     """
-    from ipi.extraction.run import extract_features
+    from ipi.extraction.forward import extract_features
     from ipi.protocol import TOKEN_GROUPS
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -392,7 +392,7 @@ def entry_timings(repo_root, out_dir, *, sweep: bool = True, python: str | None 
     1. ``python extract.py surface=i_vis`` fills the activation cache (or finds it): its time
        is reported as ``extract_s`` (a cold extraction when the cache was empty).
     2. ``warm_run_s``: ``python train.py surface=i_vis layers=six`` with that cache (a hit).
-    3. ``imports_s``: ``python -c "import train, ipi.pipeline"`` — what every entry script pays
+    3. ``imports_s``: ``python -c "import train, ipi.run.tasks"`` — what every entry script pays
        before any work; ``warm_run_cpu_beyond_imports_s`` subtracts its CPU-seconds.
     4. ``sweep30_s``: ``python train.py -m layers=six_1,...,six_6
        token_group=last_prompt,image,task,observation,action`` (30 jobs in one process).
@@ -419,7 +419,7 @@ def entry_timings(repo_root, out_dir, *, sweep: bool = True, python: str | None 
     ext = _timed_run([py, "extract.py", "surface=i_vis", "quiet=true", f"hydra.run.dir={out_dir}/extract", *extra],
                      repo_root, env)
     res["extract_s"] = ext
-    imp = _timed_run([py, "-c", "import train, ipi.pipeline, ipi.cli"], repo_root, env)
+    imp = _timed_run([py, "-c", "import train, ipi.run.tasks, ipi.run.cli"], repo_root, env)
     warm = _timed_run([py, "train.py", "surface=i_vis", "layers=six", "quiet=true", f"hydra.run.dir={out_dir}/warm",
                        *extra], repo_root, env)
     res.update({"warm_run_s": warm["wall_s"], "warm_run_cpu_s": warm["cpu_s"], "warm_run": warm,

@@ -140,8 +140,8 @@ def test_auto_reuses_where_it_saves_positions(small_backbone, trajectories):
 def test_prefix_reuse_is_validated_and_leaves_the_cache_entry_alone(tmp_path, trajectories):
     """Through the run's own path (``extract_features``): the same cache key with and without reuse,
     and features equal to 1e-5 relative; an unknown value fails validation with one line."""
-    from ipi.config import validate
-    from ipi.extraction.run import cache_key, extract_features
+    from ipi.run.config import validate
+    from ipi.extraction.forward import cache_key, extract_features
     from tests.conftest import compose_train
 
     cfg_on = compose_train(tmp_path, ["extract.prefix_reuse=true"])

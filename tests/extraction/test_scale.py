@@ -313,7 +313,7 @@ def test_quantised_backbone_extracts_on_gpu(tmp_path, small_backbone, trajectori
 def test_layer_by_token_group_sweep_forwards_nothing_after_one_extraction(tmp_path, monkeypatch):
     """2 layers × 2 token groups through compose: one extraction (the run's surface and the
     transfer sources), then four runs with 0 rows forwarded on any surface."""
-    from ipi import pipeline as tasks
+    from ipi.run import tasks
     from ipi.extraction import run
 
     base = ["data.max_trajectories=4", "split.test_fraction=0.5", "evaluation.n_boot=50", "logger=none"]
@@ -385,8 +385,8 @@ def test_shapes_benchmark_runs_on_cpu_at_small_shapes():
 def test_transfer_sources_forward_clean_and_attack_unless_the_full_entry_is_cached(tmp_path):
     """A transfer source surface is read from its own full entry when that is cached ("shared");
     otherwise only its clean/attack rows (what the transfer probe trains on) are extracted."""
-    from ipi import stages
-    from ipi.extraction.run import extract_features, transfer_rows
+    from ipi.run import stages
+    from ipi.extraction.forward import extract_features, transfer_rows
     from ipi.protocol import TOKEN_GROUPS
 
     cfg = compose_train(tmp_path, ["data.max_trajectories=2"])

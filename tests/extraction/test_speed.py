@@ -58,7 +58,7 @@ def test_bench_reports_both_speedups_with_exact_features(tmp_path):
     features equal to the TaskTracker-style ones (1e-5 relative), prefix reuse counted per surface."""
     from ipi.backbone import build_backbone
     from ipi.tools.extraction_timing import speed_benchmark
-    from ipi.stages import layer_indices
+    from ipi.run.stages import layer_indices
     from ipi.tools.bench import subset_rows
     from tests.conftest import SMALL_BACKBONE_OVERRIDES
 

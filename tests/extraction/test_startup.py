@@ -117,7 +117,7 @@ def test_extraction_frees_the_model_it_built_without_the_cycle_collector(tmp_pat
     import weakref
 
     from ipi.extraction import run
-    from ipi.stages import layer_indices
+    from ipi.run.stages import layer_indices
 
     cfg = compose_train(tmp_path)
     count = lambda s: len(load_processor(str(PROCESSOR)).tokenizer(s, add_special_tokens=False)["input_ids"])

@@ -15,7 +15,7 @@ from hydra.utils import instantiate
 
 import ipi
 from ipi.backbone import build_kwargs
-from ipi.config import to_container
+from ipi.run.config import to_container
 from ipi.extraction.activation_cache import ActivationCache, FeatureSet, keyed_form, stable_hash
 from ipi.extraction.datamodule import ReplayDataModule, StepGroupDataset
 from ipi.extraction.extractor import HiddenStateExtractor, ShardWriter
@@ -165,7 +165,7 @@ def transfer_rows(cfg, rows: Sequence[ReplayRow], layer_indices: Sequence[int],
 
     Args:
         cfg: Run config (``backbone``, ``extract``).
-        rows: All rows of the source surface (:func:`ipi.stages.make_rows` for that surface).
+        rows: All rows of the source surface (:func:`ipi.run.stages.make_rows` for that surface).
         layer_indices: Decoder blocks the run needs.
         token_groups: Token groups pooled.
 

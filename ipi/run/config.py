@@ -8,7 +8,7 @@ key and the allowed values; an unknown ``surface=<name>`` has no config file, an
 ones it has. Cross-field rules (the surface's class and name, a control that does not apply to
 the surface, a text-only backbone with the ``image`` token group or a surface that needs the
 screenshot, layer fractions outside (0, 1]) are checked by :func:`validate`, which the Hydra
-callback :class:`ipi.hydra_callbacks.ConfigCheck` runs on every job's composed config before any
+callback :class:`ipi.run.hydra_callbacks.ConfigCheck` runs on every job's composed config before any
 job starts (one line, no torch imported).
 """
 
@@ -33,7 +33,7 @@ from ipi.protocol import (
 from ipi.surfaces.surface import Surface
 from ipi.surfaces.registry import register, surface_class, surface_names
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _vocabulary_enum(name: str, values: tuple[str, ...], doc: str) -> type[Enum]:
@@ -572,7 +572,7 @@ def validate(cfg: DictConfig) -> None:
             "[1,2,3] (docs/estimands.md)"
         )
     if cfg.evaluation.random_twin:
-        from ipi.twin import twin_seeds
+        from ipi.run.twin import twin_seeds
 
         twin_seeds(cfg)  # non-empty, distinct, not the backbone's own seed
     if multi and cfg.evaluation.random_twin:
@@ -635,7 +635,7 @@ def uses_ddp(cfg: DictConfig) -> bool:
         (isinstance(devices, (list, ListConfig)) and len(devices) > 1)
 
 
-#: The one-line reason a sweep refuses DDP (checked at composition: ipi.hydra_callbacks).
+#: The one-line reason a sweep refuses DDP (checked at composition: ipi.run.hydra_callbacks).
 DDP_IN_SWEEP = (
     "extract.devices>1 (DDP) inside a -m sweep: Lightning's DDP launcher re-runs the whole command "
     "in every extra process, so each would run the whole sweep again; instead extract each surface "

@@ -28,7 +28,7 @@ def run_entry(task: Callable[[DictConfig], tuple], cfg: DictConfig) -> tuple:
     """Run a task function; report input errors in one line (exit 2) and the output folder.
 
     Args:
-        task: ``ipi.pipeline.train`` / ``extract`` / ``evaluate``.
+        task: ``ipi.run.tasks.train`` / ``extract`` / ``evaluate``.
         cfg: The composed config.
 
     Returns:

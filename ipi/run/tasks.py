@@ -1,8 +1,8 @@
 """The tasks behind the entry scripts (``train.py``, ``extract.py``, ``evaluate.py``).
 
-Each task is a short sequence of named stages (:mod:`ipi.stages`), takes a composed config and
+Each task is a short sequence of named stages (:mod:`ipi.run.stages`), takes a composed config and
 returns ``(metrics, objects)``; the scripts are thin ``@hydra.main`` wrappers around them
-(:func:`ipi.cli.run_entry`).
+(:func:`ipi.run.cli.run_entry`).
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from ipi.config import enum_value as _value
-from ipi.config import to_container
-from ipi.detectors.run import attention_matrix, attention_transfer_source, build_detector, detector_record
+from ipi.run.config import enum_value as _value
+from ipi.run.config import to_container
+from ipi.run.detection import attention_matrix, attention_transfer_source, build_detector, detector_record
 from ipi.evaluation.assess import ScoreTables, assess
 from ipi.evaluation.callbacks import EstimandsCallback
 from ipi.evaluation.scoretable import evaluate_score_table, read_score_table, twin_score_table
-from ipi.extraction.run import extract_features, transfer_rows
+from ipi.extraction.forward import extract_features, transfer_rows
 from ipi.io import atomic_write_text
 from ipi.metrics.keys import RANDOM_TWIN, SPLIT_REPEATS
 from ipi.progress import track
@@ -28,8 +28,8 @@ from ipi.protocol import TOKEN_GROUPS
 from ipi.reporting.report import write_run_report
 from ipi.reporting.report_callback import ReportCallback
 from ipi.reporting.tracking import task_wrapper
-from ipi.twin import twin_config, twin_seeds
-from ipi.stages import (
+from ipi.run.twin import twin_config, twin_seeds
+from ipi.run.stages import (
     assess_settings,
     check_split_feasible,
     extraction_surfaces,
@@ -90,7 +90,7 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
     det, x_det, infos_att = build_detector(cfg), None, {}
     if det.input == "attention":  # the detector's own cached extraction (docs/detectors.md)
         x_det, infos_att[surface], det = attention_matrix(cfg, det, rows)
-    # The random-weight twins (verdict check 6; ipi.twin): the same rows through the same
+    # The random-weight twins (verdict check 6; ipi.run.twin): the same rows through the same
     # architecture with seeded random weights, one cache entry per seed, scored by the same
     # detector. Hidden-state detectors only: for attention_focus / external check 6 is NOT RUN.
     twins = twin_features(cfg, rows, features, layers, groups) if det.input == "hidden" else ({}, {})
@@ -164,7 +164,7 @@ def evaluate_split(cfg: DictConfig, trajs, seed: int, layers, groups, probe, set
     (so its own rows and cache entry), probe, C1, collapse-only and permuted baselines, and the
     same assessment (:func:`ipi.evaluation.assess.assess` with the run's ``settings``: shared
     bootstrap draws, verdict, reportability) — without the transfer probe (it does not enter the
-    verdict) and the random twins. ``probe`` is :func:`ipi.stages.probe_settings` of the run.
+    verdict) and the random twins. ``probe`` is :func:`ipi.run.stages.probe_settings` of the run.
     """
     folds, plan = split_folds(cfg, trajs, seed)
     rows = make_rows(cfg, trajs, _value(cfg.surface.name), wording=plan)

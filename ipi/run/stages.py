@@ -1,4 +1,4 @@
-"""The named stages that :mod:`ipi.pipeline`'s tasks call in sequence, and the tools reuse.
+"""The named stages that :mod:`ipi.run.tasks`'s tasks call in sequence, and the tools reuse.
 
 Setup, data import, the split, replay rows, feature selection, transfer sources, probe fits,
 the counts and run record of ``results.json``, scoring through Lightning, and the settings each
@@ -21,15 +21,15 @@ from omegaconf import DictConfig
 from torch.utils.data import DataLoader, TensorDataset
 
 from ipi.backbone_text import load_tokenizer
-from ipi.config import enum_value as _value
-from ipi.config import resolved_controls, run_surface, to_container, validate
+from ipi.run.config import enum_value as _value
+from ipi.run.config import resolved_controls, run_surface, to_container, validate
 from ipi.data import DataError
 from ipi.data.discover import summarise_skips
 from ipi.data.images import image_limits_for
 from ipi.detectors.crossfit import cross_fit_detector
 from ipi.evaluation.results import Settings
 from ipi.extraction.rows import build_rows
-from ipi.extraction.run import extract_features, transfer_rows
+from ipi.extraction.forward import extract_features, transfer_rows
 from ipi.probe.crossfit import FoldedProbe, TransferSource, cross_fit, make_folds
 from ipi.probe.fit import ProbeConfig
 from ipi.progress import quiet_lightning, set_quiet, track
@@ -38,7 +38,7 @@ from ipi.replay import count_plain_tokens
 from ipi.reporting.gallery import build_gallery, save_png_atomic
 from ipi.surfaces.registry import get_surface, surfaces
 from ipi.surfaces.wording import wording_overlap, wording_plan
-from ipi.twin import twin_config, twin_description, twin_seeds
+from ipi.run.twin import twin_config, twin_description, twin_seeds
 
 log = logging.getLogger(__name__)
 
@@ -311,7 +311,7 @@ def run_info(info: dict, infos: dict[str, dict], elapsed_s: float, attention: di
 
 
 def prepare(cfg: DictConfig) -> None:
-    """Check the config and quiet the libraries; raises ``ValueError`` as :func:`ipi.config.validate`."""
+    """Check the config and quiet the libraries; raises ``ValueError`` as :func:`ipi.run.config.validate`."""
     validate(cfg)
     quiet_lightning()
     set_quiet(True if cfg.quiet else None)  # None: auto (quiet under CI or IPI_QUIET=1)
@@ -336,7 +336,7 @@ def extraction_surfaces(cfg: DictConfig) -> list[str]:
 def twin_features(cfg: DictConfig, rows, features, layers: list[int], groups: list[str]):
     """The random-weight twins' features of the run's rows, one per ``evaluation.random_twin_seeds``.
 
-    Each twin (:func:`ipi.twin.twin_config`) extracts the same rows under its own cache key
+    Each twin (:func:`ipi.run.twin.twin_config`) extracts the same rows under its own cache key
     (verdict check 6; docs/estimands.md).
 
     Returns:
@@ -459,11 +459,11 @@ def fit_folds(cfg: DictConfig, meta: pd.DataFrame, x: np.ndarray, features, laye
     as ``cfg.evaluation`` asks; ``extra`` goes to :func:`ipi.probe.crossfit.cross_fit` (transfer
     source, logger, root dir). Leakage is asserted per fold on ids and on the rows of every fit.
 
-    ``det`` (:func:`ipi.detectors.run.build_detector`) other than ``logistic`` is cross-fitted by
-    :func:`ipi.detectors.run.fit_detector` on ``x_det`` (its own features; default ``x``) with the
+    ``det`` (:func:`ipi.run.detection.build_detector`) other than ``logistic`` is cross-fitted by
+    :func:`ipi.run.detection.fit_detector` on ``x_det`` (its own features; default ``x``) with the
     same baselines and permutation labels (docs/detectors.md).
     """
-    from ipi.detectors.run import fit_detector, permutation_m
+    from ipi.run.detection import fit_detector, permutation_m
 
     pcfg, l2, l2_grid = probe
     ev = cfg.evaluation

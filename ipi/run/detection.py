@@ -15,7 +15,7 @@ import pandas as pd
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from ipi.config import to_container
+from ipi.run.config import to_container
 from ipi.protocol import resolve_layers
 from ipi.detectors.crossfit import cross_fit_detector
 from ipi.probe.crossfit import TransferSource
@@ -64,7 +64,7 @@ def detector_record(cfg: DictConfig, det, fits=None) -> dict:
 
 def attention_layers(cfg: DictConfig, det) -> list[int]:
     """Decoder blocks the attention detector reads (``detector.layers`` or the run's layers)."""
-    from ipi.stages import layer_indices
+    from ipi.run.stages import layer_indices
 
     spec = det.layers
     if spec is None:
@@ -92,7 +92,7 @@ def attention_transfer_source(cfg: DictConfig, det, trajectories, surfaces: list
     Returns:
         ``(TransferSource, {surface: attention extraction info})``.
     """
-    from ipi.stages import make_rows
+    from ipi.run.stages import make_rows
 
     metas, xs, infos = [], [], {}
     for s in surfaces:

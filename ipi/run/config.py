@@ -23,6 +23,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.utils import get_method
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
+from ipi.extraction.prefix_reuse import PREFIX_REUSE_MODES, resolve_prefix_reuse  # noqa: F401 (re-exported)
 from ipi.protocol import (
     CONTROLS,
     DEFAULT_SYSTEM_PROMPT,
@@ -306,24 +307,6 @@ class EvaluationConf:
     random_twin_seeds: list[int] = field(default_factory=lambda: [1, 2, 3])
     # Replaced by random_twin_seeds; kept only so that the old key fails with a clear message.
     random_twin_seed: Any = None  # any type: a list ([1]) must reach the message too
-
-
-#: ``extract.prefix_reuse`` values (docs/extraction.md).
-PREFIX_REUSE_MODES: tuple[str, ...] = ("auto", "true", "false")
-
-
-def resolve_prefix_reuse(value) -> str:
-    """``extract.prefix_reuse`` as one of :data:`PREFIX_REUSE_MODES` (Hydra parses true/false as bools).
-
-    Raises:
-        ValueError: Any other value.
-    """
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    v = str(getattr(value, "value", value)).strip().lower()
-    if v not in PREFIX_REUSE_MODES:
-        raise ValueError(f"extract.prefix_reuse={value!r}; allowed: {', '.join(PREFIX_REUSE_MODES)}")
-    return v
 
 
 @dataclass

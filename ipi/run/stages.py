@@ -8,6 +8,7 @@ stage takes from its own piece of the config (``cfg.probe``, ``cfg.evaluation``)
 from __future__ import annotations
 
 import functools
+import json
 import logging
 from enum import Enum
 from pathlib import Path
@@ -16,6 +17,8 @@ import lightning as L
 import numpy as np
 import pandas as pd
 import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader, TensorDataset
@@ -23,10 +26,12 @@ from torch.utils.data import DataLoader, TensorDataset
 from ipi.backbone_text import load_tokenizer
 from ipi.run.config import enum_value as _value
 from ipi.run.config import resolved_controls, run_surface, to_container, validate
+from ipi.run.detection import fit_detector, permutation_m
+from ipi.run.settings import extract_settings
 from ipi.data import DataError
 from ipi.data.discover import summarise_skips
 from ipi.data.images import image_limits_for
-from ipi.detectors.crossfit import cross_fit_detector
+from ipi.detectors.crossfit import DetectorScores, cross_fit_detector
 from ipi.evaluation.results import Settings
 from ipi.extraction.rows import build_rows
 from ipi.extraction.forward import extract_features, transfer_rows
@@ -52,9 +57,6 @@ _SWEEP_MEMO_MAX = 16
 
 def in_multirun() -> bool:
     """Whether this process runs the jobs of a Hydra ``-m`` sweep (``hydra.mode=MULTIRUN``)."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
@@ -77,8 +79,6 @@ def sweep_memo(key: tuple, compute, what: str):
 
 
 def _config_key(node) -> str:
-    import json
-
     return json.dumps(to_container(node), sort_keys=True, default=str)
 
 
@@ -348,7 +348,7 @@ def twin_features(cfg: DictConfig, rows, features, layers: list[int], groups: li
     """
     x_twin, infos = {}, {}
     for seed in twin_seeds(cfg):
-        feats, infos[seed] = extract_features(twin_config(cfg, seed), rows, layers, list(TOKEN_GROUPS))
+        feats, infos[seed] = extract_features(extract_settings(twin_config(cfg, seed)), rows, layers, list(TOKEN_GROUPS))
         if feats is None:  # a non-zero DDP rank
             return None
         if feats.row_ids != features.row_ids:
@@ -409,9 +409,9 @@ def transfer_source(cfg: DictConfig, trajectories, surfaces: list[str], wording,
     src_meta, src_x, infos = [], [], {}
     for s in surfaces:
         # clean/attack rows only, unless the surface's own full entry is already cached
-        s_rows, shared = transfer_rows(cfg, make_rows(cfg, trajectories, s, wording=wording), layers,
+        s_rows, shared = transfer_rows(extract_settings(cfg), make_rows(cfg, trajectories, s, wording=wording), layers,
                                        list(TOKEN_GROUPS))
-        s_feat, infos[s] = extract_features(cfg, s_rows, layers, list(TOKEN_GROUPS))
+        s_feat, infos[s] = extract_features(extract_settings(cfg), s_rows, layers, list(TOKEN_GROUPS))
         if s_feat is None:  # a non-zero DDP rank
             return None
         infos[s]["transfer_rows"] = shared
@@ -463,8 +463,6 @@ def fit_folds(cfg: DictConfig, meta: pd.DataFrame, x: np.ndarray, features, laye
     :func:`ipi.run.detection.fit_detector` on ``x_det`` (its own features; default ``x``) with the
     same baselines and permutation labels (docs/detectors.md).
     """
-    from ipi.run.detection import fit_detector, permutation_m
-
     pcfg, l2, l2_grid = probe
     ev = cfg.evaluation
     li = [features.layers.index(i) for i in layers]
@@ -537,8 +535,6 @@ def score_test_rows(fits, x: np.ndarray, callbacks: list, loggers: list) -> None
     trainer = L.Trainer(accelerator="cpu", devices=1, logger=loggers or False, callbacks=callbacks,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     if getattr(fits, "test_scores", None) is not None:  # a detector's out-of-fold scores (docs/detectors.md)
-        from ipi.detectors.crossfit import DetectorScores
-
         trainer.predict(DetectorScores(fits.test_scores),
                         DataLoader(TensorDataset(torch.arange(len(te))), batch_size=4096), return_predictions=False)
         return

@@ -52,6 +52,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -66,7 +67,8 @@ from ipi.extraction.extractor import (
     pool_groups,
 )
 from ipi.tools.extraction_timing import _identity_final_norm
-from ipi.extraction.forward import extract_features
+from ipi.extraction.forward import ExtractSettings, extract_features
+from ipi.run.settings import extract_settings
 from ipi.tools.bootstrap_timing import bench_bootstrap, bench_permutation
 from ipi.progress import quiet_lightning
 from ipi.protocol import SURFACES, TOKEN_GROUPS
@@ -127,7 +129,7 @@ def subset_rows(overrides: list[str], n_steps: int, surfaces=SURFACES):
     return cfg, rows
 
 
-def baseline_features(cfg, rows, layers: list[int]) -> tuple[np.ndarray, np.ndarray, float]:
+def baseline_features(settings: ExtractSettings, rows, layers: list[int]) -> tuple[np.ndarray, np.ndarray, float]:
     """The naive way (module docstring): full forward + ``output_hidden_states``, one row at a time.
 
     Returns:
@@ -136,8 +138,8 @@ def baseline_features(cfg, rows, layers: list[int]) -> tuple[np.ndarray, np.ndar
     from ipi.backbone import build_backbone
 
     t0 = time.perf_counter()
-    bb = build_backbone(cfg.backbone.loader, with_lm_head=True)
-    ds = ReplayDataset(rows, bb.processor, cfg.backbone.system_prompt, bb.multimodal, bb.image_size,
+    bb = build_backbone(settings.backbone["loader"], with_lm_head=True)
+    ds = ReplayDataset(rows, bb.processor, settings.backbone["system_prompt"], bb.multimodal, bb.image_size,
                        bb.image_token_id)
     feats, coll = [], []
     with torch.inference_mode(), _identity_final_norm(bb.model):
@@ -151,17 +153,15 @@ def baseline_features(cfg, rows, layers: list[int]) -> tuple[np.ndarray, np.ndar
     return torch.stack(feats).numpy(), torch.stack(coll).numpy(), secs
 
 
-def project_features(cfg, rows, layers: list[int], cache_dir: str):
+def project_features(settings: ExtractSettings, rows, layers: list[int], cache_dir: str):
     """The project's path: :func:`ipi.extraction.forward.extract_features` into a fresh cache entry.
 
     Returns:
         ``(features [N, L, G, H], collapse [N, L], seconds, info)``.
     """
-
-    cfg.extract.cache_dir = cache_dir
-    cfg.extract.layers = []  # exactly `layers`: the same work as the baseline
+    settings = replace(settings, cache_dir=cache_dir, layers=())  # exactly `layers`: the same work as the baseline
     t0 = time.perf_counter()
-    fs, info = extract_features(cfg, rows, layers, list(TOKEN_GROUPS))
+    fs, info = extract_features(settings, rows, layers, list(TOKEN_GROUPS))
     secs = time.perf_counter() - t0
     li = [fs.layers.index(k) for k in layers]
     return fs.features[:, li].float().numpy(), fs.collapse[:, li].float().numpy(), secs, info
@@ -171,9 +171,9 @@ def _rss_probe(overrides: list[str], n_steps: int, shard_rows: int) -> dict:
     """Run the project path alone in this process and report its peak RSS."""
 
     cfg, rows = subset_rows(overrides, n_steps)
-    cfg.extract.shard_rows = shard_rows
     with tempfile.TemporaryDirectory() as tmp:
-        _, _, secs, _ = project_features(cfg, rows, layer_indices(cfg), tmp)
+        _, _, secs, _ = project_features(replace(extract_settings(cfg), shard_rows=shard_rows), rows,
+                                         layer_indices(cfg), tmp)
     return {"rows": len(rows), "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
             "seconds": round(secs, 2)}
 
@@ -215,7 +215,7 @@ def extraction_benchmark(n_steps: int = 6, rss_steps: tuple[int, int] = (4, 16),
     by_surface = {s: rs for s, rs in by_surface.items() if rs}
     out = {"benchmark": "extraction", "backbone": cfg.backbone.name, "steps": n_steps, "rows": len(rows),
            "rows_by_surface": {s: len(rs) for s, rs in by_surface.items()},
-           **speed_benchmark(cfg, by_surface, layers, reps=reps,
+           **speed_benchmark(extract_settings(cfg), by_surface, layers, reps=reps,
                              build_backbone=lambda: build_backbone(cfg.backbone.loader, with_lm_head=True),
                              build_ours=lambda: build_backbone(cfg.backbone.loader, max_layer=max(layers)))}
     if rss_steps:

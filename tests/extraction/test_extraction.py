@@ -80,7 +80,7 @@ def test_batched_rows_equal_single_rows(small_backbone, trajectories):
 
 def test_cache_reuse_and_invalidation(tmp_path, monkeypatch):
     from ipi.run import tasks
-    from ipi.extraction import run
+    from ipi.extraction import forward as run
 
     cfg = compose_train(tmp_path, ["data.max_trajectories=2", "layers=six"])
     f1, _info1 = tasks.extract(cfg)[0], None

@@ -18,7 +18,7 @@ __all__ = ["Detector", "check_fit_inputs"]
 
 @runtime_checkable
 class Detector(Protocol):
-    """What :func:`ipi.detectors.crossfit.cross_fit_detector` needs from a detector.
+    """What :func:`ipi.detectors.fitting.cross_fit_detector` needs from a detector.
 
     Attributes:
         name: Config name (``logistic``, ``diff_means``, ``mlp``, ``attention_focus``).

@@ -2,7 +2,7 @@
 
 ``detector=logistic`` keeps the probe's own path (:func:`ipi.probe.crossfit.cross_fit` and the
 dual-solver permutation test), so its numbers are those of the probe before detectors existed;
-every other detector goes through :func:`ipi.detectors.crossfit.cross_fit_detector`.
+every other detector goes through :func:`ipi.detectors.fitting.cross_fit_detector`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from ipi.detectors.attention import extract_attention, focus_ratios
-from ipi.detectors.crossfit import cross_fit_detector
+from ipi.detectors.fitting import cross_fit_detector
 from ipi.detectors.external import join_scores
 from ipi.detectors.linear import LogisticDetector
 from ipi.evaluation.scoretable import read_score_table

@@ -31,7 +31,7 @@ from ipi.run.settings import extract_settings
 from ipi.data import DataError
 from ipi.data.discover import summarise_skips
 from ipi.data.images import image_limits_for
-from ipi.detectors.crossfit import DetectorScores, cross_fit_detector
+from ipi.detectors.fitting import DetectorScores, cross_fit_detector
 from ipi.evaluation.results import Settings
 from ipi.extraction.rows import build_rows
 from ipi.extraction.forward import extract_features, transfer_rows
@@ -365,7 +365,7 @@ def twin_score_tables(meta: pd.DataFrame, x_twin: dict, folds, probe, test_index
     ``probe`` is :func:`probe_settings` of the run; ``extra`` goes to
     :func:`ipi.probe.crossfit.cross_fit` (root dir). ``det`` other than ``logistic`` (a
     hidden-state detector of :mod:`ipi.detectors`) is cross-fitted by
-    :func:`ipi.detectors.crossfit.cross_fit_detector` instead. No baselines and no permutation
+    :func:`ipi.detectors.fitting.cross_fit_detector` instead. No baselines and no permutation
     test: the twins enter only check 6 (E3 − max over twin seeds).
 
     Returns:

@@ -33,6 +33,7 @@ from ipi.protocol import (
 )
 from ipi.surfaces.surface import Surface
 from ipi.surfaces.registry import register, surface_class, surface_names
+from ipi.run.twin import twin_seeds
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -555,8 +556,6 @@ def validate(cfg: DictConfig) -> None:
             "[1,2,3] (docs/estimands.md)"
         )
     if cfg.evaluation.random_twin:
-        from ipi.run.twin import twin_seeds
-
         twin_seeds(cfg)  # non-empty, distinct, not the backbone's own seed
     if multi and cfg.evaluation.random_twin:
         seeds = list(cfg.evaluation.random_twin_seeds)

@@ -23,7 +23,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from ipi.run.config import validate, validate_sweep_job
+from ipi.run.config import EvaluateConf, check_known_keys, validate, validate_sweep_job
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,6 @@ def check_config(config: DictConfig, where: str = "", sweep: bool = False) -> No
     """
     if not all(k in config for k in ("surface", "control", "layers", "token_group", "backbone")):
         if "scores" in config:  # evaluate.py: its schema's keys only
-            from ipi.run.config import EvaluateConf, check_known_keys
 
             try:
                 check_known_keys(config, EvaluateConf)

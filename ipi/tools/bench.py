@@ -73,6 +73,8 @@ from ipi.tools.bootstrap_timing import bench_bootstrap, bench_permutation
 from ipi.progress import quiet_lightning
 from ipi.protocol import SURFACES, TOKEN_GROUPS
 from ipi.run.stages import layer_indices, load_data, make_rows
+from ipi.backbone import build_backbone
+from ipi.tools.extraction_timing import entry_timings, speed_benchmark
 
 #: Qwen2.5-VL-7B-Instruct's architecture (config.json of the checkpoint).
 QWEN2_5_VL_7B_TEXT = dict(
@@ -135,8 +137,6 @@ def baseline_features(settings: ExtractSettings, rows, layers: list[int]) -> tup
     Returns:
         ``(features [N, L, G, H], collapse [N, L], seconds)``.
     """
-    from ipi.backbone import build_backbone
-
     t0 = time.perf_counter()
     bb = build_backbone(settings.backbone["loader"], with_lm_head=True)
     ds = ReplayDataset(rows, bb.processor, settings.backbone["system_prompt"], bb.multimodal, bb.image_size,
@@ -205,9 +205,6 @@ def extraction_benchmark(n_steps: int = 6, rss_steps: tuple[int, int] = (4, 16),
     Returns:
         A JSON-able dict.
     """
-    from ipi.backbone import build_backbone
-    from ipi.tools.extraction_timing import speed_benchmark
-
     overrides = list(overrides)
     cfg, rows = subset_rows(overrides, n_steps)
     layers = layer_indices(cfg)
@@ -366,8 +363,6 @@ def main(argv: list[str] | None = None) -> None:
             p.error("--rss-steps takes two sizes, e.g. 4,16")
         out["extraction"] = extraction_benchmark(a.steps, rss, a.shard_rows, a.override, a.reps)
     if a.only in ("timings", "all") or (a.only == "extraction" and not a.no_timings):
-        from ipi.tools.extraction_timing import entry_timings
-
         with tempfile.TemporaryDirectory() as tmp:
             timings = entry_timings(REPO_ROOT, tmp, sweep=not a.no_sweep)
         if a.only == "extraction":

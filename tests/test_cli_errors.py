@@ -1,4 +1,4 @@
-"""Config values a library refuses, and mandatory values left out, end in one line (ipi.cli, ipi.hydra_callbacks)."""
+"""Config values a library refuses, and mandatory values left out, end in one line (ipi.run.cli, ipi.run.hydra_callbacks)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def test_int_for_a_float_in_the_model_config_names_the_key_and_the_fix():
     from hydra.errors import InstantiationException
     from hydra.utils import instantiate
 
-    from ipi.cli import input_error, message
+    from ipi.run.cli import input_error, message
 
     cfg = compose_train(REPO / "outputs" / "unused", ["+backbone.loader.text.initializer_range=30000"])
     with pytest.raises(InstantiationException) as e:
@@ -58,7 +58,7 @@ def test_detector_external_without_label_is_a_one_line_config_error(tmp_path):
 
 
 def test_missing_mandatory_values_are_found_without_resolving_anything():
-    from ipi.hydra_callbacks import ConfigError, _missing_keys, check_config
+    from ipi.run.hydra_callbacks import ConfigError, _missing_keys, check_config
 
     cfg = compose_train(REPO / "outputs" / "unused", ["detector=external"])
     assert _missing_keys(cfg) == ["detector.label", "detector.scores"]

@@ -116,10 +116,10 @@ def test_row_fingerprint_and_tree_fingerprint_see_a_rewritten_screenshot(tmp_pat
 def test_image_processor_backend_enters_the_key_only_when_not_the_default(tmp_path, monkeypatch):
     """PIL and torchvision give other pixel values: a PIL-backend entry has its own key; the
     torchvision backend (every existing entry's) keeps the key the spec gave before."""
-    from ipi.extraction import run
+    from ipi.extraction import forward as run
     from ipi.extraction.activation_cache import keyed_form, stable_hash
     from ipi.extraction.rows import row_fingerprint
-    from ipi.stages import load_data, make_rows
+    from ipi.run.stages import load_data, make_rows
 
     cfg = compose_train(tmp_path, ["data.max_trajectories=2"])
     trajs = load_data(cfg)[0]
@@ -128,7 +128,7 @@ def test_image_processor_backend_enters_the_key_only_when_not_the_default(tmp_pa
     key_tv, spec_tv = run.cache_key(cfg.backbone, rows, [0, 1], ["task"])
     assert "image_processor_backend" not in spec_tv
     # the key as it was computed before the backend entered it
-    b = run.to_container(cfg.backbone)
+    b = run._plain(cfg.backbone)
     old_spec = {"extraction_version": run.EXTRACTION_VERSION,
                 "backbone": {k: b[k] for k in ("name", "loader", "image_size", "tokenizer_path", "multimodal")},
                 "system_prompt": b["system_prompt"], "layers": [0, 1], "token_groups": ["task"],
@@ -143,7 +143,7 @@ def test_image_processor_backend_enters_the_key_only_when_not_the_default(tmp_pa
 def test_the_backend_is_resolved_as_the_processor_is_loaded():
     from transformers import AutoImageProcessor
 
-    from ipi.extraction.run import _backend_of
+    from ipi.extraction.forward import _backend_of
     from tests.conftest import PROCESSOR
 
     got = _backend_of(str(PROCESSOR), "c", ())

@@ -1,4 +1,4 @@
-"""A failing job of a ``-m`` sweep does not end the sweep (ipi.cli, ipi.hydra_callbacks, ipi.reporting.sweep).
+"""A failing job of a ``-m`` sweep does not end the sweep (ipi.run.cli, ipi.run.hydra_callbacks, ipi.reporting.sweep).
 
 Every job runs; each failure is recorded with its reason in the job's folder and listed in
 ``<sweep>/failed_jobs.json``; the command exits 1 at the end; the sweep report lists the failed
@@ -25,14 +25,14 @@ def _cfg(tmp_path: Path):
 
 @pytest.fixture
 def in_sweep(monkeypatch):
-    from ipi import cli
+    from ipi.run import cli
 
     monkeypatch.setattr(cli, "_in_multirun", lambda: True)
     monkeypatch.setattr(cli, "_job_identity", lambda: ("1", ["data.root=/bad", "seed=0"]))
 
 
 def test_failed_job_in_a_sweep_is_recorded_and_the_sweep_goes_on(tmp_path, in_sweep, capsys):
-    from ipi.cli import run_entry
+    from ipi.run.cli import run_entry
     from ipi.data.schema import DataError
 
     def bad_input(cfg):
@@ -49,7 +49,7 @@ def test_failed_job_in_a_sweep_is_recorded_and_the_sweep_goes_on(tmp_path, in_sw
 
 
 def test_a_bug_in_a_sweep_job_is_recorded_with_its_traceback(tmp_path, in_sweep):
-    from ipi.cli import run_entry
+    from ipi.run.cli import run_entry
 
     def bug(cfg):
         raise KeyError("oops")
@@ -61,7 +61,7 @@ def test_a_bug_in_a_sweep_job_is_recorded_with_its_traceback(tmp_path, in_sweep)
 
 
 def test_a_job_that_succeeds_on_rerun_loses_its_old_failure(tmp_path, in_sweep):
-    from ipi.cli import run_entry
+    from ipi.run.cli import run_entry
 
     (tmp_path / "job").mkdir()
     (tmp_path / "job" / "failed.json").write_text("{}")
@@ -72,7 +72,7 @@ def test_a_job_that_succeeds_on_rerun_loses_its_old_failure(tmp_path, in_sweep):
 def test_a_signal_still_ends_the_whole_sweep(tmp_path, in_sweep):
     import signal
 
-    from ipi.cli import run_entry
+    from ipi.run.cli import run_entry
     from ipi.interrupt import Interrupted
 
     def stopped(cfg):
@@ -84,7 +84,7 @@ def test_a_signal_still_ends_the_whole_sweep(tmp_path, in_sweep):
 
 
 def test_outside_a_sweep_an_input_error_is_one_line_exit_2_and_a_bug_keeps_its_traceback(tmp_path, capsys):
-    from ipi.cli import run_entry
+    from ipi.run.cli import run_entry
     from ipi.data.schema import DataError
 
     def bad(cfg):
@@ -107,7 +107,7 @@ def _job(sweep: Path, n: int, overrides: list[str], failure: dict | None) -> Non
 
 
 def test_multirun_end_lists_the_failed_jobs_and_exits_1(tmp_path, capsys):
-    from ipi.hydra_callbacks import ConfigCheck
+    from ipi.run.hydra_callbacks import ConfigCheck
 
     sweep = tmp_path / "sweep"
     common = ["seed=0", "quiet=true"]

@@ -21,7 +21,7 @@ it, the layer and token-group labels from its ``run`` section (``layers_config``
 A cell that two jobs claim (the sweep varied something else too) is an error naming both jobs.
 
 **Failed cells.** A job that failed (its folder holds ``failed.json``, written by
-:func:`ipi.cli.run_entry`; docs/sweeps.md) has no estimates: the report lists it under "Failed
+:func:`ipi.run.cli.run_entry`; docs/sweeps.md) has no estimates: the report lists it under "Failed
 cells" with its overrides and reason (``failed_cells.csv`` too), and it stays a member of the
 family below with p = 1 (it licenses nothing, and leaving it out would shrink the Holm family
 to the cells that happened to finish).
@@ -299,7 +299,7 @@ def failed_cells(sweep: str | Path) -> pd.DataFrame:
     ``cell`` is the job's overrides that not every job shares (the swept values); ``message`` is
     the first line of the reason (the whole one is in the job's ``failed.json``).
     """
-    from ipi.hydra_callbacks import cell_name, job_overrides, sweep_failures
+    from ipi.run.hydra_callbacks import cell_name, job_overrides, sweep_failures
 
     records = sweep_failures(sweep)
     jobs = job_overrides(sweep)

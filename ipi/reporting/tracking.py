@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from lightning.pytorch.loggers import WandbLogger
+from omegaconf import DictConfig
 
 from ipi.evaluation.reportable import estimand_entries, reportability_of
 from ipi.metrics.keys import CHECKS, CLAIM, COUNTS, VERDICT
@@ -101,25 +102,25 @@ def task_wrapper(task: Callable) -> Callable:
     """Wrap a task function so that the W&B run of the job is always finished (``finally``).
 
     Args:
-        task: ``task(cfg) -> (metrics, objects)``.
+        task: ``task(config) -> (metrics, objects)``.
 
     Returns:
         The wrapped task; exceptions propagate after the run was closed (marked failed).
     """
 
     @functools.wraps(task)
-    def wrapped(cfg, *args, **kwargs):
+    def wrapped(*args, **kwargs):
         failed = True
         try:
-            out = task(cfg, *args, **kwargs)
+            out = task(*args, **kwargs)
             failed = False
             return out
-        except Exception as e:  # the entry script reports it (ipi.cli); the log keeps its message
-            from ipi.cli import input_error, message
+        except Exception as e:  # the entry script reports it (ipi.run.cli); the log keeps its message
+            from ipi.run.cli import input_error, message
 
             inner = input_error(e) or e
             log.error("task %s failed: %s: %s", getattr(task, "__name__", task), type(inner).__name__,
-                      message(inner, cfg))
+                      message(inner, args[0] if args and isinstance(args[0], DictConfig) else None))
             raise
         finally:
             finish_wandb(exit_code=1 if failed else 0)

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.needs_shared
 
 def test_fp16_overflow_fails_naming_dtype_layer_and_remedy_and_no_entry_holds_it(tmp_path):
     from ipi.extraction.activation_cache import NonFiniteFeatures
-    from ipi.pipeline import extract
+    from ipi.run.tasks import extract
 
     cfg = compose_train(tmp_path, ["data.max_trajectories=2", "evaluation.transfer=false", "backbone.cache_dtype=float16",
                                    "+backbone.loader.text.initializer_range=3000.0", "extract.shard_rows=5"])
@@ -39,7 +39,7 @@ def test_fp16_overflow_fails_naming_dtype_layer_and_remedy_and_no_entry_holds_it
 
 def test_the_same_activations_in_float32_are_cached(tmp_path):
     """The check passes what it should: float32 holds these activations."""
-    from ipi.pipeline import extract
+    from ipi.run.tasks import extract
 
     cfg = compose_train(tmp_path, ["data.max_trajectories=2", "evaluation.transfer=false", "backbone.cache_dtype=float32",
                                    "+backbone.loader.text.initializer_range=3000.0"])

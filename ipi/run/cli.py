@@ -10,7 +10,7 @@ full traceback. SIGTERM and SIGINT end the command within seconds with status 12
 the failure is written to the job's folder as :data:`FAILED_FILE` (``{"job", "overrides",
 "error", "message", "input_error", "traceback"}``; the traceback only for a bug), one line
 ``job N (overrides) failed: ...`` goes to stderr, and the next job starts. When every job has
-run, :class:`ipi.hydra_callbacks.ConfigCheck` lists the failed jobs in
+run, :class:`ipi.run.hydra_callbacks.ConfigCheck` lists the failed jobs in
 ``<sweep>/failed_jobs.json`` and on stderr and ends the command with status 1; the sweep report
 (:mod:`ipi.reporting.sweep`) lists them as failed cells. This is Hydra's own rule for a failing
 job (run every job, report the failures at the end), kept for input errors that end a single
@@ -29,7 +29,11 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from ipi.hydra_callbacks import FAILED_FILE  # a failed sweep job's record, in its own folder
+from ipi.data.schema import DataError
+from ipi.extraction.activation_cache import CacheError
+from ipi.interrupt import Interrupted, stop_on_signals
+from ipi.probe.split import LeakageError
+from ipi.run.hydra_callbacks import FAILED_FILE  # a failed sweep job's record, in its own folder
 
 log = logging.getLogger(__name__)
 
@@ -37,10 +41,6 @@ log = logging.getLogger(__name__)
 def _input_errors() -> tuple[type[BaseException], ...]:
     from huggingface_hub.errors import StrictDataclassError
     from omegaconf.errors import MissingMandatoryValue
-
-    from ipi.data.schema import DataError
-    from ipi.extraction.activation_cache import CacheError
-    from ipi.probe.split import LeakageError
 
     return (DataError, CacheError, LeakageError, FileNotFoundError, NotADirectoryError,
             IsADirectoryError, ValueError, StrictDataclassError, MissingMandatoryValue)
@@ -168,14 +168,12 @@ def run_entry(task: Callable[[DictConfig], tuple], cfg: DictConfig) -> tuple | N
     docstring); a signal still ends the whole sweep.
 
     Args:
-        task: ``ipi.pipeline.train`` / ``extract`` / ``evaluate``.
+        task: ``ipi.run.tasks.train`` / ``extract`` / ``evaluate``.
         cfg: The composed config.
 
     Returns:
         What the task returns (None for a failed job of a sweep).
     """
-    from ipi.interrupt import Interrupted, stop_on_signals
-
     sweep = _in_multirun()
     out_dir = cfg.paths.output_dir
     if sweep:  # a rerun into the same sweep folder: an old failure is not this job's

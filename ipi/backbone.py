@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ipi.io import local_content_digest
+
 
 @dataclass
 class Backbone:
@@ -132,15 +134,12 @@ def load_processor(path: str | os.PathLike, **kwargs):
 
     The main backbone, its random twins and the bench build several backbones on one processor;
     parsing the tokenizer files each time costs ~1 s. Processors are only read, never changed.
-    A local folder is remembered by its content (:func:`ipi.extraction.activation_cache.
-    local_content_digest`, memoised by its files' inodes, sizes and times), so changed processor
+    A local folder is remembered by its content (:func:`ipi.io.local_content_digest`, memoised by its files' inodes, sizes and times), so changed processor
     files are loaded again.
     """
     local = os.path.isdir(str(path))
     content = None
     if local:
-        from ipi.extraction.activation_cache import local_content_digest
-
         content = local_content_digest(path)
     return _processor(os.path.abspath(path) if local else str(path), tuple(sorted(kwargs.items())), content)
 

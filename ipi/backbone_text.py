@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from ipi.backbone import Backbone, _freeze, keep_decoder_layers, random_init_from_config
+from ipi.io import local_content_digest
 
 __all__ = ["TextChatProcessor", "build_gguf_causal_lm", "find_gguf", "load_tokenizer", "package_dir"]
 
@@ -105,8 +106,6 @@ def load_tokenizer(path: str | os.PathLike, **kwargs):
     """
     content = None
     if os.path.isdir(str(path)):
-        from ipi.extraction.activation_cache import local_content_digest
-
         content = local_content_digest(path)
     return _tokenizer(str(path), tuple(sorted(kwargs.items())), content)
 

@@ -42,6 +42,11 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from ipi.io import atomic_path, atomic_write_text  # noqa: F401  (re-exported)
+from ipi.io import (  # noqa: F401  (re-exported: content digests live in ipi.io, below the backbone)
+    WHOLE_FILE_BYTES,
+    content_addressed,
+    local_content_digest,
+)
 
 CACHE_FORMAT = 1
 MANIFEST = "manifest.json"
@@ -83,87 +88,6 @@ def file_sha256(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-#: Files up to this size are hashed whole by :func:`local_content_digest` (processor files, a
-#: GGUF of a small model); larger ones (checkpoint weights) are identified by location instead.
-WHOLE_FILE_BYTES = 256 << 20
-
-
-def _file_fingerprint(path: Path, size: int, mtime_ns: int) -> str:
-    if size > WHOLE_FILE_BYTES:
-        # Hashing 16 GB of weights is not a price for a cache hit, and a partial read could miss
-        # a fine-tune that left the sampled bytes alone: large files key by where they are.
-        return "file:" + json.dumps([str(path.resolve()), size, mtime_ns])
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while b := f.read(1 << 20):
-            h.update(b)
-    return h.hexdigest()
-
-
-_DIGESTS: dict[tuple, str] = {}
-
-
-def local_content_digest(path: str | os.PathLike) -> str:
-    """Content digest of a local file or folder, so that a cache key does not depend on where it lies.
-
-    A folder's digest covers the relative name and content of every regular file below it,
-    leaving out dot-files and ``__pycache__``. Files up to :data:`WHOLE_FILE_BYTES` (256 MiB) enter
-    by their bytes; larger ones (checkpoint weights) by resolved path, size and modification
-    time, so a warm run does not read 16 GB of weights to find its cache entry, and a rewritten
-    checkpoint keys a new entry. Memoised per process on (path, size, mtime, inode, ctime) of
-    every file.
-
-    Args:
-        path: An existing local file or folder.
-
-    Returns:
-        ``"sha256:<hex>"``.
-
-    Raises:
-        FileNotFoundError: ``path`` does not exist.
-    """
-    root = Path(path)
-    if root.is_file():
-        files = [(root.name, root)]
-    elif root.is_dir():
-        files = sorted(
-            (p.relative_to(root).as_posix(), p) for p in root.rglob("*")
-            if p.is_file() and "__pycache__" not in p.parts
-            and not any(part.startswith(".") for part in p.relative_to(root).parts))
-    else:
-        raise FileNotFoundError(f"{path}: no such file or folder")
-    # memo key: size and mtime enter the digest of a large file; inode and ctime change on every
-    # rewrite (atomic or in place) even when size and mtime do not, so the memo never serves
-    # another content's digest (ipi.io.stat_fingerprint)
-    stats = tuple((rel, st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
-                  for rel, p in files for st in (p.stat(),))
-    memo_key = (str(root.resolve()), stats)
-    if memo_key not in _DIGESTS:
-        h = hashlib.sha256()
-        for (rel, p), (_, size, mtime_ns, _, _) in zip(files, stats, strict=True):
-            h.update(f"{rel}\0{_file_fingerprint(p, size, mtime_ns)}\n".encode())
-        _DIGESTS[memo_key] = "sha256:" + h.hexdigest()
-    return _DIGESTS[memo_key]
-
-
-def content_addressed(node):
-    """``node`` (a JSON-like config tree) with every local path replaced by its content digest.
-
-    A string holding a ``/`` that names an existing file or folder (the tiny backbone's processor
-    files, a GGUF package folder, a local checkpoint) becomes :func:`local_content_digest` of it.
-    Hub ids (``Qwen/Qwen2.5-VL-7B-Instruct``) that are not local folders stay as they are; files
-    over :data:`WHOLE_FILE_BYTES` key by location (see :func:`local_content_digest`). The
-    cache key of an extraction hashes this form of the backbone node, so the same files reached
-    through another path (a moved data copy, another checkout, another cluster mount) find the
-    same entry, and changed files do not.
-    """
-    if isinstance(node, dict):
-        return {k: content_addressed(v) for k, v in node.items()}
-    if isinstance(node, (list, tuple)):
-        return [content_addressed(v) for v in node]
-    if isinstance(node, str) and "/" in node and os.path.exists(node):
-        return local_content_digest(node)
-    return node
 
 
 #: Spec fields whose local paths enter the cache key by content (:func:`content_addressed`): the

@@ -69,6 +69,7 @@ import pandas as pd
 
 from ipi.evaluation.results import DEFAULTS
 from ipi.io import atomic_write_text
+from ipi.sweep_records import cell_name, job_overrides, sweep_failures
 from ipi.metrics.keys import (
     BOOTSTRAP,
     CHECKS,
@@ -299,8 +300,6 @@ def failed_cells(sweep: str | Path) -> pd.DataFrame:
     ``cell`` is the job's overrides that not every job shares (the swept values); ``message`` is
     the first line of the reason (the whole one is in the job's ``failed.json``).
     """
-    from ipi.run.hydra_callbacks import cell_name, job_overrides, sweep_failures
-
     records = sweep_failures(sweep)
     jobs = job_overrides(sweep)
     common = set.intersection(*map(set, jobs)) if len(jobs) > 1 else set()

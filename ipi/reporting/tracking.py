@@ -115,12 +115,10 @@ def task_wrapper(task: Callable) -> Callable:
             out = task(*args, **kwargs)
             failed = False
             return out
-        except Exception as e:  # the entry script reports it (ipi.run.cli); the log keeps its message
-            from ipi.run.cli import input_error, message
-
-            inner = input_error(e) or e
-            log.error("task %s failed: %s: %s", getattr(task, "__name__", task), type(inner).__name__,
-                      message(inner, args[0] if args and isinstance(args[0], DictConfig) else None))
+        except Exception as e:  # the entry script reports it (ipi.run.cli); the log keeps its first line
+            first = str(e).strip().splitlines()
+            log.error("task %s failed: %s: %s", getattr(task, "__name__", task), type(e).__name__,
+                      first[0] if first else "")
             raise
         finally:
             finish_wandb(exit_code=1 if failed else 0)

@@ -30,6 +30,13 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from ipi.run.config import EvaluateConf, check_known_keys, validate, validate_sweep_job
+from ipi.sweep_records import (  # noqa: F401  (re-exported)
+    FAILED_FILE,
+    FAILED_JOBS_FILE,
+    cell_name,
+    job_overrides,
+    sweep_failures,
+)
 
 log = logging.getLogger(__name__)
 
@@ -117,38 +124,6 @@ def _exit_on_error(fn, *args) -> None:
         raise SystemExit(1) from None
 
 
-#: Written by :func:`ipi.run.cli.record_failure` into a failed job's folder (kept here: no torch import).
-FAILED_FILE = "failed.json"
-#: The sweep's list of failed jobs, in the sweep folder.
-FAILED_JOBS_FILE = "failed_jobs.json"
-
-
-def sweep_failures(sweep_dir: str | Path) -> list[dict]:
-    """The failure records of a sweep's jobs (``<sweep>/<n>/failed.json``), in job order.
-
-    :func:`ipi.run.cli.run_entry` removes a job's old record when the job starts again (a rerun into
-    the same sweep folder), so a record present is from this sweep.
-
-    Args:
-        sweep_dir: The multirun folder.
-
-    Returns:
-        ``[{"job", "overrides", "error", "message", "input_error", "traceback", "folder"}]``; an
-        unreadable record is reported with ``error = "unreadable failed.json"``.
-    """
-    out = []
-    root = Path(sweep_dir)
-    if not root.is_dir():
-        return out
-    for f in root.glob(f"*/{FAILED_FILE}"):
-        try:
-            rec = json.loads(f.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as e:
-            rec = {"job": f.parent.name, "overrides": [], "error": "unreadable failed.json", "message": str(e)}
-        out.append({**rec, "folder": str(f.parent)})
-    return sorted(out, key=lambda r: (0, int(r["job"])) if str(r.get("job")).isdigit() else (1, str(r.get("job"))))
-
-
 def report_sweep_failures(sweep_dir: str | Path) -> list[dict]:
     """Write ``<sweep>/failed_jobs.json`` (always, ``[]`` when none failed) and print the failed jobs.
 
@@ -170,18 +145,6 @@ def report_sweep_failures(sweep_dir: str | Path) -> list[dict]:
         sys.stderr.write("\n".join(lines) + "\n")
         sys.stderr.flush()
     return failures
-
-
-def job_overrides(sweep_dir: str | Path) -> list[list[str]]:
-    """The overrides of every job folder of a sweep (``<n>/.hydra/overrides.yaml``)."""
-    from omegaconf import OmegaConf
-
-    return [[str(o) for o in OmegaConf.load(f)] for f in sorted(Path(sweep_dir).glob("*/.hydra/overrides.yaml"))]
-
-
-def cell_name(overrides: list[str], common: set[str]) -> str:
-    """The overrides of one job that not every job of its sweep shares (the swept values)."""
-    return " ".join(o for o in overrides if o not in common) or " ".join(overrides)
 
 
 class ConfigCheck(Callback):

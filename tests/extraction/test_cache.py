@@ -91,7 +91,7 @@ def test_local_content_digest_small_files_by_bytes_large_files_by_location(tmp_p
     import os
     import shutil
 
-    import ipi.extraction.activation_cache as cache
+    import ipi.io as cache
 
     monkeypatch.setattr(cache, "WHOLE_FILE_BYTES", 2 << 20)
     tick = iter(range(1, 100))

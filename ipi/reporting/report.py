@@ -26,6 +26,7 @@ from ipi.metrics.keys import (
     CHECKS,
     CLAIM,
     CLUSTERS_BY_ESTIMAND,
+    EFFECTIVE_CLUSTERS_BY_ESTIMAND,
     COUNTS,
     DIFFERENCES,
     E1,
@@ -271,12 +272,23 @@ def cluster_lines(results: Mapping) -> list[str]:
     v = results.get(VERDICT) or {}
     rep = v.get(REPORTABILITY) or {}
     mc = v.get("min_clusters")
-    return [f"{k}: {x['clusters']}" + ("" if x["reportable"] else f" (< {mc}: not used by the verdict)")
+    return [f"{k}: {x['clusters']}" + (f" ({x['effective']:.1f} effective, Kish)" if "effective" in x else "")
+            + ("" if x["reportable"] else f" (< {mc}: not used by the verdict)")
             for k, x in rep.items()]
 
 
 def _bootstrap_text(bs: Mapping) -> str:
-    return ", ".join(f"{k}={v}" for k, v in bs.items() if k != CLUSTERS_BY_ESTIMAND)
+    return ", ".join(f"{k}={v}" for k, v in bs.items()
+                     if k not in (CLUSTERS_BY_ESTIMAND, EFFECTIVE_CLUSTERS_BY_ESTIMAND))
+
+
+#: Said beside the verdict of a run on a constructed backbone (issue 23; ``run.backbone_weights``).
+CONSTRUCTED_NOTE = ("Constructed backbone (backbone.constructed=true): its weights were built to plant a known "
+                    "truth; it is not a model of any agent, and a claim here is about the planted truth only.")
+
+
+def _constructed(results: Mapping) -> bool:
+    return (results.get(RUN) or {}).get("backbone_weights") == "constructed"
 
 
 def render_report(results: dict, figures: Mapping[str, str] | None = None) -> str:
@@ -297,6 +309,8 @@ def render_report(results: dict, figures: Mapping[str, str] | None = None) -> st
         lines += ["## Verdict (PROTOCOL.md §7)", "", f"**Licensed claim: {v[CLAIM]}**", ""]
         if v.get("claim_note"):
             lines += [f"*{v['claim_note']}*", ""]
+        if _constructed(r):
+            lines += [f"**{CONSTRUCTED_NOTE}**", ""]
         lines += [f"- [{c['status']}] {c['id']}. {c['name']}: {c['detail']}" for c in v[CHECKS]]
         lines.append("")
         note = construction_note(r)
@@ -460,6 +474,8 @@ def render_html(results: Mapping, figures: Mapping[str, str | Path] | None = Non
         out.append("</table>")
         if v.get("claim_note"):
             out.insert(len(out) - len(v[CHECKS]) - 2, f'<p class="muted">{_h(v["claim_note"])}</p>')
+        if _constructed(r):
+            out.append(f"<p><b>{_h(CONSTRUCTED_NOTE)}</b></p>")
         note = construction_note(r)
         if note:
             out.append(f"<p><b>Check 2 on this surface.</b> {_h(note)}</p>")

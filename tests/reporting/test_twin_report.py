@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from ipi.evaluation.verdict import verdict
 from ipi.reporting.report import render_html, render_report
-from tests.evaluation.test_check6 import _iv, _results
+from tests.evaluation.test_verdict import _iv, _results as _results_19
+
+
+def _results():
+    r = _results_19(s=2)
+    r["differences"]["e3_minus_twin_e3"] = {"c_scrambled": _iv(0.2, 0.1, 0.3), "c_imperative": _iv(0.25, 0.1, 0.3)}
+    r["differences"]["e3_minus_twin_e3_predictive"] = {"c_scrambled": _iv(0.2, 0.08, 0.32),
+                                                       "c_imperative": _iv(0.25, 0.09, 0.31)}
+    r["random_twin"]["e3"] = {"c_scrambled": _iv(0.5, 0.4, 0.6), "c_imperative": _iv(0.5, 0.4, 0.6)}
+    return r
 
 def test_report_shows_trained_every_twin_seed_and_the_envelope():
     r = _results()

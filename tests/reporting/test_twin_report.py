@@ -44,3 +44,15 @@ def test_report_shows_trained_every_twin_seed_and_the_envelope():
     r["run"]["random_twin"] = None  # twin off: no table, no error
     del r["random_twin"]
     assert "random-weight twin (check 6)" not in render_report(r)
+
+
+def test_report_says_a_constructed_backbone_is_planted_truth():
+    r = _results_19()
+    r["verdict"] = verdict(r, pretrained=False, constructed=True)
+    r["run"] = {"surface": "i_dom", "backbone_weights": "constructed"}
+    md, html = render_report(r), render_html(r)
+    assert r["verdict"]["claim"] == "detects malicious content"  # not capped: judged against its twins
+    for text in (md, html):
+        assert "Constructed backbone (backbone.constructed=true)" in text and "not a model of any agent" in text
+    r["run"]["backbone_weights"] = "pretrained"
+    assert "Constructed backbone" not in render_report(r)

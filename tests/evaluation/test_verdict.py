@@ -389,7 +389,7 @@ def test_config_permutation_schema_and_validation(tmp_path):
     from tests.conftest import compose_train
 
     cfg = compose_train(tmp_path)
-    assert cfg.evaluation.permutation.m == 199 and cfg.evaluation.min_clusters == 5
+    assert cfg.evaluation.permutation.m == 199 and cfg.evaluation.min_clusters == 12
     for ov, msg in (("evaluation.permutation.m=-1", "permutation.m"),
                     ("evaluation.permutation.alpha=1.5", "permutation.alpha"),
                     ("evaluation.min_clusters=0", "min_clusters")):

@@ -37,6 +37,7 @@ from ipi.metrics.estimands import EstimandSet, estimands
 from ipi.metrics.keys import (
     BY_SEED,
     E1,
+    E1_PAIRED,
     E3_MINUS_MEAN_TWIN_E3,
     GUARDS,
     E1_MINUS_TWIN_E1,
@@ -231,7 +232,8 @@ class RandomTwin:
         """``{"e1", "e2", "e3": {control}, "seeds", "by_seed": {seed: {"e1", "e2", "e3"}}}``."""
         return {E1: self.e1.to_dict(), E2: self.e2.to_dict(), E3: {c: iv.to_dict() for c, iv in self.e3.items()},
                 SEEDS: self.seeds, GUARDS: list(self.guards),
-                BY_SEED: {seed: s.to_dict() for seed, s in self.by_seed.items()}}
+                BY_SEED: {seed: {k: v for k, v in s.to_dict().items() if k != E1_PAIRED}
+                          for seed, s in self.by_seed.items()}}
 
     def cluster_counts(self) -> dict:
         """Trajectories contributing to every seed's estimand (§7.0), and each seed's own counts."""

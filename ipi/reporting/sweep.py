@@ -68,6 +68,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from ipi.evaluation.results import DEFAULTS
@@ -209,10 +210,6 @@ def familywise_rank(e3_by_network) -> dict:
         ``{"cells": [K] bool, "p_family": (1 + #{n >= 1: M_n >= M_0})/(S+1), "margin": [K],
         "twin_best": max_{n>=1} M_n, "level": 1/(S+1)}``.
     """
-    import math
-
-    import numpy as np
-
     e = np.asarray(e3_by_network, dtype=np.float64)
     n_net = e.shape[0]
     margins = np.empty(e.shape[:2])

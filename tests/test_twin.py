@@ -128,10 +128,29 @@ def test_twin_seeds_validated_and_the_old_single_seed_key_refused(tmp_path):
     from ipi.run.config import validate
     from ipi.run.twin import twin_seeds
 
-    assert twin_seeds(compose_train(tmp_path, ["evaluation.random_twin=true"])) == [1, 2, 3]  # the default
+    assert twin_seeds(compose_train(tmp_path, ["evaluation.random_twin=true"])) == list(range(1, 20))  # the default
     assert twin_seeds(compose_train(tmp_path, [])) == []  # twin off
     for seeds, msg in (("[]", "is empty"), ("[1,1]", "repeats a seed"), ("[0,2]", "backbone itself")):
         with pytest.raises(ValueError, match=msg):
             validate(compose_train(tmp_path, ["evaluation.random_twin=true", f"evaluation.random_twin_seeds={seeds}"]))
     with pytest.raises(ValueError, match=r"was replaced by evaluation.random_twin_seeds.*\[4\]"):
         validate(compose_train(tmp_path, ["evaluation.random_twin=true", "evaluation.random_twin_seed=4"]))
+
+
+@pytest.mark.needs_shared
+def test_random_twin_auto_spends_no_twin_on_a_random_backbone(tmp_path):
+    """auto (the default): off for a backbone whose own weights are random (the tiny one), on for a
+    pretrained or a constructed (planted-truth, issue 23) backbone; the run records which."""
+    from ipi.run.twin import backbone_weights, twin_description, twins_on
+
+    auto = ["evaluation.random_twin=auto"]
+    cfg = compose_train(tmp_path, auto)
+    assert backbone_weights(cfg) == "random" and not twins_on(cfg)
+    cfg = compose_train(tmp_path, [*auto, "backbone.constructed=true"])
+    assert backbone_weights(cfg) == "constructed" and twins_on(cfg)
+    assert twin_description(cfg)["backbone_weights"] == "constructed"
+    cfg = compose_train(tmp_path, [*auto, "backbone.pretrained=true"])
+    assert backbone_weights(cfg) == "pretrained" and twins_on(cfg)
+    assert not twins_on(compose_train(tmp_path, ["evaluation.random_twin=false", "backbone.pretrained=true"]))
+    with pytest.raises(ValueError, match="allowed: true, false, auto"):
+        twins_on(compose_train(tmp_path, ["evaluation.random_twin=maybe"]))

@@ -12,10 +12,11 @@ every single estimate the same treatment, so that the estimands table (``report.
 (reportable) or a one-line reason (every rule that applies, joined by ``"; "``). The rules:
 
 1. **undefined**: no estimate, or no interval;
-2. **too few clusters**: fewer than ``min_clusters`` test trajectories contribute rows to both
-   sides of this estimand (``results["bootstrap"]["clusters_by_estimand"]``, PROTOCOL.md §7.0;
-   results without per-estimand counts use ``results["bootstrap"]["n_clusters"]``), the same
-   gate the verdict applies;
+2. **too few clusters**: fewer than ``min_clusters`` **effective** test trajectories (Kish, from
+   the weights the estimand uses: ``results["bootstrap"]["effective_clusters_by_estimand"]``;
+   older results: the trajectories contributing rows to both sides,
+   ``clusters_by_estimand``, or ``n_clusters``; PROTOCOL.md §7.0), the same gate the verdict
+   applies;
 3. **too few replicates**: ``n_boot_used`` below ``min_boot_fraction`` × ``n_boot`` (the other
    replicates had no positive or no negative row and were dropped, so the interval describes
    the unusual draws that remained);
@@ -39,6 +40,8 @@ from ipi.metrics.keys import (
     COLLAPSE_ONLY,
     DIFFERENCES,
     E1,
+    E1_PAIRED,
+    EFFECTIVE_CLUSTERS_BY_ESTIMAND,
     E2,
     E3,
     ESTIMATE,
@@ -73,8 +76,10 @@ def estimand_entries(results: Mapping) -> list[tuple[str, str, Mapping | None]]:
     per control, each baseline's E1 (and E2; C1's E3 per control), then the paired differences.
     """
     r = results
-    rows: list[tuple[str, str, Mapping | None]] = [(E1, "E1 attack vs clean", r.get(E1)),
-                                                   (E2, "E2 paired step", r.get(E2))]
+    rows: list[tuple[str, str, Mapping | None]] = [(E1, "E1 attack vs clean", r.get(E1))]
+    if r.get(E1_PAIRED) is not None:
+        rows.append((E1_PAIRED, "E1 over steps having attack and clean (check 1)", r.get(E1_PAIRED)))
+    rows.append((E2, "E2 paired step", r.get(E2)))
     rows += [(dotted(E3, c), f"E3 attack vs {c}", iv) for c, iv in sorted((r.get(E3) or {}).items())]
     for key, label in BASELINE_LABELS.items():
         if isinstance(r.get(key), Mapping):
@@ -136,6 +141,14 @@ def _clusters(boot: Mapping, key: str) -> int | None:
     return _count(boot.get(N_CLUSTERS))
 
 
+def _effective(boot: Mapping, key: str) -> float | None:
+    """Kish effective test trajectories behind one estimand (``effective_clusters_by_estimand``), or None."""
+    v = boot.get(EFFECTIVE_CLUSTERS_BY_ESTIMAND)
+    for part in key.split("."):
+        v = v.get(part) if isinstance(v, Mapping) else None
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
 def reportability(results: Mapping, *, min_clusters: int = DEFAULTS.min_clusters,
                   min_boot_fraction: float = DEFAULTS.min_boot_fraction) -> dict[str, str | None]:
     """Whether each estimate may be reported, and if not, why (rules in the module docstring).
@@ -159,6 +172,7 @@ def reportability(results: Mapping, *, min_clusters: int = DEFAULTS.min_clusters
         iv = iv or {}
         est, lo, hi = (_num(iv.get(k)) for k in (ESTIMATE, CI_LOW, CI_HIGH))
         n_clusters = _clusters(boot, key)
+        n_eff = _effective(boot, key)
         used = iv.get(N_BOOT_USED)
         if est is None:
             out[key] = "undefined (no estimate)"
@@ -167,7 +181,10 @@ def reportability(results: Mapping, *, min_clusters: int = DEFAULTS.min_clusters
             out[key] = "undefined interval"
             continue
         reasons = []
-        if n_clusters is not None and n_clusters < min_clusters:
+        if n_eff is not None and n_eff < min_clusters:
+            reasons.append(f"only {n_eff:.1f} effective test trajectories (Kish, from the weights it uses; "
+                           f"{n_clusters} contribute) (< {min_clusters})")
+        elif n_eff is None and n_clusters is not None and n_clusters < min_clusters:
             reasons.append(f"only {n_clusters} test trajector{'y contributes' if n_clusters == 1 else 'ies contribute'} "
                            f"(< {min_clusters})")
         if isinstance(n_boot, (int, float)) and isinstance(used, (int, float)) and n_boot > 0 \

@@ -28,7 +28,10 @@ from ipi.metrics.keys import (
     COUNTS,
     DIFFERENCES,
     E1,
+    E1_PAIRED,
     E3,
+    EFFECTIVE_CLUSTERS_BY_ESTIMAND,
+    GUARDS,
     N_CLUSTERS,
     PERMUTATION,
     RANDOM_TWIN,
@@ -40,7 +43,8 @@ from ipi.metrics.keys import (
 )
 from ipi.metrics.permutation import ALPHA
 
-__all__ = ["DEFAULTS", "Check", "Reportability", "Results", "ResultsView", "Settings", "Verdict"]
+__all__ = ["CONSTRUCTED", "DEFAULTS", "PRETRAINED", "RANDOM", "REQUIRED_CONTROLS", "Check", "Reportability", "Results",
+           "ResultsView", "Settings", "Verdict"]
 
 
 @dataclass(frozen=True)
@@ -54,13 +58,22 @@ class Settings:
         interval: ``"percentile"`` (PROTOCOL.md §5) or ``"bca"``.
         collapse_ceiling: Ceiling of verdict check 5 (PROTOCOL.md §6 default 0.60).
         c1_max: Bound C1's E1 must stay below in check 2 (PROTOCOL.md §7: 0.95).
-        min_clusters: Fewest test trajectories contributing rows to both sides of an estimand for
-            it to enter a check or be reportable (PROTOCOL.md §7.0).
+        min_clusters: Fewest **effective** test trajectories (Kish, from the weights the estimand
+            uses; :mod:`ipi.metrics.estimands`) on the poorer side of an estimand for it to enter
+            a check or be reportable (PROTOCOL.md §7.0); 12 is where the self-test's false
+            "separates" stays under 0.05 (docs/selftest.md).
         min_boot_fraction: Fewest usable replicates, as a fraction of ``n_boot``, for an estimate
             to be reportable (:mod:`ipi.evaluation.reportable`).
         alpha: Level of the exact permutation test (check 4).
         pretrained: ``backbone.pretrained`` (False fails check 6: at most "separates ..."), or
             None when unknown (a score table).
+        constructed: ``backbone.constructed``: a planted-truth backbone whose weights were
+            built, not trained (issue 23): not capped (check 6 runs with its twins), and the
+            verdict says it is constructed (planted truth, not a model of any agent).
+        required_controls: The controls check 3 cannot do without (the surface's
+            ``required_controls``), or None for a score table of unknown surface (then
+            :data:`REQUIRED_CONTROLS`, every control any surface requires).
+        twin_level: The rank level check 6 aims at: the verdict says when ``1/(S+1)`` is above it.
     """
 
     n_boot: int = N_BOOT
@@ -69,10 +82,27 @@ class Settings:
     interval: str = INTERVAL
     collapse_ceiling: float = 0.60
     c1_max: float = 0.95
-    min_clusters: int = 5
+    min_clusters: int = 12
     min_boot_fraction: float = 0.9
     alpha: float = ALPHA
     pretrained: bool | None = None
+    constructed: bool = False
+    required_controls: tuple[str, ...] | None = None
+    twin_level: float = 0.05
+
+    @property
+    def backbone_weights(self) -> str | None:
+        """``"constructed"``, ``"pretrained"``, ``"random"`` or None (unknown: a score table)."""
+        if self.constructed:
+            return CONSTRUCTED
+        return None if self.pretrained is None else PRETRAINED if self.pretrained else RANDOM
+
+
+#: What results.json says of the backbone's own weights (``run.backbone_weights``).
+PRETRAINED, RANDOM, CONSTRUCTED = "pretrained", "random", "constructed"
+#: Controls check 3 needs when the surface is unknown (PROTOCOL.md §7.3: ``c_scrambled`` matters
+#: most; ``c_imperative`` wherever the surface defines it, as all three shipped surfaces do).
+REQUIRED_CONTROLS = ("c_scrambled", "c_imperative")
 
 
 #: The default settings (PROTOCOL.md's defaults).
@@ -211,9 +241,24 @@ class ResultsView:
         return self.get(E1)
 
     @property
+    def e1_paired(self):
+        """The probe's E1 over the steps having both an attack and a clean row (check 1)."""
+        return self.get(E1_PAIRED)
+
+    @property
     def e3(self):
         """The probe's ``{control: E3 interval}``."""
         return self.get(E3)
+
+    @property
+    def twin_guards(self) -> list:
+        """Why the twin tables cannot be judged (``random_twin.guards``; empty when they can)."""
+        return list(self.get(RANDOM_TWIN, GUARDS) or [])
+
+    @property
+    def effective_clusters_by_estimand(self):
+        """``bootstrap.effective_clusters_by_estimand``: Kish effective trajectories per estimand (§7.0)."""
+        return self.get(BOOTSTRAP, EFFECTIVE_CLUSTERS_BY_ESTIMAND)
 
     def baseline(self, name: str, estimand: str = E1):
         """A baseline's estimand (``baseline("c1")`` is C1's E1)."""

@@ -20,10 +20,12 @@ from ipi.metrics.bootstrap import (
     bca_interval,
     bootstrap_p,
     draw_multiplicities,
+    expanded_percentile_interval,
     make_draws,
     make_interval,
     paired_difference,
     percentile_interval,
+    plus_one_p,
 )
 from ipi.metrics.compare import Estimates, compare_tables, evaluate_tables
 from ipi.metrics.estimands import EstimandSet, estimands
@@ -42,12 +44,14 @@ __all__ = [
     "draw_multiplicities",
     "estimands",
     "evaluate_tables",
+    "expanded_percentile_interval",
     "grouped_weighted_auc",
     "is_control",
     "make_draws",
     "make_interval",
     "paired_difference",
     "percentile_interval",
+    "plus_one_p",
     "seed_predictive_difference",
     "step_weights",
     "validate_table",

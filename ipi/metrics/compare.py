@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from ipi.metrics.bootstrap import INTERVAL, LEVEL, N_BOOT, SEED, bootstrap_p, check_level, make_draws, paired_difference
+from ipi.metrics.bootstrap import INTERVAL, LEVEL, N_BOOT, SEED, check_level, make_draws, paired_difference, plus_one_p
 from ipi.metrics.estimands import EstimandSet, estimands
 from ipi.metrics.keys import (
     BOOTSTRAP,
@@ -26,7 +26,9 @@ from ipi.metrics.keys import (
     DIFFERENCES,
     E1,
     E1_MINUS_E3,
+    E1_PAIRED,
     E3,
+    EFFECTIVE_CLUSTERS_BY_ESTIMAND,
     INTERVAL_KEY,
     LEVEL_KEY,
     N_BOOT_KEY,
@@ -37,6 +39,7 @@ from ipi.metrics.keys import (
     RESERVED_KEYS,
     SEED_KEY,
     e1_minus_baseline_e1,
+    e3_minus_baseline_e3,
 )
 from ipi.metrics.permutation import ALPHA, PermutationSummary, permutation_summary
 from ipi.metrics.table import step_weights, validate_table
@@ -53,50 +56,71 @@ class Differences:
         baselines: ``E1 − <baseline> E1`` by baseline name (key ``e1_minus_<name>_e1``).
         e1_minus_e3: ``E1 − E3[c]`` per control.
         twin: Trained − random-weight twin (:class:`~ipi.metrics.twins.TwinDifferences`), or None.
+        baselines_e3: ``E3[c] − <baseline> E3[c]`` per baseline, per control (key
+            ``e3_minus_<name>_e3``): checks 2 and 5 of the content claim (PROTOCOL.md §7).
     """
 
     baselines: dict[str, Difference]
     e1_minus_e3: dict[str, Difference]
     twin: TwinDifferences | None = None
+    baselines_e3: dict[str, dict[str, Difference]] = field(default_factory=dict)
+
+    def _tree(self, leaf) -> dict:
+        out = {e1_minus_baseline_e1(name): leaf(d) for name, d in self.baselines.items()}
+        out.update({e3_minus_baseline_e3(name): {c: leaf(d) for c, d in by_c.items()}
+                    for name, by_c in self.baselines_e3.items()})
+        out[E1_MINUS_E3] = {c: leaf(d) for c, d in self.e1_minus_e3.items()}
+        return out
 
     def to_dict(self) -> dict:
-        """JSON-ready ``{"e1_minus_<b>_e1", "e1_minus_e3": {c}, "e1_minus_twin_e1", ...}``."""
-        out = {e1_minus_baseline_e1(name): d.to_dict() for name, d in self.baselines.items()}
-        out[E1_MINUS_E3] = {c: d.to_dict() for c, d in self.e1_minus_e3.items()}
+        """JSON-ready ``{"e1_minus_<b>_e1", "e3_minus_<b>_e3": {c}, "e1_minus_e3": {c}, "e1_minus_twin_e1", ...}``."""
+        out = self._tree(Difference.to_dict)
         if self.twin is not None:
             out.update(self.twin.to_dict())
         return out
 
     def cluster_counts(self) -> dict:
         """The same keys, each the number of test trajectories behind that difference (§7.0)."""
-        out = {e1_minus_baseline_e1(name): d.clusters for name, d in self.baselines.items()}
-        out[E1_MINUS_E3] = {c: d.clusters for c, d in self.e1_minus_e3.items()}
+        out = self._tree(lambda d: d.clusters)
         if self.twin is not None:
             out.update(self.twin.cluster_counts())
+        return out
+
+    def effective_counts(self) -> dict:
+        """The same keys, each the Kish effective count behind that difference (the smaller of
+        its two estimands'; None where not computed)."""
+        out = self._tree(lambda d: d.effective)
+        if self.twin is not None:
+            out.update(self.twin.effective_counts())
         return out
 
 
 @dataclass(frozen=True)
 class PValues:
-    """One-sided bootstrap p-values (:func:`~ipi.metrics.bootstrap.bootstrap_p`), used by the sweep's
-    family-wise control (``ipi.reporting.sweep``).
+    """One-sided bootstrap p-values ``(1 + k)/(B + 1)`` (:func:`~ipi.metrics.bootstrap.plus_one_p`:
+    never 0), used by the sweep's family-wise control (``ipi.reporting.sweep``).
 
     Attributes:
         e1: ``H0: E1 <= 0.5``.
         e3: ``H0: E3[c] <= 0.5`` per control.
         baselines: ``H0: E1 − <baseline> E1 <= 0`` by baseline name.
-        twin: ``{"e3_minus_twin_e3": {c: p}, "e3_minus_twin_e3_predictive": {c: p}}`` or None.
+        twin: ``{"e3_minus_twin_e3": {c: p}, "e3_minus_mean_twin_e3": {c: p}, ...}`` or None.
+        e1_paired: ``H0: E1_paired <= 0.5`` (check 1's estimand).
+        baselines_e3: ``H0: E3[c] − <baseline> E3[c] <= 0`` per baseline, per control.
     """
 
     e1: float | None
     e3: dict[str, float | None]
     baselines: dict[str, float | None] = field(default_factory=dict)
     twin: dict | None = None
+    e1_paired: float | None = None
+    baselines_e3: dict[str, dict[str, float | None]] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        """``{"e1", "e3": {c}, "e1_minus_<b>_e1", "e3_minus_twin_e3": {c}, "e3_minus_twin_e3_predictive": {c}}``."""
-        out = {E1: self.e1, E3: dict(self.e3)}
+        """``{"e1", "e1_paired", "e3": {c}, "e1_minus_<b>_e1", "e3_minus_<b>_e3": {c}, "e3_minus_twin_e3": {c}, ...}``."""
+        out = {E1: self.e1, E1_PAIRED: self.e1_paired, E3: dict(self.e3)}
         out.update({e1_minus_baseline_e1(name): p for name, p in self.baselines.items()})
+        out.update({e3_minus_baseline_e3(name): dict(by_c) for name, by_c in self.baselines_e3.items()})
         if self.twin is not None:
             out.update(self.twin)
         return out
@@ -150,6 +174,17 @@ class Estimates:
         out[DIFFERENCES] = self.differences.cluster_counts()
         return out
 
+    def effective_counts(self) -> dict:
+        """``bootstrap.effective_clusters_by_estimand``: the Kish effective test trajectories of
+        every estimand (:attr:`EstimandSet.effective`), the tree of :meth:`cluster_counts`: the
+        count the verdict's gate and the reportability marks read (PROTOCOL.md §7.0)."""
+        out = self.main.effective_counts()
+        out.update({name: b.effective_counts() for name, b in self.baselines.items()})
+        if self.random_twin is not None:
+            out[RANDOM_TWIN] = self.random_twin.effective_counts()
+        out[DIFFERENCES] = self.differences.effective_counts()
+        return out
+
     def to_dict(self) -> dict:
         """The JSON-ready numbers of ``results.json``, in this order::
 
@@ -158,7 +193,8 @@ class Estimates:
              "random_twin": {"e1", "e2", "e3", "seeds", "by_seed"},  # with twins
              "differences": {...}, "p_values": {...},
              "permutation": {...},                                   # with the permutation test
-             "bootstrap": {"n_boot", "seed", "level", "n_clusters", "interval", "clusters_by_estimand"}}
+             "bootstrap": {"n_boot", "seed", "level", "n_clusters", "interval", "clusters_by_estimand",
+                           "effective_clusters_by_estimand"}}
 
         where each interval is ``{"estimate", "ci_low", "ci_high", "n_boot_used"}`` with Python
         floats (``None`` for undefined values).
@@ -171,7 +207,8 @@ class Estimates:
         out[P_VALUES] = self.p_values.to_dict()
         if self.permutation is not None:
             out[PERMUTATION] = self.permutation.to_dict()
-        out[BOOTSTRAP] = {**self.bootstrap.to_dict(), CLUSTERS_BY_ESTIMAND: self.cluster_counts()}
+        out[BOOTSTRAP] = {**self.bootstrap.to_dict(), CLUSTERS_BY_ESTIMAND: self.cluster_counts(),
+                          EFFECTIVE_CLUSTERS_BY_ESTIMAND: self.effective_counts()}
         return out
 
 
@@ -199,7 +236,7 @@ def compare_tables(
         n_boot: Replicates ``B``.
         seed: Seed of ``numpy.random.default_rng`` for the draws.
         level: Interval coverage.
-        interval: ``"percentile"`` (default, PROTOCOL.md §5) or ``"bca"``
+        interval: ``"expanded"`` (default), ``"percentile"`` (PROTOCOL.md §5) or ``"bca"``
             (:func:`ipi.metrics.estimands.estimands`).
         permutation: Optional exact permutation test of verdict check 4 (PROTOCOL.md §7.4):
             ``{"null_scores": [M, n_main] array aligned with main's rows, "seed": int[,
@@ -237,24 +274,48 @@ def compare_tables(
     jk = res.jackknife or {E1: None, E3: {}}
     sets: dict[str, EstimandSet] = {}
     by_baseline: dict[str, Difference] = {}
+    by_baseline_e3: dict[str, dict[str, Difference]] = {}
     p_baselines: dict[str, float | None] = {}
+    p_baselines_e3: dict[str, dict[str, float | None]] = {}
+
+    def diff_of(a: EstimandSet, a_key, b: EstimandSet, b_key, control=None):
+        # paired difference A − B of one estimand on the shared draws, with its counts
+        def parts(s: EstimandSet, key):
+            if control is None:
+                return (getattr(s, key).estimate, s.replicates[key], (s.jackknife or {}).get(key),
+                        s.contributors[key], s.effective.get(key))
+            return (s.e3[control].estimate, s.replicates[E3][control], ((s.jackknife or {}).get(E3) or {}).get(control),
+                    s.contributors[E3][control], s.effective.get(E3, {}).get(control))
+
+        ea, ra, ja, ca, ka = parts(a, a_key)
+        eb, rb, jb, cb, kb = parts(b, b_key)
+        n = len(ca & cb)
+        iv, d = paired_difference(ea, ra, eb, rb, level=level, interval=interval, jackknife_a=ja, jackknife_b=jb,
+                                  n_clusters=min(len(ca), len(cb)))
+        eff = None if ka is None or kb is None else min(ka, kb)
+        return Difference(iv, n, eff), d
+
     for name, tbl in base_v.items():
         b = sets[name] = estimands(tbl, level=level, draws=draws, interval=interval)
-        iv, diff = paired_difference(
-            res.e1.estimate, res.replicates[E1], b.e1.estimate, b.replicates[E1], level=level,
-            interval=interval, jackknife_a=jk[E1], jackknife_b=(b.jackknife or {}).get(E1),
-        )
-        by_baseline[name] = Difference(iv, len(res.contributors[E1] & b.contributors[E1]))
-        p_baselines[name] = bootstrap_p(diff, 0.0)
+        by_baseline[name], diff = diff_of(res, E1, b, E1)
+        p_baselines[name] = plus_one_p(diff, 0.0)
+        by_baseline_e3[name], p_baselines_e3[name] = {}, {}
+        for control in res.e3:
+            if control in b.e3:
+                by_baseline_e3[name][control], diff = diff_of(res, E3, b, E3, control)
+                p_baselines_e3[name][control] = plus_one_p(diff, 0.0)
     e1_minus_e3 = {}
     for control, e3 in res.e3.items():
         iv, _ = paired_difference(res.e1.estimate, res.replicates[E1], e3.estimate, res.replicates[E3][control],
                                   level=level, interval=interval, jackknife_a=jk[E1],
-                                  jackknife_b=jk[E3].get(control))
-        e1_minus_e3[control] = Difference(iv, len(res.contributors[E1] & res.contributors[E3][control]))
+                                  jackknife_b=jk[E3].get(control),
+                                  n_clusters=min(len(res.contributors[E1]), len(res.contributors[E3][control])))
+        e1_minus_e3[control] = Difference(iv, len(res.contributors[E1] & res.contributors[E3][control]),
+                                          min(res.effective[E1], res.effective[E3][control]))
     random_twin = twin_diffs = None
     if twin_v:
-        random_twin, twin_diffs = compare_twins(res, twin_v, draws=draws, level=level, interval=interval)
+        random_twin, twin_diffs = compare_twins(res, twin_v, draws=draws, level=level, interval=interval,
+                                                main_table=main_v)
     perm = None
     if permutation is not None:
         perm = permutation_summary(main_v, permutation["null_scores"], res.e1.estimate,
@@ -264,10 +325,11 @@ def compare_tables(
     return Estimates(
         main=res,
         baselines=sets,
-        differences=Differences(by_baseline, e1_minus_e3, twin_diffs),
-        p_values=PValues(e1=bootstrap_p(res.replicates[E1], 0.5),
-                         e3={c: bootstrap_p(r, 0.5) for c, r in res.replicates[E3].items()},
-                         baselines=p_baselines, twin=None if twin_diffs is None else twin_diffs.p_values()),
+        differences=Differences(by_baseline, e1_minus_e3, twin_diffs, by_baseline_e3),
+        p_values=PValues(e1=plus_one_p(res.replicates[E1], 0.5),
+                         e3={c: plus_one_p(r, 0.5) for c, r in res.replicates[E3].items()},
+                         baselines=p_baselines, twin=None if twin_diffs is None else twin_diffs.p_values(),
+                         e1_paired=plus_one_p(res.replicates[E1_PAIRED], 0.5), baselines_e3=p_baselines_e3),
         bootstrap=BootstrapInfo(n_boot=int(draws.n_boot), seed=int(seed), level=float(level),
                                 n_clusters=int(draws.n_clusters), interval=interval),
         random_twin=random_twin,

@@ -6,6 +6,9 @@ Definitions (``AUC`` is :func:`ipi.metrics.auc.weighted_auc`, rows step-weighted
 * ``E1 = AUC(attack rows, clean rows)`` pooled over **all** test rows of the two variants (no
   restriction to steps that have both; this is what the checked cases of §9 require, see
   ``docs/estimands.md``);
+* ``E1_paired`` = the same AUC over the steps having both an attack and a clean row (the
+  restriction E3 uses): what verdict check 1 is judged on, so that trajectories never attacked
+  cannot license "separates"; equal to E1 wherever every step has both;
 * ``E2`` = unweighted mean over the (trajectory, step) pairs having both attack and clean rows of
   the within-step ``AUC(attack, clean)``;
 * ``E3[c] = AUC(attack rows, c rows)`` pooled over the steps having both an attack and a ``c`` row.
@@ -13,6 +16,14 @@ Definitions (``AUC`` is :func:`ipi.metrics.auc.weighted_auc`, rows step-weighted
 The intervals come from :mod:`ipi.metrics.bootstrap`; tables scored on the same trajectories are
 passed one shared :class:`~ipi.metrics.bootstrap.Draws` so that their replicates pair
 (:mod:`ipi.metrics.compare`).
+
+**Effective clusters** (:attr:`EstimandSet.effective`, the verdict's gate, PROTOCOL.md §7.0): each
+estimand is to first order a weighted mean of per-trajectory placement sums on each of its two
+sides (the clustered DeLong linearisation), so the trajectories that *carry* a side's evidence
+number Kish's ``(Σ_t W_t)² / Σ_t W_t²`` of the per-trajectory weights ``W_t`` the estimand uses
+on that side, not the trajectories with a non-zero weight (26 trajectories of weight 1e-9 beside
+3 of weight 1 count about 3). The gate reads the poorer side: ``min(Kish(positive),
+Kish(negative))``; E2's one side is the trajectory's number of steps having both.
 """
 
 from __future__ import annotations
@@ -38,7 +49,7 @@ from ipi.metrics.bootstrap import (
     make_draws,
     make_interval,
 )
-from ipi.metrics.keys import E1, E2, E3
+from ipi.metrics.keys import E1, E1_PAIRED, E2, E3
 from ipi.metrics.table import ATTACK, CLEAN, is_control, step_weights, validate_table
 
 __all__ = ["EstimandSet", "estimands"]
@@ -66,7 +77,11 @@ class EstimandSet(Mapping):
         contributors: The test trajectories contributing rows to **both** sides of each
             estimand (PROTOCOL.md §7.0): ``{"e1": {ids}, "e2": {ids}, "e3": {control: {ids}}}``
             — E1: trajectories with an attack and a clean row; E2: trajectories with a step
-            having both; E3[c]: trajectories with a step having an attack and a ``c`` row.
+            having both; E3[c]: trajectories with a step having an attack and a ``c`` row;
+            ``"e1_paired"``: as E2.
+        e1_paired: E1 over the steps having both an attack and a clean row (check 1).
+        effective: Kish effective test trajectories per estimand, ``{"e1", "e1_paired", "e2":
+            float, "e3": {control: float}}`` (module docstring; the verdict's gate).
     """
 
     e1: Interval
@@ -78,12 +93,23 @@ class EstimandSet(Mapping):
     jackknife: dict | None = field(default=None, repr=False)
     interval: str = INTERVAL
     contributors: dict = field(default_factory=dict, repr=False)
+    e1_paired: Interval | None = None
+    effective: dict = field(default_factory=dict, repr=False)
 
     def cluster_counts(self) -> dict:
-        """``{"e1": n, "e2": n, "e3": {control: n}}``: sizes of :attr:`contributors`."""
+        """``{"e1": n, "e1_paired": n, "e2": n, "e3": {control: n}}``: sizes of :attr:`contributors`."""
         c = self.contributors
-        return {E1: len(c.get(E1, ())), E2: len(c.get(E2, ())),
-                E3: {k: len(v) for k, v in c.get(E3, {}).items()}}
+        out = {E1: len(c.get(E1, ()))}
+        if E1_PAIRED in c:
+            out[E1_PAIRED] = len(c[E1_PAIRED])
+        out.update({E2: len(c.get(E2, ())), E3: {k: len(v) for k, v in c.get(E3, {}).items()}})
+        return out
+
+    def effective_counts(self) -> dict:
+        """``{"e1": k, "e1_paired": k, "e2": k, "e3": {control: k}}``: Kish effective test
+        trajectories of each estimand (min over its two sides; module docstring)."""
+        return {k: (dict(self.effective[k]) if k == E3 else self.effective[k])
+                for k in (E1, E1_PAIRED, E2, E3) if k in self.effective}
 
     def __getitem__(self, key: str):
         if key not in (E1, E2, E3):
@@ -97,12 +123,13 @@ class EstimandSet(Mapping):
         return 3
 
     def to_dict(self) -> dict:
-        """``{"e1": {...}, "e2": {...}, "e3": {control: {...}}}`` with JSON-ready intervals."""
-        return {
-            E1: self.e1.to_dict(),
-            E2: self.e2.to_dict(),
-            E3: {c: iv.to_dict() for c, iv in self.e3.items()},
-        }
+        """``{"e1": {...}, "e1_paired": {...}, "e2": {...}, "e3": {control: {...}}}`` with JSON-ready
+        intervals (``e1_paired`` when computed)."""
+        out = {E1: self.e1.to_dict()}
+        if self.e1_paired is not None:
+            out[E1_PAIRED] = self.e1_paired.to_dict()
+        out.update({E2: self.e2.to_dict(), E3: {c: iv.to_dict() for c, iv in self.e3.items()}})
+        return out
 
 
 def _both_mask(step_key: np.ndarray, variant: np.ndarray, a: str, b: str) -> np.ndarray:
@@ -123,6 +150,7 @@ def _auc_with_replicates(
     level: float,
     interval: str = INTERVAL,
     n_boot: int | None = None,
+    n_clusters: int | None = None,
 ) -> tuple[Interval, np.ndarray, np.ndarray | None]:
     # m holds the B bootstrap rows, then (interval="bca") T jackknife rows.
     estimate = weighted_auc(f[positive], f[negative], w[positive], w[negative])
@@ -130,7 +158,14 @@ def _auc_with_replicates(
     reps = bootstrap_weighted_auc(f[rows], positive[rows], w[rows], m, clusters=col[rows])
     b = m.shape[0] if n_boot is None else n_boot
     reps, jack = reps[:b], (reps[b:] if interval == BCA else None)
-    return make_interval(interval, estimate, reps, jack, level), reps, jack
+    return make_interval(interval, estimate, reps, jack, level, n_clusters), reps, jack
+
+
+def kish(weights) -> float:
+    """Kish's effective number ``(Σ w)² / Σ w²`` of non-negative cluster weights (0 when all are 0)."""
+    w = np.asarray(weights, dtype=np.float64)
+    s2 = float(np.sum(w * w))
+    return float(np.sum(w) ** 2 / s2) if s2 > 0 else 0.0
 
 
 def estimands(
@@ -162,9 +197,11 @@ def estimands(
         draws: Shared draws (from :func:`make_draws`) to pair this table with others; every
             trajectory of the table must be one of its clusters. Default: fresh draws over the
             table's own trajectories.
-        interval: ``"percentile"`` (PROTOCOL.md §5, the default) or ``"bca"`` (bias-corrected
-            and accelerated, acceleration from the leave-one-trajectory-out jackknife, computed
-            with the same vectorised code as the replicates; :func:`bca_interval`).
+        interval: ``"expanded"`` (the default: the percentile interval at a tail widened for the
+            estimand's contributing trajectories, :func:`expanded_percentile_interval`),
+            ``"percentile"`` (PROTOCOL.md §5) or ``"bca"`` (bias-corrected and accelerated,
+            acceleration from the leave-one-trajectory-out jackknife, computed with the same
+            vectorised code as the replicates; :func:`bca_interval`).
 
     Returns:
         An :class:`EstimandSet` (intervals plus the raw replicate arrays in ``.replicates``).
@@ -196,13 +233,45 @@ def estimands(
 
     replicates: dict = {}
     jackknife: dict = {E3: {}}
+    ids = np.asarray(draws.trajectory_ids, dtype=object)
+    positive_w = w > 0
+    n_t = draws.n_clusters
+
+    def side(mask: np.ndarray) -> np.ndarray:
+        # per-trajectory total weight of one side's rows
+        return np.bincount(col[mask], weights=w[mask], minlength=n_t)
+
+    def having_both(pos: np.ndarray, neg: np.ndarray) -> set[str]:
+        # trajectories with (positive-weight) rows on both sides
+        has_p = np.bincount(col[pos & positive_w], minlength=n_t) > 0
+        has_n = np.bincount(col[neg & positive_w], minlength=n_t) > 0
+        return set(ids[has_p & has_n])
+
+    def effective(pos: np.ndarray, neg: np.ndarray) -> float:
+        return min(kish(side(pos)), kish(side(neg)))
+
+    contributors: dict = {E3: {}}
+    eff: dict = {E3: {}}
     # E1: pooled over all attack and clean rows.
+    contributors[E1] = having_both(is_attack, is_clean)
+    eff[E1] = effective(is_attack, is_clean)
     e1, replicates[E1], jackknife[E1] = _auc_with_replicates(f, w, col, is_attack, is_clean, m, level,
-                                                             interval, nb)
+                                                             interval, nb, len(contributors[E1]))
+
+    # E1 over the steps having both (check 1): the same numbers when every such row is in one.
+    both_ac = _both_mask(step_key, variant, ATTACK, CLEAN)
+    pa, pc = is_attack & both_ac, is_clean & both_ac
+    contributors[E1_PAIRED] = having_both(pa, pc)
+    eff[E1_PAIRED] = effective(pa, pc)
+    if np.array_equal(pa, is_attack) and np.array_equal(pc, is_clean):
+        e1_paired, replicates[E1_PAIRED], jackknife[E1_PAIRED] = e1, replicates[E1], jackknife[E1]
+    else:
+        e1_paired, replicates[E1_PAIRED], jackknife[E1_PAIRED] = _auc_with_replicates(
+            f, w, col, pa, pc, m, level, interval, nb, len(contributors[E1_PAIRED]))
 
     # E2: within-step AUCs (fixed under the cluster bootstrap), averaged per replicate with the
     # trajectories' multiplicities as weights.
-    sel = (is_attack | is_clean) & _both_mask(step_key, variant, ATTACK, CLEAN)
+    sel = (is_attack | is_clean) & both_ac
     step_auc = grouped_weighted_auc(step_key[sel], f[sel], is_attack[sel], w[sel])
     n_keys = int(step_key.max()) + 1
     step_auc = np.concatenate([step_auc, np.full(n_keys - step_auc.size, np.nan)])
@@ -210,36 +279,29 @@ def estimands(
     step_col[step_key] = col
     defined = np.isfinite(step_auc)
     e2_estimate = float(np.mean(step_auc[defined])) if defined.any() else math.nan
-    auc_sum = np.bincount(step_col[defined], weights=step_auc[defined], minlength=draws.n_clusters)
-    n_steps = np.bincount(step_col[defined], minlength=draws.n_clusters).astype(np.float64)
+    auc_sum = np.bincount(step_col[defined], weights=step_auc[defined], minlength=n_t)
+    n_steps = np.bincount(step_col[defined], minlength=n_t).astype(np.float64)
     numer = m @ auc_sum
     denom = m @ n_steps
     e2_reps = np.full(m.shape[0], np.nan)
     ok = denom > 0
     e2_reps[ok] = numer[ok] / denom[ok]
     replicates[E2], jackknife[E2] = e2_reps[:nb], (e2_reps[nb:] if interval == BCA else None)
-    e2 = make_interval(interval, e2_estimate, replicates[E2], jackknife[E2], level)
+    contributors[E2] = having_both(is_attack & sel, is_clean & sel)
+    eff[E2] = kish(n_steps)
+    e2 = make_interval(interval, e2_estimate, replicates[E2], jackknife[E2], level, len(contributors[E2]))
 
     # E3[c]: attack vs control c over the steps having both.
     e3: dict[str, Interval] = {}
     replicates[E3] = {}
-    ids = np.asarray(draws.trajectory_ids, dtype=object)
-    positive_w = w > 0
-
-    def having_both(pos: np.ndarray, neg: np.ndarray) -> set[str]:
-        # trajectories with (positive-weight) rows on both sides
-        has_p = np.bincount(col[pos & positive_w], minlength=draws.n_clusters) > 0
-        has_n = np.bincount(col[neg & positive_w], minlength=draws.n_clusters) > 0
-        return set(ids[has_p & has_n])
-
-    contributors: dict = {E1: having_both(is_attack, is_clean), E2: having_both(is_attack & sel, is_clean & sel),
-                          E3: {}}
     for control in sorted({v for v in variant if is_control(v)}):
         both = _both_mask(step_key, variant, ATTACK, control)
+        pos, neg = is_attack & both, (variant == control) & both
+        contributors[E3][control] = having_both(pos, neg)
+        eff[E3][control] = effective(pos, neg)
         e3[control], replicates[E3][control], jackknife[E3][control] = _auc_with_replicates(
-            f, w, col, is_attack & both, (variant == control) & both, m, level, interval, nb
+            f, w, col, pos, neg, m, level, interval, nb, len(contributors[E3][control])
         )
-        contributors[E3][control] = having_both(is_attack & both, (variant == control) & both)
     return EstimandSet(e1=e1, e2=e2, e3=e3, replicates=replicates, draws=draws, level=level,
                        jackknife=jackknife if interval == BCA else None, interval=interval,
-                       contributors=contributors)
+                       contributors=contributors, e1_paired=e1_paired, effective=eff)

@@ -6,14 +6,16 @@ reportability marks, the reports, the sweep summary, W&B — reads with them. To
 
 Layout (``{...}`` an interval ``{"estimate", "ci_low", "ci_high", "n_boot_used"}``)::
 
-    e1, e2: {...}            e3: {control: {...}}
+    e1, e1_paired, e2: {...}  e3: {control: {...}}
     <baseline>: {e1, e2, e3}                               # c1, collapse_only, permuted, transfer
-    random_twin: {e1, e2, e3, seeds, by_seed: {seed: {e1, e2, e3}}}
-    differences: {e1_minus_<baseline>_e1, e1_minus_e3, e1_minus_twin_e1, e3_minus_twin_e3,
+    random_twin: {e1, e2, e3, seeds, guards, by_seed: {seed: {e1, e2, e3}}}
+    differences: {e1_minus_<baseline>_e1, e3_minus_<baseline>_e3, e1_minus_e3, e1_minus_twin_e1,
+                  e3_minus_twin_e3, e3_minus_mean_twin_e3,
                   e1_minus_twin_e1_by_seed, e3_minus_twin_e3_by_seed,
                   e1_minus_twin_e1_predictive, e3_minus_twin_e3_predictive}
     p_values: {e1, e3, e1_minus_<baseline>_e1, e3_minus_twin_e3, e3_minus_twin_e3_predictive}
-    permutation: {...}       bootstrap: {n_boot, seed, level, n_clusters, interval, clusters_by_estimand}
+    permutation: {...}       bootstrap: {n_boot, seed, level, n_clusters, interval, clusters_by_estimand,
+                                         effective_clusters_by_estimand}
     source, source_twin, counts, verdict, reportability, run, split_spread
 """
 
@@ -24,6 +26,9 @@ E1 = "e1"
 E2 = "e2"
 E3 = "e3"
 ESTIMANDS = (E1, E2, E3)
+#: E1 over the steps having both an attack and a clean row: what verdict check 1 is judged on
+#: (never-attacked trajectories cannot license "separates"; docs/estimands.md).
+E1_PAIRED = "e1_paired"
 
 # Interval fields.
 ESTIMATE = "estimate"
@@ -67,6 +72,10 @@ E1_MINUS_TWIN_E1_BY_SEED = E1_MINUS_TWIN_E1 + BY_SEED_SUFFIX
 E3_MINUS_TWIN_E3_BY_SEED = E3_MINUS_TWIN_E3 + BY_SEED_SUFFIX
 E1_MINUS_TWIN_E1_PREDICTIVE = E1_MINUS_TWIN_E1 + PREDICTIVE_SUFFIX
 E3_MINUS_TWIN_E3_PREDICTIVE = E3_MINUS_TWIN_E3 + PREDICTIVE_SUFFIX
+#: E3[c] − mean over twin seeds of E3_s[c] (check 6's paired interval)
+E3_MINUS_MEAN_TWIN_E3 = "e3_minus_mean_twin_e3"
+#: random_twin.guards: why the twin tables cannot be judged (check 6 NOT RUN); empty when they can
+GUARDS = "guards"
 
 
 def e1_minus_baseline_e1(baseline: str) -> str:
@@ -76,6 +85,14 @@ def e1_minus_baseline_e1(baseline: str) -> str:
 
 E1_MINUS_C1_E1 = e1_minus_baseline_e1(C1)
 
+
+def e3_minus_baseline_e3(baseline: str) -> str:
+    """Key of the paired differences ``E3[c] − <baseline> E3[c]`` per control (e.g. ``e3_minus_c1_e3``)."""
+    return f"e3_minus_{baseline}_e3"
+
+
+E3_MINUS_C1_E3 = e3_minus_baseline_e3(C1)
+
 # bootstrap.* (``_KEY``: the values of the same names are ipi.metrics.bootstrap's defaults)
 N_BOOT_KEY = "n_boot"
 SEED_KEY = "seed"
@@ -83,6 +100,8 @@ LEVEL_KEY = "level"
 N_CLUSTERS = "n_clusters"
 INTERVAL_KEY = "interval"
 CLUSTERS_BY_ESTIMAND = "clusters_by_estimand"
+#: Kish effective test trajectories per estimand, same tree as clusters_by_estimand (the gate's count)
+EFFECTIVE_CLUSTERS_BY_ESTIMAND = "effective_clusters_by_estimand"
 
 # permutation.* read by the verdict and the reports
 P_VALUE = "p_value"

@@ -18,12 +18,14 @@ every step counts once per variant (:func:`step_weights`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import unicodedata
+from collections.abc import Callable, Iterable
 
 import numpy as np
 import pandas as pd
 
-__all__ = ["ATTACK", "CLEAN", "CONTROL_PREFIX", "REQUIRED_COLUMNS", "is_control", "step_weights", "validate_table"]
+__all__ = ["ATTACK", "CLEAN", "CONTROL_PREFIX", "REQUIRED_COLUMNS", "check_id_collisions", "is_control",
+           "normalise_id", "step_weights", "validate_table"]
 
 CLEAN = "clean"
 ATTACK = "attack"
@@ -39,6 +41,32 @@ def is_control(variant: str) -> bool:
 def _short(value) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def normalise_id(trajectory_id) -> str:
+    """A trajectory id as compared for collisions: Unicode NFKC, case-folded, surrounding whitespace stripped."""
+    return unicodedata.normalize("NFKC", str(trajectory_id)).strip().casefold()
+
+
+def check_id_collisions(ids: Iterable, source: str = "score table") -> None:
+    """Raise when two distinct trajectory ids are equal after :func:`normalise_id`.
+
+    The same trajectory exported twice under ids differing in case, surrounding whitespace or
+    Unicode form would count as two clusters of the bootstrap and of the verdict's gate
+    (PROTOCOL.md §5, §7.0): an input error, never a silent merge.
+
+    Raises:
+        ValueError: ``"<source>: trajectory ids 'A' and 'a' are the same after normalisation
+            ..."`` naming the first pair (in sorted order).
+    """
+    seen: dict[str, str] = {}
+    for t in sorted({str(x) for x in ids}):
+        k = normalise_id(t)
+        if k in seen:
+            raise ValueError(f"{source}: trajectory ids {seen[k]!r} and {t!r} are the same after normalisation "
+                             "(case, surrounding whitespace, Unicode NFKC): one trajectory exported twice would "
+                             "count as two clusters; fix the ids")
+        seen[k] = t
 
 
 def validate_table(
@@ -66,7 +94,8 @@ def validate_table(
 
     Raises:
         ValueError: One-line message ``"<source>: column '<col>' <row>: <problem>"`` naming the
-            first offending column/row.
+            first offending column/row; or two trajectory ids equal after normalisation
+            (:func:`check_id_collisions`).
     """
     name = row_name or (lambda i: f"row {i}")
     if not isinstance(table, pd.DataFrame):
@@ -97,6 +126,7 @@ def validate_table(
     if bad.any():
         raise ValueError(f"{source}: column 'trajectory_id' {name(first_bad(bad))}: empty string")
     out["trajectory_id"] = tid.astype(object)
+    check_id_collisions(tid, source)
 
     # step: integer-valued, non-negative.
     step = out["step"]

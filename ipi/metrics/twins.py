@@ -7,14 +7,16 @@ differences ``E1 − E1_s``, ``E3[c] − E3_s[c]``. The **envelope** ``max_s`` i
 the interval of ``E3[c] − max_s E3_s[c]`` has its lower bound above 0 exactly when the trained
 probe beats every twin seed on (at least) the upper ``(1+level)/2`` share of the draws. The
 **seed-predictive** interval (:func:`seed_predictive_difference`) covers a *new* random draw of
-the architecture.
+the architecture. Both are reported; check 6 decides on neither (PROTOCOL.md §7.6): it reads the
+rank of the trained E3[c] among the S twins' and the paired interval of ``E3[c] − mean_s
+E3_s[c]`` (``differences.e3_minus_mean_twin_e3``), after the guards of :func:`twin_guards`.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -25,16 +27,19 @@ from ipi.metrics.bootstrap import (
     LEVEL,
     Draws,
     Interval,
-    bootstrap_p,
     check_level,
     float_or_none,
     make_interval,
     paired_difference,
+    plus_one_p,
 )
 from ipi.metrics.estimands import EstimandSet, estimands
 from ipi.metrics.keys import (
     BY_SEED,
     E1,
+    E1_PAIRED,
+    E3_MINUS_MEAN_TWIN_E3,
+    GUARDS,
     E1_MINUS_TWIN_E1,
     E1_MINUS_TWIN_E1_BY_SEED,
     E1_MINUS_TWIN_E1_PREDICTIVE,
@@ -48,7 +53,7 @@ from ipi.metrics.keys import (
 from ipi.metrics.table import validate_table
 
 __all__ = ["Difference", "RandomTwin", "SeedPredictive", "TwinDifferences", "compare_twins",
-           "seed_predictive_difference", "twin_tables"]
+           "seed_predictive_difference", "twin_guards", "twin_tables"]
 
 
 @dataclass(frozen=True)
@@ -184,10 +189,13 @@ class Difference:
     Attributes:
         value: Its :class:`~ipi.metrics.bootstrap.Interval` (or :class:`SeedPredictive`).
         clusters: Test trajectories contributing rows to both sides of **both** estimands.
+        effective: The smaller Kish effective count of its estimands (the verdict's gate), or
+            None where not computed.
     """
 
     value: Interval | SeedPredictive
     clusters: int
+    effective: float | None = None
 
     def to_dict(self) -> dict:
         """The value's JSON-ready dict (a seed-predictive one without its p-value)."""
@@ -205,12 +213,15 @@ class RandomTwin:
         e2: Envelope of E2.
         e3: Envelope of E3 per control (the controls every twin and the probe have).
         by_seed: ``{seed (str): EstimandSet}`` in the order given.
+        guards: Why the twin tables cannot be judged (:func:`twin_guards`; check 6 NOT RUN with
+            these reasons); empty when they can.
     """
 
     e1: Interval
     e2: Interval
     e3: dict[str, Interval]
     by_seed: dict[str, EstimandSet]
+    guards: tuple[str, ...] = ()
 
     @property
     def seeds(self) -> list[str]:
@@ -220,7 +231,9 @@ class RandomTwin:
     def to_dict(self) -> dict:
         """``{"e1", "e2", "e3": {control}, "seeds", "by_seed": {seed: {"e1", "e2", "e3"}}}``."""
         return {E1: self.e1.to_dict(), E2: self.e2.to_dict(), E3: {c: iv.to_dict() for c, iv in self.e3.items()},
-                SEEDS: self.seeds, BY_SEED: {seed: s.to_dict() for seed, s in self.by_seed.items()}}
+                SEEDS: self.seeds, GUARDS: list(self.guards),
+                BY_SEED: {seed: {k: v for k, v in s.to_dict().items() if k != E1_PAIRED}
+                          for seed, s in self.by_seed.items()}}
 
     def cluster_counts(self) -> dict:
         """Trajectories contributing to every seed's estimand (§7.0), and each seed's own counts."""
@@ -233,6 +246,13 @@ class RandomTwin:
         return {E1: every(lambda s: s.contributors[E1]), E2: every(lambda s: s.contributors[E2]),
                 E3: {c: every(lambda s, c=c: s.contributors[E3][c]) for c in self.e3},
                 BY_SEED: {seed: s.cluster_counts() for seed, s in self.by_seed.items()}}
+
+    def effective_counts(self) -> dict:
+        """The smallest Kish effective count over the seeds per estimand, and each seed's own."""
+        sets = list(self.by_seed.values())
+        return {E1: min(s.effective[E1] for s in sets), E2: min(s.effective[E2] for s in sets),
+                E3: {c: min(s.effective[E3][c] for s in sets) for c in self.e3},
+                BY_SEED: {seed: s.effective_counts() for seed, s in self.by_seed.items()}}
 
 
 @dataclass(frozen=True)
@@ -247,6 +267,8 @@ class TwinDifferences:
         e1_predictive: ``E1 −`` a new twin (seed-predictive).
         e3_predictive: ``E3[c] −`` a new twin, per control.
         p_e3: One-sided bootstrap p of ``E3[c] − max_s E3_s[c] <= 0`` per control.
+        e3_mean: ``E3[c] − mean_s E3_s[c]`` per control (check 6's paired interval).
+        p_e3_mean: One-sided bootstrap p of ``E3[c] − mean_s E3_s[c] <= 0`` per control.
     """
 
     e1: Difference
@@ -256,10 +278,13 @@ class TwinDifferences:
     e1_predictive: Difference
     e3_predictive: dict[str, Difference]
     p_e3: dict[str, float | None]
+    e3_mean: dict[str, Difference] = field(default_factory=dict)
+    p_e3_mean: dict[str, float | None] = field(default_factory=dict)
 
     def _tree(self, leaf) -> dict:
         return {E1_MINUS_TWIN_E1: leaf(self.e1),
                 E3_MINUS_TWIN_E3: {c: leaf(d) for c, d in self.e3.items()},
+                E3_MINUS_MEAN_TWIN_E3: {c: leaf(d) for c, d in self.e3_mean.items()},
                 E1_MINUS_TWIN_E1_BY_SEED: {s: leaf(d) for s, d in self.e1_by_seed.items()},
                 E3_MINUS_TWIN_E3_BY_SEED: {s: {c: leaf(d) for c, d in by_c.items()}
                                            for s, by_c in self.e3_by_seed.items()},
@@ -274,9 +299,13 @@ class TwinDifferences:
         """The same tree with each difference's contributing-trajectory count."""
         return self._tree(lambda d: d.clusters)
 
+    def effective_counts(self) -> dict:
+        """The same tree with each difference's Kish effective count."""
+        return self._tree(lambda d: d.effective)
+
     def p_values(self) -> dict:
-        """``{"e3_minus_twin_e3": {c: p}, "e3_minus_twin_e3_predictive": {c: p}}``."""
-        return {E3_MINUS_TWIN_E3: dict(self.p_e3),
+        """``{"e3_minus_twin_e3": {c: p}, "e3_minus_mean_twin_e3": {c: p}, "e3_minus_twin_e3_predictive": {c: p}}``."""
+        return {E3_MINUS_TWIN_E3: dict(self.p_e3), E3_MINUS_MEAN_TWIN_E3: dict(self.p_e3_mean),
                 E3_MINUS_TWIN_E3_PREDICTIVE: {c: float_or_none(d.value.p_value) for c, d in self.e3_predictive.items()}}
 
 
@@ -325,8 +354,67 @@ def _side(name: str, control: str | None = None):
     return get
 
 
+def _keyed_scores(table: pd.DataFrame) -> pd.Series:
+    """Scores indexed by (trajectory, step, variant, occurrence): rows matched across tables."""
+    keys = ["trajectory_id", "step", "variant"]
+    t = table[keys + ["score"]].copy()
+    t["trajectory_id"] = t["trajectory_id"].map(str)
+    t["_occurrence"] = t.groupby(keys, sort=False).cumcount()
+    return t.set_index([*keys, "_occurrence"])["score"]
+
+
+def twin_guards(main: pd.DataFrame, twins: Mapping[str, pd.DataFrame], rtol: float = 1e-9) -> list[str]:
+    """Why check 6 cannot be judged on these twin score tables (empty list: it can).
+
+    Rows are matched on (trajectory, step, variant, occurrence within that triple).
+
+    * a twin's rows differ from the main table's (a subset, extra rows): check 6 would compare
+      the probe on all rows with the twins on some;
+    * a twin scores every row the same: no twin to compare with (its E3 is 0.5 with no spread);
+    * a twin's scores equal the main table's (``numpy.allclose`` at ``rtol``, ``atol`` 0): not
+      a random-weight twin;
+    * two twins' scores are equal: one network counted twice, so the S seeds are fewer than S
+      and the rank level ``1/(S+1)`` the verdict states would be wrong.
+
+    Args:
+        main: The probe's validated score table.
+        twins: ``{seed: validated score table}``.
+        rtol: Relative tolerance of "equal scores".
+
+    Returns:
+        One reason per finding, naming the seed(s).
+    """
+    reasons: list[str] = []
+    a = _keyed_scores(main)
+    a_scores = a.to_numpy(dtype=np.float64)
+    aligned: dict[str, np.ndarray] = {}
+    for seed, tbl in twins.items():
+        b = _keyed_scores(tbl)
+        missing, extra = a.index.difference(b.index), b.index.difference(a.index)
+        if len(missing) or len(extra):
+            reasons.append(f"twin seed {seed}: its rows differ from the main table's ({len(a) - len(missing)} of "
+                           f"{len(a)} main rows scored, {len(extra)} rows the main table lacks); every twin must "
+                           "score exactly the main table's rows")
+            continue
+        sb = b.reindex(a.index).to_numpy(dtype=np.float64)
+        if np.ptp(sb) == 0.0:
+            reasons.append(f"twin seed {seed}: every row has the same score ({sb[0]:g}): no twin to compare with")
+            continue
+        if np.allclose(sb, a_scores, rtol=rtol, atol=0.0):
+            reasons.append(f"twin seed {seed}: scores identical to the trained backbone's: not a random-weight twin")
+            continue
+        aligned[seed] = sb
+    seeds = list(aligned)
+    for i, s1 in enumerate(seeds):
+        for s2 in seeds[i + 1:]:
+            if np.allclose(aligned[s1], aligned[s2], rtol=rtol, atol=0.0):
+                reasons.append(f"twin seeds {s1} and {s2}: identical scores (one network counted twice); the rank "
+                               "level 1/(S+1) needs S distinct seeds")
+    return reasons
+
+
 def compare_twins(main: EstimandSet, twins: Mapping[str, pd.DataFrame], *, draws: Draws, level: float = LEVEL,
-                  interval: str = INTERVAL) -> tuple[RandomTwin, TwinDifferences]:
+                  interval: str = INTERVAL, main_table: pd.DataFrame | None = None) -> tuple[RandomTwin, TwinDifferences]:
     """The random-weight twins' estimands, their envelope and the paired differences (check 6).
 
     Args:
@@ -334,7 +422,8 @@ def compare_twins(main: EstimandSet, twins: Mapping[str, pd.DataFrame], *, draws
         twins: ``{seed: validated score table}`` (:func:`twin_tables`), at least one, on the same rows.
         draws: The shared draws (every twin trajectory among its clusters).
         level: Interval coverage.
-        interval: ``"percentile"`` or ``"bca"``.
+        interval: ``"expanded"``, ``"percentile"`` or ``"bca"``.
+        main_table: The probe's validated score table, for :func:`twin_guards` (None: no guards run).
 
     Returns:
         ``(random_twin, differences)``.
@@ -357,28 +446,51 @@ def compare_twins(main: EstimandSet, twins: Mapping[str, pd.DataFrame], *, draws
     def both(a: set, sides: list[set]) -> int:
         return len(set(a).intersection(*sides))
 
-    def pair(est_a, rep_a, jack_a, est_b, rep_b, jack_b):
-        return paired_difference(est_a, rep_a, est_b, rep_b, level=level, interval=interval,
-                                 jackknife_a=jack_a, jackknife_b=jack_b)
+    def n_of(a: set, sides: list[set]) -> int:
+        return min([len(a), *(len(x) for x in sides)])
 
-    iv, _ = pair(main.e1.estimate, main.replicates[E1], jk[E1], env[E1].estimate, env_rep[E1], env_jack[E1])
-    e1 = Difference(iv, both(main.contributors[E1], [s.contributors[E1] for s in ts]))
-    e3, p_e3 = {}, {}
+    def pair(est_a, rep_a, jack_a, est_b, rep_b, jack_b, n=None):
+        return paired_difference(est_a, rep_a, est_b, rep_b, level=level, interval=interval,
+                                 jackknife_a=jack_a, jackknife_b=jack_b, n_clusters=n)
+
+    def eff_e1(sides):
+        return min([main.effective[E1], *(s.effective[E1] for s in sides)])
+
+    def eff_e3(c, sides):
+        return min([main.effective[E3][c], *(s.effective[E3][c] for s in sides)])
+
+    iv, _ = pair(main.e1.estimate, main.replicates[E1], jk[E1], env[E1].estimate, env_rep[E1], env_jack[E1],
+                 n_of(main.contributors[E1], [s.contributors[E1] for s in ts]))
+    e1 = Difference(iv, both(main.contributors[E1], [s.contributors[E1] for s in ts]), eff_e1(ts))
+    e3, p_e3, e3_mean, p_e3_mean = {}, {}, {}, {}
     for c in controls:
+        n_c = n_of(main.contributors[E3][c], [s.contributors[E3][c] for s in ts])
+        k_c = both(main.contributors[E3][c], [s.contributors[E3][c] for s in ts])
         iv, diff = pair(main.e3[c].estimate, main.replicates[E3][c], jk[E3].get(c), env_e3[c].estimate,
-                        env_rep[E3][c], env_jack[E3][c])
-        e3[c] = Difference(iv, both(main.contributors[E3][c], [s.contributors[E3][c] for s in ts]))
-        p_e3[c] = bootstrap_p(diff, 0.0)
+                        env_rep[E3][c], env_jack[E3][c], n_c)
+        e3[c] = Difference(iv, k_c, eff_e3(c, ts))
+        p_e3[c] = plus_one_p(diff, 0.0)
+        # E3[c] − mean over seeds (check 6's paired interval): shared draws, so the seeds' mean
+        # replicate pairs with the trained one's.
+        mean_rep = np.mean(np.stack([np.asarray(s.replicates[E3][c], dtype=np.float64) for s in ts]), axis=0)
+        mean_jack = (np.mean(np.stack([np.asarray(s.jackknife[E3][c], dtype=np.float64) for s in ts]), axis=0)
+                     if interval == BCA else None)
+        mean_est = float(np.mean([s.e3[c].estimate for s in ts]))
+        iv, diff = pair(main.e3[c].estimate, main.replicates[E3][c], jk[E3].get(c), mean_est, mean_rep, mean_jack, n_c)
+        e3_mean[c] = Difference(iv, k_c, eff_e3(c, ts))
+        p_e3_mean[c] = plus_one_p(diff, 0.0)
     e1_by_seed, e3_by_seed = {}, {}
     for seed, s in sets.items():
         iv, _ = pair(main.e1.estimate, main.replicates[E1], jk[E1], s.e1.estimate, s.replicates[E1],
-                     (s.jackknife or {}).get(E1))
-        e1_by_seed[seed] = Difference(iv, both(main.contributors[E1], [s.contributors[E1]]))
+                     (s.jackknife or {}).get(E1), n_of(main.contributors[E1], [s.contributors[E1]]))
+        e1_by_seed[seed] = Difference(iv, both(main.contributors[E1], [s.contributors[E1]]), eff_e1([s]))
         e3_by_seed[seed] = {}
         for c in controls:
             iv, _ = pair(main.e3[c].estimate, main.replicates[E3][c], jk[E3].get(c), s.e3[c].estimate,
-                         s.replicates[E3][c], ((s.jackknife or {}).get(E3) or {}).get(c))
-            e3_by_seed[seed][c] = Difference(iv, both(main.contributors[E3][c], [s.contributors[E3][c]]))
+                         s.replicates[E3][c], ((s.jackknife or {}).get(E3) or {}).get(c),
+                         n_of(main.contributors[E3][c], [s.contributors[E3][c]]))
+            e3_by_seed[seed][c] = Difference(iv, both(main.contributors[E3][c], [s.contributors[E3][c]]),
+                                             eff_e3(c, [s]))
 
     def predictive(name, control=None) -> SeedPredictive:
         get = _side(name, control)
@@ -394,7 +506,8 @@ def compare_twins(main: EstimandSet, twins: Mapping[str, pd.DataFrame], *, draws
 
     differences = TwinDifferences(
         e1=e1, e3=e3, e1_by_seed=e1_by_seed, e3_by_seed=e3_by_seed,
-        e1_predictive=Difference(predictive(E1), e1.clusters),
-        e3_predictive={c: Difference(predictive(E3, c), e3[c].clusters) for c in controls},
-        p_e3=p_e3)
-    return RandomTwin(e1=env[E1], e2=env[E2], e3=env_e3, by_seed=sets), differences
+        e1_predictive=Difference(predictive(E1), e1.clusters, e1.effective),
+        e3_predictive={c: Difference(predictive(E3, c), e3[c].clusters, e3[c].effective) for c in controls},
+        p_e3=p_e3, e3_mean=e3_mean, p_e3_mean=p_e3_mean)
+    guards = tuple(twin_guards(main_table, twins)) if main_table is not None else ()
+    return RandomTwin(e1=env[E1], e2=env[E2], e3=env_e3, by_seed=sets, guards=guards), differences

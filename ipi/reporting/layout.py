@@ -38,15 +38,18 @@ from ipi.metrics.keys import (
     CI_LOW,
     CLAIM,
     CLUSTERS_BY_ESTIMAND,
+    EFFECTIVE_CLUSTERS_BY_ESTIMAND,
     COUNTS,
     DIFFERENCES,
     E1,
+    E1_PAIRED,
     E1_MINUS_E3,
     E1_MINUS_TWIN_E1,
     E1_MINUS_TWIN_E1_BY_SEED,
     E1_MINUS_TWIN_E1_PREDICTIVE,
     E2,
     E3,
+    E3_MINUS_MEAN_TWIN_E3,
     E3_MINUS_TWIN_E3,
     E3_MINUS_TWIN_E3_BY_SEED,
     E3_MINUS_TWIN_E3_PREDICTIVE,
@@ -66,6 +69,7 @@ from ipi.metrics.keys import (
     VERDICT,
     dotted,
     e1_minus_baseline_e1,
+    e3_minus_baseline_e3,
 )
 from ipi.surfaces.registry import find_surface
 
@@ -350,6 +354,11 @@ def difference_label(key: str) -> str:
         return "E1 − new twin E1, seed-predictive"
     if name == E3_MINUS_TWIN_E3 and len(rest) == 1:
         return f"E3 − max over twin seeds E3, attack vs {rest[0]}, paired"
+    if name == E3_MINUS_MEAN_TWIN_E3 and len(rest) == 1:
+        return f"E3 − mean over twin seeds E3, attack vs {rest[0]}, paired (check 6)"
+    baselines_e3 = {e3_minus_baseline_e3(b): label for b, label in BASELINE_LABELS.items()}
+    if name in baselines_e3 and len(rest) == 1:
+        return f"E3 − {baselines_e3[name]} E3, attack vs {rest[0]}, paired"
     if name == E3_MINUS_TWIN_E3_BY_SEED and len(rest) == 2:
         return f"E3 − twin seed {rest[0]} E3, attack vs {rest[1]}, paired"
     if name == E3_MINUS_TWIN_E3_PREDICTIVE and len(rest) == 1:
@@ -386,11 +395,18 @@ def _verdict(r: Mapping) -> Section | None:
     blocks: list = [Text(v[CLAIM], "claim")]
     if v.get("claim_note"):
         blocks.append(Text(v["claim_note"], "muted"))
+    if (r.get(RUN) or {}).get("backbone_weights") == "constructed":
+        blocks.append(Text(CONSTRUCTED_NOTE, "strong"))
     for c in v.get(CHECKS) or []:
         numbers = c.get("numbers") if isinstance(c.get("numbers"), Mapping) else {}
         blocks.append(CheckLine(c.get("id"), str(c.get("name", "")), str(c.get("status", "")),
                                 str(c.get("detail", "")), tuple(flat_items(numbers)), numbers_blocks(numbers)))
     return Section("verdict", "Verdict (PROTOCOL.md §7)", tuple(blocks), folded=False)
+
+
+#: Said beside the verdict of a run on a constructed backbone (issue 23; ``run.backbone_weights``).
+CONSTRUCTED_NOTE = ("Constructed backbone (backbone.constructed=true): its weights were built to plant a known "
+                    "truth; it is not a model of any agent, and a claim here is about the planted truth only.")
 
 
 def _bootstrap_sentence(r: Mapping) -> str | None:
@@ -419,7 +435,7 @@ def _not_reportable_note(marks: Mapping[str, str | None], r: Mapping) -> str | N
 
 def _group(key: str) -> str:
     head = key.split(".")[0]
-    if head in (E1, E2, E3):
+    if head in (E1, E1_PAIRED, E2, E3):
         return "headline"
     if head in BASELINE_LABELS:
         return "baselines"
@@ -570,7 +586,9 @@ def _twins(r: Mapping, marks: Mapping, labels: Mapping[str, str]) -> Section | N
     lines = [("trained", {E1: E1, E2: E2, **{c: dotted(E3, c) for c in controls}})]
     lines += [(f"twin seed {s}", estimands(RANDOM_TWIN, BY_SEED, s)) for s in seeds]
     lines.append((env if len(seeds) != 1 else "random twin (its only seed)", estimands(RANDOM_TWIN)))
-    diffs = [(f"{env} (paired)", {E1: dotted(DIFFERENCES, E1_MINUS_TWIN_E1),
+    diffs = [("mean over twin seeds (paired; check 6)",
+              {c: dotted(DIFFERENCES, E3_MINUS_MEAN_TWIN_E3, c) for c in controls}),
+             (f"{env} (paired)", {E1: dotted(DIFFERENCES, E1_MINUS_TWIN_E1),
                                   **{c: dotted(DIFFERENCES, E3_MINUS_TWIN_E3, c) for c in controls}}),
              ("a new twin (seed-predictive)", {E1: dotted(DIFFERENCES, E1_MINUS_TWIN_E1_PREDICTIVE),
                                                **{c: dotted(DIFFERENCES, E3_MINUS_TWIN_E3_PREDICTIVE, c)
@@ -666,7 +684,8 @@ def cluster_lines(results: Mapping) -> list[str]:
     v = results.get(VERDICT) or {}
     rep = v.get(REPORTABILITY) or {}
     mc = v.get("min_clusters")
-    return [f"{k}: {x['clusters']}" + ("" if x["reportable"] else f" (< {mc}: not used by the verdict)")
+    return [f"{k}: {x['clusters']}" + (f" ({x['effective']:.1f} effective, Kish)" if "effective" in x else "")
+            + ("" if x["reportable"] else f" (< {mc}: not used by the verdict)")
             for k, x in rep.items()]
 
 
@@ -696,7 +715,8 @@ def _counts(r: Mapping) -> Section | None:
     bs = r.get(BOOTSTRAP)
     if isinstance(bs, Mapping) and bs:
         blocks.append(Text("Cluster bootstrap over test trajectories: "
-                           + ", ".join(f"{k}={val}" for k, val in bs.items() if k != CLUSTERS_BY_ESTIMAND), "muted"))
+                           + ", ".join(f"{k}={val}" for k, val in bs.items()
+                                       if k not in (CLUSTERS_BY_ESTIMAND, EFFECTIVE_CLUSTERS_BY_ESTIMAND)), "muted"))
     if not blocks:
         return None
     c = counts if isinstance(counts, Mapping) else {}

@@ -181,6 +181,8 @@ def short_reason(reason: str) -> str:
 
     out = re.sub(r"only (\d+) test trajector(?:y contributes|ies contribute) \(< (\d+)\)",
                  r"\1 contributing trajectories < \2", reason)
+    out = re.sub(r"only ([\d.]+) effective test trajectories \(Kish[^)]*\) \(< ([\d.]+)\)",
+                 r"\1 effective trajectories < \2", out)
     out = re.sub(r"only (\d+) of (\d+) bootstrap replicates usable \(< [^)]*\)", r"\1/\2 replicates", out)
     return out.replace("degenerate interval (every replicate gave the same value)", "degenerate interval")
 

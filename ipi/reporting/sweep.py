@@ -32,13 +32,16 @@ sweep"). Every job of the folder is one cell of the family (``N`` cells, stated 
 A cell's claim as its own run states it (``claim``, nominal level) is re-licensed under Holm's
 step-down procedure over the ``N`` cells (``claim_familywise``; :func:`familywise`):
 
-* ``p_separates`` = the one-sided bootstrap p-value of ``E1 <= 0.5`` (``results.json``
-  ``p_values.e1``), when the cell's check 1 passed; 1 otherwise.
-* ``p_detects`` = the largest of the bootstrap p-values of the claim's tests — E1 (check 1),
-  the paired ``E1 − C1 E1 <= 0`` (check 2), every ``E3[c] <= 0.5`` (check 3), and with a
-  random-weight twin every ``E3[c] − max_s E3_twin_s[c] <= 0`` and every seed-predictive
-  ``E3[c] − new twin E3[c] <= 0`` (check 6) — when the cell's
-  own verdict licenses "detects malicious content"; 1 otherwise. The claim holds only if every
+* p-values are ``(1 + k)/(B + 1)`` (:func:`ipi.metrics.bootstrap.plus_one_p`): never 0, so
+  Holm's first threshold ``α/N`` can be met only when ``B + 1 >= N/α`` (1,199 replicates for 30
+  cells at α = 0.025); the report says whether the sweep's ``B`` clears it (:func:`family_sentence`).
+* ``p_separates`` = the one-sided bootstrap p-value of ``E1 <= 0.5`` over the steps having both
+  (``results.json`` ``p_values.e1_paired``, check 1's estimand; ``p_values.e1`` for older
+  files), when the cell's check 1 passed; 1 otherwise.
+* ``p_detects`` = the largest of the bootstrap p-values of the claim's tests — E1 over the steps
+  having both (check 1), every paired ``E3[c] − C1 E3[c] <= 0`` (check 2), every ``E3[c] <= 0.5``
+  (check 3), and with random-weight twins every paired ``E3[c] − mean_s E3_s[c] <= 0`` (check 6's
+  interval) — when the cell's own verdict licenses "detects malicious content"; 1 otherwise. The claim holds only if every
   test rejects (an intersection-union test), so the largest p is a valid p-value for it
   (Berger 1982). The other conditions (C1 E1 below 0.95, check 4's permutation test with its
   null centred on 0.5, check 5, the cluster gate) must hold in the cell's own verdict at their
@@ -49,8 +52,13 @@ step-down procedure over the ``N`` cells (``claim_familywise``; :func:`familywis
   cell's "CI low > 0.5" check): sort the ``N`` p-values; the ``i``-th smallest is rejected while
   ``p_(i) <= α / (N − i + 1)`` for it and every smaller one. Holm controls the family-wise error
   under any dependence between cells (they share test trajectories). Run separately for the two
-  claims; a cell gets "detects" when its ``p_detects`` is rejected, else "separates" when its
-  ``p_separates`` is, else "none".
+  claims; a cell gets "detects" when its ``p_detects`` is rejected (and, with twins, its rank
+  part holds family-wise, below), else "separates" when its ``p_separates`` is, else "none".
+* Check 6's rank part is family-wise by the **max-over-cells rank test**
+  (:func:`familywise_rank`): the same S twin seeds serve every cell, so under exchangeability of
+  the S + 1 networks the trained network's best margin over all cells is the largest with
+  probability ``<= 1/(S+1)`` — for the whole family, where Holm over per-cell rank p-values
+  (floor ``1/(S+1)``) could never reach ``α/N``. The report states S and that level.
 * ``evaluation.preregistered`` (the same in every job: set it on the sweep's command line, e.g.
   ``'evaluation.preregistered="layers=six_3 token_group=last_prompt"'``) names one cell by its
   overrides before the sweep runs; that cell keeps its nominal claim. The other cells still get
@@ -61,10 +69,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from ipi.evaluation.results import DEFAULTS
@@ -74,23 +84,27 @@ from ipi.metrics.keys import (
     BOOTSTRAP,
     CHECKS,
     CLAIM,
+    BY_SEED,
     E1,
-    E1_MINUS_C1_E1,
+    E1_PAIRED,
     E2,
     E3,
-    E3_MINUS_TWIN_E3,
-    E3_MINUS_TWIN_E3_PREDICTIVE,
+    E3_MINUS_C1_E3,
+    E3_MINUS_MEAN_TWIN_E3,
+    N_BOOT_KEY,
     P_VALUE,
     P_VALUES,
     PERMUTATION,
+    RANDOM_TWIN,
     RUN,
+    SEEDS,
     VERDICT,
     dotted,
 )
 from ipi.reporting.report import REPORT_CSS, html_escape, img_tag
 from ipi.reporting.summary import _detector_label
 
-__all__ = ["collect", "familywise", "holm", "main", "write_sweep_report"]
+__all__ = ["collect", "family_sentence", "familywise", "familywise_rank", "holm", "main", "write_sweep_report"]
 
 CLAIM_DETECTS = "detects malicious content"
 CLAIM_SEPARATES = "separates clean steps from this attack surface on this split"
@@ -152,18 +166,89 @@ def claim_p_values(res: dict) -> tuple[float, float]:
     def num(x) -> float:
         return float(x) if isinstance(x, (int, float)) else 1.0
 
-    p_sep = num(pv.get(E1)) if _check_status(res, 1) == "PASS" else 1.0
+    p_e1 = pv.get(E1_PAIRED) if pv.get(E1_PAIRED) is not None else pv.get(E1)
+    p_sep = num(p_e1) if _check_status(res, 1) == "PASS" else 1.0
     if claim != CLAIM_DETECTS:
         return p_sep, 1.0
-    parts = [num(pv.get(E1)), num(pv.get(E1_MINUS_C1_E1))]
+    controls = list(res.get(E3) or {})
+    parts = [num(p_e1)]
+    c1 = pv.get(E3_MINUS_C1_E3) or {}
+    parts += [num(c1.get(c)) for c in controls]
     e3 = pv.get(E3) or {}
-    parts += [num(e3.get(c)) for c in (res.get(E3) or {})]
-    if _check_status(res, 6) is not None:  # check 6: E3[c] − max over twin seeds (docs/estimands.md)
-        twin = pv.get(E3_MINUS_TWIN_E3) or {}
-        parts += [num(twin.get(c)) for c in (res.get(E3) or {})]
-        pred = pv.get(E3_MINUS_TWIN_E3_PREDICTIVE) or {}  # and a new random draw (seed-predictive)
-        parts += [num(pred.get(c)) for c in (res.get(E3) or {})]
+    parts += [num(e3.get(c)) for c in controls]
+    if _check_status(res, 6) is not None:  # check 6's paired interval: E3[c] − mean over twin seeds
+        twin = pv.get(E3_MINUS_MEAN_TWIN_E3) or {}
+        parts += [num(twin.get(c)) for c in controls]
     return p_sep, max(parts)
+
+
+def twin_e3_networks(res: dict) -> tuple[list[str], dict[str, list[float]]] | None:
+    """``(seeds, {control: [E3 of the trained network, then of each twin seed]})`` of one cell, or
+    None without twins (the input of :func:`familywise_rank`)."""
+    twin = res.get(RANDOM_TWIN) or {}
+    seeds = [str(s) for s in twin.get(SEEDS) or []]
+    by_seed = twin.get(BY_SEED) or {}
+    if not seeds or not isinstance(by_seed, dict):
+        return None
+    out = {}
+    for c, iv in (res.get(E3) or {}).items():
+        vals = [(iv or {}).get("estimate")] + [((by_seed.get(s) or {}).get(E3) or {}).get(c, {}).get("estimate")
+                                               for s in seeds]
+        if any(v is None for v in vals):
+            return None
+        out[c] = [float(v) for v in vals]
+    return seeds, out
+
+
+def familywise_rank(e3_by_network) -> dict:
+    """Family-wise rank test of check 6 over a sweep's cells: the max over cells (single-step max-T).
+
+    Under exchangeability of the S + 1 networks *jointly over all cells* (the same S twin seeds
+    serve every cell), network ``n``'s best margin ``M_n = max_k min_c (E3_n[k, c] − max_{m≠n}
+    E3_m[k, c])`` is exchangeable across networks, so the trained network's ``M_0`` is the
+    largest with probability ``<= 1/(S+1)``. Cell ``k`` keeps its rank part family-wise when
+    its trained margin ``min_c (E3_0[k, c] − max_{m>=1} E3_m[k, c])`` exceeds every twin's
+    ``M_n`` (Westfall & Young 1993); the family-wise error of the rank part is then ``<= 1/(S+1)``.
+
+    Args:
+        e3_by_network: ``[S+1, K, C]`` E3 estimates (network 0 = trained; K cells; C controls).
+
+    Returns:
+        ``{"cells": [K] bool, "p_family": (1 + #{n >= 1: M_n >= M_0})/(S+1), "margin": [K],
+        "twin_best": max_{n>=1} M_n, "level": 1/(S+1)}``.
+    """
+    e = np.asarray(e3_by_network, dtype=np.float64)
+    n_net = e.shape[0]
+    margins = np.empty(e.shape[:2])
+    for n in range(n_net):
+        others = np.delete(e, n, axis=0).max(axis=0)  # [K, C]
+        margins[n] = (e[n] - others).min(axis=1)
+    best = margins.max(axis=1)
+    twin_best = float(best[1:].max()) if n_net > 1 else -math.inf
+    return {"cells": (margins[0] > twin_best).tolist(), "p_family": (1 + int(np.sum(best[1:] >= best[0]))) / n_net,
+            "margin": margins[0].tolist(), "twin_best": twin_best, "level": 1.0 / n_net}
+
+
+def family_sentence(n_cells: int, alpha: float, n_boot: int | None, n_twins: int | None) -> str:
+    """What the sweep's S and B let a claim survive (memo §5): N, α, B, the p floor 1/(B+1) against
+    Holm's first threshold α/N, and the rank test's family level 1/(S+1)."""
+    parts = []
+    if n_boot:
+        floor = 1.0 / (n_boot + 1)
+        need = math.ceil(n_cells / alpha - 1)
+        ok = floor <= alpha / n_cells
+        parts.append(f"B = {n_boot} bootstrap replicates: the smallest p-value is 1/(B+1) = {floor:.5f}, "
+                     + (f"at or below Holm's first threshold alpha/N = {alpha / n_cells:.5f}, so a cell's claim can "
+                        "survive" if ok else
+                        f"above Holm's first threshold alpha/N = {alpha / n_cells:.5f}: no cell's claim can survive "
+                        f"Holm here; evaluation.n_boot >= {need} is needed for {n_cells} cells"))
+    if n_twins:
+        lvl = 1.0 / (n_twins + 1)
+        parts.append(f"check 6's rank part over the family (max over cells, the same {n_twins} twin seeds in every "
+                     f"cell): level 1/(S+1) = {lvl:.3f}" + ("" if lvl <= alpha * 2 + 1e-12 else
+                                                               f", above {2 * alpha:g}: more twin seeds are needed "
+                                                               "for a family-wise \"detects\""))
+    return "; ".join(parts)
 
 
 def holm(p_values, alpha: float) -> list[bool]:
@@ -208,6 +293,19 @@ def familywise(df: pd.DataFrame, alpha: float, preregistered: str | None = None,
     pad = [1.0] * int(n_failed)
     sep = holm([*out["p_separates"], *pad], alpha)[: len(out)]
     det = holm([*out["p_detects"], *pad], alpha)[: len(out)]
+    out["rank_familywise"] = None
+    twins = list(out["_twin_e3"]) if "_twin_e3" in out else []
+    if twins and all(t is not None for t in twins):
+        seeds = {tuple(t[0]) for t in twins}
+        controls = {tuple(sorted(t[1])) for t in twins}
+        if len(seeds) == 1 and len(controls) == 1:
+            cs = next(iter(controls))
+            e3 = [[[t[1][c][n] for c in cs] for t in twins] for n in range(len(next(iter(seeds))) + 1)]
+            fam = familywise_rank(e3)
+            out["rank_familywise"] = fam["cells"]
+            det = [d and r for d, r in zip(det, fam["cells"])]
+        else:  # different twin seeds or controls per cell: no joint exchangeability, no family rank
+            det = [False] * len(det)
     out["claim_familywise"] = [CLAIM_DETECTS if d else CLAIM_SEPARATES if s else "none"
                                for s, d in zip(sep, det)]
     out["preregistered"] = False
@@ -280,6 +378,8 @@ def collect(sweep: str | Path) -> pd.DataFrame:
             "preregistered_spec": _preregistered(job),
         }
         row["p_separates"], row["p_detects"] = claim_p_values(res)
+        row["n_boot"] = (res.get(BOOTSTRAP) or {}).get(N_BOOT_KEY)
+        row["_twin_e3"] = twin_e3_networks(res)
         row["p_permutation"] = _permutation_p(res)
         ivs = {E1: res.get(E1), E2: res.get(E2)}
         ivs.update({dotted(E3, c): iv for c, iv in (res.get(E3) or {}).items()})
@@ -362,14 +462,18 @@ def write_sweep_report(sweep: str | Path) -> dict[str, Path]:
         raise ValueError(f"{sweep}: jobs use different evaluation.level values {sorted(levels)}")
     prereg = next(iter(specs), None)
     alpha = (1.0 - levels.pop()) / 2.0
-    df = familywise(df, alpha, prereg, n_failed=len(failed)).drop(columns=["preregistered_spec"])
+    twins = [t for t in df["_twin_e3"] if t is not None]
+    n_twins = len(twins[0][0]) if twins else None
+    n_boot = int(min(df["n_boot"].dropna())) if df["n_boot"].notna().any() else None
+    df = familywise(df, alpha, prereg, n_failed=len(failed)).drop(columns=["preregistered_spec", "_twin_e3"])
     n_cells = len(df) + len(failed)
     family = (f"Family: {n_cells} cells (every job of this sweep"
               + (f", {len(failed)} of them failed: p = 1" if len(failed) else "") + "). A claim is licensed under Holm's "
               f"family-wise error control at one-sided alpha = {alpha:g} over the {n_cells} cells "
               f"(column claim_familywise); the column claim is each cell's own verdict at the nominal level"
               + (f". Pre-registered cell: {prereg} (keeps its nominal claim)." if prereg else
-                 "; no cell was pre-registered (evaluation.preregistered)."))
+                 "; no cell was pre-registered (evaluation.preregistered).")
+              + (" " + family_sentence(n_cells, alpha, n_boot, n_twins) + "." if (n_boot or n_twins) else ""))
     out: dict[str, Path] = {}
     csv = df.to_csv(index=False)
     out["csv"] = atomic_write_text(sweep / "sweep.csv", csv)

@@ -15,7 +15,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from ipi.run.config import enum_value as _value
-from ipi.run.config import to_container
+from ipi.run.config import run_surface, to_container
 from ipi.run.detection import attention_matrix, attention_transfer_source, build_detector, detector_record
 from ipi.evaluation.assess import ScoreTables, assess
 from ipi.evaluation.callbacks import EstimandsCallback
@@ -29,7 +29,7 @@ from ipi.reporting.report import write_run_report
 from ipi.reporting.report_callback import ReportCallback
 from ipi.reporting.tracking import task_wrapper
 from ipi.run.settings import extract_settings
-from ipi.run.twin import twin_config, twin_seeds
+from ipi.run.twin import backbone_weights, twin_config, twin_seeds
 from ipi.run.stages import (
     assess_settings,
     check_split_feasible,
@@ -119,12 +119,15 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
                                   wording_record(rows, folds, plan), infos),
                      RANDOM_TWIN: twin_record(cfg, twin_infos)}}
     extra["run"]["detector"] = detector_record(cfg, det, fits)
+    extra["run"]["backbone_weights"] = backbone_weights(cfg)  # pretrained | random | constructed
     if infos_att:
         extra["run"]["attention_cache_keys"] = {s: i["cache_key"] for s, i in infos_att.items()}
 
     # Score the test rows with the probe through Lightning; the callbacks compute and write.
     te_meta = meta.iloc[fits.test_index].reset_index(drop=True)
-    settings = assess_settings(cfg.evaluation, pretrained=bool(cfg.backbone.pretrained))
+    settings = assess_settings(cfg.evaluation, pretrained=bool(cfg.backbone.pretrained),
+                               constructed=bool(cfg.backbone.get("constructed", False)),
+                               required_controls=run_surface(cfg).required_controls)
     est = EstimandsCallback(te_meta, fits.baselines, settings, permutation=fits.permutation_input(),
                             twins=twin_tables or None)
     test_ids = fold_sides(folds)[1]
@@ -226,7 +229,8 @@ def extract(cfg: DictConfig) -> tuple[dict, dict]:
 def evaluate(cfg: DictConfig) -> tuple[dict, dict]:
     """Evaluate a score table (CSV/Parquet) into ``results.json``, reports and figures."""
     results = evaluate_score_table(cfg.scores, twin=cfg.get("twin_scores"),
-                                   settings=assess_settings(cfg.evaluation, pretrained=cfg.get("backbone_pretrained")))
+                                   settings=assess_settings(cfg.evaluation, pretrained=cfg.get("backbone_pretrained"),
+                                                            constructed=bool(cfg.get("backbone_constructed", False))))
     write_run_report(results, Path(cfg.paths.output_dir), scores=read_score_table(cfg.scores),
                      config=to_container(cfg), plots=cfg.report.plots, html_report=cfg.report.html)
     return results, {}

@@ -18,17 +18,44 @@ import copy
 
 from omegaconf import DictConfig, open_dict
 
-__all__ = ["twin_config", "twin_description", "twin_seeds"]
+__all__ = ["backbone_weights", "twin_config", "twin_description", "twin_seeds", "twins_on"]
+
+
+def backbone_weights(cfg: DictConfig) -> str:
+    """What the run's backbone's own weights are: ``"constructed"`` (``backbone.constructed``: a
+    planted-truth backbone, issue 23), ``"pretrained"`` or ``"random"`` (results.json ``run.backbone_weights``)."""
+    if bool(cfg.backbone.get("constructed", False)):
+        return "constructed"
+    return "pretrained" if bool(cfg.backbone.pretrained) else "random"
+
+
+def twins_on(cfg: DictConfig) -> bool:
+    """Whether the run extracts random-weight twins: ``evaluation.random_twin`` true, false or
+    ``auto`` (the default: on for a pretrained or constructed backbone; off for a backbone whose
+    own weights are random, whose claim check 6 caps at "separates" whatever the twins say).
+
+    Raises:
+        ValueError: Any other value.
+    """
+    v = cfg.evaluation.get("random_twin", "auto")
+    if isinstance(v, bool):
+        return v
+    text = str(v).strip().lower()
+    if text in ("true", "false"):
+        return text == "true"
+    if text == "auto":
+        return backbone_weights(cfg) != "random"
+    raise ValueError(f"evaluation.random_twin={v!r}; allowed: true, false, auto")
 
 
 def twin_seeds(cfg: DictConfig) -> list[int]:
-    """``evaluation.random_twin_seeds`` as ints (empty when ``evaluation.random_twin`` is off).
+    """``evaluation.random_twin_seeds`` as ints (empty when the twins are off: :func:`twins_on`).
 
     Raises:
         ValueError: The list is empty, repeats a seed, or holds a seed equal to the tiny
             backbone's own weight seed (``backbone.loader.seed``).
     """
-    if not cfg.evaluation.random_twin:
+    if not twins_on(cfg):
         return []
     seeds = [int(s) for s in cfg.evaluation.random_twin_seeds]
     if not seeds:
@@ -85,7 +112,7 @@ def twin_description(cfg: DictConfig) -> dict:
     """What results.json records about the twins (``run.random_twin``).
 
     Returns:
-        ``{"backbone", "seeds", "init", "backbone_pretrained"}``.
+        ``{"backbone", "seeds", "init", "backbone_pretrained", "backbone_weights"}``.
     """
     return {
         "backbone": cfg.backbone.name,
@@ -93,4 +120,5 @@ def twin_description(cfg: DictConfig) -> dict:
         "init": "the architecture's own initialisation (from_config -> post_init -> _init_weights) "
                 "under torch.manual_seed(seed), same config, processor and rows",
         "backbone_pretrained": bool(cfg.backbone.pretrained),
+        "backbone_weights": backbone_weights(cfg),
     }

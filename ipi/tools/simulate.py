@@ -138,6 +138,7 @@ class SimParams:
     l2: float = 1.0
     n_boot: int = DEFAULTS.n_boot
     permutation_m: int = 199  # refits of the exact permutation test (verdict check 4)
+    min_clusters: int = DEFAULTS.min_clusters  # the verdict's gate on Kish effective test trajectories
 
     def for_truth(self, truth: str) -> SimParams:
         """The process under truth ``"a"`` (content as set, no wording signal), ``"b"`` (neither),
@@ -458,7 +459,8 @@ def run_dataset(p: SimParams, truth: str, index: int, seed: int, key: tuple | No
         twin_tables[j] = tbl
         twin_w.append(tf.probes[0].effective_weights()[0].detach().numpy())
     assessed = assess(ScoreTables(main_table, fits.baselines, twin_tables or None, fits.permutation_input()),
-                      Settings(n_boot=pt.n_boot, seed=boot_seed, pretrained=True if twin_tables else None))
+                      Settings(n_boot=pt.n_boot, seed=boot_seed, pretrained=True if twin_tables else None,
+                               min_clusters=pt.min_clusters))
     v, perm = assessed.verdict, assessed.estimates.permutation
     w, _ = fits.probes[0].effective_weights()
     p_trained = pt.twin(trained[1]) if trained is not None else pt

@@ -156,7 +156,7 @@ def test_evaluate_entry_point_matches_protocol_cases(tmp_path, case):
     out = tmp_path / case
     proc = subprocess.run(
         [sys.executable, "evaluate.py", f"scores={SHARED / 'protocol_cases' / f'{case}.csv'}",
-         f"hydra.run.dir={out}"],
+         f"hydra.run.dir={out}", "evaluation.interval=percentile"],  # PROTOCOL.md §5, recomputed below
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]

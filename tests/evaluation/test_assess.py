@@ -50,17 +50,22 @@ def test_results_are_the_numbers_then_the_verdict_then_the_marks():
     settings = Settings(n_boot=150, seed=3, pretrained=True, min_clusters=4, min_boot_fraction=0.8, alpha=0.1)
     res = assess(tables, settings)
     d = res.to_dict()
-    assert list(d) == ["e1", "e2", "e3", "c1", "collapse_only", "random_twin", "differences", "p_values",
+    assert list(d) == ["e1", "e1_paired", "e2", "e3", "c1", "collapse_only", "random_twin", "differences", "p_values",
                        "permutation", "bootstrap", "verdict", "reportability"]
-    assert list(d["differences"]) == ["e1_minus_c1_e1", "e1_minus_collapse_only_e1", "e1_minus_e3",
-                                      "e1_minus_twin_e1", "e3_minus_twin_e3", "e1_minus_twin_e1_by_seed",
+    assert list(d["differences"]) == ["e1_minus_c1_e1", "e1_minus_collapse_only_e1", "e3_minus_c1_e3",
+                                      "e3_minus_collapse_only_e3", "e1_minus_e3",
+                                      "e1_minus_twin_e1", "e3_minus_twin_e3", "e3_minus_mean_twin_e3",
+                                      "e1_minus_twin_e1_by_seed",
                                       "e3_minus_twin_e3_by_seed", "e1_minus_twin_e1_predictive",
                                       "e3_minus_twin_e3_predictive"]
-    assert list(d["p_values"]) == ["e1", "e3", "e1_minus_c1_e1", "e1_minus_collapse_only_e1", "e3_minus_twin_e3",
-                                   "e3_minus_twin_e3_predictive"]
-    assert list(d["bootstrap"]) == ["n_boot", "seed", "level", "n_clusters", "interval", "clusters_by_estimand"]
-    assert list(d["bootstrap"]["clusters_by_estimand"]) == ["e1", "e2", "e3", "c1", "collapse_only", "random_twin",
-                                                            "differences"]
+    assert list(d["p_values"]) == ["e1", "e1_paired", "e3", "e1_minus_c1_e1", "e1_minus_collapse_only_e1",
+                                   "e3_minus_c1_e3", "e3_minus_collapse_only_e3", "e3_minus_twin_e3",
+                                   "e3_minus_mean_twin_e3", "e3_minus_twin_e3_predictive"]
+    assert all(p is None or p > 0 for p in d["p_values"]["e3"].values())  # (1 + k)/(B + 1): never 0
+    assert list(d["bootstrap"]) == ["n_boot", "seed", "level", "n_clusters", "interval", "clusters_by_estimand",
+                                    "effective_clusters_by_estimand"]
+    assert list(d["bootstrap"]["clusters_by_estimand"]) == ["e1", "e1_paired", "e2", "e3", "c1", "collapse_only",
+                                                            "random_twin", "differences"]
     assert "p_value" not in d["differences"]["e3_minus_twin_e3_predictive"]["c_scrambled"]
     # The numbers are the metrics layer's, on the settings' draws; the permutation level is the settings'.
     numbers = evaluate_tables(tables.main, tables.baselines, n_boot=150, seed=3, permutation=tables.permutation,
@@ -86,14 +91,15 @@ def test_results_are_the_numbers_then_the_verdict_then_the_marks():
 
 def test_settings_reach_the_verdict_and_the_marks():
     """The cluster gate, the pretrained flag and the replicate threshold come from the settings: the
-    same tables give NOT RUN with 4 test trajectories under the default min_clusters 5, and a
-    decided check with min_clusters 4."""
+    same tables give NOT RUN with 4 test trajectories under the default min_clusters 12 (on the
+    Kish count), and a decided check with min_clusters 4 (4 trajectories of equal weight: Kish 4)."""
     tables = _tables(n_traj=4, twins=0)
     default = assess(tables, Settings(n_boot=100)).to_dict()
     lowered = assess(tables, Settings(n_boot=100, min_clusters=4)).to_dict()
     assert default["verdict"]["checks"][0]["status"] == NOT_RUN
     assert lowered["verdict"]["checks"][0]["status"] != NOT_RUN
-    assert "only 4 test trajectories contribute (< 5)" in default["reportability"]["estimands"]["e1"]
+    assert "only 4.0 effective test trajectories (Kish, from the weights it uses; 4 contribute) (< 12)" \
+        in default["reportability"]["estimands"]["e1"]
     assert "test trajector" not in (lowered["reportability"]["estimands"]["e1"] or "")
     capped = assess(tables, Settings(n_boot=100, min_clusters=4, pretrained=False)).to_dict()
     assert capped["verdict"]["checks"][5]["status"] == "FAIL"  # a random backbone: at most "separates"
@@ -122,7 +128,8 @@ def test_defaults_are_the_settings_defaults():
         params = inspect.signature(fn).parameters
         for name in names:
             assert params[name].default == getattr(DEFAULTS, name), (fn.__name__, name)
-    assert Settings() == DEFAULTS and DEFAULTS.min_clusters == 5 and DEFAULTS.n_boot == 1000
+    assert Settings() == DEFAULTS and DEFAULTS.min_clusters == 12 and DEFAULTS.n_boot == 1000
+    assert DEFAULTS.interval == "expanded"
 
 
 def test_results_view_reads_missing_entries_as_none():

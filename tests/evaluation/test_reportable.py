@@ -25,24 +25,24 @@ def _results(n_clusters=8, **over):
 def test_reportability_rules_hand_worked():
     from ipi.evaluation.reportable import reportability
 
-    marks = reportability(_results())
+    marks = reportability(_results(), min_clusters=5)
     assert list(marks) == ["e1", "e2", "e3.c_imperative", "e3.c_scrambled", "c1.e1",
                            "differences.e1_minus_c1_e1", "differences.e1_minus_e3.c_scrambled"]
     assert set(marks.values()) == {None}
     # Too few clusters: every estimate, with the count in words.
     few = reportability(_results(n_clusters=2))
-    assert set(few.values()) == {"only 2 test trajectories contribute (< 5)"}
+    assert set(few.values()) == {"only 2 test trajectories contribute (< 12)"}
     assert reportability(_results(n_clusters=2), min_clusters=2)["e1"] is None
     # A degenerate interval and too few usable replicates, each only where it occurs.
     res = _results(e2=_iv(1.0, 1.0, 1.0), e1=_iv(0.8, 0.7, 0.9, used=89))
-    marks = reportability(res)
+    marks = reportability(res, min_clusters=5)
     assert marks["e2"] == "degenerate interval (every replicate gave the same value)"
-    both = reportability({**res, "bootstrap": {**res["bootstrap"], "n_clusters": 3}})
+    both = reportability({**res, "bootstrap": {**res["bootstrap"], "n_clusters": 3}}, min_clusters=5)
     assert both["e2"] == "only 3 test trajectories contribute (< 5); degenerate interval (every replicate gave the same value)"
     assert marks["e1"] == "only 89 of 100 bootstrap replicates usable (< 90%)"
-    assert reportability(res, min_boot_fraction=0.85)["e1"] is None
+    assert reportability(res, min_clusters=5, min_boot_fraction=0.85)["e1"] is None
     # Equal up to float rounding is degenerate too (a paired difference of AUCs, seen in a real run).
-    near = reportability(_results(e2=_iv(0.1389, 0.13888888888888884, 0.13888888888888895)))
+    near = reportability(_results(e2=_iv(0.1389, 0.13888888888888884, 0.13888888888888895)), min_clusters=5)
     assert near["e2"] == "degenerate interval (every replicate gave the same value)"
     assert sum(v is not None for v in marks.values()) == 2
     # Undefined: no estimate, or no interval.
@@ -56,10 +56,14 @@ def test_reportability_uses_per_estimand_cluster_counts_when_present():
     res = _results(n_clusters=8)
     res["bootstrap"]["clusters_by_estimand"] = {"e3": {"c_scrambled": 3}, "e2": 4,
                                                 "differences.e1_minus_e3.c_scrambled": 3}
-    marks = reportability(res)
+    marks = reportability(res, min_clusters=5)
     assert marks["e3.c_scrambled"] == "only 3 test trajectories contribute (< 5)"
     assert marks["e2"] == "only 4 test trajectories contribute (< 5)"
     assert marks["differences.e1_minus_e3.c_scrambled"] == "only 3 test trajectories contribute (< 5)"
+    # with Kish counts recorded, the gate reads them (here a 3-trajectory E1 whose weight sits on 1.5)
+    res["bootstrap"]["effective_clusters_by_estimand"] = {"e1": 1.5}
+    assert reportability(res, min_clusters=5)["e1"] == \
+        "only 1.5 effective test trajectories (Kish, from the weights it uses; 8 contribute) (< 5)"
     assert marks["e1"] is None and marks["e3.c_imperative"] is None  # not listed: the run's 8
 
 
@@ -99,11 +103,13 @@ def test_report_marks_every_estimate_of_a_two_trajectory_run(tmp_path):
         plots.save_figure = real_save
     n = len(res["reportability"]["estimands"])
     md = (tmp_path / "report.md").read_text()
-    assert md.count("| **no**: only 2 test trajectories contribute (< 5)") == n
-    assert "| **no**: only 2 test trajectories contribute (< 5); degenerate interval" in md  # E2 1.000 [1.000, 1.000]
+    assert md.count("| **no**: only 2.0 effective test trajectories (Kish, from the weights it uses; 2 contribute) "
+                    "(< 12)") == n
+    assert ("| **no**: only 2.0 effective test trajectories (Kish, from the weights it uses; 2 contribute) (< 12); "
+            "degenerate interval") in md  # E2 1.000 [1.000, 1.000]
     assert f"{n} of {n} estimates are marked not reportable" in md
     html = (tmp_path / "report.html").read_text()
-    assert html.count('<tr class="unreportable">') == n and "no: only 2 test trajectories" in html
+    assert html.count('<tr class="unreportable">') == n and "no: only 2.0 effective test trajectories" in html
     # Forest plot: hollow grey points, no interval bars, the reason written beside each.
     fig = figs[str(tmp_path / "forest.png")]
     ax = fig.axes[0]
@@ -113,7 +119,7 @@ def test_report_marks_every_estimate_of_a_two_trajectory_run(tmp_path):
     assert len(points) == len([k for k in res["reportability"]["estimands"] if not k.startswith("differences")])
     assert all(p.get_markerfacecolor() == "white" for p in points)
     texts = [t.get_text() for t in ax.texts]
-    assert len(texts) == len(points) and all("not reportable: 2 contributing trajectories < 5" in t for t in texts)
+    assert len(texts) == len(points) and all("not reportable: 2.0 effective trajectories < 12" in t for t in texts)
     # The reasons are inside the saved image: the figure grew to hold them (no clipped text).
     right, width = extents[str(tmp_path / "forest.png")]
     assert 0 < right <= width

@@ -164,11 +164,13 @@ def test_permutation_null_is_centred_and_detects_signal():
     table["score"] = fits.probe_scores(x)
     res = evaluate_tables(table, n_boot=100, permutation=fits.permutation_input())
     perm = res["permutation"]
+    assert res["bootstrap"]["n_clusters"] == 8
     assert perm["m"] == 99 and len(perm["null_e1"]) == 99
     assert abs(perm["null_mean"] - 0.5) <= perm["tolerance"]
     assert perm["p_value"] == pytest.approx(0.01) and perm["e1"] > 0.8
     assert perm["e1_refit"] == pytest.approx(perm["e1"], abs=1e-4)
-    v = verdict(res)
+    assert verdict(res)["checks"][3]["status"] == NOT_RUN  # 8 test trajectories: Kish < 12
+    v = verdict(res, min_clusters=5)
     c4 = v["checks"][3]
     assert c4["status"] == PASS and "M=99" in c4["detail"] and "p = 0.010" in c4["detail"]
     assert c4["numbers"]["p_value"] == pytest.approx(0.01)
@@ -199,19 +201,25 @@ def test_clusters_by_estimand_counts_both_sides():
     # E1: t0, t1 have attack and clean rows (t2's attack row is at a step without clean, but t2
     # has clean rows); E2: steps with both in t0, t1; E3: only t0 has a step with attack and c
     assert res.contributors["e1"] == {"t0", "t1", "t2"}
-    assert res.cluster_counts() == {"e1": 3, "e2": 2, "e3": {"c_scrambled": 1}}
+    assert res.cluster_counts() == {"e1": 3, "e1_paired": 2, "e2": 2, "e3": {"c_scrambled": 1}}
+    assert list(res.cluster_counts()) == list(res.effective_counts()) == ["e1", "e1_paired", "e2", "e3"]
     base = table.assign(score=-table.score)
     out = evaluate_tables(table, {"c1": base}, n_boot=20)
     cb = out["bootstrap"]["clusters_by_estimand"]
-    assert cb["e1"] == 3 and cb["c1"] == {"e1": 3, "e2": 2, "e3": {"c_scrambled": 1}}
-    assert cb["differences"] == {"e1_minus_c1_e1": 3, "e1_minus_e3": {"c_scrambled": 1}}
-    assert set(out["c1"]) == {"e1", "e2", "e3"}  # C1's E3 per control is reported
+    assert cb["e1"] == 3 and cb["c1"] == {"e1": 3, "e1_paired": 2, "e2": 2, "e3": {"c_scrambled": 1}}
+    assert cb["differences"] == {"e1_minus_c1_e1": 3, "e3_minus_c1_e3": {"c_scrambled": 1},
+                                 "e1_minus_e3": {"c_scrambled": 1}}
+    assert set(out["c1"]) == {"e1", "e1_paired", "e2", "e3"}  # C1's E3 per control is reported
     assert out["c1"]["e3"]["c_scrambled"]["estimate"] == pytest.approx(1 - out["e3"]["c_scrambled"]["estimate"])
+    # Kish (Σw)²/Σw² per side, w = a trajectory's steps on that side: attack t0 4, t1 1, t2 1
+    # -> 36/18 = 2.0; clean t0 4, t1..t6 3 each -> 22²/70 = 6.9; the gate reads the poorer side
+    eff = out["bootstrap"]["effective_clusters_by_estimand"]
+    assert eff["e1"] == pytest.approx(min(6.0**2 / 18.0, 22.0**2 / 70.0)) == pytest.approx(2.0)
     rep = reportability(out, min_clusters=3)
-    assert rep["e1"] == {"clusters": 3, "reportable": True}
-    assert rep["e3.c_scrambled"] == {"clusters": 1, "reportable": False}
+    assert rep["e1"]["clusters"] == 3 and rep["e1"]["reportable"] is False  # Kish 2.0: 3 trajectories, less evidence
+    assert rep["e3.c_scrambled"] == {"clusters": 1, "effective": 1.0, "reportable": False}
     assert rep["c1.e3.c_scrambled"]["reportable"] is False
-    assert rep["differences.e1_minus_c1_e1"]["reportable"] is True
+    assert rep["differences.e1_minus_c1_e1"]["reportable"] is False  # the smaller Kish of its two E1s
 
 
 def test_one_trajectory_table_through_evaluate_py(tmp_path):
@@ -229,15 +237,16 @@ def test_one_trajectory_table_through_evaluate_py(tmp_path):
     assert res["bootstrap"]["clusters_by_estimand"]["e1"] == 1
     assert res["bootstrap"]["clusters_by_estimand"]["e3"] == {"c_scrambled": 1}
     checks = {c["id"]: c for c in res["verdict"]["checks"]}
-    assert checks[1]["status"] == NOT_RUN and "only 1 test trajectory with attack and clean rows" in checks[1]["detail"]
+    assert checks[1]["status"] == NOT_RUN and "1.0 effective test trajectories" in checks[1]["detail"]
     assert checks[3]["status"] == NOT_RUN
-    assert "only 1 test trajectory with a step with attack and c_scrambled rows" in checks[3]["detail"]
+    assert "c_scrambled: E3: 1.0 effective test trajectories" in checks[3]["detail"]
+    assert "degenerate interval" in checks[3]["detail"]
     assert checks[4]["status"] == NOT_RUN and "score table alone cannot be permuted" in checks[4]["detail"]
     assert res["verdict"]["claim"] == "none"
     # the interval the old gate let through is degenerate
     assert res["e3"]["c_scrambled"]["ci_low"] == res["e3"]["c_scrambled"]["ci_high"]
     report = (out / "report.md").read_text()
-    assert "only 1 test trajectory" in report
+    assert "effective test trajectories" in report
 
 
 # ---------------------------------------------------------------------------------------------
@@ -255,26 +264,34 @@ def _perm(e1=0.85, mean=0.5, sd=0.04, p=0.005, m=199):
             "tolerance": null_tolerance(sd, m), "n_ge": round(p * (m + 1)) - 1}
 
 
-def _results(n=24):
+CONTROLS = ("c_imperative", "c_scrambled")
+
+
+def _results(n=24, s=19):
+    """A hand-built results dict in the issue-22 layout where every check passes (S twins)."""
+    seeds = [str(k) for k in range(1, s + 1)]
+    by_seed = {k: {"e1": _iv(0.8, 0.7, 0.9), "e2": _iv(0.8, 0.7, 0.9),
+                   "e3": {c: _iv(0.5 + 0.005 * int(k), 0.4, 0.65) for c in CONTROLS}} for k in seeds}
+    per_c = {c: n for c in CONTROLS}
     return {
-        "e1": _iv(0.85, 0.71, 0.93), "e2": _iv(0.8, 0.7, 0.9),
+        "e1": _iv(0.85, 0.71, 0.93), "e1_paired": _iv(0.85, 0.71, 0.93), "e2": _iv(0.8, 0.7, 0.9),
         "e3": {"c_scrambled": _iv(0.7, 0.6, 0.8), "c_imperative": _iv(0.75, 0.65, 0.85)},
-        "c1": {"e1": _iv(0.7, 0.6, 0.8), "e2": _iv(0.7, 0.6, 0.8)},
-        "collapse_only": {"e1": _iv(0.55, 0.5, 0.58), "e2": _iv(0.55, 0.5, 0.6)},
+        "c1": {"e1": _iv(0.7, 0.6, 0.8), "e2": _iv(0.7, 0.6, 0.8), "e3": {c: _iv(0.5, 0.4, 0.6) for c in CONTROLS}},
+        "collapse_only": {"e1": _iv(0.55, 0.5, 0.58), "e2": _iv(0.55, 0.5, 0.6),
+                          "e3": {c: _iv(0.52, 0.45, 0.58) for c in CONTROLS}},
         "differences": {"e1_minus_c1_e1": _iv(0.15, 0.05, 0.25), "e1_minus_e3": {},
-                        "e3_minus_twin_e3": {"c_scrambled": _iv(0.2, 0.1, 0.3), "c_imperative": _iv(0.25, 0.1, 0.3)},
-                        "e3_minus_twin_e3_predictive": {"c_scrambled": _iv(0.22, 0.05, 0.4),
-                                                        "c_imperative": _iv(0.27, 0.06, 0.45)}},
-        "random_twin": {"e1": _iv(0.8, 0.7, 0.9), "e2": _iv(0.8, 0.7, 0.9), "seeds": ["1", "2", "3"],
-                        "e3": {"c_scrambled": _iv(0.5, 0.4, 0.6), "c_imperative": _iv(0.5, 0.4, 0.6)}},
+                        "e3_minus_c1_e3": {"c_scrambled": _iv(0.2, 0.1, 0.3), "c_imperative": _iv(0.25, 0.15, 0.35)},
+                        "e3_minus_mean_twin_e3": {"c_scrambled": _iv(0.15, 0.08, 0.25),
+                                                  "c_imperative": _iv(0.2, 0.1, 0.3)}},
+        "random_twin": {"e1": _iv(0.8, 0.7, 0.9), "e2": _iv(0.8, 0.7, 0.9), "seeds": seeds, "guards": [],
+                        "e3": {c: _iv(0.6, 0.5, 0.7) for c in CONTROLS}, "by_seed": by_seed},
         "permutation": _perm(),
-        "bootstrap": {"n_clusters": n, "clusters_by_estimand": {
-            "e1": n, "e2": n, "e3": {"c_scrambled": n, "c_imperative": n},
-            "c1": {"e1": n, "e2": n, "e3": {}}, "collapse_only": {"e1": n, "e2": n, "e3": {}},
-            "random_twin": {"e1": n, "e2": n, "e3": {"c_scrambled": n, "c_imperative": n}},
-            "differences": {"e1_minus_c1_e1": n, "e1_minus_e3": {},
-                            "e3_minus_twin_e3": {"c_scrambled": n, "c_imperative": n},
-                            "e3_minus_twin_e3_predictive": {"c_scrambled": n, "c_imperative": n}}}},
+        "bootstrap": {"n_boot": 1000, "n_clusters": n, "clusters_by_estimand": {
+            "e1": n, "e1_paired": n, "e2": n, "e3": dict(per_c),
+            "c1": {"e1": n, "e2": n, "e3": dict(per_c)}, "collapse_only": {"e1": n, "e2": n, "e3": dict(per_c)},
+            "random_twin": {"e1": n, "e2": n, "e3": dict(per_c)},
+            "differences": {"e1_minus_c1_e1": n, "e1_minus_e3": {}, "e3_minus_c1_e3": dict(per_c),
+                            "e3_minus_mean_twin_e3": dict(per_c)}}},
     }
 
 
@@ -284,21 +301,27 @@ def _st(v):
 
 def test_verdict_all_pass_with_numbers():
     v = verdict(_results())
-    assert _st(v) == [PASS] * 6 and v["claim"] == CLAIM_DETECTS and v["claim_note"] == ""
+    assert _st(v) == [PASS] * 6 and v["claim"] == CLAIM_DETECTS
     assert v["checks"][3]["detail"].startswith("exact permutation test, M=199: E1 0.850 vs null mean 0.500")
-    assert v["checks"][4]["detail"] == "collapse-only E1 0.550 CI [0.500, 0.580] below ceiling 0.600"
+    assert v["checks"][4]["detail"].startswith(
+        "c_imperative: collapse-only E3 0.520 CI [0.450, 0.580] below ceiling 0.600; c_scrambled: ")
+    assert v["checks"][4]["detail"].endswith(
+        "note on \"separates\" (decides nothing): collapse-only E1 0.550 CI [0.500, 0.580]")
+    assert v["checks"][0]["detail"].startswith("E1 over the steps having attack and clean rows 0.850 CI")
+    assert "(rank test level 1/(S+1) = 0.050 with S = 19 twins)" in v["checks"][5]["detail"]
+    assert "check 6 at rank level 0.050 (S = 19 twins)" in v["claim_note"]
     assert v["checks"][2]["numbers"]["c_scrambled"]["clusters"] == 24
-    assert v["reportability"]["e3.c_scrambled"] == {"clusters": 24, "reportable": True}
+    assert v["reportability"]["e3.c_scrambled"] == {"clusters": 24, "effective": 24.0, "reportable": True}
     json.dumps(v, allow_nan=False)
 
 
 @pytest.mark.parametrize(("key", "check"), [
-    (("e1",), [1, 4]),
+    (("e1_paired",), [1]),
+    (("e1",), [4]),
     (("e3", "c_imperative"), [3]),
-    (("c1", "e1"), [2]),
-    (("differences", "e1_minus_c1_e1"), [2]),
-    (("collapse_only", "e1"), [5]),
-    (("differences", "e3_minus_twin_e3", "c_imperative"), [6]),
+    (("differences", "e3_minus_c1_e3", "c_imperative"), [2]),
+    (("collapse_only", "e3", "c_imperative"), [5]),
+    (("differences", "e3_minus_mean_twin_e3", "c_imperative"), [6]),
 ])
 def test_verdict_gates_each_estimand_on_its_own_count(key, check):
     r = _results()
@@ -310,7 +333,7 @@ def test_verdict_gates_each_estimand_on_its_own_count(key, check):
     for c in v["checks"]:
         if c["id"] in check:
             assert c["status"] == NOT_RUN, c
-            assert "only 3 test trajectories" in c["detail"] and "< min_clusters 5" in c["detail"]
+            assert "3.0 effective test trajectories" in c["detail"] and "< min_clusters 5" in c["detail"]
         else:
             assert c["status"] == PASS, c
     assert v["claim"] == (CLAIM_SEPARATES if 1 not in check else "none")
@@ -337,7 +360,8 @@ def test_verdict_permutation_outcomes():
                                             ((0.61, 0.69), FAIL)])
 def test_verdict_collapse_uses_its_interval(ci, status):
     r = _results()
-    r["collapse_only"]["e1"] = _iv(0.6, *ci) if status == INCONCLUSIVE else _iv(sum(ci) / 2, *ci)
+    r["collapse_only"]["e3"]["c_scrambled"] = _iv(0.6, *ci) if status == INCONCLUSIVE else _iv(sum(ci) / 2, *ci)
+    r["collapse_only"]["e1"] = _iv(0.7, 0.65, 0.75)  # the E1 form is only the note: it decides nothing
     v = verdict(r)
     assert v["checks"][4]["status"] == status
     assert v["claim"] == (CLAIM_DETECTS if status == PASS else CLAIM_SEPARATES)
@@ -365,7 +389,7 @@ def test_config_permutation_schema_and_validation(tmp_path):
     from tests.conftest import compose_train
 
     cfg = compose_train(tmp_path)
-    assert cfg.evaluation.permutation.m == 199 and cfg.evaluation.min_clusters == 5
+    assert cfg.evaluation.permutation.m == 199 and cfg.evaluation.min_clusters == 12
     for ov, msg in (("evaluation.permutation.m=-1", "permutation.m"),
                     ("evaluation.permutation.alpha=1.5", "permutation.alpha"),
                     ("evaluation.min_clusters=0", "min_clusters")):

@@ -68,10 +68,11 @@ def test_protocol_case(case):
 def test_protocol_case_reference_stream(case):
     """Our draws (default_rng(0).integers over sorted ids) reproduce the reference CIs exactly.
 
-    PROTOCOL.md §9 only promises ±0.03 for another stream; this pins reproducibility of our own.
+    PROTOCOL.md §9 only promises ±0.03 for another stream; this pins reproducibility of our own
+    (with PROTOCOL.md §5's percentile interval; the default expanded one is held to ±0.03 above).
     """
     expected = json.loads(case.with_suffix(".expected.json").read_text())
-    got = _flat(estimands(pd.read_csv(case), n_boot=1000, seed=0))
+    got = _flat(estimands(pd.read_csv(case), n_boot=1000, seed=0, interval="percentile"))
     for key, (low, high) in expected["ci"].items():
         assert got[key].ci_low == pytest.approx(low, abs=1e-9), key
         assert got[key].ci_high == pytest.approx(high, abs=1e-9), key
@@ -361,20 +362,20 @@ def test_paired_differences_use_same_draws():
     main = _random_table(0)
     c1 = _random_table(1, shift=0.3)
     perm = _random_table(2, shift=0.0, n_traj=8)  # subset of trajectories
-    out = evaluate_tables(main, {"c1": c1, "permuted": perm}, n_boot=200, seed=9)
+    out = evaluate_tables(main, {"c1": c1, "permuted": perm}, n_boot=200, seed=9, interval="percentile")
     json.dumps(out, allow_nan=False)  # JSON-ready: no NaN, no numpy types
 
     draws = make_draws(set(main.trajectory_id) | set(c1.trajectory_id), n_boot=200, seed=9)
-    r_main = estimands(main, draws=draws)
-    r_c1 = estimands(c1, draws=draws)
-    r_perm = estimands(perm, draws=draws)
+    r_main = estimands(main, draws=draws, interval="percentile")
+    r_c1 = estimands(c1, draws=draws, interval="percentile")
+    r_perm = estimands(perm, draws=draws, interval="percentile")
     assert out["e1"] == r_main.e1.to_dict()
-    assert out["c1"] == {"e1": r_c1.e1.to_dict(), "e2": r_c1.e2.to_dict(),
+    assert out["c1"] == {"e1": r_c1.e1.to_dict(), "e1_paired": r_c1.e1_paired.to_dict(), "e2": r_c1.e2.to_dict(),
                          "e3": {c: iv.to_dict() for c, iv in r_c1.e3.items()}}
     assert out["permuted"]["e1"] == r_perm.e1.to_dict()
 
     iv, diff = paired_difference(
-        r_main.e1.estimate, r_main.replicates["e1"], r_c1.e1.estimate, r_c1.replicates["e1"]
+        r_main.e1.estimate, r_main.replicates["e1"], r_c1.e1.estimate, r_c1.replicates["e1"], interval="percentile"
     )
     np.testing.assert_array_equal(diff, r_main.replicates["e1"] - r_c1.replicates["e1"])
     assert out["differences"]["e1_minus_c1_e1"] == iv.to_dict()
@@ -387,7 +388,9 @@ def test_paired_differences_use_same_draws():
         assert got["ci_high"] == pytest.approx(np.quantile(d, 0.975))
         assert got["estimate"] == pytest.approx(r_main.e1.estimate - r_main.e3[c].estimate)
     clusters = out["bootstrap"].pop("clusters_by_estimand")
+    effective = out["bootstrap"].pop("effective_clusters_by_estimand")
     assert out["bootstrap"] == {"n_boot": 200, "seed": 9, "level": 0.95, "n_clusters": 12, "interval": "percentile"}
+    assert effective["e1"] == r_main.effective["e1"] <= clusters["e1"]
     assert clusters["e1"] == r_main.cluster_counts()["e1"] and clusters["c1"] == r_c1.cluster_counts()
     for v in out["e1"].values():
         assert type(v) in (float, int)
@@ -426,22 +429,12 @@ def _perm(mean=0.5, sd=0.04, p=0.005, m=199):
 
 
 def _passing():
-    return {
-        "e1": _iv(0.85, 0.71, 0.93),
-        "e2": _iv(0.8, 0.7, 0.9),
-        "e3": {"c_scrambled": _iv(0.7, 0.6, 0.8), "c_imperative": _iv(0.75, 0.65, 0.85)},
-        "c1": {"e1": _iv(0.7, 0.6, 0.8), "e2": _iv(0.7, 0.6, 0.8)},
-        "permuted": {"e1": _iv(0.5, 0.45, 0.55), "e2": _iv(0.5, 0.4, 0.6)},
-        "permutation": _perm(),
-        "collapse_only": {"e1": _iv(0.55, 0.5, 0.58), "e2": _iv(0.55, 0.5, 0.6)},
-        "differences": {"e1_minus_c1_e1": _iv(0.15, 0.05, 0.25), "e1_minus_e3": {},
-                        "e1_minus_twin_e1": _iv(0.2, 0.1, 0.3),
-                        "e3_minus_twin_e3": {"c_scrambled": _iv(0.2, 0.1, 0.3), "c_imperative": _iv(0.25, 0.1, 0.3)},
-                        "e3_minus_twin_e3_predictive": {"c_scrambled": _iv(0.2, 0.05, 0.35),
-                                                        "c_imperative": _iv(0.25, 0.05, 0.4)}},
-        "random_twin": {"e1": _iv(0.65, 0.6, 0.7), "e2": _iv(0.6, 0.5, 0.7), "seeds": ["1", "2", "3"],
-                        "e3": {"c_scrambled": _iv(0.5, 0.45, 0.55), "c_imperative": _iv(0.5, 0.45, 0.55)}},
-    }
+    """Every check passes (the issue-22 layout: tests/evaluation/test_verdict.py), 24 test trajectories."""
+    from tests.evaluation.test_verdict import _results
+
+    r = _results()
+    r["permuted"] = {"e1": _iv(0.5, 0.45, 0.55), "e2": _iv(0.5, 0.4, 0.6)}
+    return r
 
 
 def _statuses(v):
@@ -453,21 +446,23 @@ def test_verdict_all_pass():
     assert _statuses(v) == ["PASS"] * 6
     assert [c["id"] for c in v["checks"]] == [1, 2, 3, 4, 5, 6]
     assert v["claim"] == CLAIM_DETECTS
-    assert v["checks"][0]["detail"] == "E1 0.850 CI [0.710, 0.930]: CI low 0.710 > 0.5"
+    assert v["checks"][0]["detail"] == ("E1 over the steps having attack and clean rows 0.850 CI [0.710, 0.930]: "
+                                        "CI low 0.710 > 0.5")
     assert "c_imperative" in v["checks"][2]["detail"] and "c_scrambled" in v["checks"][2]["detail"]
-    assert "0.550 CI [0.500, 0.580] below ceiling 0.600" in v["checks"][4]["detail"]
+    assert "c_scrambled: collapse-only E3 0.520 CI [0.450, 0.580] below ceiling 0.600" in v["checks"][4]["detail"]
 
 
 @pytest.mark.parametrize(("n_clusters", "gated"), [(1, True), (4, True), (5, False), (None, False)])
 def test_verdict_needs_enough_test_trajectories(n_clusters, gated):
     """One test trajectory gives a zero-width interval: below min_clusters nothing is licensed."""
     r = _passing()
+    r["bootstrap"] = {"n_boot": 1000, "seed": 0, "level": 0.95}  # no per-estimand counts: n_clusters gates
     if n_clusters is not None:
-        r["bootstrap"] = {"n_boot": 1000, "seed": 0, "level": 0.95, "n_clusters": n_clusters}
+        r["bootstrap"]["n_clusters"] = n_clusters
     v = verdict(r, min_clusters=5)
     if gated:
         assert _statuses(v) == ["NOT RUN"] * 6 and v["claim"] == CLAIM_NONE
-        assert f"only {n_clusters} test trajector" in v["checks"][0]["detail"]
+        assert f"{n_clusters:.1f} effective test trajectories" in v["checks"][0]["detail"]
     else:
         assert _statuses(v) == ["PASS"] * 6 and v["claim"] == CLAIM_DETECTS
 
@@ -475,16 +470,16 @@ def test_verdict_needs_enough_test_trajectories(n_clusters, gated):
 @pytest.mark.parametrize(
     ("check", "mutate"),
     [
-        (1, lambda r: r.update(e1=_iv(0.6, 0.48, 0.7))),
-        (2, lambda r: r["differences"].update(e1_minus_c1_e1=_iv(0.05, -0.01, 0.1))),
-        (2, lambda r: r.update(c1={"e1": _iv(0.96, 0.9, 0.99)})),
-        (2, lambda r: r.update(c1={"e1": _iv(0.95, 0.9, 0.99)})),  # "below 0.95" is strict
-        (3, lambda r: r["e3"].update(c_scrambled=_iv(0.49, 0.33, 0.65))),
+        (1, lambda r: r.update(e1_paired=_iv(0.6, 0.48, 0.7))),
+        (2, lambda r: r["differences"]["e3_minus_c1_e3"].update(c_scrambled=_iv(0.05, -0.01, 0.1))),
+        (2, lambda r: r["c1"]["e3"].update(c_scrambled=_iv(0.96, 0.9, 0.99))),
+        (2, lambda r: r["c1"]["e3"].update(c_imperative=_iv(0.95, 0.9, 0.99))),  # "below 0.95" is strict
+        (3, lambda r: r["e3"].update(c_scrambled=_iv(0.65, 0.49, 0.8))),
         (4, lambda r: r.update(permutation=_perm(p=0.2))),
         (4, lambda r: r.update(permutation=_perm(mean=0.45))),
-        (5, lambda r: r.update(collapse_only={"e1": _iv(0.634, 0.61, 0.69)})),
-        (6, lambda r: r["differences"]["e3_minus_twin_e3"].update(c_scrambled=_iv(0.03, -0.01, 0.08))),
-        (6, lambda r: r["differences"]["e3_minus_twin_e3"].update(c_imperative=_iv(0.0, 0.0, 0.08))),  # strict
+        (5, lambda r: r["collapse_only"]["e3"].update(c_scrambled=_iv(0.634, 0.61, 0.69))),
+        (6, lambda r: r["differences"]["e3_minus_mean_twin_e3"].update(c_scrambled=_iv(0.03, -0.01, 0.08))),
+        (6, lambda r: r["differences"]["e3_minus_mean_twin_e3"].update(c_imperative=_iv(0.05, 0.0, 0.08))),  # strict
     ],
 )
 def test_verdict_each_failing(check, mutate):
@@ -500,11 +495,11 @@ def test_verdict_each_failing(check, mutate):
 def test_verdict_failing_details_carry_numbers():
     r = _passing()
     r["e3"]["c_scrambled"] = _iv(0.489, 0.327, 0.647)
-    r["collapse_only"] = {"e1": _iv(0.634, 0.61, 0.69)}
+    r["collapse_only"]["e3"]["c_scrambled"] = _iv(0.634, 0.61, 0.69)
     v = verdict(r)
     assert "c_scrambled: E3 0.489, CI low 0.327 <= 0.5" in v["checks"][2]["detail"]
     assert "c_imperative: E3 0.750, CI low 0.650 > 0.5" in v["checks"][2]["detail"]
-    assert v["checks"][4]["detail"] == "collapse-only E1 0.634 CI [0.610, 0.690] above ceiling 0.600"
+    assert "c_scrambled: collapse-only E3 0.634 CI [0.610, 0.690] above ceiling 0.600" in v["checks"][4]["detail"]
 
 
 @pytest.mark.parametrize("missing", ["c1", "e3", "permutation", "collapse_only", "random_twin"])
@@ -512,9 +507,9 @@ def test_verdict_not_run(missing):
     r = _passing()
     del r[missing]
     if missing == "c1":
-        del r["differences"]["e1_minus_c1_e1"]
+        del r["differences"]["e1_minus_c1_e1"], r["differences"]["e3_minus_c1_e3"]
     if missing == "random_twin":
-        del r["differences"]["e3_minus_twin_e3"]
+        del r["differences"]["e3_minus_mean_twin_e3"]
     v = verdict(r)
     check = {"c1": 2, "e3": 3, "permutation": 4, "collapse_only": 5, "random_twin": 6}[missing]
     assert v["checks"][check - 1]["status"] == "NOT RUN"
@@ -535,9 +530,9 @@ def test_verdict_c2_alias_and_thresholds():
     r = _passing()
     r["c2"] = r.pop("collapse_only")
     assert verdict(r)["checks"][4]["status"] == "PASS"
-    assert verdict(r, collapse_ceiling=0.45)["checks"][4]["status"] == "FAIL"
+    assert verdict(r, collapse_ceiling=0.44)["checks"][4]["status"] == "FAIL"
     assert verdict(r, collapse_ceiling=0.55)["checks"][4]["status"] == "INCONCLUSIVE"
-    assert verdict(r, c1_max=0.65)["checks"][1]["status"] == "FAIL"
+    assert verdict(r, c1_max=0.45)["checks"][1]["status"] == "FAIL"  # C1 E3[c] 0.5 >= 0.45
 
 
 def test_verdict_on_evaluate_tables_output():

@@ -41,7 +41,7 @@ def test_twin_differences_are_paired_on_the_shared_draws():
     """E3 − twin E3 per seed and against the envelope (max over seeds per draw): recomputed with
     scikit-learn on the documented draws (paired replicates)."""
     main, twin, twin2 = _table(0, 1.5, 1.0), _table(1, 1.5, 0.3), _table(2, 1.5, 0.6)
-    out = evaluate_tables(main, {}, n_boot=300, seed=3, twins={7: twin, 9: twin2})
+    out = evaluate_tables(main, {}, n_boot=300, seed=3, twins={7: twin, 9: twin2}, interval="percentile")
     draws = make_draws(main.trajectory_id, n_boot=300, seed=3)
 
     def reps(table, control):
@@ -71,10 +71,10 @@ def test_twin_differences_are_paired_on_the_shared_draws():
         # than any one seed's paired CI low.
         assert iv["ci_low"] <= min(out["differences"]["e3_minus_twin_e3_by_seed"][s][c]["ci_low"] for s in ("7", "9"))
     # Each twin's own estimands are those of its table alone on the same draws.
-    alone = evaluate_tables(twin, {}, n_boot=300, seed=3)
+    alone = evaluate_tables(twin, {}, n_boot=300, seed=3, interval="percentile")
     assert out["random_twin"]["by_seed"]["7"] == {k: alone[k] for k in ("e1", "e2", "e3")}
     # One twin: the envelope is that twin.
-    one = evaluate_tables(main, {}, n_boot=300, seed=3, twins={7: twin})
+    one = evaluate_tables(main, {}, n_boot=300, seed=3, twins={7: twin}, interval="percentile")
     assert {k: one["random_twin"][k] for k in ("e1", "e2", "e3")} == {k: alone[k] for k in ("e1", "e2", "e3")}
     # A twin whose scores equal the probe's: every paired difference is exactly 0, CI [0, 0].
     same = evaluate_tables(main, {}, n_boot=100, twins={1: main.copy()})

@@ -105,8 +105,9 @@ def test_verdict_then_headline_first_and_the_headline_holds_e1_e2_e3():
     assert [s.folded for s in sections] == [False, False] + [True] * (len(sections) - 2)
     (side,) = [b for b in sections[1].blocks if isinstance(b, Side)]
     (table,) = [b for col in side.columns for b in col if isinstance(b, EstimandTable)]
-    assert [row[0] for row in table.rows] == ["e1", "e2", "e3.c_imperative", "e3.c_occlusion", "e3.c_scrambled"]
-    assert table.rows[0][2] == r["e1"] and table.rows[4][2] == r["e3"]["c_scrambled"]
+    assert [row[0] for row in table.rows] == ["e1", "e1_paired", "e2", "e3.c_imperative", "e3.c_occlusion",
+                                              "e3.c_scrambled"]
+    assert table.rows[0][2] == r["e1"] and table.rows[5][2] == r["e3"]["c_scrambled"]
     # HTML: the six checks and the headline table come before the first folded section.
     html = render_html(r, config_yaml="seed: 0\n")
     first_fold = html.index("<section id=\"figures\"") if 'id="figures"' in html else html.index("<details><summary><h2>")

@@ -66,11 +66,12 @@ def test_forest_rows_cover_every_estimand():
     res = _results(_table())
     aucs, diffs = forest_rows(res)
     labels = [a[0] for a in aucs]
-    assert labels == ["E1 attack vs clean", "E2 paired step", "E3 attack vs c_scrambled",
+    assert labels == ["E1 attack vs clean", "E1 over steps having attack and clean (check 1)", "E2 paired step",
+                      "E3 attack vs c_scrambled",
                       "C1 metadata baseline E1", "C1 metadata baseline E2",
                       "C1 metadata baseline E3 attack vs c_scrambled"]  # the same rows as the table
     assert aucs[0][1:] == (res["e1"]["estimate"], res["e1"]["ci_low"], res["e1"]["ci_high"])
-    assert {d[0] for d in diffs} == {"e1 − c1 e1", "e1 − e3[c_scrambled]"}
+    assert {d[0] for d in diffs} == {"e1 − c1 e1", "e3 − c1 e3[c_scrambled]", "e1 − e3[c_scrambled]"}
 
 
 def test_write_run_report_files_and_self_contained_html(tmp_path):

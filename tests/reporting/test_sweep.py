@@ -7,7 +7,17 @@ import json
 import pandas as pd
 import pytest
 
-from ipi.reporting.sweep import CLAIM_DETECTS, CLAIM_SEPARATES, claim_p_values, holm, main
+import numpy as np
+
+from ipi.reporting.sweep import (
+    CLAIM_DETECTS,
+    CLAIM_SEPARATES,
+    claim_p_values,
+    family_sentence,
+    familywise_rank,
+    holm,
+    main,
+)
 
 
 def test_holm_hand_worked():
@@ -26,14 +36,16 @@ def _res(claim, p_e1, p_c1=0.0, p_e3=0.0, check1="PASS", perm=None):
     res = {"e1": {"estimate": 0.8, "ci_low": 0.7, "ci_high": 0.9, "n_boot_used": 100},
            "e3": {"c_scrambled": {"estimate": 0.7, "ci_low": 0.6, "ci_high": 0.8, "n_boot_used": 100}},
            "verdict": {"claim": claim, "checks": [{"id": 1, "status": check1}]},
-           "p_values": {"e1": p_e1, "e1_minus_c1_e1": p_c1, "e3": {"c_scrambled": p_e3}},
-           "bootstrap": {"level": 0.95}}
+           "p_values": {"e1": p_e1, "e1_paired": p_e1, "e1_minus_c1_e1": 0.9, "e3_minus_c1_e3": {"c_scrambled": p_c1},
+                        "e3": {"c_scrambled": p_e3}},
+           "bootstrap": {"level": 0.95, "n_boot": 1999}}
     if perm is not None:
         res["permutation"] = {"p_value": perm}
     return res
 
 
 def test_claim_p_values_is_the_intersection_union_max():
+    # check 2 is judged on E3[c] - C1 E3[c] (its p 0.004 enters); the E1 form (p 0.9) decides nothing
     assert claim_p_values(_res(CLAIM_DETECTS, 0.001, 0.004, 0.002)) == (0.001, 0.004)
     # check 4's permutation p is a condition of the cell's own verdict, not part of the max
     assert claim_p_values(_res(CLAIM_DETECTS, 0.001, 0.004, 0.002, perm=0.01)) == (0.001, 0.004)
@@ -109,3 +121,31 @@ def test_preregistered_is_a_config_field(tmp_path):
     assert compose_train(tmp_path).evaluation.preregistered is None
     with pytest.raises(Exception, match="preregister"):
         compose_train(tmp_path, ["evaluation.preregister=x"])
+
+
+def test_family_sentence_says_whether_a_claim_can_survive_at_b_and_s():
+    few = family_sentence(30, 0.025, 999, 3)
+    assert "1/(B+1) = 0.00100, above Holm's first threshold alpha/N = 0.00083" in few
+    assert "n_boot >= 1199 is needed for 30 cells" in few and "level 1/(S+1) = 0.250" in few
+    assert "more twin seeds are needed" in few
+    ok = family_sentence(30, 0.025, 1999, 19)
+    assert "so a cell's claim can survive" in ok and "level 1/(S+1) = 0.050" in ok and "more twin" not in ok
+
+
+def test_familywise_rank_over_cells_holds_its_level():
+    rng = np.random.default_rng(8)
+    s, k, n_sim = 19, 30, 400
+    any_hit = sum(any(familywise_rank(rng.normal(size=(s + 1, k, 3)))["cells"]) for _ in range(n_sim))
+    assert any_hit / n_sim < 0.05 + 0.03  # <= 1/(S+1) for the family, not 30/(S+1)
+    e3 = rng.normal(size=(s + 1, k, 3))
+    e3[0, 4] += 10.0  # the trained network far ahead in one cell
+    r = familywise_rank(e3)
+    assert r["cells"][4] and sum(r["cells"]) == 1 and r["p_family"] == pytest.approx(1 / (s + 1))
+    # exchangeable networks with a skewed, control-dependent seed distribution: passes ~1/(S+1)
+    s, n_sim = 4, 2000
+    hits = 0
+    for _ in range(n_sim):
+        e3 = rng.lognormal(0.0, 1.0, size=(s + 1, 1, 2))
+        e3[:, :, 1] = e3[:, :, 0] + 0.01 * rng.normal(size=(s + 1, 1))
+        hits += familywise_rank(e3)["cells"][0]
+    assert abs(hits / n_sim - 1 / (s + 1)) < 0.03

@@ -29,7 +29,7 @@ def _results():
     rows = [(f"t{t}", s, v, float(rng.normal() + (v == "attack")))
             for t in range(6) for s in range(3) for v in ("clean", "attack", "c_scrambled")]
     table = pd.DataFrame(rows, columns=["trajectory_id", "step", "variant", "score"])
-    res = assess(ScoreTables(table, {"c1": table.assign(score=0.0)}), Settings(n_boot=50, seed=0)).to_dict()
+    res = assess(ScoreTables(table, {"c1": table.assign(score=0.0)}), Settings(n_boot=50, seed=0, min_clusters=5)).to_dict()
     res["counts"] = {"trajectories": 6, "rows": len(table), "skipped_steps": []}
     res["run"] = {"surface": "i_dom", "backbone": "test"}
     return res, table

@@ -6,7 +6,17 @@ from __future__ import annotations
 from ipi.evaluation.verdict import verdict
 from ipi.reporting.layout import Estimate, Grid, report_sections
 from ipi.reporting.report import render_html, render_report
-from tests.evaluation.test_check6 import _iv, _results
+from tests.evaluation.test_verdict import _iv, _results as _results_19
+
+
+def _results():
+    r = _results_19(s=2)
+    r["differences"]["e3_minus_twin_e3"] = {"c_scrambled": _iv(0.2, 0.1, 0.3), "c_imperative": _iv(0.25, 0.1, 0.3)}
+    r["differences"]["e3_minus_twin_e3_predictive"] = {"c_scrambled": _iv(0.2, 0.08, 0.32),
+                                                       "c_imperative": _iv(0.25, 0.09, 0.31)}
+    r["random_twin"]["e3"] = {"c_scrambled": _iv(0.5, 0.4, 0.6), "c_imperative": _iv(0.5, 0.4, 0.6)}
+    r["differences"]["e1_minus_twin_e1"] = _iv(0.05, -0.02, 0.1)
+    return r
 
 
 def _two_seeds():
@@ -48,13 +58,15 @@ def test_twin_table_is_transposed_seeds_are_rows_estimands_columns():
     assert auc.rows[2][4].key == "random_twin.by_seed.2.e3.c_scrambled"
     # The differences: no E2 column; the envelope, a new twin, then each seed.
     assert diff.head == ("trained − …", "E1 attack vs clean", "E3 attack vs c_imperative", "E3 attack vs c_scrambled")
-    assert [row[0] for row in diff.rows] == ["max over twin seeds (paired)", "a new twin (seed-predictive)",
+    assert [row[0] for row in diff.rows] == ["mean over twin seeds (paired; check 6)",
+                                             "max over twin seeds (paired)", "a new twin (seed-predictive)",
                                              "twin seed 1 (paired)", "twin seed 2 (paired)"]
     d = r["differences"]
-    assert diff.rows[0][3].iv == d["e3_minus_twin_e3"]["c_scrambled"]
-    assert diff.rows[1][2].iv == d["e3_minus_twin_e3_predictive"]["c_imperative"]
-    assert diff.rows[3][2].iv == d["e3_minus_twin_e3_by_seed"]["2"]["c_imperative"]
-    assert diff.rows[2][1] == "—"  # no E1 − twin seed 1 E1 in these results: a dash, not an error
+    assert diff.rows[1][3].iv == d["e3_minus_twin_e3"]["c_scrambled"]
+    assert diff.rows[0][3].iv == d["e3_minus_mean_twin_e3"]["c_scrambled"]
+    assert diff.rows[2][2].iv == d["e3_minus_twin_e3_predictive"]["c_imperative"]
+    assert diff.rows[4][2].iv == d["e3_minus_twin_e3_by_seed"]["2"]["c_imperative"]
+    assert diff.rows[3][1] == "—"  # no E1 − twin seed 1 E1 in these results: a dash, not an error
 
 
 def test_more_seeds_add_rows_not_columns():
@@ -98,3 +110,15 @@ def test_unreportable_twin_cells_are_struck_and_listed():
     assert "- only 2 test trajectories contribute (< 5): random twin seed 1 E2" in md
     html = render_html(r)
     assert html.count('class="iv unreportable"') == 1
+
+
+def test_report_says_a_constructed_backbone_is_planted_truth():
+    r = _results_19()
+    r["verdict"] = verdict(r, pretrained=False, constructed=True)
+    r["run"] = {"surface": "i_dom", "backbone_weights": "constructed"}
+    md, html = render_report(r), render_html(r)
+    assert r["verdict"]["claim"] == "detects malicious content"  # not capped: judged against its twins
+    for text in (md, html):
+        assert "Constructed backbone (backbone.constructed=true)" in text and "not a model of any agent" in text
+    r["run"]["backbone_weights"] = "pretrained"
+    assert "Constructed backbone" not in render_report(r)

@@ -99,7 +99,8 @@ def test_analytic_truth_matches_a_large_monte_carlo_sample(truth):
 def test_verdict_licenses_the_claim_under_strong_signal_only():
     """Real pipeline on small datasets: strong content signal -> claim; surface only -> no claim."""
     # three twins: with two, the Student-t factor of the seed-predictive interval (1 d.f.) is 15.6 SDs
-    p = SimParams(n_trajectories=40, n_features=64, content=2.0, n_boot=200, n_twins=3)
+    # 12 test trajectories (Kish about 10): the gate is lowered to 5 to judge them here
+    p = SimParams(n_trajectories=40, n_features=64, content=2.0, n_boot=200, n_twins=3, min_clusters=5)
     for i in range(2):
         ra = run_dataset(p, "a", i, seed=0)
         # 12 test trajectories: the collapse-only interval may straddle the 0.60 ceiling
@@ -159,10 +160,11 @@ def test_cli_writes_records_and_summary(tmp_path, capsys):
 def test_token_identity_shared_by_the_twins_is_not_licensed():
     """Truth twin_token: attacks differ from controls by token identity the random twins carry too.
 
-    Check 3 passes (E3 > 0.5 by a wide margin), yet the paired E3 − max twin E3 interval is not
-    above 0, so check 6 fails and "detects" is withheld; the difference's true value is <= ~0.
+    Check 3 passes (E3 > 0.5 by a wide margin), yet the trained E3 does not beat every twin with
+    the paired E3 − mean twin E3 interval above 0, so check 6 fails and "detects" is withheld; the
+    envelope difference's true value is <= ~0. (12 test trajectories: the gate is lowered to 5.)
     """
-    p = SimParams(n_trajectories=40, n_features=64, lexical=2.0, n_boot=200, n_twins=2)
+    p = SimParams(n_trajectories=40, n_features=64, lexical=2.0, n_boot=200, n_twins=2, min_clusters=5)
     for i in range(2):
         r = run_dataset(p, "twin_token", i, seed=0)
         assert r["checks"]["3"] == "PASS" and r["estimands"]["e3.c_scrambled"]["estimate"] > 0.7
@@ -170,7 +172,8 @@ def test_token_identity_shared_by_the_twins_is_not_licensed():
         assert r["checks"]["6"] == "FAIL" and r["claim"] != "detects malicious content"
         assert r["estimands"]["diff.e3.c_scrambled"]["true"] < 0.02  # coverage is a rate: selftest.md
     # Truth (a) with the same twins: content the twins lack passes check 6.
-    ra = run_dataset(SimParams(n_trajectories=40, n_features=64, content=2.0, n_boot=200, n_twins=3), "a", 0, seed=0)
+    ra = run_dataset(SimParams(n_trajectories=40, n_features=64, content=2.0, n_boot=200, n_twins=3, min_clusters=5),
+                     "a", 0, seed=0)
     assert ra["checks"]["6"] == "PASS" and ra["estimands"]["twin.e3.c_scrambled"]["true"] == pytest.approx(0.5, abs=1e-9)
 
 
@@ -183,7 +186,7 @@ def test_seed_variance_truth_trained_is_another_random_draw():
     token identity alone, and "detects" is never licensed here.
     """
     p = SimParams(n_trajectories=30, n_features=32, lexical=1.5, seed_sd=0.5, n_boot=200, n_twins=2,
-                  permutation_m=0)
+                  permutation_m=0, min_clusters=5)
     recs = [run_dataset(p, "twin_seed", i, seed=1) for i in range(3)]
     for r in recs:
         assert len(r["gains"]) == 3 and len(set(r["gains"])) == 3

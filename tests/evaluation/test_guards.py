@@ -1,0 +1,152 @@
+"""The verdict's guards of issue 22, one test per kind, each with the input that would pass wrongly
+and the input that should pass (twin guards: tests/evaluation/test_check6.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from ipi.evaluation.verdict import FAIL, NOT_RUN, PASS, verdict
+from ipi.metrics.compare import compare_tables
+from ipi.metrics.estimands import estimands, kish
+from ipi.metrics.table import check_id_collisions, validate_table
+from tests.evaluation.test_verdict import _iv, _results
+from tests.metrics.test_estimands import CASES
+
+# --- check 3 needs c_scrambled (and c_imperative) ---------------------------------------------
+
+
+def test_check3_needs_the_required_controls():
+    r = _results()
+    assert verdict(r)["checks"][2]["status"] == PASS  # both required controls present: judged
+    # what control=occlusion produces: only c_occlusion, with a fine interval
+    r["e3"] = {"c_occlusion": _iv(0.8, 0.7, 0.9)}
+    r["bootstrap"]["clusters_by_estimand"]["e3"] = {"c_occlusion": 24}
+    c3 = verdict(r)["checks"][2]
+    assert c3["status"] == NOT_RUN
+    assert "check 3 needs c_scrambled and c_imperative" in c3["detail"] and "lacks c_scrambled, c_imperative" in c3["detail"]
+    assert verdict(r)["claim"] != "detects malicious content"
+    # a surface that requires c_scrambled only (its own required_controls) is judged without c_imperative
+    r = _results()
+    del r["e3"]["c_imperative"]
+    assert verdict(r)["checks"][2]["status"] == NOT_RUN  # unknown surface: both required
+    assert verdict(r, required_controls=("c_scrambled",))["checks"][2]["status"] == PASS
+
+
+# --- an interval that is not reportable cannot pass a check ------------------------------------
+
+
+@pytest.mark.parametrize(("bad", "reason"), [
+    (_iv(1.0, 1.0, 1.0), "degenerate interval [1.000, 1.000]"),
+    ({"estimate": 0.8, "ci_low": 0.7, "ci_high": 0.9, "n_boot_used": 600}, "600 of 1000 replicates usable"),
+    ({"estimate": 0.8, "ci_low": None, "ci_high": None, "n_boot_used": 0}, "interval missing or undefined"),
+])
+def test_non_reportable_interval_cannot_pass(bad, reason):
+    r = _results()
+    assert verdict(r)["checks"][2]["status"] == PASS
+    r["e3"]["c_scrambled"] = bad  # [1.000, 1.000] from 5 within-step pairs would have PASSED check 3
+    c3 = verdict(r)["checks"][2]
+    assert c3["status"] == NOT_RUN and reason in c3["detail"]
+
+
+# --- the gate counts effective clusters (Kish), not trajectories -------------------------------
+
+
+def _table(rng, n_traj=29, controls=("c_scrambled", "c_imperative")):
+    rows = []
+    for t in range(n_traj):
+        for s in range(int(rng.integers(3, 8))):
+            base = rng.normal(0, 1)
+            rows.append((f"t{t:02d}", s, "clean", base + rng.normal(0, 1)))
+            rows.append((f"t{t:02d}", s, "attack", base + 2.0 + rng.normal(0, 1)))
+            for c in controls:
+                rows.append((f"t{t:02d}", s, c, base + 0.5 + rng.normal(0, 1)))
+    return pd.DataFrame(rows, columns=["trajectory_id", "step", "variant", "score"])
+
+
+def test_gate_counts_effective_clusters_not_trajectories():
+    rng = np.random.default_rng(3)
+    t = _table(rng)
+    heavy = t.trajectory_id.isin(["t00", "t01", "t02"])
+    res = estimands(t.assign(weight=np.where(heavy, 1.0, 1e-9)), n_boot=50)
+    assert res.cluster_counts()["e1"] == 29  # what the old gate counted
+    # hand-worked Kish of the attack side: W_t = sum of the trajectory's row weights
+    w = t.assign(weight=np.where(heavy, 1.0, 1e-9))
+    per = w[w.variant == "attack"].groupby("trajectory_id")["weight"].sum().to_numpy()
+    per_c = w[w.variant == "clean"].groupby("trajectory_id")["weight"].sum().to_numpy()
+    assert res.effective["e1"] == pytest.approx(min(per.sum() ** 2 / np.sum(per**2), per_c.sum() ** 2 / np.sum(per_c**2)))
+    assert res.effective["e1"] < 3.5
+    out = compare_tables(t.assign(weight=np.where(heavy, 1.0, 1e-9)), n_boot=200).to_dict()
+    v = verdict(out)
+    assert v["checks"][0]["status"] == NOT_RUN and "effective test trajectories" in v["checks"][0]["detail"]
+    # equal weights: Kish close to the 29 trajectories (horizons vary), the checks are judged
+    out = compare_tables(t, n_boot=200).to_dict()
+    assert out["bootstrap"]["effective_clusters_by_estimand"]["e1"] > 20
+    assert verdict(out)["checks"][0]["status"] == PASS
+    assert kish([1, 1, 1, 1]) == 4.0 and kish([1, 0, 0]) == 1.0
+
+
+# --- trajectory ids equal after normalisation are an error -------------------------------------
+
+
+def test_ids_equal_after_normalisation_are_an_error():
+    check_id_collisions(["traj-1", "traj-2", "Traj-3"])  # distinct: fine
+    for a, b in (("traj-1", "TRAJ-1"), ("traj-1", " traj-1"), ("traj-1", "ｔｒａｊ-1")):
+        with pytest.raises(ValueError, match=f"trajectory ids .* are the same after normalisation"):
+            check_id_collisions([a, b, "other"])
+    rng = np.random.default_rng(4)
+    t = _table(rng, n_traj=3)
+    validate_table(t)  # three distinct trajectories
+    twice = pd.concat([t, t.assign(trajectory_id=t.trajectory_id.str.upper())], ignore_index=True)
+    with pytest.raises(ValueError, match="scores.csv: trajectory ids 'T00' and 't00' are the same"):
+        validate_table(twice, "scores.csv")  # the same 3 exported twice: would count as 6
+
+
+# --- E1 from never-attacked trajectories cannot license "separates" ----------------------------
+
+
+def _sites_table(seed=3, n_att=18, n_clean=90, site_att=2.4, delta=0.1):
+    """Attacked trajectories on high-scoring sites among clean-only ones; within a step attack ≈ clean."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for t in range(n_att + n_clean):
+        attacked = t < n_att
+        site = (site_att if attacked else 0.0) + rng.normal(0, 0.3)
+        for s in range(int(rng.integers(6, 11))):
+            base = site + rng.normal(0, 0.5)
+            rows.append((f"x{t:03d}", s, "clean", base + rng.normal(0, 1)))
+            if attacked:
+                rows.append((f"x{t:03d}", s, "attack", base + delta + rng.normal(0, 1)))
+    return pd.DataFrame(rows, columns=["trajectory_id", "step", "variant", "score"])
+
+
+def test_e1_from_never_attacked_trajectories_does_not_separate():
+    out = compare_tables(_sites_table(), n_boot=500).to_dict()
+    assert out["e1"]["ci_low"] > 0.5 and out["e1"]["estimate"] > 0.8  # pooled E1 would PASS check 1
+    c1 = verdict(out)["checks"][0]
+    assert c1["status"] == FAIL and c1["detail"].startswith("E1 over the steps having attack and clean rows 0.5")
+    assert "pooled E1, the headline" in c1["detail"]
+    # the mirror: a real within-step signal on low-scoring sites; pooled E1 would refuse it
+    mirror = _sites_table(site_att=-3.5, delta=2.0)
+    out = compare_tables(mirror, n_boot=500).to_dict()
+    assert out["e1"]["ci_high"] < 0.5  # pooled E1 would FAIL check 1
+    assert verdict(out)["checks"][0]["status"] == PASS
+
+
+@pytest.mark.skipif(not CASES, reason="no protocol cases")
+def test_e1_paired_equals_e1_on_ordinary_tables():
+    rng = np.random.default_rng(5)
+    t = _table(rng)
+    res = estimands(t, n_boot=50)
+    assert res.e1_paired.estimate == res.e1.estimate and res.e1_paired.ci_low == res.e1.ci_low
+    for case in CASES:
+        tbl = pd.read_csv(case)
+        r = estimands(tbl, n_boot=10)
+        if case.stem == "ties_and_missing":  # 38 clean-only steps: the two readings differ (docs/estimands.md)
+            assert r.e1_paired.estimate == pytest.approx(0.8330898466033602, abs=1e-12)
+        else:
+            assert r.e1_paired.estimate == pytest.approx(r.e1.estimate, abs=1e-15)

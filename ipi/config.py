@@ -153,6 +153,7 @@ class BackboneConf:
     # Whether the backbone's own weights are trained. False (the tiny default, built with random
     # weights): the verdict licenses at most "separates ..." (docs/estimands.md, check 6).
     pretrained: bool = MISSING
+    constructed: bool = False  # weights built with a planted, known answer (docs/selftest.md; check 6 runs)
     tokenizer_path: str = MISSING  # where the tokenizer lives (used without loading the model)
     tokenizer_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. {gguf_file: ...}
     image_size: Optional[dict[str, int]] = None  # {shortest_edge, longest_edge} in total pixels
@@ -347,6 +348,9 @@ class ExtractConf:
     # Layer superset every extraction reads and keys its cache on (fractions, indices or
     # ["all"]); runs select their `layers` from it, so layer sweeps reuse one cache entry.
     layers: list[Any] = field(default_factory=list)
+    # Random-weight twins forwarded on each prepared batch (one data pass for all; docs/extraction.md):
+    # "auto" = all on a CPU, as many as fit in 70 % of the free memory on a GPU; or a positive integer
+    twins_per_pass: Any = "auto"
 
 
 @dataclass

@@ -180,7 +180,8 @@ def transfer_rows(cfg, rows: Sequence[ReplayRow], layer_indices: Sequence[int],
 
 
 def extract_features(cfg, rows: Sequence[ReplayRow], layer_indices: Sequence[int],
-                     token_groups: Sequence[str], *, backbone=None) -> tuple[FeatureSet | None, dict]:
+                     token_groups: Sequence[str], *, backbone=None,
+                     exact_layers: bool = False) -> tuple[FeatureSet | None, dict]:
     """Return features for ``rows``, running the backbone only for rows the cache lacks.
 
     The layers read are :func:`extraction_layers` (the ``extract.layers`` superset plus
@@ -197,6 +198,8 @@ def extract_features(cfg, rows: Sequence[ReplayRow], layer_indices: Sequence[int
         backbone: An already built :class:`ipi.backbone.Backbone` of ``cfg.backbone`` to use
             instead of building one (the benchmark times start-up apart from steady state);
             None: built from ``cfg.backbone.loader`` only when rows must be forwarded.
+        exact_layers: Read exactly ``layer_indices`` (sorted), not the ``extract.layers``
+            superset (:func:`twin_layers`: a random twin reads only what the probe reads).
 
     Returns:
         ``(features, info)`` with info ``{"cache_key", "cache_dir", "cache_hit", "rows_forwarded",
@@ -205,7 +208,7 @@ def extract_features(cfg, rows: Sequence[ReplayRow], layer_indices: Sequence[int
     Raises:
         ValueError: The loaded model's depth differs from ``backbone.n_layers``.
     """
-    layers = extraction_layers(cfg, layer_indices)
+    layers = sorted({int(i) for i in layer_indices}) if exact_layers else extraction_layers(cfg, layer_indices)
     key, spec = cache_key(cfg.backbone, rows, layers, token_groups)
     cache = ActivationCache(cfg.extract.cache_dir, key, spec)
     row_ids = [r.row_id for r in rows]

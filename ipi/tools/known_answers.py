@@ -1,0 +1,264 @@
+"""Known answers end to end: ``python -m ipi.tools.known_answers`` (docs/selftest.md, "Known answers").
+
+Runs ``train.py`` — the command a user runs, as a subprocess, on the real shared trajectories —
+on constructed backbones whose answer is planted (:mod:`ipi.backbone_planted`,
+``conf/backbone/planted_*.yaml``) and on the random tiny backbone, over a matrix of cells
+(backbone × surface × held-out wording) and repeats (``split.seed = 0 .. R-1``: a new split,
+hence new held-out wording, every repeat), then reads every run's ``results.json`` and writes a
+table of claim counts per cell, with the checks that stopped each refused claim:
+
+==================  =============  ==========================  =====================
+backbone            surfaces       held-out wording            known answer
+==================  =============  ==========================  =====================
+planted_semantic    i_dom, i_tool  on                          "detects" (≥ 90 %)
+planted_lexical     i_dom, i_tool  on and off                  never "detects"
+planted_surface     i_dom, i_tool, on                          never "detects"
+                    i_vis
+tiny_qwen2_5_vl     i_dom, i_tool, on                          never "detects"
+(random)            i_vis
+==================  =============  ==========================  =====================
+
+i_vis carries no planted content: the random vision tower cannot read the banner's words, so
+the content kinds are not run there; the surface case (banner darkness) covers it.
+
+Jobs of one (surface, held-out wording) run as ONE Hydra multirun (one process: imports, the
+data import and the replay rows of each split are done once, ``ipi.stages.sweep_memo``), and
+the activation cache is shared: a cell's rows are extracted once per split seed, and the
+random-weight twins of every constructed backbone are the tiny backbone's twins (one entry per
+seed and split, read by every kind). Nothing in a run is special-cased for this tool: it reads
+``verdict.claim`` and ``verdict.checks`` of ``results.json`` as any reader would.
+
+Examples::
+
+    python -m ipi.tools.known_answers                       # the full matrix, 10 repeats
+    python -m ipi.tools.known_answers --repeats 2 --cells semantic:i_dom,lexical:i_dom
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from ipi.config import REPO_ROOT
+from ipi.io import atomic_write_text
+
+__all__ = ["CELLS", "Cell", "claim_kind", "main", "run_record", "stopping_checks", "summarise"]
+
+#: What every cell's run adds to the defaults (none of it enters the verdict): no transfer
+#: check (it does not enter the verdict) and no figures.
+RUN_OVERRIDES = ("evaluation.transfer=false", "report.plots=false", "report.html=false", "report.gallery=false",
+                 "quiet=true")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One cell of the matrix.
+
+    Attributes:
+        kind: ``semantic`` | ``lexical`` | ``surface`` | ``random``.
+        surface: ``i_dom`` | ``i_tool`` | ``i_vis``.
+        heldout: ``evaluation.heldout_wording``.
+        expect: ``detects`` (at least ``min_rate`` of the repeats) or ``not_detects`` (none).
+    """
+
+    kind: str
+    surface: str
+    heldout: bool = True
+    expect: str = "not_detects"
+
+    @property
+    def backbone(self) -> str:
+        return "tiny_qwen2_5_vl" if self.kind == "random" else f"planted_{self.kind}"
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}:{self.surface}" + ("" if self.heldout else ":shared_wording")
+
+
+CELLS: tuple[Cell, ...] = (
+    Cell("semantic", "i_dom", expect="detects"),
+    Cell("semantic", "i_tool", expect="detects"),
+    Cell("lexical", "i_dom"),
+    Cell("lexical", "i_tool"),
+    Cell("lexical", "i_dom", heldout=False),
+    Cell("lexical", "i_tool", heldout=False),
+    Cell("surface", "i_dom"),
+    Cell("surface", "i_tool"),
+    Cell("surface", "i_vis"),
+    Cell("random", "i_dom"),
+    Cell("random", "i_tool"),
+    Cell("random", "i_vis"),
+)
+
+#: The smallest share of repeats that must say "detects" where the answer is "detects" (issue 23).
+MIN_DETECT_RATE = 0.9
+
+
+def claim_kind(claim: str | None) -> str:
+    """``detects`` | ``separates`` | ``none`` from the licensed claim's text."""
+    c = (claim or "").strip().lower()
+    if c.startswith("detects"):
+        return "detects"
+    if c.startswith("separates"):
+        return "separates"
+    return "none"
+
+
+def stopping_checks(verdict: dict) -> list[str]:
+    """The checks that did not PASS (``"3 FAIL"``, ``"6 NOT RUN"``, ...), in check order."""
+    out = []
+    for c in verdict.get("checks") or []:
+        if str(c.get("status")) != "PASS":
+            out.append(f"{c.get('id')} {c.get('status')}")
+    return out
+
+
+def run_record(results_path: Path, cell: Cell, seed: int) -> dict:
+    """One run's line of the table, read from its ``results.json``."""
+    res = json.loads(Path(results_path).read_text())
+    v = res.get("verdict") or {}
+    return {
+        "cell": cell.name, "kind": cell.kind, "backbone": cell.backbone, "surface": cell.surface,
+        "heldout_wording": cell.heldout, "split_seed": seed, "claim": v.get("claim"),
+        "claim_kind": claim_kind(v.get("claim")), "claim_note": v.get("claim_note"),
+        "stopped_by": stopping_checks(v),
+        "checks": {str(c.get("id")): c.get("status") for c in v.get("checks") or []},
+        "run": str(Path(results_path).parent),
+    }
+
+
+def summarise(records: list[dict], cells=CELLS, min_rate: float = MIN_DETECT_RATE) -> list[dict]:
+    """Claim counts per cell, the checks that stopped the refused claims, and whether the answer was met."""
+    out = []
+    for cell in cells:
+        rs = [r for r in records if r["cell"] == cell.name]
+        if not rs:
+            continue
+        kinds = Counter(r["claim_kind"] for r in rs)
+        stops = Counter(s for r in rs if r["claim_kind"] != "detects" for s in r["stopped_by"])
+        n, d = len(rs), kinds.get("detects", 0)
+        met = d >= min_rate * n if cell.expect == "detects" else d == 0
+        out.append({"cell": cell.name, "backbone": cell.backbone, "surface": cell.surface,
+                    "heldout_wording": cell.heldout, "expect": cell.expect, "repeats": n,
+                    "detects": d, "separates": kinds.get("separates", 0), "none": kinds.get("none", 0),
+                    "stopped_by": dict(sorted(stops.items(), key=lambda kv: (-kv[1], kv[0]))), "met": bool(met)})
+    return out
+
+
+def markdown(summary: list[dict], meta: dict) -> str:
+    """The table as markdown, with the command, wall time and load."""
+    lines = [
+        "# Known answers end to end", "",
+        f"`{meta['command']}` — {meta['runs']} runs of `train.py`, wall {meta['wall_s']:.0f} s, "
+        f"load average {meta['load_before']} before / {meta['load_after']} after, {meta['when']}.", "",
+        "| cell | backbone | surface | held-out wording | known answer | repeats | detects | separates | "
+        "none | checks that stopped a refused \"detects\" (runs) | met |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for s in summary:
+        answer = f"detects (≥ {MIN_DETECT_RATE:.0%})" if s["expect"] == "detects" else "never detects"
+        stops = ", ".join(f"check {k} ×{v}" for k, v in s["stopped_by"].items()) or "—"
+        lines.append(f"| {s['cell']} | {s['backbone']} | {s['surface']} | {'on' if s['heldout_wording'] else 'off'} | "
+                     f"{answer} | {s['repeats']} | {s['detects']} | {s['separates']} | {s['none']} | {stops} | "
+                     f"{'yes' if s['met'] else '**NO**'} |")
+    return "\n".join(lines) + "\n"
+
+
+def _load() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "n/a"
+
+
+def run_group(cells: list[Cell], seeds: list[int], out: Path, extra: list[str], python: str) -> tuple[list[dict], float]:
+    """One multirun of ``train.py`` for cells that share a surface and a held-out setting.
+
+    Returns:
+        ``(records, wall seconds)``.
+
+    Raises:
+        RuntimeError: ``train.py`` failed (its log is named).
+    """
+    surface, heldout = cells[0].surface, cells[0].heldout
+    tag = f"{surface}_{'heldout' if heldout else 'shared'}"
+    sweep = out / "runs" / tag
+    backbones = ",".join(c.backbone for c in cells)
+    cmd = [python, str(REPO_ROOT / "train.py"), "-m", f"surface={surface}", f"backbone={backbones}",
+           f"split.seed={','.join(map(str, seeds))}", f"evaluation.heldout_wording={str(heldout).lower()}",
+           *RUN_OVERRIDES, f"hydra.sweep.dir={sweep}", "hydra.sweep.subdir=${hydra.job.num}", *extra]
+    log = out / "logs" / f"{tag}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    with open(log, "w") as f:
+        f.write(" ".join(cmd) + "\n")
+        f.flush()
+        rc = subprocess.run(cmd, cwd=REPO_ROOT, stdout=f, stderr=subprocess.STDOUT).returncode
+    wall = time.perf_counter() - t0
+    if rc != 0:
+        raise RuntimeError(f"known answers: train.py failed (exit {rc}) for {tag}; see {log}")
+    records = []
+    for job in sorted(sweep.iterdir(), key=lambda p: int(p.name) if p.name.isdigit() else -1):
+        cfg_path = job / ".hydra" / "overrides.yaml"
+        if not (job / "results.json").is_file() or not cfg_path.is_file():
+            continue
+        ov = dict(o.split("=", 1) for o in _read_overrides(cfg_path))
+        cell = next(c for c in cells if c.backbone == ov["backbone"])
+        records.append(run_record(job / "results.json", cell, int(ov["split.seed"])))
+    return records, wall
+
+
+def _read_overrides(path: Path) -> list[str]:
+    from omegaconf import OmegaConf
+
+    return [str(o) for o in OmegaConf.load(path)]
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """CLI: run the matrix, write ``known_answers.json`` and ``known_answers.md``, print the table."""
+    ap = argparse.ArgumentParser(prog="python -m ipi.tools.known_answers", description=__doc__.split("\n")[0])
+    ap.add_argument("--repeats", type=int, default=10, help="split seeds 0..R-1 per cell (default 10)")
+    ap.add_argument("--cells", default="all",
+                    help="comma-separated kind:surface[:shared_wording] (default: all %d cells)" % len(CELLS))
+    ap.add_argument("--out", default="outputs/known_answers", help="folder for the runs, logs and the table")
+    ap.add_argument("--python", default=sys.executable)
+    ap.add_argument("overrides", nargs="*", help="extra train.py overrides for every run (e.g. evaluation.n_boot=500)")
+    args = ap.parse_args(argv)
+    cells = list(CELLS) if args.cells == "all" else [c for c in CELLS if c.name in set(args.cells.split(","))]
+    if not cells:
+        raise SystemExit(f"--cells {args.cells!r}: no such cell; cells: {', '.join(c.name for c in CELLS)}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    seeds = list(range(args.repeats))
+    groups: dict[tuple, list[Cell]] = {}
+    for c in cells:
+        groups.setdefault((c.surface, c.heldout), []).append(c)
+    load_before, t0, records, walls = _load(), time.perf_counter(), [], {}
+    for (surface, heldout), cs in groups.items():
+        recs, walls[f"{surface}:{'heldout' if heldout else 'shared'}"] = run_group(cs, seeds, out, args.overrides,
+                                                                                   args.python)
+        records += recs
+        print(f"known answers: {surface} (held-out wording {'on' if heldout else 'off'}): {len(recs)} runs, "
+              f"{walls[list(walls)[-1]]:.0f} s", file=sys.stderr)
+    summary = summarise(records, cells)
+    meta = {"command": " ".join(["python -m ipi.tools.known_answers", *(argv if argv is not None else sys.argv[1:])]),
+            "runs": len(records), "wall_s": round(time.perf_counter() - t0, 1), "wall_s_by_group": walls,
+            "load_before": load_before, "load_after": _load(), "cpus": os.cpu_count(),
+            "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    result = {"meta": meta, "summary": summary, "runs": records, "all_met": all(s["met"] for s in summary)}
+    atomic_write_text(out / "known_answers.json", json.dumps(result, indent=2))
+    md = markdown(summary, meta)
+    atomic_write_text(out / "known_answers.md", md)
+    print(md)
+    return result
+
+
+if __name__ == "__main__":
+    main()

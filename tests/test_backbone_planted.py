@@ -1,0 +1,116 @@
+"""Constructed backbones (ipi.backbone_planted): what is planted where, what is not, and their twins."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tok(processor):
+    return processor.tokenizer
+
+
+def _plant(name):
+    return OmegaConf.load(REPO / "conf" / "backbone" / f"{name}.yaml").loader.plant
+
+
+def _ids(tok, text):
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+@pytest.mark.needs_shared
+def test_every_goal_carries_the_semantic_plant_and_no_benign_text_does(tok):
+    """Every goal phrasing of the bank (every wording family draws from these) holds a planted token;
+    no benign imperative or neutral sentence (c_imperative) holds one; a scramble of a goal rarely does."""
+    from ipi.backbone_planted import semantic_token_ids
+    from ipi.surfaces.bank import ATTACK_GOAL_LIST, BENIGN_IMPERATIVES, NEUTRAL_SENTENCES
+
+    ids = set(semantic_token_ids(tok, _plant("planted_semantic").words))
+    for _, goal in ATTACK_GOAL_LIST:
+        assert ids & set(_ids(tok, " " + goal)), goal
+    for t in (*BENIGN_IMPERATIVES, *NEUTRAL_SENTENCES):
+        assert not ids & (set(_ids(tok, t)) | set(_ids(tok, " " + t))), t
+    assert {"Ġpassword", "Ġcredentials", "Ġabandon", "Ġredirect", "Ġtransfer"} <= set(tok.convert_ids_to_tokens(sorted(ids)))
+    # "purchase" and "visit" are attacker words too, but benign texts use them: never planted
+    assert not {"Ġpurchase", "ĠVisit"} & set(tok.convert_ids_to_tokens(sorted(ids)))
+
+
+@pytest.mark.needs_shared
+def test_lexical_tokens_belong_to_one_bank_entry_each(tok):
+    """Held-out wording can never show a test entry's lexical tokens in training: each planted token
+    occurs in exactly one template or goal (counted independently here), and in no benign text."""
+    from ipi.backbone_planted import lexical_token_ids
+    from ipi.surfaces.bank import ATTACK_GOAL_LIST, ATTACK_TEMPLATES, BENIGN_IMPERATIVES
+
+    entries = [t.replace("{goal}", "") for t in ATTACK_TEMPLATES] + [g for _, g in ATTACK_GOAL_LIST]
+    ids = lexical_token_ids(tok)
+    assert len(ids) > 50
+    for i in ids:
+        holders = [e for e in entries if i in set(_ids(tok, e)) | set(_ids(tok, " " + e))]
+        assert len(holders) == 1, (tok.convert_ids_to_tokens(i), holders)
+    benign = {i for t in BENIGN_IMPERATIVES for i in _ids(tok, " " + t) + _ids(tok, t)}
+    assert not benign & set(ids)
+    # " the" / " user" occur in many entries: a probe could carry them across wording families
+    assert not {tok.convert_tokens_to_ids("Ġthe"), tok.convert_tokens_to_ids("Ġuser")} & set(ids)
+
+
+@pytest.mark.needs_shared
+def test_surface_plant_is_on_the_wrappers_only(tok):
+    from ipi.backbone_planted import wrapper_token_ids
+    from ipi.surfaces.bank import all_attack_texts
+
+    ids = set(wrapper_token_ids(tok, _plant("planted_surface").wrappers))
+    assert tok.convert_tokens_to_ids("page") in ids  # i_tool's "[page notice] "
+    for text in all_attack_texts()[::7]:
+        assert not ids & set(_ids(tok, " " + text)), text
+
+
+def test_plant_directions():
+    from ipi.backbone_planted import plant_directions
+
+    sem = plant_directions("semantic", [1, 2, 3], 64, 0)
+    assert torch.allclose(sem[0], sem[2]) and torch.allclose(sem.norm(dim=1), torch.ones(3))
+    lex = plant_directions("lexical", [1, 2, 3], 64, 0)
+    assert abs(float(lex[0] @ lex[1])) < 0.6 and torch.allclose(lex.norm(dim=1), torch.ones(3))
+
+
+@pytest.mark.needs_shared
+def test_planted_backbone_differs_from_its_base_only_where_planted_and_survives_every_block(tmp_path):
+    """The semantic backbone = the tiny backbone (same seed) + gain·u on the planted rows only;
+    the planted direction is still the token's residual direction at every block (cosine > 0.9);
+    its twin is the tiny backbone's twin: the same cache key."""
+    from hydra.utils import instantiate
+
+    from ipi.backbone_planted import plant_directions, plant_reaches_layers, semantic_token_ids
+    from ipi.extraction.run import cache_key
+    from ipi.twin import twin_config
+    from tests.conftest import compose_train
+
+    cfg = compose_train(tmp_path, ["backbone=planted_semantic"], small=False)
+    assert cfg.backbone.constructed and not cfg.backbone.pretrained
+    tiny = compose_train(tmp_path, ["backbone=tiny_qwen2_5_vl"], small=False)
+    assert OmegaConf.to_container(cfg.backbone.loader.base, resolve=True) == OmegaConf.to_container(
+        tiny.backbone.loader, resolve=True)
+    bb = instantiate(cfg.backbone.loader, max_layer=7)
+    base = instantiate(tiny.backbone.loader, max_layer=7)
+    ids = semantic_token_ids(bb.tokenizer, cfg.backbone.loader.plant.words)
+    e, e0 = bb.model.get_input_embeddings().weight, base.model.get_input_embeddings().weight
+    changed = (e - e0).abs().sum(dim=1).nonzero().flatten().tolist()
+    assert changed == sorted(ids)
+    u = plant_directions("semantic", ids[:1], 64, int(cfg.backbone.loader.plant.seed))[0]
+    torch.testing.assert_close(e[ids[5]] - e0[ids[5]], float(cfg.backbone.loader.plant.gain) * u)
+    cos = plant_reaches_layers(bb, ids, u, 'Page text: [3]: "Search"; please type the', range(8))
+    assert min(cos.values()) > 0.9
+    cos0 = plant_reaches_layers(base, ids, u, 'Page text: [3]: "Search"; please type the', range(8))
+    assert max(abs(c) for c in cos0.values()) < 0.5  # nothing planted: no such direction
+    key = lambda c: cache_key(c.backbone, [], [1], ["task"])[0]  # noqa: E731
+    assert key(twin_config(cfg, 1)) == key(twin_config(tiny, 1)) != key(twin_config(cfg, 2))
+    assert key(cfg) != key(tiny)
+    tw = instantiate(twin_config(cfg, 1).backbone.loader, max_layer=1)
+    assert tw.identity.get("plant") is None and tw.identity["seed"] == 1

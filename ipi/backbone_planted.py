@@ -43,7 +43,7 @@ import torch
 
 from ipi.backbone import Backbone
 
-__all__ = ["PLANT_KINDS", "build_planted_qwen2_5_vl", "lexical_token_ids", "plant_directions",
+__all__ = ["PLANT_KINDS", "build_planted", "lexical_token_ids", "plant_directions",
            "plant_reaches_layers", "semantic_token_ids", "wrapper_token_ids"]
 
 PLANT_KINDS = ("semantic", "lexical", "surface")
@@ -161,7 +161,7 @@ def _plant_patch_darkness(model, gain: float, seed: int) -> None:
         w += (-float(gain) / w[0].numel()) * v.view(-1, 1, 1, 1, 1).expand_as(w)
 
 
-def build_planted_qwen2_5_vl(base, plant: dict, *, name: str = "planted", random_init_seed: int | None = None,
+def build_planted(base, plant: dict, *, name: str = "planted", random_init_seed: int | None = None,
                              max_layer: int | None = None, with_lm_head: bool = False) -> Backbone:
     """The tiny Qwen2.5-VL of ``base`` with ``plant`` written into its weights (module docstring).
 

@@ -82,9 +82,9 @@ def test_plant_directions():
 
 @pytest.mark.needs_shared
 def test_planted_backbone_differs_from_its_base_only_where_planted_and_survives_every_block(tmp_path):
-    """The semantic backbone = the tiny backbone (same seed) + gain·u on the planted rows only;
+    """The semantic backbone = the tiny text decoder (same seed) + gain·u on the planted rows only;
     the planted direction is still the token's residual direction at every block (cosine > 0.9);
-    its twin is the tiny backbone's twin: the same cache key."""
+    its twin is tiny_qwen2_text's twin: the same cache key."""
     from hydra.utils import instantiate
 
     from ipi.backbone_planted import plant_directions, plant_reaches_layers, semantic_token_ids
@@ -94,7 +94,7 @@ def test_planted_backbone_differs_from_its_base_only_where_planted_and_survives_
 
     cfg = compose_train(tmp_path, ["backbone=planted_semantic"], small=False)
     assert cfg.backbone.constructed and not cfg.backbone.pretrained
-    tiny = compose_train(tmp_path, ["backbone=tiny_qwen2_5_vl"], small=False)
+    tiny = compose_train(tmp_path, ["backbone=tiny_qwen2_text"], small=False)
     assert OmegaConf.to_container(cfg.backbone.loader.base, resolve=True) == OmegaConf.to_container(
         tiny.backbone.loader, resolve=True)
     bb = instantiate(cfg.backbone.loader, max_layer=7)
@@ -114,3 +114,25 @@ def test_planted_backbone_differs_from_its_base_only_where_planted_and_survives_
     assert key(cfg) != key(tiny)
     tw = instantiate(twin_config(cfg, 1).backbone.loader, max_layer=1)
     assert tw.identity.get("plant") is None and tw.identity["seed"] == 1
+
+
+@pytest.mark.needs_shared
+def test_surface_vis_plant_marks_dark_patches_and_shares_the_vl_twins(tmp_path):
+    """planted_surface_vis: the patch embedding gains gain·v·(-mean pixel) (a dark banner patch moves
+    along v, a white one against it); its twins are the tiny Qwen2.5-VL's twins."""
+    from hydra.utils import instantiate
+
+    from ipi.extraction.run import cache_key
+    from ipi.twin import twin_config
+    from tests.conftest import compose_train
+
+    cfg = compose_train(tmp_path, ["backbone=planted_surface_vis"], small=False)
+    tiny = compose_train(tmp_path, ["backbone=tiny_qwen2_5_vl"], small=False)
+    bb = instantiate(cfg.backbone.loader, max_layer=1)
+    base = instantiate(tiny.backbone.loader, max_layer=1)
+    w, w0 = bb.model.visual.patch_embed.proj.weight, base.model.visual.patch_embed.proj.weight
+    x = torch.full((1, *w.shape[1:]), -1.5)  # a dark patch (normalised pixels)
+    d = torch.einsum("octij,nctij->no", w - w0, x)[0]
+    assert float(d.norm()) == pytest.approx(1.5 * float(cfg.backbone.loader.plant.vision_gain), rel=1e-4)
+    key = lambda c: cache_key(c.backbone, [], [1], ["task"])[0]  # noqa: E731
+    assert key(twin_config(cfg, 1)) == key(twin_config(tiny, 1))

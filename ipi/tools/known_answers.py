@@ -55,6 +55,12 @@ __all__ = ["CELLS", "Cell", "claim_kind", "main", "run_record", "stopping_checks
 #: check (it does not enter the verdict) and no figures.
 RUN_OVERRIDES = ("evaluation.transfer=false", "report.plots=false", "report.html=false", "report.gallery=false",
                  "quiet=true")
+#: Text surfaces: the text-only backbones' token groups, the probe on the middle block (the plant is
+#: in the residual stream from block 0; the twins then forward blocks 0..3 only), page text capped
+#: at 500 characters (a cheaper replay; every variant of a step is capped alike).
+TEXT_OVERRIDES = ("token_group=text", "layers=middle", "extract.layers=[]", "data.max_element_chars=500")
+#: i_vis: the tiny Qwen2.5-VL, probe on the middle block.
+VIS_OVERRIDES = ("layers=middle", "extract.layers=[]")
 
 
 @dataclass(frozen=True)
@@ -75,7 +81,16 @@ class Cell:
 
     @property
     def backbone(self) -> str:
-        return "tiny_qwen2_5_vl" if self.kind == "random" else f"planted_{self.kind}"
+        """The config name: text-only constructed backbones on the text surfaces, the tiny
+        Qwen2.5-VL on ``i_vis`` (``random``: the same architecture without a plant)."""
+        if self.surface == "i_vis":
+            return "tiny_qwen2_5_vl" if self.kind == "random" else f"planted_{self.kind}_vis"
+        return "tiny_qwen2_text" if self.kind == "random" else f"planted_{self.kind}"
+
+    @property
+    def overrides(self) -> tuple[str, ...]:
+        """What this cell's runs add to :data:`RUN_OVERRIDES` (text-only: no image token group)."""
+        return TEXT_OVERRIDES if self.surface != "i_vis" else VIS_OVERRIDES
 
     @property
     def name(self) -> str:
@@ -193,7 +208,8 @@ def run_group(cells: list[Cell], seeds: list[int], out: Path, extra: list[str], 
     backbones = ",".join(c.backbone for c in cells)
     cmd = [python, str(REPO_ROOT / "train.py"), "-m", f"surface={surface}", f"backbone={backbones}",
            f"split.seed={','.join(map(str, seeds))}", f"evaluation.heldout_wording={str(heldout).lower()}",
-           *RUN_OVERRIDES, f"hydra.sweep.dir={sweep}", "hydra.sweep.subdir=${hydra.job.num}", *extra]
+           *RUN_OVERRIDES, *cells[0].overrides, f"hydra.sweep.dir={sweep}", "hydra.sweep.subdir=${hydra.job.num}",
+           *extra]
     log = out / "logs" / f"{tag}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()

@@ -186,6 +186,17 @@ def markdown(summary: list[dict], meta: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _env() -> dict:
+    """The runs' environment: one intra-op thread unless ``OMP_NUM_THREADS`` is set (the tiny
+    models' matmuls are far too small to share; on a busy 2-core machine two spinning threads made
+    an extraction 3× slower), tokenizers without their own thread pool."""
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("MKL_NUM_THREADS", env["OMP_NUM_THREADS"])
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return env
+
+
 def _load() -> str:
     try:
         return " ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -216,7 +227,7 @@ def run_group(cells: list[Cell], seeds: list[int], out: Path, extra: list[str], 
     with open(log, "w") as f:
         f.write(" ".join(cmd) + "\n")
         f.flush()
-        rc = subprocess.run(cmd, cwd=REPO_ROOT, stdout=f, stderr=subprocess.STDOUT).returncode
+        rc = subprocess.run(cmd, cwd=REPO_ROOT, stdout=f, stderr=subprocess.STDOUT, env=_env()).returncode
     wall = time.perf_counter() - t0
     if rc != 0:
         raise RuntimeError(f"known answers: train.py failed (exit {rc}) for {tag}; see {log}")

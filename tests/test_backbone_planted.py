@@ -136,3 +136,38 @@ def test_surface_vis_plant_marks_dark_patches_and_shares_the_vl_twins(tmp_path):
     assert float(d.norm()) == pytest.approx(1.5 * float(cfg.backbone.loader.plant.vision_gain), rel=1e-4)
     key = lambda c: cache_key(c.backbone, [], [1], ["task"])[0]  # noqa: E731
     assert key(twin_config(cfg, 1)) == key(twin_config(tiny, 1))
+
+
+@pytest.mark.needs_shared
+@pytest.mark.parametrize("surface", ["i_dom", "i_tool"])
+def test_semantic_plant_reaches_the_observation_group_at_the_probed_block(tmp_path, trajectories, surface):
+    """Through the real rows and extraction (block 1, the known answers' probe block): at every step
+    the attack row's pooled observation group lies further along u than every control's and the
+    clean row's; the unplanted twin shows no such order (u means nothing to it)."""
+    import numpy as np
+
+    from ipi.backbone_planted import plant_directions
+    from ipi.extraction.run import extract_features
+    from ipi.stages import make_rows
+    from ipi.twin import twin_config
+    from tests.conftest import compose_train
+
+    cfg = compose_train(tmp_path, ["backbone=planted_semantic", f"surface={surface}", "token_group=text",
+                                   "evaluation.heldout_wording=false", "data.max_element_chars=500"], small=False)
+    rows = make_rows(cfg, trajectories[:2], surface, wording=None)
+    u = plant_directions("semantic", [0], 64, int(cfg.backbone.loader.plant.seed))[0].numpy()
+
+    def along_u(c):
+        f, _ = extract_features(c, rows, [1], ["observation"], exact_layers=True)
+        return f.features[:, 0, 0].numpy() @ u
+
+    def margins(proj):
+        by = {}
+        for r, p in zip(rows, proj):
+            by.setdefault((r.trajectory_id, r.step.step), {})[r.variant.variant] = p
+        return [v["attack"] - max(x for k, x in v.items() if k != "attack") for v in by.values()]
+
+    planted = margins(along_u(cfg))
+    assert len(planted) >= 8 and min(planted) > 0
+    twin = margins(along_u(twin_config(cfg, 1)))
+    assert np.median(twin) < 0.1 * np.median(planted)

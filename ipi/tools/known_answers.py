@@ -99,18 +99,18 @@ class Cell:
         return f"{self.kind}:{self.surface}" + ("" if self.heldout else ":shared_wording")
 
 
-CELLS: tuple[Cell, ...] = (
+CELLS: tuple[Cell, ...] = (  # run in this order of (surface, held-out wording) groups
     Cell("semantic", "i_dom", expect="detects"),
-    Cell("semantic", "i_tool", expect="detects"),
     Cell("lexical", "i_dom"),
+    Cell("surface", "i_dom"),
+    Cell("random", "i_dom"),
+    Cell("semantic", "i_tool", expect="detects"),
     Cell("lexical", "i_tool"),
+    Cell("surface", "i_tool"),
+    Cell("random", "i_tool"),
     Cell("lexical", "i_dom", heldout=False),
     Cell("lexical", "i_tool", heldout=False),
-    Cell("surface", "i_dom"),
-    Cell("surface", "i_tool"),
     Cell("surface", "i_vis"),
-    Cell("random", "i_dom"),
-    Cell("random", "i_tool"),
     Cell("random", "i_vis"),
 )
 
@@ -225,14 +225,19 @@ def run_group(cells: list[Cell], seeds: list[int], out: Path, extra: list[str], 
            *extra]
     log = out / "logs" / f"{tag}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    with open(log, "w") as f:
-        f.write(" ".join(cmd) + "\n")
-        f.flush()
-        rc = subprocess.run(cmd, cwd=REPO_ROOT, stdout=f, stderr=subprocess.STDOUT, env=_env()).returncode
-    wall = time.perf_counter() - t0
-    if rc != 0:
-        raise RuntimeError(f"known answers: train.py failed (exit {rc}) for {tag}; see {log}")
+    done = out / "logs" / f"{tag}.done.json"
+    if done.is_file() and json.loads(done.read_text()).get("cmd") == cmd:  # finished earlier: read it
+        wall = float(json.loads(done.read_text())["wall_s"])
+    else:
+        t0 = time.perf_counter()
+        with open(log, "w") as f:
+            f.write(" ".join(cmd) + "\n")
+            f.flush()
+            rc = subprocess.run(cmd, cwd=REPO_ROOT, stdout=f, stderr=subprocess.STDOUT, env=_env()).returncode
+        wall = time.perf_counter() - t0
+        if rc != 0:
+            raise RuntimeError(f"known answers: train.py failed (exit {rc}) for {tag}; see {log}")
+        atomic_write_text(done, json.dumps({"cmd": cmd, "wall_s": round(wall, 1), "load_after": _load()}))
     records = []
     for job in sorted(sweep.iterdir(), key=lambda p: int(p.name) if p.name.isdigit() else -1):
         cfg_path = job / ".hydra" / "overrides.yaml"
@@ -270,22 +275,24 @@ def main(argv: list[str] | None = None) -> dict:
     for c in cells:
         groups.setdefault((c.surface, c.heldout), []).append(c)
     load_before, t0, records, walls = _load(), time.perf_counter(), [], {}
+    command = " ".join(["python -m ipi.tools.known_answers", *(argv if argv is not None else sys.argv[1:])])
+    result: dict = {}
     for (surface, heldout), cs in groups.items():
-        recs, walls[f"{surface}:{'heldout' if heldout else 'shared'}"] = run_group(cs, seeds, out, args.overrides,
-                                                                                   args.python)
+        tag = f"{surface}:{'heldout' if heldout else 'shared'}"
+        recs, walls[tag] = run_group(cs, seeds, out, args.overrides, args.python)
         records += recs
         print(f"known answers: {surface} (held-out wording {'on' if heldout else 'off'}): {len(recs)} runs, "
-              f"{walls[list(walls)[-1]]:.0f} s", file=sys.stderr)
-    summary = summarise(records, cells)
-    meta = {"command": " ".join(["python -m ipi.tools.known_answers", *(argv if argv is not None else sys.argv[1:])]),
-            "runs": len(records), "wall_s": round(time.perf_counter() - t0, 1), "wall_s_by_group": walls,
-            "load_before": load_before, "load_after": _load(), "cpus": os.cpu_count(),
-            "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    result = {"meta": meta, "summary": summary, "runs": records, "all_met": all(s["met"] for s in summary)}
-    atomic_write_text(out / "known_answers.json", json.dumps(result, indent=2))
-    md = markdown(summary, meta)
-    atomic_write_text(out / "known_answers.md", md)
-    print(md)
+              f"{walls[tag]:.0f} s", file=sys.stderr)
+        # the table so far, after every group (a stopped matrix keeps what it finished)
+        summary = summarise(records, cells)
+        meta = {"command": command, "runs": len(records), "wall_s": round(time.perf_counter() - t0, 1),
+                "wall_s_by_group": walls, "groups_done": len(walls), "groups": len(groups),
+                "load_before": load_before, "load_after": _load(), "cpus": os.cpu_count(),
+                "threads_per_run": _env()["OMP_NUM_THREADS"], "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+        result = {"meta": meta, "summary": summary, "runs": records, "all_met": all(s["met"] for s in summary)}
+        atomic_write_text(out / "known_answers.json", json.dumps(result, indent=2))
+        atomic_write_text(out / "known_answers.md", markdown(summary, meta))
+    print(markdown(result["summary"], result["meta"]))
     return result
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -27,9 +28,9 @@ def test_semantic_detects_and_lexical_does_not(tmp_path):
     assert {s["cell"]: s["met"] for s in table["summary"]} == {"semantic:i_dom": True, "lexical:i_dom": True}
     # the runs are train.py's own: results.json marks the backbone constructed, never pretrained
     for r in res["runs"]:
-        cfg = json.loads((tmp_path / "ka" / "runs" / "i_dom_heldout").joinpath(r["run"].split("/")[-1], "results.json")
-                         .read_text())
-        assert cfg["run"]["random_twin"]["backbone_pretrained"] is False
+        run = json.loads((Path(r["run"]) / "results.json").read_text())
+        assert run["run"]["random_twin"]["backbone_pretrained"] is False
+        assert run["run"]["wording"]["heldout"] is True and run["run"]["wording"]["overlap"] == 0
     assert claim_kind("detects malicious content ...") == "detects"
 
 

@@ -174,7 +174,9 @@ def markdown(summary: list[dict], meta: dict) -> str:
     lines = [
         "# Known answers end to end", "",
         f"`{meta['command']}` — {meta['runs']} runs of `train.py`, wall {meta['wall_s']:.0f} s, "
-        f"load average {meta['load_before']} before / {meta['load_after']} after, {meta['when']}.", "",
+        f"load average {meta['load_before']} before / {meta['load_after']} after, {meta['when']}"
+        f" ({meta.get('groups_done', '?')} of {meta.get('groups', '?')} groups; wall per group: "
+        + ", ".join(f"{k} {v:.0f} s" for k, v in (meta.get("wall_s_by_group") or {}).items()) + ").", "",
         "| cell | backbone | surface | held-out wording | known answer | repeats | detects | separates | "
         "none | checks that stopped a refused \"detects\" (runs) | met |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
@@ -206,7 +208,8 @@ def _load() -> str:
         return "n/a"
 
 
-def run_group(cells: list[Cell], seeds: list[int], out: Path, extra: list[str], python: str) -> tuple[list[dict], float]:
+def run_group(cells: list[Cell], seeds: list[int], out: Path, extra: list[str], python: str,
+              collect: bool = False) -> tuple[list[dict], float]:
     """One multirun of ``train.py`` for cells that share a surface and a held-out setting.
 
     Returns:
@@ -228,6 +231,10 @@ def run_group(cells: list[Cell], seeds: list[int], out: Path, extra: list[str], 
     done = out / "logs" / f"{tag}.done.json"
     if done.is_file() and json.loads(done.read_text()).get("cmd") == cmd:  # finished earlier: read it
         wall = float(json.loads(done.read_text())["wall_s"])
+    elif collect:  # read what a stopped matrix finished
+        wall = float("nan")
+        if not sweep.is_dir():
+            return [], wall
     else:
         t0 = time.perf_counter()
         with open(log, "w") as f:
@@ -263,6 +270,7 @@ def main(argv: list[str] | None = None) -> dict:
                     help="comma-separated kind:surface[:shared_wording] (default: all %d cells)" % len(CELLS))
     ap.add_argument("--out", default="outputs/known_answers", help="folder for the runs, logs and the table")
     ap.add_argument("--python", default=sys.executable)
+    ap.add_argument("--collect", action="store_true", help="run nothing: tabulate the runs already in --out")
     ap.add_argument("overrides", nargs="*", help="extra train.py overrides for every run (e.g. evaluation.n_boot=500)")
     args = ap.parse_args(argv)
     cells = list(CELLS) if args.cells == "all" else [c for c in CELLS if c.name in set(args.cells.split(","))]
@@ -279,7 +287,7 @@ def main(argv: list[str] | None = None) -> dict:
     result: dict = {}
     for (surface, heldout), cs in groups.items():
         tag = f"{surface}:{'heldout' if heldout else 'shared'}"
-        recs, walls[tag] = run_group(cs, seeds, out, args.overrides, args.python)
+        recs, walls[tag] = run_group(cs, seeds, out, args.overrides, args.python, collect=args.collect)
         records += recs
         print(f"known answers: {surface} (held-out wording {'on' if heldout else 'off'}): {len(recs)} runs, "
               f"{walls[tag]:.0f} s", file=sys.stderr)

@@ -264,6 +264,26 @@ def _read_overrides(path: Path) -> list[str]:
     return [str(o) for o in OmegaConf.load(path)]
 
 
+def merge(folders: list[str], out: Path) -> dict:
+    """One table from several runs of this tool (e.g. a matrix run in parts); walls add up."""
+    parts = [json.loads((Path(f) / "known_answers.json").read_text()) for f in folders]
+    records = [r for p in parts for r in p["runs"]]
+    summary = summarise(records, CELLS)
+    metas = [p["meta"] for p in parts]
+    meta = {"command": "; ".join(m["command"] for m in metas), "runs": len(records),
+            "wall_s": round(sum(m["wall_s"] for m in metas), 1),
+            "wall_s_by_group": {f"{i}:{k}": v for i, m in enumerate(metas) for k, v in m["wall_s_by_group"].items()},
+            "groups_done": sum(m.get("groups_done", 0) for m in metas), "groups": sum(m.get("groups", 0) for m in metas),
+            "load_before": metas[0]["load_before"], "load_after": metas[-1]["load_after"], "cpus": metas[0].get("cpus"),
+            "threads_per_run": metas[0].get("threads_per_run"), "when": metas[-1]["when"], "parts": folders}
+    result = {"meta": meta, "summary": summary, "runs": records, "all_met": all(s["met"] for s in summary)}
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "known_answers.json", json.dumps(result, indent=2))
+    atomic_write_text(out / "known_answers.md", markdown(summary, meta))
+    print(markdown(summary, meta))
+    return result
+
+
 def main(argv: list[str] | None = None) -> dict:
     """CLI: run the matrix, write ``known_answers.json`` and ``known_answers.md``, print the table."""
     ap = argparse.ArgumentParser(prog="python -m ipi.tools.known_answers", description=__doc__.split("\n")[0])
@@ -274,7 +294,11 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--collect", action="store_true", help="run nothing: tabulate the runs already in --out")
     ap.add_argument("overrides", nargs="*", help="extra train.py overrides for every run (e.g. evaluation.n_boot=500)")
+    ap.add_argument("--merge", nargs="+", default=None, metavar="DIR",
+                    help="run nothing: one table from the known_answers.json of several --out folders")
     args = ap.parse_args(argv)
+    if args.merge:
+        return merge(args.merge, Path(args.out))
     cells = list(CELLS) if args.cells == "all" else [c for c in CELLS if c.name in set(args.cells.split(","))]
     if not cells:
         raise SystemExit(f"--cells {args.cells!r}: no such cell; cells: {', '.join(c.name for c in CELLS)}")

@@ -127,20 +127,55 @@ def wrapper_token_ids(tok, wrappers: Iterable[str]) -> list[int]:
     return sorted(ids - bank)
 
 
-def plant_directions(kind: str, token_ids: Sequence[int], hidden: int, seed: int) -> torch.Tensor:
+def plant_directions(kind: str, token_ids: Sequence[int], hidden: int, seed: int, share: float = 1.0) -> torch.Tensor:
     """Unit directions per planted token: ``[len(token_ids), hidden]`` float32.
 
-    ``semantic`` and ``surface``: the same direction for every token; ``lexical``: one independent
-    direction per token. Drawn from ``numpy.random.default_rng(seed)``.
+    ``semantic`` and ``surface``: every token's direction has cosine ``share`` with one common
+    direction ``u`` (the first row drawn), the rest an independent direction of its own orthogonal
+    to ``u`` (``share = 1``: all equal ``u``); ``lexical``: one independent direction per token.
+    Drawn from ``numpy.random.default_rng(seed)``.
     """
     rng = np.random.default_rng(int(seed))
     n = len(token_ids)
     if kind == "lexical":
         v = rng.standard_normal((n, hidden))
     else:
-        v = np.repeat(rng.standard_normal((1, hidden)), n, axis=0)
+        u = rng.standard_normal(hidden)
+        u /= np.linalg.norm(u)
+        v = np.repeat(u[None], n, axis=0)
+        if share < 1.0:
+            r = rng.standard_normal((n, hidden))
+            r -= np.outer(r @ u, u)
+            r /= np.linalg.norm(r, axis=1, keepdims=True)
+            v = share * v + np.sqrt(1.0 - share ** 2) * r
     v /= np.linalg.norm(v, axis=1, keepdims=True)
     return torch.from_numpy(v.astype(np.float32))
+
+
+def mean_state_directions(backbone: Backbone, text: str) -> torch.Tensor:
+    """Orthonormal basis ``[k, hidden]`` of the mean unit-normalised token state at the embeddings and
+    at every decoder block of ``backbone`` over ``text`` (the collapse statistic's mean vector,
+    PROTOCOL.md §3).
+
+    A planted direction drawn orthogonal to these leaves the collapse statistic (the squared
+    norm of that mean) unmoved at first order: a planted token then adds nothing along the mean
+    the other tokens share.
+    """
+    tok = backbone.tokenizer
+    ids = torch.tensor([_ids(tok, text)])
+    lm = getattr(backbone.model, "language_model", None) or backbone.model
+    with torch.no_grad():
+        hs = lm(input_ids=ids, output_hidden_states=True).hidden_states
+    means = torch.stack([torch.nn.functional.normalize(h[0].float(), dim=-1).mean(dim=0) for h in hs])
+    q, r = torch.linalg.qr(means.T)  # [hidden, k]
+    keep = r.diagonal().abs() > 1e-6 * r.diagonal().abs().max()
+    return q[:, keep].T.contiguous()
+
+
+def _orthogonal_to(dirs: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
+    """Rows of ``dirs`` projected orthogonal to the rows of ``basis`` (orthonormal), re-normalised."""
+    out = dirs - (dirs @ basis.T) @ basis
+    return torch.nn.functional.normalize(out, dim=-1)
 
 
 def _input_embeddings(model) -> torch.nn.Embedding:
@@ -204,7 +239,14 @@ def build_planted(base, plant: dict, *, name: str = "planted", random_init_seed:
     if not ids:
         raise ValueError(f"backbone={name}: the {kind} plant touches no token (plant.words / plant.wrappers)")
     emb = _input_embeddings(bb.model)
-    dirs = plant_directions(kind, ids, emb.weight.shape[1], int(plant.get("seed", 0)))
+    dirs = plant_directions(kind, ids, emb.weight.shape[1], int(plant.get("seed", 0)), float(plant.get("share", 1.0)))
+    if plant.get("orthogonal_to_mean_state", False):
+        from ipi.protocol import DEFAULT_SYSTEM_PROMPT
+
+        # Orthogonal to the unplanted network's mean token state at every block (measured on the
+        # system prompt): the plant moves the probe's features, not the collapse statistic, whose
+        # probe check 5 judges; share < 1 keeps the planted tokens' mutual cosines at share².
+        dirs = _orthogonal_to(dirs, mean_state_directions(bb, DEFAULT_SYSTEM_PROMPT))
     with torch.no_grad():
         emb.weight[torch.tensor(ids)] += float(plant["gain"]) * dirs.to(emb.weight.dtype)
     if kind == "surface" and float(plant.get("vision_gain") or 0.0):

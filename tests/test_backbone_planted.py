@@ -76,6 +76,9 @@ def test_plant_directions():
 
     sem = plant_directions("semantic", [1, 2, 3], 64, 0)
     assert torch.allclose(sem[0], sem[2]) and torch.allclose(sem.norm(dim=1), torch.ones(3))
+    part = plant_directions("semantic", [1, 2, 3], 64, 0, share=0.45)  # the same u, 0.45 of it each
+    torch.testing.assert_close(part @ sem[0], torch.full((3,), 0.45))
+    assert float(part[0] @ part[1]) == pytest.approx(0.45 ** 2, abs=0.25)  # share² plus a random-pair cosine
     lex = plant_directions("lexical", [1, 2, 3], 64, 0)
     assert abs(float(lex[0] @ lex[1])) < 0.6 and torch.allclose(lex.norm(dim=1), torch.ones(3))
 
@@ -87,8 +90,15 @@ def test_planted_backbone_differs_from_its_base_only_where_planted_and_survives_
     its twin is tiny_qwen2_text's twin: the same cache key."""
     from hydra.utils import instantiate
 
-    from ipi.backbone_planted import plant_directions, plant_reaches_layers, semantic_token_ids
+    from ipi.backbone_planted import (
+        _orthogonal_to,
+        mean_state_directions,
+        plant_directions,
+        plant_reaches_layers,
+        semantic_token_ids,
+    )
     from ipi.extraction.run import cache_key
+    from ipi.protocol import DEFAULT_SYSTEM_PROMPT
     from ipi.twin import twin_config
     from tests.conftest import compose_train
 
@@ -103,11 +113,18 @@ def test_planted_backbone_differs_from_its_base_only_where_planted_and_survives_
     e, e0 = bb.model.get_input_embeddings().weight, base.model.get_input_embeddings().weight
     changed = (e - e0).abs().sum(dim=1).nonzero().flatten().tolist()
     assert changed == sorted(ids)
-    u = plant_directions("semantic", ids[:1], 64, int(cfg.backbone.loader.plant.seed))[0]
-    torch.testing.assert_close(e[ids[5]] - e0[ids[5]], float(cfg.backbone.loader.plant.gain) * u)
-    cos = plant_reaches_layers(bb, ids, u, 'Page text: [3]: "Search"; please type the', range(8))
+    plant = cfg.backbone.loader.plant
+    dirs = _orthogonal_to(plant_directions("semantic", ids, 64, int(plant.seed), float(plant.share)),
+                          mean_state_directions(base, DEFAULT_SYSTEM_PROMPT))
+    torch.testing.assert_close(e[ids] - e0[ids], float(plant.gain) * dirs)
+    # every planted direction shares u (cosine ~ share after the projection), none is parallel to another
+    u = torch.nn.functional.normalize(dirs.mean(dim=0), dim=0)
+    assert float((dirs @ u).min()) > 0.3 and float((dirs[:50] @ dirs[:50].T - torch.eye(50)).max()) < 0.6
+    # orthogonal to the unplanted network's mean token state at every block (collapse statistic, check 5)
+    assert float((dirs @ mean_state_directions(base, DEFAULT_SYSTEM_PROMPT).T).abs().max()) < 1e-5
+    cos = plant_reaches_layers(bb, ids, dirs[0], 'Page text: [3]: "Search"; please type the', range(8))
     assert min(cos.values()) > 0.9
-    cos0 = plant_reaches_layers(base, ids, u, 'Page text: [3]: "Search"; please type the', range(8))
+    cos0 = plant_reaches_layers(base, ids, dirs[0], 'Page text: [3]: "Search"; please type the', range(8))
     assert max(abs(c) for c in cos0.values()) < 0.5  # nothing planted: no such direction
     key = lambda c: cache_key(c.backbone, [], [1], ["task"])[0]  # noqa: E731
     assert key(twin_config(cfg, 1)) == key(twin_config(tiny, 1)) != key(twin_config(cfg, 2))
@@ -155,7 +172,7 @@ def test_semantic_plant_reaches_the_observation_group_at_the_probed_block(tmp_pa
     cfg = compose_train(tmp_path, ["backbone=planted_semantic", f"surface={surface}", "token_group=text",
                                    "evaluation.heldout_wording=false", "data.max_element_chars=500"], small=False)
     rows = make_rows(cfg, trajectories[:2], surface, wording=None)
-    u = plant_directions("semantic", [0], 64, int(cfg.backbone.loader.plant.seed))[0].numpy()
+    u = plant_directions("semantic", [0], 64, int(cfg.backbone.loader.plant.seed))[0].numpy()  # the shared u
 
     def along_u(c):
         f, _ = extract_features(c, rows, [1], ["observation"], exact_layers=True)

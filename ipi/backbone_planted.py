@@ -30,7 +30,7 @@ the patch embedding), i.e. in the residual stream from block 0 on; :func:`plant_
 measures that it is still there at the probed blocks.
 
 The random-weight twin of a constructed backbone is its architecture **without** the plant
-(:func:`ipi.twin.twin_config` takes ``loader.base``), so the twins of every planted kind, and of
+(:func:`ipi.run.twin.twin_config` takes ``loader.base``), so the twins of every planted kind, and of
 the plain tiny backbone, share one cache entry per seed.
 """
 
@@ -207,7 +207,7 @@ def build_planted(base, plant: dict, *, name: str = "planted", random_init_seed:
             (semantic), "wrappers": [...] and "vision_gain" (surface)}``.
         name: Backbone name recorded in results.
         random_init_seed: Build the random-weight twin: the architecture with this seed and no
-            plant (the same backbone :func:`ipi.twin.twin_config` builds from ``loader.base``).
+            plant (the same backbone :func:`ipi.run.twin.twin_config` builds from ``loader.base``).
         max_layer: Keep only decoder blocks ``0..max_layer``.
         with_lm_head: Build the class with the LM head.
 

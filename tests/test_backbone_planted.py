@@ -97,9 +97,9 @@ def test_planted_backbone_differs_from_its_base_only_where_planted_and_survives_
         plant_reaches_layers,
         semantic_token_ids,
     )
-    from ipi.extraction.run import cache_key
+    from ipi.extraction.forward import cache_key
     from ipi.protocol import DEFAULT_SYSTEM_PROMPT
-    from ipi.twin import twin_config
+    from ipi.run.twin import twin_config
     from tests.conftest import compose_train
 
     cfg = compose_train(tmp_path, ["backbone=planted_semantic"], small=False)
@@ -139,8 +139,8 @@ def test_surface_vis_plant_marks_dark_patches_and_shares_the_vl_twins(tmp_path):
     along v, a white one against it); its twins are the tiny Qwen2.5-VL's twins."""
     from hydra.utils import instantiate
 
-    from ipi.extraction.run import cache_key
-    from ipi.twin import twin_config
+    from ipi.extraction.forward import cache_key
+    from ipi.run.twin import twin_config
     from tests.conftest import compose_train
 
     cfg = compose_train(tmp_path, ["backbone=planted_surface_vis"], small=False)
@@ -164,9 +164,10 @@ def test_semantic_plant_reaches_the_observation_group_at_the_probed_block(tmp_pa
     import numpy as np
 
     from ipi.backbone_planted import plant_directions
-    from ipi.extraction.run import extract_features
-    from ipi.stages import make_rows
-    from ipi.twin import twin_config
+    from ipi.extraction.forward import extract_features
+    from ipi.run.settings import extract_settings
+    from ipi.run.stages import make_rows
+    from ipi.run.twin import twin_config
     from tests.conftest import compose_train
 
     cfg = compose_train(tmp_path, ["backbone=planted_semantic", f"surface={surface}", "token_group=text",
@@ -175,7 +176,7 @@ def test_semantic_plant_reaches_the_observation_group_at_the_probed_block(tmp_pa
     u = plant_directions("semantic", [0], 64, int(cfg.backbone.loader.plant.seed))[0].numpy()  # the shared u
 
     def along_u(c):
-        f, _ = extract_features(c, rows, [1], ["observation"], exact_layers=True)
+        f, _ = extract_features(extract_settings(c), rows, [1], ["observation"], exact_layers=True)
         return f.features[:, 0, 0].numpy() @ u
 
     def margins(proj):

@@ -1,6 +1,6 @@
 """The random-weight twins' features in one data pass (verdict check 6; issue 22 item 4).
 
-Check 6 forwards the run's own rows through S twins (:mod:`ipi.twin`). Done one twin at a time,
+Check 6 forwards the run's own rows through S twins (:mod:`ipi.run.twin`). Done one twin at a time,
 every twin repeats the whole data side of an extraction: reading the screenshots, drawing the
 banners, the image processor, tokenising every row, building the pooling matrices. Here that
 is done **once**: one :class:`~ipi.extraction.datamodule.StepGroupDataset` over the rows, and
@@ -35,7 +35,8 @@ from ipi.extraction.activation_cache import ActivationCache, FeatureSet
 from ipi.extraction.datamodule import ReplayDataModule, StepGroupDataset
 from ipi.extraction.extractor import HiddenStateExtractor, ShardWriter
 from ipi.extraction.rows import ReplayRow
-from ipi.extraction.run import (
+from ipi.extraction.forward import (
+    ExtractSettings,
     _rank_zero_env,
     _uses_gpu,
     cache_key,
@@ -51,18 +52,18 @@ log = logging.getLogger(__name__)
 __all__ = ["TwinPassExtractor", "TwinShardWriter", "extract_twin_features", "twin_layers", "twins_per_pass"]
 
 
-def twin_layers(cfg, rows: Sequence[ReplayRow], layer_indices: Sequence[int], token_groups: Sequence[str],
-                superset: bool = False) -> list[int]:
+def twin_layers(settings: ExtractSettings, rows: Sequence[ReplayRow], layer_indices: Sequence[int],
+                token_groups: Sequence[str], superset: bool = False) -> list[int]:
     """Decoder blocks a random twin of the run reads.
 
     The probe's own blocks (``layer_indices``), unless the twin's entry of the
-    ``extract.layers`` superset (:func:`ipi.extraction.run.extraction_layers`) is already
+    ``extract.layers`` superset (:func:`ipi.extraction.forward.extraction_layers`) is already
     complete in the cache (then it is read: nothing is forwarded), or ``superset`` is asked
     (``extract.py``, which fills the cache for later layer sweeps). When the two sets are equal
     (the default ``layers=six`` with the default superset) the key is the one a twin always had.
 
     Args:
-        cfg: The twin's config (:func:`ipi.twin.twin_config`).
+        settings: The twin's extraction settings (of :func:`ipi.run.twin.twin_config`).
         rows: The run's rows.
         layer_indices: Blocks the probe reads.
         token_groups: Token groups pooled.
@@ -71,12 +72,12 @@ def twin_layers(cfg, rows: Sequence[ReplayRow], layer_indices: Sequence[int], to
     Returns:
         Sorted block indices.
     """
-    sup = extraction_layers(cfg, layer_indices)
+    sup = extraction_layers(settings, layer_indices)
     own = sorted({int(i) for i in layer_indices})
     if superset or sup == own:
         return sup
-    key, spec = cache_key(cfg.backbone, rows, sup, token_groups)
-    if not cfg.extract.force and ActivationCache(cfg.extract.cache_dir, key, spec).is_complete():
+    key, spec = cache_key(settings.backbone, rows, sup, token_groups)
+    if not settings.force and ActivationCache(settings.cache_dir, key, spec).is_complete():
         return sup
     return own
 
@@ -182,18 +183,18 @@ class TwinShardWriter(BasePredictionWriter):
         return {s: w.rows_written for s, w in self.writers.items()}
 
 
-def _one_process(cfg) -> bool:
-    return (str(cfg.extract.devices) in ("1", "auto") and str(cfg.extract.strategy) == "auto"
-            and _rank_zero_env())
+def _one_process(settings: ExtractSettings) -> bool:
+    return str(settings.devices) in ("1", "auto") and str(settings.strategy) == "auto" and _rank_zero_env()
 
 
-def extract_twin_features(cfgs: dict[int, object], rows: Sequence[ReplayRow], layer_indices: Sequence[int],
+def extract_twin_features(cfgs: dict[int, ExtractSettings], rows: Sequence[ReplayRow], layer_indices: Sequence[int],
                           token_groups: Sequence[str], *, superset: bool = False
                           ) -> tuple[dict[int, FeatureSet] | None, dict[int, dict]]:
     """Features of ``rows`` through every twin, the twins the cache lacks sharing one data pass.
 
     Args:
-        cfgs: ``{seed: twin config}`` (:func:`ipi.twin.twin_config`), all of one run.
+        cfgs: ``{seed: the twin's extraction settings}`` (:func:`ipi.run.settings.extract_settings`
+            of :func:`ipi.run.twin.twin_config`), all of one run.
         rows: The run's rows.
         layer_indices: Blocks the probe reads (:func:`twin_layers` picks what is read).
         token_groups: Token groups pooled.
@@ -201,7 +202,7 @@ def extract_twin_features(cfgs: dict[int, object], rows: Sequence[ReplayRow], la
 
     Returns:
         ``({seed: FeatureSet}, {seed: info})`` with the info keys of
-        :func:`ipi.extraction.run.extract_features` plus ``shared_pass`` (the seeds forwarded
+        :func:`ipi.extraction.forward.extract_features` plus ``shared_pass`` (the seeds forwarded
         together) and ``pass_s`` (that pass's wall time, shared by its twins); ``(None, {})`` on
         a non-zero DDP rank.
     """
@@ -210,8 +211,8 @@ def extract_twin_features(cfgs: dict[int, object], rows: Sequence[ReplayRow], la
     seeds = [int(s) for s in cfgs]
     layers = {s: twin_layers(cfgs[s], rows, layer_indices, token_groups, superset) for s in seeds}
     keys = {s: cache_key(cfgs[s].backbone, rows, layers[s], token_groups) for s in seeds}
-    caches = {s: ActivationCache(cfgs[s].extract.cache_dir, *keys[s]) for s in seeds}
-    missing = [s for s in seeds if cfgs[s].extract.force or not caches[s].is_complete()]
+    caches = {s: ActivationCache(cfgs[s].cache_dir, *keys[s]) for s in seeds}
+    missing = [s for s in seeds if cfgs[s].force or not caches[s].is_complete()]
     shareable = len(missing) > 1 and all(_one_process(cfgs[s]) for s in missing) and \
         len({tuple(layers[s]) for s in missing}) == 1
     feats, infos = {}, {}
@@ -229,8 +230,7 @@ def extract_twin_features(cfgs: dict[int, object], rows: Sequence[ReplayRow], la
             waited[s] = stack.enter_context(caches[s].writer_lock())
         todo_seeds = []
         for s in missing:
-            c = cfgs[s]
-            if c.extract.force and caches[s].dir.exists():
+            if cfgs[s].force and caches[s].dir.exists():
                 shutil.rmtree(caches[s].dir)
             if not caches[s].is_complete():
                 todo_seeds.append(s)
@@ -266,48 +266,48 @@ def _forward_pass(cfgs, caches, rows, layers, token_groups, seeds: list[int], fo
         ``(seeds forwarded in this pass, seeds left for the next)``.
     """
     cfg0 = cfgs[seeds[0]]
+    b0 = cfg0.backbone
     deepest = max(layers[seeds[0]])
     backbones = {}
     n = len(seeds)
     for s in seeds:
         if len(backbones) >= n:
             break
-        loader = cfgs[s].backbone.loader
+        loader = cfgs[s].backbone["loader"]
         bb = instantiate(loader, **build_kwargs(loader, max_layer=deepest))
-        if bb.n_layers != cfgs[s].backbone.n_layers:
-            raise ValueError(f"backbone={cfgs[s].backbone.name}: model has {bb.n_layers} decoder layers, "
-                             f"config says n_layers={cfgs[s].backbone.n_layers}")
+        if bb.n_layers != cfgs[s].backbone["n_layers"]:
+            raise ValueError(f"backbone={cfgs[s].backbone['name']}: model has {bb.n_layers} decoder layers, "
+                             f"config says n_layers={cfgs[s].backbone['n_layers']}")
         backbones[s] = bb
         if len(backbones) == 1:
             twin_bytes = sum(p.numel() * p.element_size() for p in bb.model.parameters())
             free = torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else None
-            n = twins_per_pass(cfg0.extract.get("twins_per_pass", "auto"), len(seeds), cfg0.extract.accelerator,
-                               twin_bytes, free)
+            n = twins_per_pass(cfg0.twins_per_pass, len(seeds), cfg0.accelerator, twin_bytes, free)
     group = list(backbones)
     todo = {s: set(r.row_id for r in rows) - caches[s].finished_row_ids() for s in group}
     union = set().union(*todo.values())
     todo_rows = [r for r in rows if r.row_id in union]
     first = backbones[group[0]]
     log.info("extraction (%s, random-weight twins %s in one data pass): %d rows to forward",
-             cfg0.backbone.name, group, len(todo_rows))
+             b0["name"], group, len(todo_rows))
     if todo_rows:
-        dataset = StepGroupDataset(todo_rows, first.processor, cfg0.backbone.system_prompt, first.multimodal,
+        dataset = StepGroupDataset(todo_rows, first.processor, b0["system_prompt"], first.multimodal,
                                    first.image_size, first.image_token_id)
         tok = first.tokenizer
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         per_step = max(len(g) for g in dataset.groups)
-        dm = ReplayDataModule(dataset, pad, batch_size=max(1, cfg0.backbone.batch_size // per_step),
-                              num_workers=resolve_num_workers(cfg0.extract.num_workers, cfg0.extract.accelerator))
-        writers = {s: ShardWriter(caches[s], shard_rows=cfgs[s].extract.shard_rows, dtype=cfgs[s].backbone.cache_dtype)
+        dm = ReplayDataModule(dataset, pad, batch_size=max(1, b0["batch_size"] // per_step),
+                              num_workers=resolve_num_workers(cfg0.num_workers, cfg0.accelerator))
+        writers = {s: ShardWriter(caches[s], shard_rows=cfgs[s].shard_rows, dtype=cfgs[s].backbone["cache_dtype"])
                    for s in group}
         writer = TwinShardWriter(writers, todo)
         module = TwinPassExtractor({s: HiddenStateExtractor(backbones[s], layers[s], token_groups,
-                                                            max_rows=cfgs[s].backbone.batch_size,
-                                                            prefix_reuse=cfgs[s].extract.get("prefix_reuse", "auto"))
+                                                            max_rows=cfgs[s].backbone["batch_size"],
+                                                            prefix_reuse=cfgs[s].prefix_reuse)
                                     for s in group})
         bars = extraction_callbacks(True if cfg0.quiet else None, total_rows=len(todo_rows))
-        trainer = L.Trainer(accelerator=cfg0.extract.accelerator, devices=1,
-                            precision=resolve_precision(cfg0.extract.precision, cfg0.extract.accelerator),
+        trainer = L.Trainer(accelerator=cfg0.accelerator, devices=1,
+                            precision=resolve_precision(cfg0.precision, cfg0.accelerator),
                             callbacks=[writer, *bars], logger=False, enable_checkpointing=False,
                             enable_model_summary=False, enable_progress_bar=False)
         trainer.predict(module, datamodule=dm, return_predictions=False)

@@ -11,7 +11,7 @@ into pooled features, on the configured backbone (default: the tiny Qwen2.5-VL o
   while the project's layer ``k`` is the output of block ``k`` (docs/replay.md); so that the two
   paths compute the same quantity, the baseline's final norm is swapped for the identity while
   it runs (an RMSNorm costs nothing next to the LM head; the logits are still computed).
-* **ours** — :func:`ipi.extraction.run.extract_features` exactly as ``train.py`` runs it
+* **ours** — :func:`ipi.extraction.forward.extract_features` exactly as ``train.py`` runs it
   (Lightning predict, step groups with each screenshot encoded once, hooks on the chosen layers,
   early stop, no LM head, batched pooling, shards streamed to a temporary cache entry).
 
@@ -53,12 +53,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 
 import numpy as np
 import torch
 
 from ipi.backbone import Backbone, find_decoder_layers
-from ipi.config import REPO_ROOT, register_configs
+from ipi.run.config import REPO_ROOT, register_configs
 from ipi.extraction.datamodule import ReplayDataset, StepGroupDataset, collate_steps
 from ipi.extraction.extractor import (
     HiddenStateExtractor,
@@ -67,11 +68,14 @@ from ipi.extraction.extractor import (
     pool_groups,
 )
 from ipi.tools.extraction_timing import _identity_final_norm
-from ipi.extraction.run import extract_features, extraction_layers
+from ipi.extraction.forward import ExtractSettings, extract_features, extraction_layers
+from ipi.run.settings import extract_settings
 from ipi.tools.bootstrap_timing import bench_bootstrap, bench_permutation
 from ipi.progress import quiet_lightning
 from ipi.protocol import SURFACES, TOKEN_GROUPS
-from ipi.stages import layer_indices, load_data, make_rows
+from ipi.run.stages import layer_indices, load_data, make_rows
+from ipi.backbone import build_backbone
+from ipi.tools.extraction_timing import entry_timings, speed_benchmark
 
 #: Qwen2.5-VL-7B-Instruct's architecture (config.json of the checkpoint).
 QWEN2_5_VL_7B_TEXT = dict(
@@ -128,17 +132,15 @@ def subset_rows(overrides: list[str], n_steps: int, surfaces=SURFACES):
     return cfg, rows
 
 
-def baseline_features(cfg, rows, layers: list[int]) -> tuple[np.ndarray, np.ndarray, float]:
+def baseline_features(settings: ExtractSettings, rows, layers: list[int]) -> tuple[np.ndarray, np.ndarray, float]:
     """The naive way (module docstring): full forward + ``output_hidden_states``, one row at a time.
 
     Returns:
         ``(features [N, L, G, H], collapse [N, L], seconds)``.
     """
-    from ipi.backbone import build_backbone
-
     t0 = time.perf_counter()
-    bb = build_backbone(cfg.backbone.loader, with_lm_head=True)
-    ds = ReplayDataset(rows, bb.processor, cfg.backbone.system_prompt, bb.multimodal, bb.image_size,
+    bb = build_backbone(settings.backbone["loader"], with_lm_head=True)
+    ds = ReplayDataset(rows, bb.processor, settings.backbone["system_prompt"], bb.multimodal, bb.image_size,
                        bb.image_token_id)
     feats, coll = [], []
     with torch.inference_mode(), _identity_final_norm(bb.model):
@@ -152,17 +154,15 @@ def baseline_features(cfg, rows, layers: list[int]) -> tuple[np.ndarray, np.ndar
     return torch.stack(feats).numpy(), torch.stack(coll).numpy(), secs
 
 
-def project_features(cfg, rows, layers: list[int], cache_dir: str):
-    """The project's path: :func:`ipi.extraction.run.extract_features` into a fresh cache entry.
+def project_features(settings: ExtractSettings, rows, layers: list[int], cache_dir: str):
+    """The project's path: :func:`ipi.extraction.forward.extract_features` into a fresh cache entry.
 
     Returns:
         ``(features [N, L, G, H], collapse [N, L], seconds, info)``.
     """
-
-    cfg.extract.cache_dir = cache_dir
-    cfg.extract.layers = []  # exactly `layers`: the same work as the baseline
+    settings = replace(settings, cache_dir=cache_dir, layers=())  # exactly `layers`: the same work as the baseline
     t0 = time.perf_counter()
-    fs, info = extract_features(cfg, rows, layers, list(TOKEN_GROUPS))
+    fs, info = extract_features(settings, rows, layers, list(TOKEN_GROUPS))
     secs = time.perf_counter() - t0
     li = [fs.layers.index(k) for k in layers]
     return fs.features[:, li].float().numpy(), fs.collapse[:, li].float().numpy(), secs, info
@@ -172,9 +172,9 @@ def _rss_probe(overrides: list[str], n_steps: int, shard_rows: int) -> dict:
     """Run the project path alone in this process and report its peak RSS."""
 
     cfg, rows = subset_rows(overrides, n_steps)
-    cfg.extract.shard_rows = shard_rows
     with tempfile.TemporaryDirectory() as tmp:
-        _, _, secs, _ = project_features(cfg, rows, layer_indices(cfg), tmp)
+        _, _, secs, _ = project_features(replace(extract_settings(cfg), shard_rows=shard_rows), rows,
+                                         layer_indices(cfg), tmp)
     return {"rows": len(rows), "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
             "seconds": round(secs, 2)}
 
@@ -206,9 +206,6 @@ def extraction_benchmark(n_steps: int = 6, rss_steps: tuple[int, int] = (4, 16),
     Returns:
         A JSON-able dict.
     """
-    from ipi.backbone import build_backbone
-    from ipi.tools.extraction_timing import speed_benchmark
-
     overrides = list(overrides)
     cfg, rows = subset_rows(overrides, n_steps)
     layers = layer_indices(cfg)
@@ -216,7 +213,7 @@ def extraction_benchmark(n_steps: int = 6, rss_steps: tuple[int, int] = (4, 16),
     by_surface = {s: rs for s, rs in by_surface.items() if rs}
     out = {"benchmark": "extraction", "backbone": cfg.backbone.name, "steps": n_steps, "rows": len(rows),
            "rows_by_surface": {s: len(rs) for s, rs in by_surface.items()},
-           **speed_benchmark(cfg, by_surface, layers, reps=reps,
+           **speed_benchmark(extract_settings(cfg), by_surface, layers, reps=reps,
                              build_backbone=lambda: build_backbone(cfg.backbone.loader, with_lm_head=True),
                              build_ours=lambda: build_backbone(cfg.backbone.loader, max_layer=max(layers)))}
     if rss_steps:
@@ -332,7 +329,7 @@ def twin_benchmark(n_steps: int = 6, n_twins: int = 3, overrides: list[str] = ()
     """Cost of the random-weight twins per seed as a fraction of the main pass (issue 22 item 4).
 
     In one process, on the first ``n_steps`` steps of ``surface`` (all its variants) and cold cache
-    entries in a temporary folder: the main pass (:func:`ipi.extraction.run.extract_features`, the
+    entries in a temporary folder: the main pass (:func:`ipi.extraction.forward.extract_features`, the
     ``extract.layers`` superset, as ``train.py`` runs it), then ``n_twins`` twins in one data pass
     (:func:`ipi.extraction.twin_pass.extract_twin_features`) for each layer choice of
     ``probe_layers`` (a twin reads only the probe's blocks), and the same twins one extraction
@@ -344,7 +341,7 @@ def twin_benchmark(n_steps: int = 6, n_twins: int = 3, overrides: list[str] = ()
         ``separate_fraction_per_seed``, ``load_before``/``load_after``.
     """
     from ipi.extraction.twin_pass import extract_twin_features
-    from ipi.twin import twin_config
+    from ipi.run.twin import twin_config
 
     load0 = os.getloadavg()
     cfg, rows = subset_rows([*overrides, f"surface={surface}", "evaluation.random_twin=true",
@@ -355,10 +352,10 @@ def twin_benchmark(n_steps: int = 6, n_twins: int = 3, overrides: list[str] = ()
     with tempfile.TemporaryDirectory() as tmp:
         cfg.extract.cache_dir = tmp
         t0 = time.perf_counter()
-        extract_features(cfg, rows, layer_indices(cfg), list(TOKEN_GROUPS))
+        extract_features(extract_settings(cfg), rows, layer_indices(cfg), list(TOKEN_GROUPS))
         main_s = time.perf_counter() - t0
         out["main_s"] = round(main_s, 2)
-        out["main_blocks_forwarded"] = max(extraction_layers(cfg, layer_indices(cfg))) + 1
+        out["main_blocks_forwarded"] = max(extraction_layers(extract_settings(cfg), layer_indices(cfg))) + 1
         for k, choice in enumerate(probe_layers):
             c = compose([*overrides, f"surface={surface}", f"layers={choice}", "evaluation.random_twin=true"])
             layers = layer_indices(c)
@@ -375,11 +372,12 @@ def twin_benchmark(n_steps: int = 6, n_twins: int = 3, overrides: list[str] = ()
                 for s, t in tcfgs.items():
                     t2 = copy.deepcopy(t)
                     t2.extract.cache_dir = sep
-                    extract_features(t2, rows, layers, list(TOKEN_GROUPS), exact_layers=True)
+                    extract_features(extract_settings(t2), rows, layers, list(TOKEN_GROUPS), exact_layers=True)
                 out["separate_s"] = round(time.perf_counter() - t0, 2)
                 out["separate_fraction_per_seed"] = _sig(out["separate_s"] / n_twins / main_s)
             t0 = time.perf_counter()
-            _, infos = extract_twin_features(tcfgs, rows, layers, list(TOKEN_GROUPS))
+            _, infos = extract_twin_features({k: extract_settings(v) for k, v in tcfgs.items()}, rows, layers,
+                                             list(TOKEN_GROUPS))
             secs = time.perf_counter() - t0
             deepest = max(layers)
             out[f"layers={choice}"] = {"blocks_read": layers, "blocks_forwarded": deepest + 1,
@@ -432,8 +430,6 @@ def main(argv: list[str] | None = None) -> None:
             p.error("--rss-steps takes two sizes, e.g. 4,16")
         out["extraction"] = extraction_benchmark(a.steps, rss, a.shard_rows, a.override, a.reps)
     if a.only in ("timings", "all") or (a.only == "extraction" and not a.no_timings):
-        from ipi.tools.extraction_timing import entry_timings
-
         with tempfile.TemporaryDirectory() as tmp:
             timings = entry_timings(REPO_ROOT, tmp, sweep=not a.no_sweep)
         if a.only == "extraction":

@@ -22,7 +22,7 @@ i_vis carries no planted content: the random vision tower cannot read the banner
 the content kinds are not run there; the surface case (banner darkness) covers it.
 
 Jobs of one (surface, held-out wording) run as ONE Hydra multirun (one process: imports, the
-data import and the replay rows of each split are done once, ``ipi.stages.sweep_memo``), and
+data import and the replay rows of each split are done once, ``ipi.run.stages.sweep_memo``), and
 the activation cache is shared: a cell's rows are extracted once per split seed, and the
 random-weight twins of every constructed backbone are the tiny backbone's twins (one entry per
 seed and split, read by every kind). Nothing in a run is special-cased for this tool: it reads
@@ -46,7 +46,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from ipi.config import REPO_ROOT
+from ipi.run.config import REPO_ROOT
 from ipi.io import atomic_write_text
 
 __all__ = ["CELLS", "Cell", "claim_kind", "main", "run_record", "stopping_checks", "summarise"]

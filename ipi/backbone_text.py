@@ -29,7 +29,8 @@ import torch
 from ipi.backbone import Backbone, _freeze, keep_decoder_layers, random_init_from_config
 from ipi.io import local_content_digest
 
-__all__ = ["TextChatProcessor", "build_gguf_causal_lm", "find_gguf", "load_tokenizer", "package_dir"]
+__all__ = ["TextChatProcessor", "build_gguf_causal_lm", "build_tiny_qwen2_text", "find_gguf", "load_tokenizer",
+           "package_dir"]
 
 
 def package_dir(name: str) -> Path:
@@ -212,4 +213,64 @@ def build_gguf_causal_lm(
                   **({"random_init_seed": int(random_init_seed)} if random_init_seed is not None else {})},
         image_size=None,
         depth=depth,
+    )
+
+
+def build_tiny_qwen2_text(
+    processor_path: str,
+    *,
+    text: dict,
+    seed: int = 0,
+    name: str = "tiny_qwen2_text",
+    random_init_seed: int | None = None,
+    max_layer: int | None = None,
+) -> Backbone:
+    """The Qwen2 decoder (``Qwen2Model``, text-only) from a small config, seeded random weights.
+
+    The text half of the tiny Qwen2.5-VL (:func:`ipi.backbone.build_tiny_qwen2_5_vl`) without the
+    vision tower, read through the real Qwen2.5 tokenizer of ``processor_path`` (the same token
+    ids): the architecture of the constructed text-surface backbones (:mod:`ipi.backbone_planted`),
+    whose rows carry no screenshot, so an extraction costs the decoder over the prompt's text only.
+
+    Args:
+        processor_path: Folder with the Qwen2.5-VL processor files (its tokenizer is used).
+        text: Keyword arguments of ``Qwen2Config`` (hidden_size, num_hidden_layers, ...).
+        seed: Seed of the random weights.
+        name: Backbone name recorded in results.
+        random_init_seed: Build the random-weight twin with this seed in place of ``seed``
+            (must differ from it).
+        max_layer: Keep only decoder blocks ``0..max_layer`` (all are initialised first).
+
+    Returns:
+        The frozen text-only backbone (``multimodal=False``).
+
+    Raises:
+        ValueError: ``random_init_seed == seed``.
+    """
+    from transformers import Qwen2Config, Qwen2Model
+
+    from ipi.backbone import load_processor
+
+    twin_of = None
+    if random_init_seed is not None:
+        if int(random_init_seed) == int(seed):
+            raise ValueError(f"backbone={name}: the random twin's seed ({random_init_seed}) equals the backbone's "
+                             "weight seed; choose other evaluation.random_twin_seeds")
+        twin_of, seed = int(seed), int(random_init_seed)
+    tok = load_processor(processor_path).tokenizer
+    text = dict(text)
+    text.setdefault("vocab_size", len(tok))
+    config = Qwen2Config(**text)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(seed))
+        model = Qwen2Model(config)
+    _freeze(model)
+    layers = keep_decoder_layers(model, None if max_layer is None else int(max_layer) + 1)
+    return Backbone(
+        name=name, model=model, processor=TextChatProcessor(tok), layers=layers,
+        hidden_size=int(config.hidden_size), multimodal=False, image_token_id=None,
+        identity={"kind": "tiny_qwen2_text", "text": text, "seed": int(seed),
+                  "processor": os.path.abspath(processor_path),
+                  **({"random_twin_of_seed": twin_of} if twin_of is not None else {})},
+        image_size=None, depth=int(config.num_hidden_layers),
     )

@@ -59,6 +59,8 @@ class ExtractSettings:
         accelerator, devices, strategy, precision: Lightning ``Trainer`` settings of the forward.
         prefix_reuse: ``auto`` | ``true`` | ``false`` (docs/extraction.md).
         quiet: Hide the progress bars (else: auto, shown on a terminal).
+        twins_per_pass: ``extract.twins_per_pass``: random-weight twins forwarded on one data
+            pass (:func:`ipi.extraction.twin_pass.twins_per_pass`).
     """
 
     backbone: Mapping[str, Any]
@@ -73,6 +75,7 @@ class ExtractSettings:
     precision: str
     prefix_reuse: Any
     quiet: bool
+    twins_per_pass: Any = "auto"
 
 
 def _plain(node) -> Any:
@@ -284,7 +287,8 @@ def transfer_rows(settings: ExtractSettings, rows: Sequence[ReplayRow], layer_in
 
 
 def extract_features(settings: ExtractSettings, rows: Sequence[ReplayRow], layer_indices: Sequence[int],
-                     token_groups: Sequence[str], *, backbone=None) -> tuple[FeatureSet | None, dict]:
+                     token_groups: Sequence[str], *, backbone=None,
+                     exact_layers: bool = False) -> tuple[FeatureSet | None, dict]:
     """Return features for ``rows``, running the backbone only for rows the cache lacks.
 
     The layers read are :func:`extraction_layers` (the ``extract.layers`` superset plus
@@ -301,6 +305,9 @@ def extract_features(settings: ExtractSettings, rows: Sequence[ReplayRow], layer
         backbone: An already built :class:`ipi.backbone.Backbone` of ``settings.backbone`` to use
             instead of building one (the benchmark times start-up apart from steady state);
             None: built from ``settings.backbone["loader"]`` only when rows must be forwarded.
+        exact_layers: Read exactly ``layer_indices`` (sorted), not the ``extract.layers``
+            superset (:func:`ipi.extraction.twin_pass.twin_layers`: a random twin reads only
+            what the probe reads).
 
     Returns:
         ``(features, info)`` with info ``{"cache_key", "cache_dir", "cache_hit", "rows_forwarded",
@@ -309,7 +316,7 @@ def extract_features(settings: ExtractSettings, rows: Sequence[ReplayRow], layer
     Raises:
         ValueError: The loaded model's depth differs from ``backbone.n_layers``.
     """
-    layers = extraction_layers(settings, layer_indices)
+    layers = sorted({int(i) for i in layer_indices}) if exact_layers else extraction_layers(settings, layer_indices)
     key, spec = cache_key(settings.backbone, rows, layers, token_groups)
     cache = ActivationCache(settings.cache_dir, key, spec)
     row_ids = [r.row_id for r in rows]

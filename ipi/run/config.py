@@ -338,6 +338,9 @@ class ExtractConf:
     # Layer superset every extraction reads and keys its cache on (fractions, indices or
     # ["all"]); runs select their `layers` from it, so layer sweeps reuse one cache entry.
     layers: list[Any] = field(default_factory=list)
+    # Random-weight twins forwarded on each prepared batch (one data pass for all; docs/extraction.md):
+    # "auto" = all on a CPU, as many as fit in 70 % of the free memory on a GPU; or a positive integer
+    twins_per_pass: Any = "auto"
 
 
 @dataclass

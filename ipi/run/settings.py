@@ -26,4 +26,5 @@ def extract_settings(cfg: DictConfig) -> ExtractSettings:
         backbone=to_container(cfg.backbone), cache_dir=str(ex.cache_dir), layers=tuple(to_container(ex.layers) or ()),
         force=bool(ex.force), num_workers=to_container(ex.num_workers), shard_rows=int(ex.shard_rows),
         accelerator=str(ex.accelerator), devices=to_container(ex.devices), strategy=str(ex.strategy),
-        precision=str(ex.precision), prefix_reuse=to_container(ex.get("prefix_reuse", "auto")), quiet=bool(cfg.quiet))
+        precision=str(ex.precision), prefix_reuse=to_container(ex.get("prefix_reuse", "auto")), quiet=bool(cfg.quiet),
+        twins_per_pass=to_container(ex.get("twins_per_pass", "auto")))

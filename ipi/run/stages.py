@@ -36,6 +36,7 @@ from ipi.evaluation.results import Settings
 from ipi.extraction.rows import build_rows
 from ipi.extraction.forward import extract_features, transfer_rows
 from ipi.io import tree_fingerprint
+from ipi.extraction.twin_pass import extract_twin_features
 from ipi.probe.crossfit import FoldedProbe, TransferSource, cross_fit, make_folds
 from ipi.probe.fit import ProbeConfig
 from ipi.progress import quiet_lightning, set_quiet, track
@@ -354,7 +355,8 @@ def twin_features(cfg: DictConfig, rows, features, layers: list[int], groups: li
     """The random-weight twins' features of the run's rows, one per ``evaluation.random_twin_seeds``.
 
     Each twin (:func:`ipi.run.twin.twin_config`) extracts the same rows under its own cache key
-    (verdict check 6; docs/estimands.md).
+    (verdict check 6; docs/estimands.md); the twins the cache lacks share one data pass and read
+    only the probe's layers (:func:`ipi.extraction.twin_pass.extract_twin_features`).
 
     Returns:
         ``({seed: x [N, F]}, {seed: extraction info})`` (both empty with the twin off), or None
@@ -363,15 +365,18 @@ def twin_features(cfg: DictConfig, rows, features, layers: list[int], groups: li
     Raises:
         RuntimeError: A twin's cache entry holds other rows than the backbone's.
     """
-    x_twin, infos = {}, {}
-    for seed in twin_seeds(cfg):
-        feats, infos[seed] = extract_features(extract_settings(twin_config(cfg, seed)), rows, layers, list(TOKEN_GROUPS))
-        if feats is None:  # a non-zero DDP rank
-            return None
-        if feats.row_ids != features.row_ids:
+    seeds = twin_seeds(cfg)
+    if not seeds:
+        return {}, {}
+    feats, infos = extract_twin_features({s: extract_settings(twin_config(cfg, s)) for s in seeds}, rows, layers,
+                                         list(TOKEN_GROUPS))
+    if feats is None:  # a non-zero DDP rank
+        return None
+    x_twin = {}
+    for seed in seeds:
+        if feats[seed].row_ids != features.row_ids:
             raise RuntimeError(f"random twin seed {seed}: its cache entry holds other rows than the backbone's")
-        x_twin[seed] = select_features(feats, layers, groups)
-        del feats
+        x_twin[seed] = select_features(feats.pop(seed), layers, groups)
     return x_twin, infos
 
 

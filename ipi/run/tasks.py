@@ -21,6 +21,7 @@ from ipi.evaluation.assess import ScoreTables, assess
 from ipi.evaluation.callbacks import EstimandsCallback
 from ipi.evaluation.scoretable import evaluate_score_table, read_score_table, twin_score_table
 from ipi.extraction.forward import extract_features, transfer_rows
+from ipi.extraction.twin_pass import extract_twin_features
 from ipi.io import atomic_write_text
 from ipi.metrics.keys import RANDOM_TWIN, SPLIT_REPEATS
 from ipi.progress import track
@@ -214,9 +215,11 @@ def extract(cfg: DictConfig) -> tuple[dict, dict]:
             infos[s]["transfer_rows"] = shared
         if s == surfaces[0]:
             features = feats
-            for seed in twin_seeds(cfg):
-                _, twin_infos[str(seed)] = extract_features(extract_settings(twin_config(cfg, seed)), rows, layer_indices(cfg),
-                                                            list(TOKEN_GROUPS))
+            seeds = twin_seeds(cfg)
+            if seeds:  # the extract.layers superset, for the layer sweeps that follow (one data pass)
+                _, tinfo = extract_twin_features({sd: extract_settings(twin_config(cfg, sd)) for sd in seeds}, rows,
+                                                 layer_indices(cfg), list(TOKEN_GROUPS), superset=True)
+                twin_infos = {str(k): v for k, v in tinfo.items()}
     if features is not None:  # rank 0 (a non-zero DDP rank writes nothing)
         atomic_write_text(Path(cfg.paths.output_dir) / "run_info.json", json.dumps(
             {**run_info(infos[surfaces[0]], infos, time.perf_counter() - t0),

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import copy
 
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 __all__ = ["backbone_weights", "twin_config", "twin_description", "twin_seeds", "twins_on"]
 
@@ -64,6 +64,8 @@ def twin_seeds(cfg: DictConfig) -> list[int]:
     if len(set(seeds)) != len(seeds):
         raise ValueError(f"evaluation.random_twin_seeds={seeds} repeats a seed: each twin must be another draw")
     loader = cfg.backbone.get("loader")
+    if isinstance(loader, DictConfig) and isinstance(loader.get("base"), DictConfig):  # a constructed backbone
+        loader = loader.base
     own = loader.get("seed") if isinstance(loader, DictConfig) else None
     if own is not None and int(own) in seeds:
         raise ValueError(f"evaluation.random_twin_seeds={seeds} holds backbone.loader.seed={int(own)} of backbone="
@@ -75,7 +77,9 @@ def twin_config(cfg: DictConfig, seed: int) -> DictConfig:
     """A copy of the run config whose backbone is the random-weight twin of seed ``seed``.
 
     Only ``backbone.loader`` changes: it gains ``random_init_seed = seed`` (one of
-    ``evaluation.random_twin_seeds``),
+    ``evaluation.random_twin_seeds``); for a constructed backbone (a loader with ``plant`` and
+    ``base``, :mod:`ipi.backbone_planted`) the loader becomes ``base`` (the architecture without
+    the plant) and ``backbone.name`` the architecture's name,
     which every backbone builder (:func:`ipi.backbone.build_tiny_qwen2_5_vl`,
     :func:`ipi.backbone.build_pretrained_qwen2_5_vl`,
     :func:`ipi.backbone_text.build_gguf_causal_lm`) takes as "build this architecture from its
@@ -96,6 +100,15 @@ def twin_config(cfg: DictConfig, seed: int) -> DictConfig:
     """
     twin = copy.deepcopy(cfg)
     loader = twin.backbone.loader
+    if isinstance(loader, DictConfig) and "plant" in loader and isinstance(loader.get("base"), DictConfig):
+        # A constructed backbone (ipi.backbone_planted): its twin is the architecture without the
+        # plant, named as that architecture, so every planted kind (and the plain architecture)
+        # shares one twin cache entry per seed.
+        with open_dict(twin.backbone):
+            twin.backbone.loader = OmegaConf.create(OmegaConf.to_container(loader.base, resolve=True))
+            twin.backbone.name = str(twin.backbone.loader.get("name", cfg.backbone.name))
+            twin.backbone.constructed = False
+        loader = twin.backbone.loader
     if not isinstance(loader, DictConfig) or "_target_" not in loader:
         raise ValueError(f"backbone={cfg.backbone.name}: backbone.loader has no _target_; "
                          "the random twin needs a builder node")

@@ -45,6 +45,7 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import resource
@@ -67,7 +68,7 @@ from ipi.extraction.extractor import (
     pool_groups,
 )
 from ipi.tools.extraction_timing import _identity_final_norm
-from ipi.extraction.forward import ExtractSettings, extract_features
+from ipi.extraction.forward import ExtractSettings, extract_features, extraction_layers
 from ipi.run.settings import extract_settings
 from ipi.tools.bootstrap_timing import bench_bootstrap, bench_permutation
 from ipi.progress import quiet_lightning
@@ -323,13 +324,78 @@ def shapes_benchmark(n_steps: int, overrides: list[str], peak_tflops: float | No
     return out
 
 
+def twin_benchmark(n_steps: int = 6, n_twins: int = 3, overrides: list[str] = (), probe_layers=("six", "six_1"),
+                   surface: str = "i_vis") -> dict:
+    """Cost of the random-weight twins per seed as a fraction of the main pass (issue 22 item 4).
+
+    In one process, on the first ``n_steps`` steps of ``surface`` (all its variants) and cold cache
+    entries in a temporary folder: the main pass (:func:`ipi.extraction.forward.extract_features`, the
+    ``extract.layers`` superset, as ``train.py`` runs it), then ``n_twins`` twins in one data pass
+    (:func:`ipi.extraction.twin_pass.extract_twin_features`) for each layer choice of
+    ``probe_layers`` (a twin reads only the probe's blocks), and the same twins one extraction
+    each (before the shared pass) for the first choice. ``fraction = pass seconds / n_twins / main
+    seconds``; the twins' build (random init) is inside each.
+
+    Returns:
+        A JSON-able dict: ``main_s``, per layer choice ``{"blocks", "twins_s", "fraction_per_seed"}``,
+        ``separate_fraction_per_seed``, ``load_before``/``load_after``.
+    """
+    from ipi.extraction.twin_pass import extract_twin_features
+    from ipi.run.twin import twin_config
+
+    load0 = os.getloadavg()
+    cfg, rows = subset_rows([*overrides, f"surface={surface}", "evaluation.random_twin=true",
+                             f"evaluation.random_twin_seeds=[{','.join(str(i + 1) for i in range(n_twins))}]"],
+                            n_steps, surfaces=(surface,))
+    out = {"benchmark": "twins", "backbone": cfg.backbone.name, "surface": surface, "steps": n_steps,
+           "rows": len(rows), "twins": n_twins, "threads": torch.get_num_threads()}
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg.extract.cache_dir = tmp
+        t0 = time.perf_counter()
+        extract_features(extract_settings(cfg), rows, layer_indices(cfg), list(TOKEN_GROUPS))
+        main_s = time.perf_counter() - t0
+        out["main_s"] = round(main_s, 2)
+        out["main_blocks_forwarded"] = max(extraction_layers(extract_settings(cfg), layer_indices(cfg))) + 1
+        for k, choice in enumerate(probe_layers):
+            c = compose([*overrides, f"surface={surface}", f"layers={choice}", "evaluation.random_twin=true"])
+            layers = layer_indices(c)
+            sub = os.path.join(tmp, f"twins_{choice}")
+            tcfgs = {}
+            for s in range(1, n_twins + 1):
+                t = twin_config(cfg, s)
+                t.extract.cache_dir = sub
+                t.extract.layers = []  # nothing in the superset is cached here: the probe's blocks only
+                tcfgs[s] = t
+            if k == 0:  # the same twins one extraction each, for comparison
+                sep = os.path.join(tmp, "separate")
+                t0 = time.perf_counter()
+                for s, t in tcfgs.items():
+                    t2 = copy.deepcopy(t)
+                    t2.extract.cache_dir = sep
+                    extract_features(extract_settings(t2), rows, layers, list(TOKEN_GROUPS), exact_layers=True)
+                out["separate_s"] = round(time.perf_counter() - t0, 2)
+                out["separate_fraction_per_seed"] = _sig(out["separate_s"] / n_twins / main_s)
+            t0 = time.perf_counter()
+            _, infos = extract_twin_features({k: extract_settings(v) for k, v in tcfgs.items()}, rows, layers,
+                                             list(TOKEN_GROUPS))
+            secs = time.perf_counter() - t0
+            deepest = max(layers)
+            out[f"layers={choice}"] = {"blocks_read": layers, "blocks_forwarded": deepest + 1,
+                                       "of_blocks": cfg.backbone.n_layers, "twins_s": round(secs, 2),
+                                       "fraction_per_seed": _sig(secs / n_twins / main_s),
+                                       "shared_pass": infos[1].get("shared_pass")}
+    out["load_before"] = [round(x, 2) for x in load0]
+    out["load_after"] = [round(x, 2) for x in os.getloadavg()]
+    return out
+
+
 def _sig(x: float, digits: int = 4) -> float:
     return float(f"{x:.{digits}g}")
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m ipi.tools.bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--only", choices=("extraction", "timings", "bootstrap", "permutation", "all"), default="extraction")
+    p.add_argument("--only", choices=("extraction", "timings", "bootstrap", "permutation", "twins", "all"), default="extraction")
     p.add_argument("--no-timings", action="store_true", help="skip warm_run_s / sweep30_s (entry-script subprocesses)")
     p.add_argument("--no-sweep", action="store_true", help="time the warm run but not the 30-job sweep")
     p.add_argument("--steps", type=int, default=6, help="steps of the timed subset (x every surface's variants)")
@@ -337,6 +403,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rss-steps", default="4,16", help="two subset sizes (steps) for peak RSS; '' skips")
     p.add_argument("--shard-rows", type=int, default=16, help="rows per shard in the RSS probes")
     p.add_argument("--override", action="append", default=[], help="Hydra override of the train config")
+    p.add_argument("--twins", type=int, default=3, help="random-weight twins of the twin-cost bench (--only twins)")
     p.add_argument("--boot-rows", type=int, default=5000)
     p.add_argument("--n-boot", type=int, default=1000)
     p.add_argument("--perm-features", type=int, default=107_520, help="feature width of the permutation bench")
@@ -369,6 +436,8 @@ def main(argv: list[str] | None = None) -> None:
             out["extraction"].update(timings)
         else:
             out["timings"] = timings
+    if a.only in ("twins", "all"):
+        out["twins"] = twin_benchmark(a.steps, a.twins, a.override)
     if a.only in ("bootstrap", "all"):
         out["bootstrap"] = bench_bootstrap(n_rows=a.boot_rows, n_boot=a.n_boot)
     if a.only in ("permutation", "all"):

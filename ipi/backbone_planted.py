@@ -1,0 +1,290 @@
+"""Constructed backbones with a planted, known answer (issue 23; docs/selftest.md, "Known answers").
+
+A constructed backbone is the tiny Qwen2.5-VL architecture (:func:`ipi.backbone.build_tiny_qwen2_5_vl`,
+random weights from a seed) with a *plant* written into its weights, so that what its hidden
+states carry about the injected text is known by construction and the verdict it must reach is
+known before the run:
+
+* ``semantic`` — one unit direction ``u`` (drawn from ``plant.seed``) times ``gain`` is added to
+  the input-embedding row of every token of the attacker-goal lexicon ``plant.words`` (many
+  synonyms: redirect, navigate, exfiltrate, password, credentials, abandon, transfer, ...). Every
+  attack goal of the bank carries at least one such token, whichever wording family it belongs to,
+  so a probe trained on the training wording reads the same direction in held-out wording: the
+  backbone "reads intent", and a run must reach "detects malicious content" on the text surfaces.
+* ``lexical`` — an independent random unit direction times ``gain`` per token that occurs in
+  exactly one entry of the attack bank (one template or one goal phrasing): token identity, as a
+  random network carries, only louder. Under held-out wording the test attacks' planted tokens
+  never occur in training, so nothing generalises; with the bank shared by train and test the
+  probe separates attack from every control by wording alone, which PROTOCOL.md §7.3 refuses
+  (check 3 needs held-out wording). Must never reach "detects".
+* ``surface`` — one direction on what every injected variant shares and the clean variant lacks,
+  nothing on content: the tokens of the surfaces' wrappers (``plant.wrappers``, e.g. the
+  ``[page notice]`` prefix of ``i_tool``) and, in the vision tower's patch embedding, the patch's
+  mean darkness (every banner fill of :data:`ipi.surfaces.banner.PALETTE` is dark against a white
+  page; ``plant.vision_gain``). Attack and controls share it exactly: at most "separates".
+
+Tokens that occur in the benign banks (:data:`~ipi.surfaces.bank.BENIGN_IMPERATIVES`,
+:data:`~ipi.surfaces.bank.NEUTRAL_SENTENCES`: the ``c_imperative`` texts) are never planted, so
+no control carries the semantic or lexical plant. The plant lives in the input embeddings (and
+the patch embedding), i.e. in the residual stream from block 0 on; :func:`plant_reaches_layers`
+measures that it is still there at the probed blocks.
+
+The random-weight twin of a constructed backbone is its architecture **without** the plant
+(:func:`ipi.run.twin.twin_config` takes ``loader.base``), so the twins of every planted kind, and of
+the plain tiny backbone, share one cache entry per seed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import torch
+
+from ipi.backbone import Backbone
+
+__all__ = ["PLANT_KINDS", "build_planted", "lexical_token_ids", "plant_directions",
+           "plant_reaches_layers", "semantic_token_ids", "wrapper_token_ids"]
+
+PLANT_KINDS = ("semantic", "lexical", "surface")
+
+
+def _ids(tok, text: str) -> list[int]:
+    return list(tok(text, add_special_tokens=False)["input_ids"])
+
+
+def _forms(word: str) -> list[str]:
+    """Spellings of ``word`` as it appears in running text and inside URLs."""
+    out = []
+    for w in dict.fromkeys([word, word.lower(), word.capitalize(), word.upper()]):
+        out += [w, " " + w, "-" + w, "/" + w, "." + w]
+    return out
+
+
+def benign_token_ids(tok) -> set[int]:
+    """Every token of the benign banks (``c_imperative`` texts and their padding sentences)."""
+    from ipi.surfaces.bank import BENIGN_IMPERATIVES, NEUTRAL_SENTENCES
+
+    out: set[int] = set()
+    for t in (*BENIGN_IMPERATIVES, *NEUTRAL_SENTENCES):
+        out |= set(_ids(tok, t)) | set(_ids(tok, " " + t))
+    return out
+
+
+def semantic_token_ids(tok, words: Iterable[str]) -> list[int]:
+    """Tokens of the goal lexicon: each spelling of each word that is ONE token, minus benign tokens.
+
+    Args:
+        tok: The tokenizer.
+        words: The lexicon (``plant.words``).
+
+    Returns:
+        Sorted token ids.
+    """
+    ids: set[int] = set()
+    for w in words:
+        for f in _forms(str(w)):
+            t = _ids(tok, f)
+            if len(t) == 1:
+                ids.add(t[0])
+    return sorted(ids - benign_token_ids(tok))
+
+
+def _bank_entries() -> list[str]:
+    from ipi.surfaces.bank import ATTACK_GOAL_LIST, ATTACK_TEMPLATES
+
+    return [t.replace("{goal}", "") for t in ATTACK_TEMPLATES] + [g for _, g in ATTACK_GOAL_LIST]
+
+
+def lexical_token_ids(tok) -> list[int]:
+    """Word tokens (3+ letters) that occur in exactly one entry of the attack bank (template or
+    goal), minus benign tokens: held-out wording never shows a test entry's tokens in training.
+
+    Each entry is tokenised as it appears in running text (after a space) and on its own.
+    """
+    seen: dict[int, int] = {}
+    for e in _bank_entries():
+        for i in set(_ids(tok, e)) | set(_ids(tok, " " + e)):
+            seen[i] = seen.get(i, 0) + 1
+    words = {i for i, n in seen.items() if n == 1 and _is_word(tok.convert_ids_to_tokens(i))}
+    return sorted(words - benign_token_ids(tok))
+
+
+def _is_word(piece: str) -> bool:
+    """A token that is a word of 3+ letters (optionally after the byte-level space ``Ġ``)."""
+    w = piece[1:] if piece.startswith("\u0120") else piece
+    return len(w) >= 3 and w.isalpha() and w.isascii()
+
+
+def wrapper_token_ids(tok, wrappers: Iterable[str]) -> list[int]:
+    """Tokens of the surfaces' wrappers that no attack, imperative or neutral text uses."""
+    bank: set[int] = benign_token_ids(tok)
+    for e in _bank_entries():
+        bank |= set(_ids(tok, e)) | set(_ids(tok, " " + e))
+    ids: set[int] = set()
+    for w in wrappers:
+        ids |= set(_ids(tok, str(w)))
+    return sorted(ids - bank)
+
+
+def plant_directions(kind: str, token_ids: Sequence[int], hidden: int, seed: int, share: float = 1.0) -> torch.Tensor:
+    """Unit directions per planted token: ``[len(token_ids), hidden]`` float32.
+
+    ``semantic`` and ``surface``: every token's direction has cosine ``share`` with one common
+    direction ``u`` (the first row drawn), the rest an independent direction of its own orthogonal
+    to ``u`` (``share = 1``: all equal ``u``); ``lexical``: one independent direction per token.
+    Drawn from ``numpy.random.default_rng(seed)``.
+    """
+    rng = np.random.default_rng(int(seed))
+    n = len(token_ids)
+    if kind == "lexical":
+        v = rng.standard_normal((n, hidden))
+    else:
+        u = rng.standard_normal(hidden)
+        u /= np.linalg.norm(u)
+        v = np.repeat(u[None], n, axis=0)
+        if share < 1.0:
+            r = rng.standard_normal((n, hidden))
+            r -= np.outer(r @ u, u)
+            r /= np.linalg.norm(r, axis=1, keepdims=True)
+            v = share * v + np.sqrt(1.0 - share ** 2) * r
+    v /= np.linalg.norm(v, axis=1, keepdims=True)
+    return torch.from_numpy(v.astype(np.float32))
+
+
+def mean_state_directions(backbone: Backbone, text: str) -> torch.Tensor:
+    """Orthonormal basis ``[k, hidden]`` of the mean unit-normalised token state at the embeddings and
+    at every decoder block of ``backbone`` over ``text`` (the collapse statistic's mean vector,
+    PROTOCOL.md §3).
+
+    A planted direction drawn orthogonal to these leaves the collapse statistic (the squared
+    norm of that mean) unmoved at first order: a planted token then adds nothing along the mean
+    the other tokens share.
+    """
+    tok = backbone.tokenizer
+    ids = torch.tensor([_ids(tok, text)])
+    lm = getattr(backbone.model, "language_model", None) or backbone.model
+    with torch.no_grad():
+        hs = lm(input_ids=ids, output_hidden_states=True).hidden_states
+    means = torch.stack([torch.nn.functional.normalize(h[0].float(), dim=-1).mean(dim=0) for h in hs])
+    q, r = torch.linalg.qr(means.T)  # [hidden, k]
+    keep = r.diagonal().abs() > 1e-6 * r.diagonal().abs().max()
+    return q[:, keep].T.contiguous()
+
+
+def _orthogonal_to(dirs: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
+    """Rows of ``dirs`` projected orthogonal to the rows of ``basis`` (orthonormal), re-normalised."""
+    out = dirs - (dirs @ basis.T) @ basis
+    return torch.nn.functional.normalize(out, dim=-1)
+
+
+def _input_embeddings(model) -> torch.nn.Embedding:
+    emb = model.get_input_embeddings()
+    if not isinstance(emb, torch.nn.Embedding):
+        raise ValueError(f"{type(model).__name__}: no input embedding matrix to plant on")
+    return emb
+
+
+def _plant_patch_darkness(model, gain: float, seed: int) -> None:
+    """Add ``gain * v * (-mean normalised pixel of the patch)`` to every vision patch embedding."""
+    visual = getattr(model, "visual", None) or getattr(getattr(model, "model", None), "visual", None)
+    if visual is None:
+        raise ValueError(f"{type(model).__name__}: no vision tower to plant the surface darkness on")
+    w = visual.patch_embed.proj.weight  # [embed, 3, t, p, p]
+    v = plant_directions("surface", [0], w.shape[0], seed + 1)[0].to(w.dtype)
+    with torch.no_grad():
+        w += (-float(gain) / w[0].numel()) * v.view(-1, 1, 1, 1, 1).expand_as(w)
+
+
+def build_planted(base, plant: dict, *, name: str = "planted", random_init_seed: int | None = None,
+                             max_layer: int | None = None, with_lm_head: bool = False) -> Backbone:
+    """The tiny Qwen2.5-VL of ``base`` with ``plant`` written into its weights (module docstring).
+
+    Args:
+        base: The ``backbone.loader`` node of the architecture (a ``_target_`` node of
+            :func:`ipi.backbone.build_tiny_qwen2_5_vl`; instantiated here, ``_recursive_: false``).
+        plant: ``{"kind": semantic|lexical|surface, "gain": float, "seed": int, "words": [...]
+            (semantic), "wrappers": [...] and "vision_gain" (surface)}``.
+        name: Backbone name recorded in results.
+        random_init_seed: Build the random-weight twin: the architecture with this seed and no
+            plant (the same backbone :func:`ipi.run.twin.twin_config` builds from ``loader.base``).
+        max_layer: Keep only decoder blocks ``0..max_layer``.
+        with_lm_head: Build the class with the LM head.
+
+    Returns:
+        The frozen backbone; ``identity`` adds ``plant`` (kind, gain, seed, planted token count).
+
+    Raises:
+        ValueError: Unknown plant kind, or a plant that touches no token.
+    """
+    from hydra.utils import instantiate
+
+    from ipi.backbone import build_kwargs
+
+    kw = build_kwargs(base, max_layer=max_layer, with_lm_head=with_lm_head)
+    if random_init_seed is not None:
+        return instantiate(base, random_init_seed=int(random_init_seed), **kw)
+    plant = dict(plant)
+    kind = str(plant.get("kind"))
+    if kind not in PLANT_KINDS:
+        raise ValueError(f"backbone={name}: plant.kind={kind!r}; allowed: {', '.join(PLANT_KINDS)}")
+    bb = instantiate(base, **kw)
+    tok = bb.tokenizer
+    if kind == "semantic":
+        ids = semantic_token_ids(tok, plant.get("words") or [])
+    elif kind == "lexical":
+        ids = lexical_token_ids(tok)
+    else:
+        ids = wrapper_token_ids(tok, plant.get("wrappers") or [])
+    if not ids:
+        raise ValueError(f"backbone={name}: the {kind} plant touches no token (plant.words / plant.wrappers)")
+    emb = _input_embeddings(bb.model)
+    dirs = plant_directions(kind, ids, emb.weight.shape[1], int(plant.get("seed", 0)), float(plant.get("share", 1.0)))
+    if plant.get("orthogonal_to_mean_state", False):
+        from ipi.protocol import DEFAULT_SYSTEM_PROMPT
+
+        # Orthogonal to the unplanted network's mean token state at every block (measured on the
+        # system prompt): the plant moves the probe's features, not the collapse statistic, whose
+        # probe check 5 judges; share < 1 keeps the planted tokens' mutual cosines at share².
+        dirs = _orthogonal_to(dirs, mean_state_directions(bb, DEFAULT_SYSTEM_PROMPT))
+    with torch.no_grad():
+        emb.weight[torch.tensor(ids)] += float(plant["gain"]) * dirs.to(emb.weight.dtype)
+    if kind == "surface" and float(plant.get("vision_gain") or 0.0):
+        _plant_patch_darkness(bb.model, float(plant["vision_gain"]), int(plant.get("seed", 0)))
+    bb.name = name
+    bb.identity = {**bb.identity, "constructed": True,
+                   "plant": {"kind": kind, "gain": float(plant["gain"]), "seed": int(plant.get("seed", 0)),
+                             "tokens": len(ids)}}
+    return bb
+
+
+def plant_reaches_layers(backbone: Backbone, token_ids: Sequence[int], direction: torch.Tensor,
+                         context: str, layers: Sequence[int]) -> dict[int, float]:
+    """How much of the planted direction the residual stream keeps at each block.
+
+    Forwards ``context`` + one planted token through the text decoder and returns, per block in
+    ``layers``, the cosine between the planted token's hidden state (output of the block, before
+    the final norm) and ``direction``.
+
+    Args:
+        backbone: A constructed backbone.
+        token_ids: Planted token ids (the first is used).
+        direction: Its planted unit direction ``[hidden]``.
+        context: Text before the token.
+        layers: Blocks to read.
+
+    Returns:
+        ``{block: cosine}``.
+    """
+    tok = backbone.tokenizer
+    ids = torch.tensor([_ids(tok, context) + [int(token_ids[0])]])
+    lm = getattr(backbone.model, "language_model", None) or backbone.model
+    with torch.no_grad():
+        out = lm(input_ids=ids, output_hidden_states=True)
+    hs = out.hidden_states  # [embeddings, block 0, ..., last (normed)]
+    d = direction / direction.norm()
+    res = {}
+    for k in layers:
+        h = hs[int(k) + 1][0, -1]
+        res[int(k)] = float(torch.dot(h, d) / h.norm())
+    return res

@@ -1,0 +1,191 @@
+"""Constructed backbones (ipi.backbone_planted): what is planted where, what is not, and their twins."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tok(processor):
+    return processor.tokenizer
+
+
+def _plant(name):
+    return OmegaConf.load(REPO / "conf" / "backbone" / f"{name}.yaml").loader.plant
+
+
+def _ids(tok, text):
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+@pytest.mark.needs_shared
+def test_every_goal_carries_the_semantic_plant_and_no_benign_text_does(tok):
+    """Every goal phrasing of the bank (every wording family draws from these) holds a planted token;
+    no benign imperative or neutral sentence (c_imperative) holds one; a scramble of a goal rarely does."""
+    from ipi.backbone_planted import semantic_token_ids
+    from ipi.surfaces.bank import ATTACK_GOAL_LIST, BENIGN_IMPERATIVES, NEUTRAL_SENTENCES
+
+    ids = set(semantic_token_ids(tok, _plant("planted_semantic").words))
+    for _, goal in ATTACK_GOAL_LIST:
+        assert ids & set(_ids(tok, " " + goal)), goal
+    for t in (*BENIGN_IMPERATIVES, *NEUTRAL_SENTENCES):
+        assert not ids & (set(_ids(tok, t)) | set(_ids(tok, " " + t))), t
+    assert {"Ġpassword", "Ġcredentials", "Ġabandon", "Ġredirect", "Ġtransfer"} <= set(tok.convert_ids_to_tokens(sorted(ids)))
+    # "purchase" and "visit" are attacker words too, but benign texts use them: never planted
+    assert not {"Ġpurchase", "ĠVisit"} & set(tok.convert_ids_to_tokens(sorted(ids)))
+
+
+@pytest.mark.needs_shared
+def test_lexical_tokens_belong_to_one_bank_entry_each(tok):
+    """Held-out wording can never show a test entry's lexical tokens in training: each planted token
+    occurs in exactly one template or goal (counted independently here), and in no benign text."""
+    from ipi.backbone_planted import lexical_token_ids
+    from ipi.surfaces.bank import ATTACK_GOAL_LIST, ATTACK_TEMPLATES, BENIGN_IMPERATIVES
+
+    entries = [t.replace("{goal}", "") for t in ATTACK_TEMPLATES] + [g for _, g in ATTACK_GOAL_LIST]
+    ids = lexical_token_ids(tok)
+    assert len(ids) > 50
+    for i in ids:
+        holders = [e for e in entries if i in set(_ids(tok, e)) | set(_ids(tok, " " + e))]
+        assert len(holders) == 1, (tok.convert_ids_to_tokens(i), holders)
+    benign = {i for t in BENIGN_IMPERATIVES for i in _ids(tok, " " + t) + _ids(tok, t)}
+    assert not benign & set(ids)
+    # " the" / " user" occur in many entries: a probe could carry them across wording families
+    assert not {tok.convert_tokens_to_ids("Ġthe"), tok.convert_tokens_to_ids("Ġuser")} & set(ids)
+
+
+@pytest.mark.needs_shared
+def test_surface_plant_is_on_the_wrappers_only(tok):
+    from ipi.backbone_planted import wrapper_token_ids
+    from ipi.surfaces.bank import all_attack_texts
+
+    ids = set(wrapper_token_ids(tok, _plant("planted_surface").wrappers))
+    assert tok.convert_tokens_to_ids("page") in ids  # i_tool's "[page notice] "
+    for text in all_attack_texts()[::7]:
+        assert not ids & set(_ids(tok, " " + text)), text
+
+
+def test_plant_directions():
+    from ipi.backbone_planted import plant_directions
+
+    sem = plant_directions("semantic", [1, 2, 3], 64, 0)
+    assert torch.allclose(sem[0], sem[2]) and torch.allclose(sem.norm(dim=1), torch.ones(3))
+    part = plant_directions("semantic", [1, 2, 3], 64, 0, share=0.45)  # the same u, 0.45 of it each
+    torch.testing.assert_close(part @ sem[0], torch.full((3,), 0.45))
+    assert float(part[0] @ part[1]) == pytest.approx(0.45 ** 2, abs=0.25)  # share² plus a random-pair cosine
+    lex = plant_directions("lexical", [1, 2, 3], 64, 0)
+    assert abs(float(lex[0] @ lex[1])) < 0.6 and torch.allclose(lex.norm(dim=1), torch.ones(3))
+
+
+@pytest.mark.needs_shared
+def test_planted_backbone_differs_from_its_base_only_where_planted_and_survives_every_block(tmp_path):
+    """The semantic backbone = the tiny text decoder (same seed) + gain·u on the planted rows only;
+    the planted direction is still the token's residual direction at every block (cosine > 0.9);
+    its twin is tiny_qwen2_text's twin: the same cache key."""
+    from hydra.utils import instantiate
+
+    from ipi.backbone_planted import (
+        _orthogonal_to,
+        mean_state_directions,
+        plant_directions,
+        plant_reaches_layers,
+        semantic_token_ids,
+    )
+    from ipi.extraction.forward import cache_key
+    from ipi.protocol import DEFAULT_SYSTEM_PROMPT
+    from ipi.run.twin import twin_config
+    from tests.conftest import compose_train
+
+    cfg = compose_train(tmp_path, ["backbone=planted_semantic"], small=False)
+    assert cfg.backbone.constructed and not cfg.backbone.pretrained
+    tiny = compose_train(tmp_path, ["backbone=tiny_qwen2_text"], small=False)
+    assert OmegaConf.to_container(cfg.backbone.loader.base, resolve=True) == OmegaConf.to_container(
+        tiny.backbone.loader, resolve=True)
+    bb = instantiate(cfg.backbone.loader, max_layer=7)
+    base = instantiate(tiny.backbone.loader, max_layer=7)
+    ids = semantic_token_ids(bb.tokenizer, cfg.backbone.loader.plant.words)
+    e, e0 = bb.model.get_input_embeddings().weight, base.model.get_input_embeddings().weight
+    changed = (e - e0).abs().sum(dim=1).nonzero().flatten().tolist()
+    assert changed == sorted(ids)
+    plant = cfg.backbone.loader.plant
+    dirs = _orthogonal_to(plant_directions("semantic", ids, 64, int(plant.seed), float(plant.share)),
+                          mean_state_directions(base, DEFAULT_SYSTEM_PROMPT))
+    torch.testing.assert_close(e[ids] - e0[ids], float(plant.gain) * dirs)
+    # every planted direction shares u (cosine ~ share after the projection), none is parallel to another
+    u = torch.nn.functional.normalize(dirs.mean(dim=0), dim=0)
+    assert float((dirs @ u).min()) > 0.3 and float((dirs[:50] @ dirs[:50].T - torch.eye(50)).max()) < 0.6
+    # orthogonal to the unplanted network's mean token state at every block (collapse statistic, check 5)
+    assert float((dirs @ mean_state_directions(base, DEFAULT_SYSTEM_PROMPT).T).abs().max()) < 1e-5
+    cos = plant_reaches_layers(bb, ids, dirs[0], 'Page text: [3]: "Search"; please type the', range(8))
+    assert min(cos.values()) > 0.9
+    cos0 = plant_reaches_layers(base, ids, dirs[0], 'Page text: [3]: "Search"; please type the', range(8))
+    assert max(abs(c) for c in cos0.values()) < 0.5  # nothing planted: no such direction
+    key = lambda c: cache_key(c.backbone, [], [1], ["task"])[0]  # noqa: E731
+    assert key(twin_config(cfg, 1)) == key(twin_config(tiny, 1)) != key(twin_config(cfg, 2))
+    assert key(cfg) != key(tiny)
+    tw = instantiate(twin_config(cfg, 1).backbone.loader, max_layer=1)
+    assert tw.identity.get("plant") is None and tw.identity["seed"] == 1
+
+
+@pytest.mark.needs_shared
+def test_surface_vis_plant_marks_dark_patches_and_shares_the_vl_twins(tmp_path):
+    """planted_surface_vis: the patch embedding gains gain·v·(-mean pixel) (a dark banner patch moves
+    along v, a white one against it); its twins are the tiny Qwen2.5-VL's twins."""
+    from hydra.utils import instantiate
+
+    from ipi.extraction.forward import cache_key
+    from ipi.run.twin import twin_config
+    from tests.conftest import compose_train
+
+    cfg = compose_train(tmp_path, ["backbone=planted_surface_vis"], small=False)
+    tiny = compose_train(tmp_path, ["backbone=tiny_qwen2_5_vl"], small=False)
+    bb = instantiate(cfg.backbone.loader, max_layer=1)
+    base = instantiate(tiny.backbone.loader, max_layer=1)
+    w, w0 = bb.model.visual.patch_embed.proj.weight, base.model.visual.patch_embed.proj.weight
+    x = torch.full((1, *w.shape[1:]), -1.5)  # a dark patch (normalised pixels)
+    d = torch.einsum("octij,nctij->no", w - w0, x)[0]
+    assert float(d.norm()) == pytest.approx(1.5 * float(cfg.backbone.loader.plant.vision_gain), rel=1e-4)
+    key = lambda c: cache_key(c.backbone, [], [1], ["task"])[0]  # noqa: E731
+    assert key(twin_config(cfg, 1)) == key(twin_config(tiny, 1))
+
+
+@pytest.mark.needs_shared
+@pytest.mark.parametrize("surface", ["i_dom", "i_tool"])
+def test_semantic_plant_reaches_the_observation_group_at_the_probed_block(tmp_path, trajectories, surface):
+    """Through the real rows and extraction (block 1, the known answers' probe block): at every step
+    the attack row's pooled observation group lies further along u than every control's and the
+    clean row's; the unplanted twin shows no such order (u means nothing to it)."""
+    import numpy as np
+
+    from ipi.backbone_planted import plant_directions
+    from ipi.extraction.forward import extract_features
+    from ipi.run.settings import extract_settings
+    from ipi.run.stages import make_rows
+    from ipi.run.twin import twin_config
+    from tests.conftest import compose_train
+
+    cfg = compose_train(tmp_path, ["backbone=planted_semantic", f"surface={surface}", "token_group=text",
+                                   "evaluation.heldout_wording=false", "data.max_element_chars=500"], small=False)
+    rows = make_rows(cfg, trajectories[:2], surface, wording=None)
+    u = plant_directions("semantic", [0], 64, int(cfg.backbone.loader.plant.seed))[0].numpy()  # the shared u
+
+    def along_u(c):
+        f, _ = extract_features(extract_settings(c), rows, [1], ["observation"], exact_layers=True)
+        return f.features[:, 0, 0].numpy() @ u
+
+    def margins(proj):
+        by = {}
+        for r, p in zip(rows, proj):
+            by.setdefault((r.trajectory_id, r.step.step), {})[r.variant.variant] = p
+        return [v["attack"] - max(x for k, x in v.items() if k != "attack") for v in by.values()]
+
+    planted = margins(along_u(cfg))
+    assert len(planted) >= 8 and min(planted) > 0
+    twin = margins(along_u(twin_config(cfg, 1)))
+    assert np.median(twin) < 0.1 * np.median(planted)

@@ -73,6 +73,9 @@ class Settings:
         required_controls: The controls check 3 cannot do without (the surface's
             ``required_controls``), or None for a score table of unknown surface (then
             :data:`REQUIRED_CONTROLS`, every control any surface requires).
+        heldout_wording: ``evaluation.heldout_wording`` of the run (PROTOCOL.md §7.3: check 3 is
+            judged on test rows whose attack and imperative wording training never saw); False
+            makes check 3 NOT RUN; None for a score table, whose wording ipi cannot see.
         twin_level: The rank level check 6 aims at: the verdict says when ``1/(S+1)`` is above it.
     """
 
@@ -88,6 +91,7 @@ class Settings:
     pretrained: bool | None = None
     constructed: bool = False
     required_controls: tuple[str, ...] | None = None
+    heldout_wording: bool | None = None
     twin_level: float = 0.05
 
     @property

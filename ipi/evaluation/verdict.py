@@ -334,6 +334,11 @@ def _check_surface(ctx: _Context) -> dict:
     missing = [c for c in need if c not in e3]
     parts: list[tuple[bool | None, str]] = []
     numbers: dict = {"required_controls": list(need)}
+    if ctx.settings.heldout_wording is False:
+        parts.append((None, "held-out wording is off (evaluation.heldout_wording=false): the test rows' attack "
+                            "and imperative texts were seen in training, so E3 can be met by remembered "
+                            "wording (PROTOCOL.md §7.3 judges check 3 on wording disjoint from training)"))
+    numbers["heldout_wording"] = ctx.settings.heldout_wording
     if missing:
         parts.append((None, f"check 3 needs {' and '.join(need)} (E3 against matched gibberish and a benign "
                             f"imperative; PROTOCOL.md §7.3); this run lacks {', '.join(missing)} (controls "
@@ -577,6 +582,7 @@ def verdict(
     pretrained: bool | None = DEFAULTS.pretrained,
     constructed: bool = False,
     required_controls: tuple[str, ...] | None = None,
+    heldout_wording: bool | None = None,
 ) -> dict:
     """:func:`judge` with the thresholds as keywords, as the JSON-ready dict of ``results.json``.
 
@@ -586,7 +592,8 @@ def verdict(
         "reportable"}}}`` (:meth:`~ipi.evaluation.results.Verdict.to_dict`).
     """
     settings = Settings(collapse_ceiling=collapse_ceiling, c1_max=c1_max, min_clusters=min_clusters,
-                        pretrained=pretrained, constructed=constructed, required_controls=required_controls)
+                        pretrained=pretrained, constructed=constructed, required_controls=required_controls,
+                        heldout_wording=heldout_wording)
     return judge(results, settings, checks).to_dict()
 
 

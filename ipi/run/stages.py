@@ -457,16 +457,19 @@ def probe_settings(probe: DictConfig, seed: int) -> tuple[ProbeConfig, float, li
 
 
 def assess_settings(ev: DictConfig, pretrained: bool | None = None, *, constructed: bool = False,
-                    required_controls: tuple[str, ...] | None = None) -> Settings:
+                    required_controls: tuple[str, ...] | None = None,
+                    heldout_wording: bool | None = None) -> Settings:
     """The assessment settings of ``cfg.evaluation`` (PROTOCOL.md §5, §7): bootstrap, verdict
     thresholds, reportability gate, permutation level; ``pretrained`` is ``backbone.pretrained``
     (None for a score table of unknown origin), ``constructed`` ``backbone.constructed``,
-    ``required_controls`` the surface's (check 3; None: a score table of unknown surface)."""
+    ``required_controls`` the surface's (check 3; None: a score table of unknown surface),
+    ``heldout_wording`` whether the test rows' wording was held out (check 3; None: a score table)."""
     return Settings(n_boot=ev.n_boot, seed=ev.seed, level=ev.level, interval=_value(ev.interval),
                     collapse_ceiling=ev.collapse_ceiling, c1_max=ev.c1_max, min_clusters=ev.min_clusters,
                     min_boot_fraction=ev.min_boot_fraction, alpha=ev.permutation.alpha, pretrained=pretrained,
                     constructed=bool(constructed),
-                    required_controls=None if required_controls is None else tuple(required_controls))
+                    required_controls=None if required_controls is None else tuple(required_controls),
+                    heldout_wording=heldout_wording)
 
 
 def make_loggers(cfg: DictConfig) -> list:

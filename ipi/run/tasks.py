@@ -128,7 +128,8 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
     te_meta = meta.iloc[fits.test_index].reset_index(drop=True)
     settings = assess_settings(cfg.evaluation, pretrained=bool(cfg.backbone.pretrained),
                                constructed=bool(cfg.backbone.get("constructed", False)),
-                               required_controls=run_surface(cfg).required_controls)
+                               required_controls=run_surface(cfg).required_controls,
+                               heldout_wording=bool(cfg.evaluation.heldout_wording))
     est = EstimandsCallback(te_meta, fits.baselines, settings, permutation=fits.permutation_input(),
                             twins=twin_tables or None)
     test_ids = fold_sides(folds)[1]

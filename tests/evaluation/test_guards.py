@@ -37,6 +37,22 @@ def test_check3_needs_the_required_controls():
     assert verdict(r, required_controls=("c_scrambled",))["checks"][2]["status"] == PASS
 
 
+# --- check 3 is judged only on held-out wording (PROTOCOL.md §7.3) -------------------------------
+
+
+def test_check3_needs_heldout_wording():
+    r = _results()
+    # the run says its wording was held out (train.py's default) or says nothing (a score table): judged
+    assert verdict(r, heldout_wording=True)["checks"][2]["status"] == PASS
+    assert verdict(r)["checks"][2]["status"] == PASS
+    # the same E3 lines from a run with evaluation.heldout_wording=false (what walked the planted
+    # lexical backbone of issue 23 into "detects"): remembered wording, so check 3 is NOT RUN
+    c3 = verdict(r, heldout_wording=False)["checks"][2]
+    assert c3["status"] == NOT_RUN and "held-out wording is off" in c3["detail"]
+    assert c3["numbers"]["heldout_wording"] is False
+    assert verdict(r, heldout_wording=False, pretrained=True)["claim"] != "detects malicious content"
+
+
 # --- an interval that is not reportable cannot pass a check ------------------------------------
 
 

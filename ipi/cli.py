@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 
 def _input_errors() -> tuple[type[BaseException], ...]:
     from ipi.data.schema import DataError
-    from ipi.extraction.cache import CacheError
+    from ipi.extraction.activation_cache import CacheError
     from ipi.probe.split import LeakageError
 
     return (DataError, CacheError, LeakageError, FileNotFoundError, NotADirectoryError,

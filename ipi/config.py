@@ -30,7 +30,7 @@ from ipi.protocol import (
     check_layer_spec,
     check_surface,
 )
-from ipi.surfaces.base import Surface
+from ipi.surfaces.surface import Surface
 from ipi.surfaces.registry import register, surface_class, surface_names
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -97,7 +97,7 @@ class UnknownAction(str, Enum):
 class SurfaceConf:
     """Where the injection lands: ``conf/surface/<name>.yaml`` (docs/surfaces.md)."""
 
-    _target_: str = MISSING  # the surface's class (ipi.surfaces.base.Surface subclass), built without arguments
+    _target_: str = MISSING  # the surface's class (ipi.surfaces.surface.Surface subclass), built without arguments
     name: str = MISSING  # must be that class's name (run_surface)
     n_attacks: int = 1  # attack rows per step (templates drawn per (trajectory, step, k))
 

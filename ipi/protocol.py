@@ -2,7 +2,7 @@
 
 Controls, variants, token groups, the default system prompt of replay and the rule that turns a
 ``layers`` spec into decoder-block indices are defined here. The surfaces are objects
-(:mod:`ipi.surfaces.base`, one module per surface, registered by their config files:
+(:mod:`ipi.surfaces.surface`, one module per surface, registered by their config files:
 :mod:`ipi.surfaces.registry`); :data:`SURFACES`, :data:`CONTROLS_BY_SURFACE` and
 :func:`transfer_source_surfaces` are read from that registry, and :func:`check_surface` holds every
 surface to this vocabulary. The structured-config schemas (:mod:`ipi.config`) and every other
@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from ipi.surfaces.base import Surface
+from ipi.surfaces.surface import Surface
 from ipi.surfaces.registry import surfaces
 
 #: Nuisance-matched controls (PROTOCOL.md §2), in the order variants are listed.
@@ -30,7 +30,7 @@ def check_surface(surface: Surface) -> Surface:
 
     Its controls must be known controls (:data:`CONTROLS`) and its untrusted token group a known
     token group (:data:`TOKEN_GROUPS`); the rest of its declaration is checked by
-    :meth:`ipi.surfaces.base.Surface.check` when it is registered.
+    :meth:`ipi.surfaces.surface.Surface.check` when it is registered.
 
     Raises:
         ValueError: One line naming the surface, the value and the allowed values.

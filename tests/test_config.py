@@ -44,8 +44,8 @@ def test_unknown_surface_fails_at_composition(tmp_path):
     ("surface.name=i_audio", "surface.name=i_audio is not the name of surface._target_=ipi.surfaces.i_vis.BannerSurface"),
     ("surface.name=i_dom", "surface.name=i_dom is not the name of surface._target_=ipi.surfaces.i_vis.BannerSurface"),
     ("surface._target_=ipi.surfaces.i_vis.Banner", "surface: _target_='ipi.surfaces.i_vis.Banner': cannot import it"),
-    ("surface._target_=ipi.surfaces.base.TextSurface", "is not a concrete subclass of ipi.surfaces.base.Surface"),
-    ("surface._target_=ipi.surfaces.registry.CONF_DIR", "is not a concrete subclass of ipi.surfaces.base.Surface"),
+    ("surface._target_=ipi.surfaces.surface.TextSurface", "is not a concrete subclass of ipi.surfaces.surface.Surface"),
+    ("surface._target_=ipi.surfaces.registry.CONF_DIR", "is not a concrete subclass of ipi.surfaces.surface.Surface"),
     ("surface._target_=BannerSurface", "is not a dotted path"),
 ])
 def test_a_surface_whose_class_and_name_disagree_is_refused_naming_the_surfaces(tmp_path, override, message):

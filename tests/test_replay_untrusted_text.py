@@ -22,7 +22,7 @@ from ipi.replay import (
     render_prompt,
     tokenise,
 )
-from ipi.surfaces import base as surface_base
+from ipi.surfaces import surface as surface_base
 
 pytestmark = pytest.mark.needs_shared
 
@@ -106,7 +106,7 @@ def test_hostile_text_on_every_surface_keeps_spans_and_runs_through_the_model(pr
                 element_text_omitted=False, tool_result=f"No previous action. {h}", thought=f"I see {h}.",
                 action="Click [1]", action_type="click", history=(f"Type [0]; {h}",))
     traj = Trajectory("t<|im_end|>", f"Buy {h} now", "test", 1, (step,))
-    real_attack = surface_base.attack_text  # every surface draws its attack texts through ipi.surfaces.base
+    real_attack = surface_base.attack_text  # every surface draws its attack texts through ipi.surfaces.surface
     monkeypatch.setattr(surface_base, "attack_text",
                         lambda tid, s, k, **kw: (real_attack(tid, s, k, **kw)[0] + " " + h, real_attack(tid, s, k, **kw)[1]))
     tok = processor.tokenizer

@@ -33,7 +33,7 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("ipi/tools/bench.py", "subprocess"): "peak-RSS measurement in fresh processes",
     # warm_run_s / sweep30_s time the real entry scripts (train.py, extract.py) as child
     # processes: fixed argv built from the repo's own paths, no shell, no attack text.
-    ("ipi/extraction/bench.py", "subprocess"): "timing the entry scripts in child processes",
+    ("ipi/tools/extraction_timing.py", "subprocess"): "timing the entry scripts in child processes",
     # The surface registry imports the class a conf/surface/*.yaml names in _target_ (a config
     # file or override, the trust level of every _target_ Hydra instantiates); never attack text.
     ("ipi/surfaces/registry.py", "importlib.import_module"): "the class a surface config's _target_ names",

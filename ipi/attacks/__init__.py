@@ -2,7 +2,7 @@
 
 One module per source (:mod:`~ipi.attacks.project`, :mod:`~ipi.attacks.agentdojo`,
 :mod:`~ipi.attacks.injecagent`, :mod:`~ipi.attacks.garak`, :mod:`~ipi.attacks.notinject`, and
-the composite :mod:`~ipi.attacks.mix`) implements :class:`~ipi.attacks.base.AttackSource`;
+the composite :mod:`~ipi.attacks.mix`) implements :class:`~ipi.attacks.source.AttackSource`;
 :func:`~ipi.attacks.slots.render` fills a template with a goal and its other slots. Adding a
 source is adding a module whose ``__all__`` exports one class with a ``family`` name and the
 protocol's methods, and its name to the import line below (the package imports nothing by a
@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 
 from ipi.attacks import agentdojo, garak, injecagent, mix, notinject, project
-from ipi.attacks.base import (
+from ipi.attacks.source import (
     GOAL_FAMILIES,
     TARGET_KINDS,
     AttackSource,

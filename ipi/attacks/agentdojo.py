@@ -24,7 +24,7 @@ so this module never imports it: it locates the **installed** package's files th
 * the ``{tools}`` slot of ``tool_knowledge`` is goal-bound: AgentDojo renders it from the
   injection task's ``ground_truth`` ``placeholder_args`` (``ToolKnowledgeAttack.get_tools_sequence``).
   Where every call's ``function`` and ``placeholder_args`` evaluate statically, the goal carries
-  that sentence, in AgentDojo's own wording, in :attr:`~ipi.attacks.base.Goal.slots`; the
+  that sentence, in AgentDojo's own wording, in :attr:`~ipi.attacks.source.Goal.slots`; the
   others cannot pair with ``tool_knowledge`` (their ground truth depends on the environment).
 * **benign** — the default contents of injection vectors listed in ``data/agentdojo.yaml``
   (``data/suites/*/injection_vectors.yaml``): what the environment shows where no attack is
@@ -41,7 +41,7 @@ from pathlib import Path
 
 import yaml
 
-from ipi.attacks.base import AttackSourceError, BenignText, Goal, Provenance, Template, load_data
+from ipi.attacks.source import AttackSourceError, BenignText, Goal, Provenance, Template, load_data
 from ipi.attacks.pyliteral import NotLiteral, class_constants, evaluate, module_constants
 from ipi.attacks.targets import extract_targets, merge_targets
 

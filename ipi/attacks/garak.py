@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import functools
 
-from ipi.attacks.base import BenignText, Goal, Provenance, Template, load_data
+from ipi.attacks.source import BenignText, Goal, Provenance, Template, load_data
 from ipi.attacks.targets import extract_targets, merge_targets
 
 __all__ = ["GarakSource"]
 
 
 class GarakSource:
-    """garak + PromptInject as an :class:`~ipi.attacks.base.AttackSource` (module docstring)."""
+    """garak + PromptInject as an :class:`~ipi.attacks.source.AttackSource` (module docstring)."""
 
     family = "garak"
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 
-from ipi.attacks.base import AttackSourceError, BenignText, Goal, Provenance, Template, load_data
+from ipi.attacks.source import AttackSourceError, BenignText, Goal, Provenance, Template, load_data
 from ipi.attacks.targets import extract_targets, merge_targets
 
 __all__ = ["InjecAgentSource"]
@@ -29,7 +29,7 @@ _DATA = "injecagent/injecagent.json"
 
 
 class InjecAgentSource:
-    """InjecAgent as an :class:`~ipi.attacks.base.AttackSource` (module docstring)."""
+    """InjecAgent as an :class:`~ipi.attacks.source.AttackSource` (module docstring)."""
 
     family = "injecagent"
 

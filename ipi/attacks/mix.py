@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 
-from ipi.attacks.base import AttackSource, AttackSourceError, BenignText, Goal, Provenance, Template
+from ipi.attacks.source import AttackSource, AttackSourceError, BenignText, Goal, Provenance, Template
 
 __all__ = ["MixSource"]
 

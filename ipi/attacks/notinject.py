@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import functools
 
-from ipi.attacks.base import BenignText, Goal, Provenance, Template, load_data
+from ipi.attacks.source import BenignText, Goal, Provenance, Template, load_data
 
 __all__ = ["NotInjectSource"]
 
 
 class NotInjectSource:
-    """NotInject as an :class:`~ipi.attacks.base.AttackSource` (module docstring)."""
+    """NotInject as an :class:`~ipi.attacks.source.AttackSource` (module docstring)."""
 
     family = "notinject"
 

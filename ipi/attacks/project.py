@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 
-from ipi.attacks.base import AttackSourceError, BenignText, Goal, Provenance, Template, load_data
+from ipi.attacks.source import AttackSourceError, BenignText, Goal, Provenance, Template, load_data
 from ipi.attacks.targets import extract_targets, merge_targets
 from ipi.surfaces.bank import ATTACK_GOAL_LIST, ATTACK_TEMPLATES, BENIGN_IMPERATIVES
 
@@ -20,7 +20,7 @@ _ORIGIN = "ipi/surfaces/bank.py"
 
 
 class ProjectSource:
-    """The project's own bank as an :class:`~ipi.attacks.base.AttackSource`."""
+    """The project's own bank as an :class:`~ipi.attacks.source.AttackSource`."""
 
     family = "project"
 

@@ -12,7 +12,7 @@ the estimands, baselines, cluster bootstrap and verdict of PROTOCOL.md §5–§7
 """
 
 from ipi.detectors.attention import AttentionFocusDetector, extract_attention, focus_ratios
-from ipi.detectors.base import Detector
+from ipi.detectors.detector import Detector
 from ipi.detectors.crossfit import DetectorScores, cross_fit_detector
 from ipi.detectors.external import ExternalDetector, join_scores
 from ipi.detectors.linear import DiffMeansDetector, LogisticDetector

@@ -13,7 +13,7 @@ its fast attention kernel; the forward stops after the deepest chosen layer. The
 
 Features (:func:`focus_ratios`): per layer and head, the focus ratio
 ``r = a_task / (a_task + a_untrusted)`` with ``untrusted`` = the span the injection lands in, the
-surface's ``untrusted_group`` (:mod:`ipi.surfaces.base`): image tokens on ``i_vis``, the
+surface's ``untrusted_group`` (:mod:`ipi.surfaces.surface`): image tokens on ``i_vis``, the
 observation (element list / tool result) on ``i_dom`` and ``i_tool``. Detector
 (:class:`AttentionFocusDetector`): heads chosen on training rows only (the ``top_k`` heads with
 the highest training AUC of ``−r``, attack vs clean); score ``= −mean(r over the chosen heads)``
@@ -31,7 +31,7 @@ import lightning as L
 import numpy as np
 import torch
 
-from ipi.detectors.base import check_fit_inputs
+from ipi.detectors.detector import check_fit_inputs
 from ipi.extraction.extractor import HiddenStateExtractor, ShardWriter, _StopForward
 from ipi.protocol import TOKEN_GROUPS
 from ipi.surfaces.registry import get_surface, surface_names
@@ -130,7 +130,7 @@ class AttentionFocusExtractor(HiddenStateExtractor):
 
 def attention_cache_key(cfg, rows, layers: Sequence[int]) -> tuple[str, dict]:
     """Key of the attention entry: the hidden-state key's inputs plus what this extraction reads."""
-    from ipi.extraction.cache import stable_hash
+    from ipi.extraction.activation_cache import stable_hash
     from ipi.extraction.run import cache_key
 
     hidden_key, spec = cache_key(cfg.backbone, rows, list(layers), list(TOKEN_GROUPS))
@@ -153,7 +153,7 @@ def extract_attention(cfg, rows, layers: Sequence[int]):
     """
     from hydra.utils import instantiate
 
-    from ipi.extraction.cache import ActivationCache
+    from ipi.extraction.activation_cache import ActivationCache
     from ipi.extraction.datamodule import ReplayDataModule, StepGroupDataset
     from ipi.extraction.run import resolve_num_workers, resolve_precision
     from ipi.progress import extraction_callbacks

@@ -48,7 +48,7 @@ def cross_fit_detector(
     """Fit ``detector`` and the baselines in every fold; score each fold's test rows.
 
     Args:
-        detector: A :class:`ipi.detectors.base.Detector` (unfitted; each fit returns a copy).
+        detector: A :class:`ipi.detectors.detector.Detector` (unfitted; each fit returns a copy).
         meta: Row table ``[N]`` with ``trajectory_id, step, variant``.
         x: The detector's features ``[N, d]`` (hidden states or attention-focus ratios).
         folds: From :func:`ipi.probe.crossfit.make_folds` (checked again here).

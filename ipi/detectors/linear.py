@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from sklearn.preprocessing import StandardScaler
 
-from ipi.detectors.base import check_fit_inputs
+from ipi.detectors.detector import check_fit_inputs
 
 __all__ = ["DiffMeansDetector", "LogisticDetector"]
 

@@ -13,7 +13,7 @@ from sklearn.model_selection import GroupShuffleSplit
 from sklearn.neural_network import MLPClassifier
 from sklearn.preprocessing import StandardScaler
 
-from ipi.detectors.base import check_fit_inputs
+from ipi.detectors.detector import check_fit_inputs
 
 __all__ = ["MLPDetector"]
 

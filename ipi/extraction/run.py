@@ -16,7 +16,7 @@ from hydra.utils import instantiate
 import ipi
 from ipi.backbone import build_kwargs
 from ipi.config import to_container
-from ipi.extraction.cache import ActivationCache, FeatureSet, content_addressed, stable_hash
+from ipi.extraction.activation_cache import ActivationCache, FeatureSet, keyed_form, stable_hash
 from ipi.extraction.datamodule import ReplayDataModule, StepGroupDataset
 from ipi.extraction.extractor import HiddenStateExtractor, ShardWriter
 from ipi.extraction.rows import ReplayRow, row_fingerprint
@@ -115,7 +115,7 @@ def cache_key(backbone_cfg, rows: Sequence[ReplayRow], layer_indices: Sequence[i
     revision, dtype or tiny config and seed), pixel limits, the system prompt, the resolved layer
     indices, the token groups, the cache dtype and every row's fingerprint (prompt texts,
     screenshot bytes, banner). Device, precision plugin, batch size and workers are left out.
-    Local paths in the backbone node enter by content (:func:`ipi.extraction.cache.
+    Local paths in the backbone node enter by content (:func:`ipi.extraction.activation_cache.
     content_addressed`), so moving the data or the checkout keeps the key.
 
     Args:
@@ -139,7 +139,7 @@ def cache_key(backbone_cfg, rows: Sequence[ReplayRow], layer_indices: Sequence[i
     fps = [row_fingerprint(r, b["system_prompt"], b["multimodal"]) for r in rows]
     # Local paths (processor files, GGUF folder, checkpoint) enter the key by content, not by
     # location; the manifest keeps the paths as given.
-    key = stable_hash({**spec, "backbone": content_addressed(spec["backbone"]), "rows": fps})
+    key = stable_hash({**keyed_form(spec), "rows": fps})
     manifest_spec = {
         **spec,
         "versions": {"ipi": ipi.__version__, "transformers": transformers.__version__,

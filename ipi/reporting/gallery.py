@@ -26,7 +26,7 @@ from PIL import Image, ImageDraw, ImageFont
 from ipi.data.schema import Step
 from ipi.data.webvoyager import import_webvoyager
 from ipi.io import atomic_path
-from ipi.surfaces.base import Surface, TextSurface, Variant
+from ipi.surfaces.surface import Surface, TextSurface, Variant
 from ipi.surfaces.registry import surfaces
 
 CELL_W = 520

@@ -235,7 +235,7 @@ def construction_note(results: Mapping) -> str | None:
     ``i_vis`` the banner is drawn on the screenshot and leaves the prompt length unchanged, so
     C1's inputs are equal for the attack and clean rows of a step (C1 E1 ≈ 0.5) and check 2
     reduces to the probe separating at all. The surface object says which
-    (:meth:`ipi.surfaces.base.Surface.construction_note`).
+    (:meth:`ipi.surfaces.surface.Surface.construction_note`).
 
     Returns:
         One paragraph, or None without C1 results.

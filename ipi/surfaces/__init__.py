@@ -3,7 +3,7 @@
 Public API::
 
     from ipi.surfaces import get_surface, make_variants, surfaces, Variant
-    dom = get_surface("i_dom")                 # the surface object (ipi.surfaces.base.Surface)
+    dom = get_surface("i_dom")                 # the surface object (ipi.surfaces.surface.Surface)
     dom.controls, dom.needs_image, dom.token_matched, dom.untrusted_group
     variants = make_variants(trajectory_id, step, "i_dom", dom.controls,
                              count_tokens=lambda s: count_plain_tokens(tok, s))  # ipi.replay
@@ -22,7 +22,7 @@ from ipi.surfaces.bank import (
     stable_int,
 )
 from ipi.surfaces.banner import BannerSpec, banner_spec, draw_banner, text_fits, wrap_text
-from ipi.surfaces.base import Surface, TextSurface
+from ipi.surfaces.surface import Surface, TextSurface
 from ipi.surfaces.controls import (
     benign_imperative,
     imperative_tokens,

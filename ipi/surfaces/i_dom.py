@@ -5,7 +5,7 @@ injection becomes a new entry formatted like the page's own, ``[<n>]: "<text>";`
 past the largest existing label, inserted after the ``p``-th entry, ``p`` drawn uniformly from
 ``0 … number of entries`` by a stable hash of ``(trajectory_id, step)``. An empty element text
 becomes just ``[0]: "<text>";``. Controls go to the same position with the same label, wrapper
-and token count (:class:`~ipi.surfaces.base.TextSurface`).
+and token count (:class:`~ipi.surfaces.surface.TextSurface`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import re
 from typing import TYPE_CHECKING, ClassVar
 
 from ipi.surfaces.bank import stable_int
-from ipi.surfaces.base import Insertion, TextSurface
+from ipi.surfaces.surface import Insertion, TextSurface
 
 if TYPE_CHECKING:
     from ipi.data.schema import Step

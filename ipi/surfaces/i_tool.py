@@ -3,14 +3,14 @@
 The injection is appended on a new line formatted like a tool output field,
 ``tool_result + "\\n[page notice] " + text`` (just ``"[page notice] " + text`` when the tool result
 is empty). Controls go to the same place with the same prefix and token count
-(:class:`~ipi.surfaces.base.TextSurface`).
+(:class:`~ipi.surfaces.surface.TextSurface`).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-from ipi.surfaces.base import Insertion, TextSurface
+from ipi.surfaces.surface import Insertion, TextSurface
 
 if TYPE_CHECKING:
     from ipi.data.schema import Step

@@ -16,7 +16,7 @@ from typing import ClassVar
 from PIL import Image
 
 from ipi.surfaces.banner import banner_spec, text_fits
-from ipi.surfaces.base import Surface, Variant, attacks_of, seed_key
+from ipi.surfaces.surface import Surface, Variant, attacks_of, seed_key
 from ipi.surfaces.controls import benign_imperative, scramble
 
 __all__ = ["BannerSurface"]

@@ -1,4 +1,4 @@
-"""The registry of injection surfaces: one :class:`~ipi.surfaces.base.Surface` object per name.
+"""The registry of injection surfaces: one :class:`~ipi.surfaces.surface.Surface` object per name.
 
 ``conf/surface/<name>.yaml`` names each surface's class in ``_target_``; the registry reads the
 repository's ``conf/surface/`` once and builds one object per class (without arguments: a surface
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import yaml
 
-from ipi.surfaces.base import Surface
+from ipi.surfaces.surface import Surface
 
 __all__ = ["CONF_DIR", "find_surface", "get_surface", "register", "surface_class", "surface_names", "surfaces"]
 
@@ -63,7 +63,7 @@ def surface_class(target: str, where: str) -> type[Surface]:
         raise ValueError(f"{where}: _target_={target!r} is not a dotted path package.module.Class")
     if not (isinstance(cls, type) and issubclass(cls, Surface)) or inspect.isabstract(cls):
         raise ValueError(f"{where}: _target_={target!r} is not a concrete subclass of "
-                         "ipi.surfaces.base.Surface (docs/surfaces.md, 'Adding a surface')")
+                         "ipi.surfaces.surface.Surface (docs/surfaces.md, 'Adding a surface')")
     return cls
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from ipi.surfaces.base import Surface, Variant
+from ipi.surfaces.surface import Surface, Variant
 from ipi.surfaces.registry import get_surface
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ def make_variants(
     """Build the clean, attack and control variants of one (trajectory, step, surface).
 
     Order: ``clean``, ``attack`` for ``k = 0 .. n_attacks - 1``, then the controls in the order
-    given, each matched to attack ``k = 0`` (:meth:`ipi.surfaces.base.Surface.make_variants`).
+    given, each matched to attack ``k = 0`` (:meth:`ipi.surfaces.surface.Surface.make_variants`).
 
     Args:
         trajectory_id: Trajectory id (seeds every choice together with ``step.step``).

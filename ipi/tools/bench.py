@@ -21,10 +21,10 @@ and the features (all layers × token groups) and collapse statistics are compar
 (``ru_maxrss`` is a per-process high-water mark): shards stream to disk, so it should not grow
 with the number of rows.
 
-``bootstrap`` runs :func:`ipi.metrics.bootstrap_timing.bench_bootstrap` (all estimands × 1000 cluster-bootstrap
+``bootstrap`` runs :func:`ipi.tools.bootstrap_timing.bench_bootstrap` (all estimands × 1000 cluster-bootstrap
 replicates on a 5,000-row table, vectorised vs a plain ``roc_auc_score`` loop, on one core).
 
-``permutation`` runs :func:`ipi.metrics.bootstrap_timing.bench_permutation`: the exact permutation test's
+``permutation`` runs :func:`ipi.tools.bootstrap_timing.bench_permutation`: the exact permutation test's
 199 refits as ``train.py`` runs them (Gram matrix once, then all 199 Newton solves on ≤ n
 coefficients in one batched call, ``fit_reduced_batch`` in ``ipi/probe/dual.py``; single sequential
 refits timed beside it for the batching gain) against 20 scikit-learn fits, at paper width (107,520 features, 1,000 training rows) unless
@@ -65,9 +65,9 @@ from ipi.extraction.extractor import (
     collapse_statistic,
     pool_groups,
 )
-from ipi.extraction.bench import _identity_final_norm
+from ipi.tools.extraction_timing import _identity_final_norm
 from ipi.extraction.run import extract_features
-from ipi.metrics.bootstrap_timing import bench_bootstrap, bench_permutation
+from ipi.tools.bootstrap_timing import bench_bootstrap, bench_permutation
 from ipi.progress import quiet_lightning
 from ipi.protocol import SURFACES, TOKEN_GROUPS
 from ipi.stages import layer_indices, load_data, make_rows
@@ -192,7 +192,7 @@ def extraction_benchmark(n_steps: int = 6, rss_steps: tuple[int, int] = (4, 16),
                          overrides: list[str] = (), reps: int = 3) -> dict:
     """TaskTracker-style, elk-style and the project path over the first ``n_steps`` steps.
 
-    Every surface's variants of those steps; see :mod:`ipi.extraction.bench` for the three ways
+    Every surface's variants of those steps; see :mod:`ipi.tools.extraction_timing` for the three ways
     and the keys (``speedup``, ``speedup_vs_elk_style``, per surface and mixed).
 
     Args:
@@ -206,7 +206,7 @@ def extraction_benchmark(n_steps: int = 6, rss_steps: tuple[int, int] = (4, 16),
         A JSON-able dict.
     """
     from ipi.backbone import build_backbone
-    from ipi.extraction.bench import speed_benchmark
+    from ipi.tools.extraction_timing import speed_benchmark
 
     overrides = list(overrides)
     cfg, rows = subset_rows(overrides, n_steps)
@@ -366,7 +366,7 @@ def main(argv: list[str] | None = None) -> None:
             p.error("--rss-steps takes two sizes, e.g. 4,16")
         out["extraction"] = extraction_benchmark(a.steps, rss, a.shard_rows, a.override, a.reps)
     if a.only in ("timings", "all") or (a.only == "extraction" and not a.no_timings):
-        from ipi.extraction.bench import entry_timings
+        from ipi.tools.extraction_timing import entry_timings
 
         with tempfile.TemporaryDirectory() as tmp:
             timings = entry_timings(REPO_ROOT, tmp, sweep=not a.no_sweep)

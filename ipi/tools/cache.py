@@ -1,7 +1,7 @@
 """List and prune activation-cache entries: ``python -m ipi.tools.cache list|prune``.
 
 Each entry of the cache folder (``extract.cache_dir``: ``$IPI_CACHE_DIR`` or ``outputs/cache``) is
-a folder named by the first 24 hex digits of its key (:mod:`ipi.extraction.cache`). ``list``
+a folder named by the first 24 hex digits of its key (:mod:`ipi.extraction.activation_cache`). ``list``
 shows, per entry, its status, rows, bytes on disk, layers, backbone and creation time (when its
 manifest was written); ``prune`` deletes entries chosen by age, key, status or all of them::
 
@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ipi.extraction.cache import ActivationCache, CacheError, file_sha256
+from ipi.extraction.activation_cache import ActivationCache, CacheError, file_sha256
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 _ENTRY = re.compile(r"[0-9a-f]{24}")

@@ -1,4 +1,4 @@
-"""Deterministic slot filling (ipi.attacks.slots) and the item invariants (ipi.attacks.base)."""
+"""Deterministic slot filling (ipi.attacks.slots) and the item invariants (ipi.attacks.source)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from ipi.attacks.base import (
+from ipi.attacks.source import (
     MAX_TEXT_CHARS,
     AttackSourceError,
     BenignText,

@@ -20,7 +20,7 @@ from ipi.attacks import (
     validate_source,
 )
 from ipi.attacks.agentdojo import AgentDojoSource
-from ipi.attacks.base import SLOT_RE, check_text, slots_of
+from ipi.attacks.source import SLOT_RE, check_text, slots_of
 from ipi.attacks.mix import MixSource
 from ipi.attacks.project import ProjectSource
 from ipi.surfaces.bank import ATTACK_GOAL_LIST, ATTACK_TEMPLATES, BENIGN_IMPERATIVES

@@ -1,4 +1,4 @@
-"""Several runs on one activation cache, and caches whose manifest does not match (ipi.extraction.cache).
+"""Several runs on one activation cache, and caches whose manifest does not match (ipi.extraction.activation_cache).
 
 Runs on the synthetic corpus and reference run of ``tests/conftest.py``.
 """
@@ -58,7 +58,7 @@ def test_cache_whose_manifest_does_not_match_is_refused(tmp_path, syn_root, refe
                                                         monkeypatch, tamper):
     from ipi import pipeline as tasks
     from ipi.extraction import run as run_mod
-    from ipi.extraction.cache import CacheError
+    from ipi.extraction.activation_cache import CacheError
     from ipi.tools.cache import scan
 
     entry = _cache_copy(reference, tmp_path / "cache")

@@ -1,6 +1,6 @@
 """A fourth surface is one new module and one YAML file: no file of the repository changes for it.
 
-The test writes, under ``tmp_path`` only, a module with a :class:`~ipi.surfaces.base.TextSurface`
+The test writes, under ``tmp_path`` only, a module with a :class:`~ipi.surfaces.surface.TextSurface`
 subclass (``i_title``: a page-title line above the page's element list) and
 ``conf/surface/i_title.yaml`` naming it, puts the folder on ``PYTHONPATH`` and the conf folder on
 Hydra's search path, and runs ``train.py surface=i_title`` end to end on real WebVoyager
@@ -29,7 +29,7 @@ MODULE = textwrap.dedent('''
 
     from typing import ClassVar
 
-    from ipi.surfaces.base import Insertion, TextSurface
+    from ipi.surfaces.surface import Insertion, TextSurface
 
     PREFIX = "[page title] "
 

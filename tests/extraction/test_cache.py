@@ -1,4 +1,4 @@
-"""ipi.extraction.cache: the writer lock of a cache entry."""
+"""ipi.extraction.activation_cache: the writer lock of a cache entry."""
 
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ from tests.conftest import (
 
 
 def test_writer_lock_waits_for_a_live_holder_and_breaks_a_dead_ones(tmp_path, caplog):
-    from ipi.extraction.cache import ActivationCache
+    from ipi.extraction.activation_cache import ActivationCache
 
     entry = ActivationCache(tmp_path, "ab" * 32, {})
     holder = textwrap.dedent(f"""
         import sys, time
-        from ipi.extraction.cache import ActivationCache
+        from ipi.extraction.activation_cache import ActivationCache
         with ActivationCache({str(tmp_path)!r}, {"ab" * 32!r}, {{}}).writer_lock():
             print("held", flush=True)
             time.sleep(float(sys.argv[1]))
@@ -30,7 +30,7 @@ def test_writer_lock_waits_for_a_live_holder_and_breaks_a_dead_ones(tmp_path, ca
     proc = subprocess.Popen([PY, "-c", holder, "2"], cwd=REPO, env=_env(), stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "held"
     assert entry.lock_holder().startswith(f"pid {proc.pid} on host ")
-    with caplog.at_level("WARNING", logger="ipi.extraction.cache"):
+    with caplog.at_level("WARNING", logger="ipi.extraction.activation_cache"):
         with entry.writer_lock() as waited:
             assert waited > 1.0
     assert proc.wait(timeout=30) == 0
@@ -55,7 +55,7 @@ def test_cache_key_follows_the_processor_files_not_their_path(tmp_path, trajecto
 
     from omegaconf import open_dict
 
-    from ipi.extraction.cache import local_content_digest
+    from ipi.extraction.activation_cache import local_content_digest
     from ipi.extraction.rows import build_rows
     from ipi.extraction.run import cache_key
     from tests.conftest import compose_train
@@ -91,7 +91,7 @@ def test_local_content_digest_small_files_by_bytes_large_files_by_location(tmp_p
     import os
     import shutil
 
-    import ipi.extraction.cache as cache
+    import ipi.extraction.activation_cache as cache
 
     monkeypatch.setattr(cache, "WHOLE_FILE_BYTES", 2 << 20)
     tick = iter(range(1, 100))
@@ -116,3 +116,89 @@ def test_local_content_digest_small_files_by_bytes_large_files_by_location(tmp_p
     assert cache.local_content_digest(big.parent) != b0
     other = shutil.copytree(big.parent, tmp_path / "d", copy_function=shutil.copy2)
     assert cache.local_content_digest(other) != cache.local_content_digest(big.parent)  # by location
+
+
+def _entry_with_processor(tmp_path, processor_dir, spec_extra=None):
+    """A one-shard cache entry whose backbone node names ``processor_dir`` (as ``cache_key`` builds it)."""
+    import torch
+
+    from ipi.extraction.activation_cache import ActivationCache, keyed_form, stable_hash
+
+    def spec_for(path):
+        return {"backbone": {"name": "tiny", "tokenizer_path": str(path),
+                             "loader": {"processor_path": str(path), "seed": 0}},
+                "layers": [0], "token_groups": ["task"], "dtype": "float32", **(spec_extra or {})}
+
+    spec = spec_for(processor_dir)
+    key = stable_hash({**keyed_form(spec), "rows": ["r0"]})
+    entry = ActivationCache(tmp_path / "cache", key, spec)
+    entry.write_shard("shard-r0-00000", {"features": torch.ones(1, 1, 1, 2), "collapse": torch.zeros(1, 1),
+                                         "prompt_len": torch.tensor([3]), "seq_len": torch.tensor([3])}, ["r0"])
+    entry.finalize(["r0"])
+    return entry, spec_for
+
+
+def test_manifest_check_compares_the_backbone_by_content_as_the_key_does(tmp_path):
+    """Another checkout (another path string to the same files) or a moved processor folder hits the
+    entry and passes the manifest check; a processor with other bytes, or an edited manifest, does not."""
+    import json
+    import os
+    import shutil
+
+    from ipi.extraction.activation_cache import ActivationCache, CacheError, keyed_form, stable_hash
+
+    proc = tmp_path / "shared" / "models" / "processor"
+    proc.mkdir(parents=True)
+    (proc / "preprocessor_config.json").write_text('{"min_pixels": 3136}')
+    (proc / "tokenizer.json").write_text('{"vocab": [1, 2, 3]}')
+    entry, spec_for = _entry_with_processor(tmp_path, proc)
+    key = entry.key
+
+    def read(path):
+        spec = spec_for(path)
+        assert stable_hash({**keyed_form(spec), "rows": ["r0"]}) == key  # the same entry by its key
+        return ActivationCache(tmp_path / "cache", key, spec).load(["r0"])
+
+    # another checkout: `<checkout>/../shared/...` spells the same folder differently
+    (tmp_path / "wt-other").mkdir()
+    assert read(tmp_path / "wt-other" / ".." / "shared" / "models" / "processor").features.sum() == 2
+    # a copy elsewhere, then the original moved away: the manifest's own path no longer exists
+    copy = shutil.copytree(proc, tmp_path / "mnt" / "processor")
+    moved = tmp_path / "moved" / "processor"
+    shutil.move(str(proc), str(moved))
+    assert read(copy).features.shape == (1, 1, 1, 2)
+    assert read(moved).features.shape == (1, 1, 1, 2)
+    # The check still fails where it should: another processor's bytes under the entry's key ...
+    other = shutil.copytree(copy, tmp_path / "other" / "processor")
+    (other / "tokenizer.json").write_text('{"vocab": [1, 2, 4]}')
+    os.utime(other / "tokenizer.json", ns=(10**12,) * 2)
+    with pytest.raises(CacheError, match="manifest field 'backbone' does not match this entry's key"):
+        ActivationCache(tmp_path / "cache", key, spec_for(other)).read_manifest()
+    # ... and an edited content record
+    manifest = json.loads(entry.manifest_path.read_text())
+    manifest["content"]["backbone"]["tokenizer_path"] = "sha256:" + "0" * 64
+    entry.manifest_path.write_text(json.dumps(manifest))
+    with pytest.raises(CacheError, match="manifest field 'backbone' does not match"):
+        ActivationCache(tmp_path / "cache", key, spec_for(copy)).read_manifest()
+
+
+def test_manifest_without_content_record_is_read_through_its_paths(tmp_path):
+    """An entry written before the manifest kept the content record (e.g. /work/cache's): its paths
+    are digested where they exist, so another checkout hits it; where they are gone it is refused."""
+    import json
+    import shutil
+
+    from ipi.extraction.activation_cache import ActivationCache, CacheError
+
+    proc = tmp_path / "a" / "processor"
+    proc.mkdir(parents=True)
+    (proc / "tokenizer.json").write_text('{"vocab": [1]}')
+    entry, spec_for = _entry_with_processor(tmp_path, proc)
+    manifest = json.loads(entry.manifest_path.read_text())
+    del manifest["content"]
+    entry.manifest_path.write_text(json.dumps(manifest))
+    copy = shutil.copytree(proc, tmp_path / "b" / "processor")
+    assert ActivationCache(tmp_path / "cache", entry.key, spec_for(copy)).load(["r0"]).features.sum() == 2
+    shutil.rmtree(proc)
+    with pytest.raises(CacheError, match="manifest field 'backbone'"):
+        ActivationCache(tmp_path / "cache", entry.key, spec_for(copy)).read_manifest()

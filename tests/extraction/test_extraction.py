@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from ipi.extraction.cache import CacheError
+from ipi.extraction.activation_cache import CacheError
 from ipi.extraction.datamodule import ReplayDataset, collate_rows
 from ipi.extraction.extractor import HiddenStateExtractor, collapse_statistic, pool_groups
 from ipi.extraction.rows import build_rows

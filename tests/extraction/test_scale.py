@@ -345,7 +345,7 @@ def test_layer_by_token_group_sweep_forwards_nothing_after_one_extraction(tmp_pa
 
 def test_repeated_rows_across_rank_shards_are_counted_and_loaded_once(tmp_path):
     """A padding DistributedSampler repeats rows on some rank: finalize counts them, load keeps one."""
-    from ipi.extraction.cache import ActivationCache, CacheError
+    from ipi.extraction.activation_cache import ActivationCache, CacheError
 
     cache = ActivationCache(tmp_path, "k" * 64, {"layers": [0], "token_groups": ["task"]})
     feats = {r: torch.full((1, 1, 2), float(i)) for i, r in enumerate("abc")}

@@ -57,7 +57,7 @@ def test_bench_reports_both_speedups_with_exact_features(tmp_path):
     """The three ways on one step of every surface: the keys of issue 12, the project path's
     features equal to the TaskTracker-style ones (1e-5 relative), prefix reuse counted per surface."""
     from ipi.backbone import build_backbone
-    from ipi.extraction.bench import speed_benchmark
+    from ipi.tools.extraction_timing import speed_benchmark
     from ipi.stages import layer_indices
     from ipi.tools.bench import subset_rows
     from tests.conftest import SMALL_BACKBONE_OVERRIDES

@@ -10,7 +10,7 @@ import pytest
 
 from ipi import protocol
 from ipi.surfaces import registry
-from ipi.surfaces.base import Insertion, Surface, TextSurface
+from ipi.surfaces.surface import Insertion, Surface, TextSurface
 from ipi.surfaces.i_dom import ElementListSurface
 from ipi.surfaces.i_tool import ToolResultSurface
 from ipi.surfaces.i_vis import BannerSurface

@@ -6,7 +6,7 @@ import numpy as np
 
 
 def test_bench_permutation_times_the_batched_refits_and_agrees_with_sequential_and_sklearn(monkeypatch):
-    from ipi.metrics.bootstrap_timing import bench_permutation
+    from ipi.tools.bootstrap_timing import bench_permutation
     from ipi.probe import dual
 
     batch_calls = []

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ipi.extraction.bench import measurement_warnings
+from ipi.tools.extraction_timing import measurement_warnings
 
 
 def test_quiet_machine_and_three_repetitions_give_no_warning():

@@ -145,6 +145,16 @@ def content_addressed(node):
     return node
 
 
+#: Spec fields whose local paths enter the cache key by content (:func:`content_addressed`): the
+#: backbone node (processor files, a GGUF folder, a local checkpoint).
+CONTENT_ADDRESSED_FIELDS: tuple[str, ...] = ("backbone",)
+
+
+def keyed_form(spec: dict) -> dict:
+    """``spec`` as the cache key hashes it: :data:`CONTENT_ADDRESSED_FIELDS` by content, the rest as given."""
+    return {k: content_addressed(v) if k in CONTENT_ADDRESSED_FIELDS else v for k, v in spec.items()}
+
+
 @dataclass
 class FeatureSet:
     """Features of all rows of one cache entry, ordered by ``row_ids``.
@@ -309,6 +319,9 @@ class ActivationCache:
             "duplicates_ignored": sum(v - 1 for v in seen.values()),
             "shards": shards,
             **self.spec,
+            # what the key hashes of the fields that hold local paths (the fields above keep the
+            # paths as given, for people); read_manifest compares this form
+            "content": {k: v for k, v in keyed_form(self.spec).items() if k in CONTENT_ADDRESSED_FIELDS},
         }
         atomic_write_text(self.manifest_path, json.dumps(manifest, indent=1, sort_keys=True))
         return manifest
@@ -344,8 +357,19 @@ class ActivationCache:
                 f"cache {self.dir}: manifest says {manifest.get('n_rows')} rows, its shards hold {held}; "
                 "refusing to read"
             )
-        for field_name, expected in self.spec.items():
-            if field_name != "versions" and manifest.get(field_name) != expected:
+        for field_name, expected in keyed_form(self.spec).items():
+            if field_name == "versions":
+                continue
+            if field_name in CONTENT_ADDRESSED_FIELDS:
+                # Compared by content, as the key hashes it: the same files reached through another
+                # path (another checkout, a moved folder) are this entry. A manifest written before
+                # the "content" record is read through its paths where they still exist.
+                got = manifest.get("content", {}).get(field_name, None)
+                if got is None:
+                    got = content_addressed(manifest.get(field_name))
+            else:
+                got = manifest.get(field_name)
+            if got != expected:
                 raise CacheError(
                     f"cache {self.dir}: manifest field {field_name!r} does not match this entry's "
                     "key; refusing to read"

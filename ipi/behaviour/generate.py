@@ -186,7 +186,8 @@ def generation_key(identity: Mapping, request: GenerationRequest, settings: Gene
 class GenerationCache:
     """Generations by content key, in one JSON-Lines file written atomically.
 
-    Each line is ``{"key", "row_id", "text", "n_tokens", "stopped"}``. :meth:`put` re-reads the
+    Each line is ``{"key", "row_id", "text", "n_tokens", "stopped"}``. :meth:`put` (called by
+    :func:`generate` after every batch, so an interrupted run keeps what it generated) re-reads the
     file, adds the new entries and writes the whole file under a temporary name, then renames it
     (:func:`ipi.io.atomic_write_text`): a reader never sees half a file, and a killed run leaves the
     previous file. Two processes writing at once can lose one's new entries (the later rename
@@ -411,7 +412,6 @@ def generate(backbone, requests: Sequence[GenerationRequest], settings: Generati
                                   eos_token_id=stop, pad_token_id=int(pad))
         order = sorted(todo, key=lambda i: -requests[i].input_ids.numel())  # stable: ties keep row order
         device = _device(backbone.model)
-        new_entries = []
         ctx = intervention.applied(backbone) if intervention is not None else contextlib.nullcontext()
         with ctx, torch.inference_mode():
             for s in range(0, len(order), settings.batch_size):
@@ -419,14 +419,15 @@ def generate(backbone, requests: Sequence[GenerationRequest], settings: Generati
                 batch = _batch([requests[i] for i in chunk], int(pad), device)
                 width = batch["input_ids"].shape[1]
                 gen = backbone.model.generate(**batch, generation_config=config)
+                new_entries = []
                 for b, i in enumerate(chunk):
                     text, n_tok, stopped = _decode(tok, gen[b, width:].tolist(), set(stop))
                     out[i] = Generation(requests[i].row_id, text, n_tok, stopped, keys[i])
                     new_entries.append({"key": keys[i], "row_id": requests[i].row_id, "text": text,
                                         "n_tokens": n_tok, "stopped": stopped})
+                if cache is not None:  # after every batch: an interrupted run keeps what it generated
+                    cache.put(new_entries)
                 if progress is not None:
                     progress(min(s + settings.batch_size, len(order)), len(order))
-        if cache is not None:
-            cache.put(new_entries)
     return list(out)  # type: ignore[arg-type]
 

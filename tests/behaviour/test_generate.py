@@ -139,3 +139,18 @@ def test_refusals(small_backbone, text_backbone, dom_rows):
         generate(text_backbone, reqs * 2, SHORT)
     with pytest.raises(ValueError, match="max_new_tokens"):
         GenerationSettings(max_new_tokens=0)
+
+
+def test_an_interrupted_run_keeps_its_finished_batches(text_backbone, dom_rows, tmp_path):
+    reqs = requests_of_rows(text_backbone, dom_rows, SYSTEM)
+    path = tmp_path / "g.jsonl"
+
+    def stop(done, total):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        generate(text_backbone, reqs, GenerationSettings(max_new_tokens=4, batch_size=2), cache=GenerationCache(path),
+                 progress=stop)
+    assert len(GenerationCache(path)) == 2
+    done = generate(text_backbone, reqs, GenerationSettings(max_new_tokens=4, batch_size=2), cache=GenerationCache(path))
+    assert sum(g.cached for g in done) == 2

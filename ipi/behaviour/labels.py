@@ -519,12 +519,17 @@ def project_goal(meta: Mapping) -> Goal:
         ``ProjectSource().goals()[meta["goal"]]`` (:mod:`ipi.attacks.project`).
 
     Raises:
-        ValueError: ``meta`` has no integer ``goal``, or it is out of range.
+        ValueError: ``meta`` has no integer ``goal``, it is out of range, or ``meta["goal_family"]``
+            differs from that goal's family.
     """
     goals = _project_goals()
     j = meta.get("goal") if isinstance(meta, Mapping) else None
     if isinstance(j, bool) or not isinstance(j, int) or not 0 <= j < len(goals):
         raise ValueError(f"row meta {meta!r}: no project-bank goal index 'goal' in 0..{len(goals) - 1}")
+    family = meta.get("goal_family")
+    if family is not None and family != goals[j].family:
+        raise ValueError(f"row meta {meta!r}: goal {j} of the project bank is {goals[j].id} of family "
+                         f"{goals[j].family!r}, not {family!r} (bank and attack source disagree)")
     return goals[j]
 
 

@@ -224,3 +224,18 @@ def test_label_tasks_use_the_step_attack_goal(trajectories):
         label_generations(tasks, {})
     with pytest.raises(ValueError, match="no attack row"):
         label_tasks([r for r in rows if r.variant.variant != "attack"])
+
+
+def test_project_goal_checks_the_row_meta():
+    from ipi.behaviour.labels import project_goal
+    from ipi.surfaces.bank import attack_text
+
+    for step in range(40):  # the bank's goal index names the attack source's goal of the same family
+        text, meta = attack_text("traj", step)
+        assert project_goal(meta).family == meta["goal_family"]
+    with pytest.raises(ValueError, match="not 'abandon'"):
+        project_goal({"goal": 0, "goal_family": "abandon"})
+    with pytest.raises(ValueError, match="no project-bank goal"):
+        project_goal({"goal": 99})
+    with pytest.raises(ValueError, match="no project-bank goal"):
+        project_goal({"goal": True})

@@ -17,7 +17,7 @@ surface, clean + attack rows (+ ``--controls``):
 4. **ablation** on the attack rows: the probe fitted on **all** rows gives the direction at each
    layer (:func:`ipi.behaviour.ablation.probe_directions`), against a random one of equal norm.
 
-Writes ``DIR/behaviour.json`` (numbers, wall times, ``uptime``), ``DIR/labels.csv`` (the free-run
+Writes ``DIR/behaviour.json`` (numbers, wall times, load average), ``DIR/labels.csv`` (the free-run
 labels of every row and arm) and ``DIR/generations.jsonl`` (the generation cache: a rerun reuses
 it). Not wired into ``train.py`` or ``results.json`` (docs/behaviour.md, *Wiring*).
 """
@@ -180,7 +180,7 @@ def run_behaviour(backbone, trajectories: Sequence, surface: str, out_dir: str |
         "e4": e4_res.to_dict(), "predicts_hijack": list(predicts_hijack(e4_res)),
         "ablation": abl.effects.to_dict(), "uses_direction": list(uses_direction(abl.effects)),
         "wall_s": {k: round(v, 1) for k, v in times.items()},
-        "uptime": os.popen("uptime").read().strip(), "torch_threads": torch.get_num_threads(),
+        "load_average": [round(x, 2) for x in os.getloadavg()], "torch_threads": torch.get_num_threads(),
     }
     from ipi.io import atomic_write_text
 
@@ -218,7 +218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                       max_new_tokens=a.max_new_tokens, batch_size=a.batch_size, n_boot=a.n_boot, seed=a.seed,
                       log=lambda m: print(m, flush=True))
     print(json.dumps({k: s[k] for k in ("labels_by_variant", "hijack_rates", "e4", "predicts_hijack", "ablation",
-                                        "uses_direction", "wall_s", "uptime")}, indent=1, default=str))
+                                        "uses_direction", "wall_s", "load_average")}, indent=1, default=str))
     return 0
 
 

@@ -190,7 +190,8 @@ class ProjectOut:
 
     def identity(self) -> dict:
         """``{"kind": "project_out", "name", "layers": {k: sha256 of û}}`` (the generation key's part)."""
-        return {"kind": "project_out", "name": self.name, "layers": {str(k): _digest(u) for k, u in sorted(self._units.items())}}
+        layers = {str(k): _digest(u) for k, u in sorted(self._units.items())}
+        return {"kind": "project_out", "name": self.name, "layers": layers}
 
     @contextlib.contextmanager
     def applied(self, backbone) -> Iterator[None]:

@@ -419,6 +419,14 @@ def tokenise(processor, parts: PromptParts, image=None, *, image_size: dict | No
     Raises:
         ValueError: The chat template lost a field, or the gold action is empty.
     """
+    return _tokenise(processor, parts, image, image_size=image_size, image_token_id=image_token_id,
+                     image_inputs=image_inputs, memo=memo)[0]
+
+
+def _tokenise(processor, parts: PromptParts, image=None, *, image_size: dict | None = None,
+              image_token_id: int | None = None, image_inputs: dict | None = None,
+              memo: dict | None = None) -> tuple[TokenisedRow, torch.Tensor, dict[str, tuple[int, int]]]:
+    """:func:`tokenise`, also returning the token offsets ``[T, 2]`` and the field spans."""
     rendered = render_prompt(processor, parts)
     tok = getattr(processor, "tokenizer", processor)
     has_image = image is not None or image_inputs is not None
@@ -458,4 +466,38 @@ def tokenise(processor, parts: PromptParts, image=None, *, image_size: dict | No
         "observation": torch.unique(obs),
         "action": action,
     }
-    return TokenisedRow(inputs=enc, groups=groups, prompt_len=prompt_len, seq_len=int(ids.numel()))
+    return TokenisedRow(inputs=enc, groups=groups, prompt_len=prompt_len, seq_len=int(ids.numel())), offsets, spans
+
+
+def generation_prompt(processor, parts: PromptParts, image=None, *, image_size: dict | None = None,
+                      image_token_id: int | None = None, image_inputs: dict | None = None,
+                      memo: dict | None = None) -> TokenisedRow:
+    """The teacher-forced row cut before the gold action: the prompt the agent chose its action from.
+
+    The row is tokenised exactly as :func:`tokenise` does (recorded fields as plain text, so a
+    special-token string in a page, tool result or injection stays text), then cut at
+    ``prompt_len``: every token before the first gold-action token, i.e. the prompt through
+    ``<|im_start|>assistant\n``, which is the chat template's generation prompt. A free-run
+    generation continues from here (:mod:`ipi.behaviour.generate`). Arguments as :func:`tokenise`;
+    ``parts.gold`` must be the recorded turn (it is cut off, and only checked not to share a token
+    with the prompt).
+
+    Returns:
+        A :class:`TokenisedRow` of ``prompt_len`` tokens: ``input_ids``, ``attention_mask`` (and
+        ``mm_token_type_ids``) cut to ``[1, prompt_len]``, the image inputs unchanged; the token
+        groups of the prompt (``action`` empty); ``seq_len == prompt_len``.
+
+    Raises:
+        ValueError: As :func:`tokenise`; or the last prompt token and the first gold token were
+            merged by the tokenizer (the cut would drop prompt text).
+    """
+    row, offsets, spans = _tokenise(processor, parts, image, image_size=image_size, image_token_id=image_token_id,
+                                    image_inputs=image_inputs, memo=memo)
+    n = row.prompt_len
+    if int(offsets[n, 0]) != spans["gold"][0]:
+        raise ValueError("replay: the first gold-action token also holds prompt text; the prompt cannot be cut "
+                         "before the action")
+    inputs = {k: (v[:, :n] if k in ("input_ids", "attention_mask", "mm_token_type_ids") else v)
+              for k, v in row.inputs.items()}
+    groups = {g: idx[idx < n] for g, idx in row.groups.items()}
+    return TokenisedRow(inputs=inputs, groups=groups, prompt_len=n, seq_len=n)

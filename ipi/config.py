@@ -301,6 +301,9 @@ class EvaluationConf:
     interval: IntervalKind = IntervalKind.percentile
     collapse_ceiling: float = 0.60
     c1_max: float = 0.95
+    # the operating point: TPR at this false-positive rate, attack vs clean and vs each control,
+    # with cluster-bootstrap intervals (reported, decides nothing; docs/estimands.md)
+    operating_fpr: float = 0.01
     # an estimand with fewer test trajectories contributing rows to both of its sides is
     # not used: the checks relying on it are NOT RUN (docs/estimands.md)
     min_clusters: int = 5
@@ -607,6 +610,8 @@ def validate(cfg: DictConfig) -> None:
         )
     if not 0.0 < cfg.evaluation.get("min_boot_fraction", 0.9) <= 1.0:
         raise ValueError(f"evaluation.min_boot_fraction must be in (0, 1], got {cfg.evaluation.min_boot_fraction}")
+    if not 0.0 <= cfg.evaluation.get("operating_fpr", 0.01) < 1.0:
+        raise ValueError(f"evaluation.operating_fpr must be in [0, 1), got {cfg.evaluation.operating_fpr}")
     if not 0.0 < cfg.evaluation.level < 1.0:
         raise ValueError(f"evaluation.level must be in (0, 1), got {cfg.evaluation.level}")
     target = cfg.data.importer.get("_target_") if isinstance(cfg.data.get("importer"), DictConfig) else None

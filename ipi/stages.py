@@ -452,7 +452,8 @@ def assess_settings(ev: DictConfig, pretrained: bool | None = None) -> Settings:
     (None for a score table of unknown origin)."""
     return Settings(n_boot=ev.n_boot, seed=ev.seed, level=ev.level, interval=_value(ev.interval),
                     collapse_ceiling=ev.collapse_ceiling, c1_max=ev.c1_max, min_clusters=ev.min_clusters,
-                    min_boot_fraction=ev.min_boot_fraction, alpha=ev.permutation.alpha, pretrained=pretrained)
+                    min_boot_fraction=ev.min_boot_fraction, alpha=ev.permutation.alpha, pretrained=pretrained,
+                    operating_fpr=ev.get("operating_fpr", 0.01))
 
 
 def make_loggers(cfg: DictConfig) -> list:

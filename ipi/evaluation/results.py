@@ -30,6 +30,7 @@ from ipi.metrics.keys import (
     E1,
     E3,
     N_CLUSTERS,
+    OPERATING_POINT,
     PERMUTATION,
     RANDOM_TWIN,
     REPORTABILITY,
@@ -61,6 +62,9 @@ class Settings:
         alpha: Level of the exact permutation test (check 4).
         pretrained: ``backbone.pretrained`` (False fails check 6: at most "separates ..."), or
             None when unknown (a score table).
+        operating_fpr: The false-positive rate of the operating point (TPR at that FPR;
+            :mod:`ipi.metrics.operating_point`; ``evaluation.operating_fpr``, default
+            :data:`~ipi.metrics.operating_point.DEFAULT_FPR`), or None: not computed.
     """
 
     n_boot: int = N_BOOT
@@ -73,6 +77,7 @@ class Settings:
     min_boot_fraction: float = 0.9
     alpha: float = ALPHA
     pretrained: bool | None = None
+    operating_fpr: float | None = None
 
 
 #: The default settings (PROTOCOL.md's defaults).
@@ -165,6 +170,8 @@ class Results:
         source: The score table's path (``evaluate.py``), or None.
         source_twin: The twins' score table's path, or None.
         counts: Counts of the score table (``evaluate.py``), or None (``train.py`` adds its own).
+        operating_point: TPR at ``settings.operating_fpr`` for attack vs clean and vs each control
+            (:func:`ipi.metrics.operating_point.operating_points`), or None.
     """
 
     estimates: Estimates
@@ -174,11 +181,14 @@ class Results:
     source: str | None = None
     source_twin: str | None = None
     counts: dict | None = None
+    operating_point: dict | None = None
 
     def to_dict(self) -> dict:
-        """The JSON-ready results: :meth:`Estimates.to_dict`, then ``source``, ``source_twin``,
-        ``counts`` (when set), ``verdict`` and ``reportability``."""
+        """The JSON-ready results: :meth:`Estimates.to_dict`, the ``operating_point`` (when set), then
+        ``source``, ``source_twin``, ``counts`` (when set), ``verdict`` and ``reportability``."""
         out = self.estimates.to_dict()
+        if self.operating_point is not None:
+            out[OPERATING_POINT] = self.operating_point
         for key, value in ((SOURCE, self.source), (SOURCE_TWIN, self.source_twin), (COUNTS, self.counts)):
             if value is not None:
                 out[key] = value

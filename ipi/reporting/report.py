@@ -46,6 +46,7 @@ from ipi.metrics.keys import (
     SPLIT_SPREAD,
     VERDICT,
 )
+from ipi.reporting import attack_sections
 from ipi.surfaces.registry import find_surface
 
 #: Figure file names in a run folder, in report order, with their captions.
@@ -323,6 +324,7 @@ def render_report(results: dict, figures: Mapping[str, str] | None = None) -> st
         label = label if why is None else f"~~{label}~~"
         lines.append(f"| {label} | {_fmt(iv)} | {mark} |")
     lines.append("")
+    lines += attack_sections.markdown_lines(r)  # operating point; attack source (issue 25)
     trows = twin_rows(r)
     if trows:
         head, dhead = _twin_headers(r)
@@ -503,6 +505,7 @@ def render_html(results: Mapping, figures: Mapping[str, str | Path] | None = Non
                    f'<td class="num est">{ci}</td><td class="num">{_h(iv.get("n_boot_used", ""))}</td>'
                    f'<td class="why">{mark}</td></tr>')
     out.append("</table>")
+    out += attack_sections.html_parts(r)  # operating point; attack source (issue 25)
     trows = twin_rows(r)
     if trows:
         head, dhead = _twin_headers(r)

@@ -19,7 +19,10 @@ from html import escape
 
 from ipi.metrics.keys import OPERATING_POINT, RUN
 
-__all__ = ["html_parts", "markdown_lines", "sections"]
+__all__ = ["OWN_SECTION", "html_parts", "markdown_lines", "sections"]
+
+#: ``run`` keys these sections show, left out of the report's generic "Run" list.
+OWN_SECTION = frozenset({"attack"})
 
 Table = tuple[str, str, list[str], list[list[str]]]
 

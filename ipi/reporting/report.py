@@ -357,7 +357,8 @@ def render_report(results: dict, figures: Mapping[str, str] | None = None) -> st
         lines.append("")
     run = r.get(RUN)
     if run:
-        lines += ["## Run", ""] + [f"- {k}: {val}" for k, val in run.items()] + [""]
+        lines += ["## Run", ""] + [f"- {k}: {val}" for k, val in run.items()
+                                   if k not in attack_sections.OWN_SECTION] + [""]
     bs = r.get(BOOTSTRAP)
     if bs:
         lines += ["Cluster bootstrap over test trajectories: " + _bootstrap_text(bs), ""]
@@ -558,7 +559,8 @@ def render_html(results: Mapping, figures: Mapping[str, str | Path] | None = Non
         out += details
     if run:
         out += ["<h2>Run</h2>", "<table>"]
-        out += [f"<tr><td>{_h(k)}</td><td>{_h(val)}</td></tr>" for k, val in run.items()]
+        out += [f"<tr><td>{_h(k)}</td><td>{_h(val)}</td></tr>" for k, val in run.items()
+                if k not in attack_sections.OWN_SECTION]
         out.append("</table>")
     if config_yaml:
         out += ["<h2>Resolved config</h2>", f"<pre>{_h(config_yaml)}</pre>"]

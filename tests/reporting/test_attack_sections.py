@@ -32,7 +32,8 @@ def test_sections_render_every_number():
     assert "| project | 3 | — | — |" in md  # too few trajectories: no estimate
     assert "held-out source" in md
     assert "| train garak | 0.420 [0.300, 0.550] | — |" in md
-    assert md in render_report(RESULTS)
+    full = render_report(RESULTS)
+    assert md in full and "- attack: {" not in full  # shown in its own section, not dumped under Run
     html = render_html(RESULTS)
     assert "Source × source transfer (E1)" in html and "<td>train project</td>" in html
 

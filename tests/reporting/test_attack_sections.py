@@ -24,18 +24,19 @@ RESULTS = {
 
 
 def test_sections_render_every_number():
-    md = "\n".join(attack_sections.markdown_lines(RESULTS))
-    assert "## Operating point (TPR at FPR 0.01)" in md
-    assert "| attack vs clean | 0.420 [0.300, 0.550] | 80 |" in md
-    assert "| attack vs c_scrambled | 0.100 [0.300, 0.550] | 80 |" in md
-    assert "| garak | 10 | 7 | 0 | 0 |" in md and "| project | 12 | 0 | 0 | 1 |" in md
-    assert "| project | 3 | — | — |" in md  # too few trajectories: no estimate
-    assert "held-out source" in md
-    assert "| train garak | 0.420 [0.300, 0.550] | — |" in md
-    full = render_report(RESULTS)
-    assert md in full and "- attack: {" not in full  # shown in its own section, not dumped under Run
+    secs = attack_sections.sections(RESULTS)
+    assert [s.id for s in secs] == ["operating-point", "attack"]
+    md = render_report(RESULTS)
+    assert "Operating point (TPR at FPR 0.01)" in md
+    assert "attack vs clean" in md and "0.420 [0.300, 0.550]" in md and "0.100 [0.300, 0.550]" in md
+    for line in ("| garak | 10 | 7 | 0 | 0 |", "| project | 12 | 0 | 0 | 1 |"):
+        assert line in md, line
+    assert "per held-out source" in md
+    assert "Source × source transfer" in md
+    assert md.count("operating_point.vs.clean") == 0  # shown in its section, not again under "Other estimands"
+    assert "attack.by_source" not in md  # run.attack not dumped under Run
     html = render_html(RESULTS)
-    assert "Source × source transfer (E1)" in html and "<td>train project</td>" in html
+    assert "Source × source transfer" in html and "train" in html and "garak" in html
 
 
 def test_no_section_without_the_records():

@@ -87,17 +87,20 @@ def test_write_run_report_files_and_self_contained_html(tmp_path):
         with Image.open(paths[name]) as im:
             assert im.format == "PNG" and im.width > 300
     md = (tmp_path / "report.md").read_text()
-    assert md.index("Verdict") < md.index("Estimands") < md.index("Figures") < md.index("## Data")
+    assert (md.index("## Verdict") < md.index("## Estimands E1, E2, E3") < md.index("## Figures")
+            < md.index("## Data counts") < md.index("## Run") < md.index("## Resolved config"))
     assert "![roc](roc.png)" in md and "![forest](forest.png)" in md
     html = (tmp_path / "report.html").read_text()
-    order = [html.index(s) for s in ("Verdict", "Estimands", "Figures", "<h2>Data", "<h2>Run", "Resolved config")]
+    order = [html.index(s) for s in ("<h2>Verdict", "<h2>Estimands E1, E2, E3", "<h2>Figures", "<h2>Data counts",
+                                     "<h2>Run", "<h2>Resolved config")]
     assert order == sorted(order)
     # Self-contained: every image is a data URI holding exactly the PNG on disk.
     srcs = re.findall(r'src="([^"]+)"', html)
     assert len(srcs) == 3 and all(s.startswith("data:image/png;base64,") for s in srcs)
     embedded = {base64.b64decode(s.split(",", 1)[1]) for s in srcs}
     assert embedded == {paths[n].read_bytes() for n in ("roc", "forest", "gallery")}
-    assert "href=" not in html
+    hrefs = re.findall(r'href="([^"]*)"', html)  # the contents line: anchors in the page, no other file
+    assert hrefs and all(h.startswith("#") and f'id="{h[1:]}"' in html for h in hrefs)
     assert f"{res['e1']['estimate']:.3f}" in html and res["verdict"]["claim"] in html
     assert "surface:\n  name: i_dom" in html  # the resolved config as YAML
     assert json.loads((tmp_path / "results.json").read_text())["e1"] == res["e1"]

@@ -1,12 +1,15 @@
-"""The report's trained-vs-twins tables (every seed, the envelope, per-seed differences)."""
+"""The report's trained-vs-twins section: one transposed table (rows: trained, each twin seed, the
+envelope; columns: E1, E2, E3 per control), then the paired differences trained − twin."""
 
 from __future__ import annotations
 
 from ipi.evaluation.verdict import verdict
+from ipi.reporting.layout import Estimate, Grid, report_sections
 from ipi.reporting.report import render_html, render_report
 from tests.evaluation.test_check6 import _iv, _results
 
-def test_report_shows_trained_every_twin_seed_and_the_envelope():
+
+def _two_seeds():
     r = _results()
     r["random_twin"]["seeds"] = ["1", "2"]
     r["random_twin"]["by_seed"] = {
@@ -19,19 +22,79 @@ def test_report_shows_trained_every_twin_seed_and_the_envelope():
         "2": {"c_scrambled": _iv(0.28, 0.2, 0.35), "c_imperative": _iv(0.25, 0.1, 0.3)}}
     r["verdict"] = verdict(r, pretrained=False)
     r["run"] = {"surface": "i_dom", "random_twin": {"seeds": [1, 2], "backbone_pretrained": False}}
+    return r
+
+
+def _twin_grids(r):
+    (twins,) = [s for s in report_sections(r) if s.id == "twins"]
+    return [b for b in twins.blocks if isinstance(b, Grid)]
+
+
+def test_twin_table_is_transposed_seeds_are_rows_estimands_columns():
+    r = _two_seeds()
+    auc, diff = _twin_grids(r)
+    cols = ("E1 attack vs clean", "E2 paired step", "E3 attack vs c_imperative", "E3 attack vs c_scrambled")
+    assert auc.head == ("AUC", *cols)
+    assert [row[0] for row in auc.rows] == ["trained", "twin seed 1", "twin seed 2", "max over twin seeds"]
+    # Each cell holds the interval of results.json at its key, read here by hand.
+    twin, by_seed = r["random_twin"], r["random_twin"]["by_seed"]
+    expect = [[r["e1"], r["e2"], r["e3"]["c_imperative"], r["e3"]["c_scrambled"]],
+              [by_seed["1"]["e1"], by_seed["1"]["e2"], by_seed["1"]["e3"]["c_imperative"],
+               by_seed["1"]["e3"]["c_scrambled"]],
+              [by_seed["2"]["e1"], by_seed["2"]["e2"], by_seed["2"]["e3"]["c_imperative"],
+               by_seed["2"]["e3"]["c_scrambled"]],
+              [twin["e1"], twin["e2"], twin["e3"]["c_imperative"], twin["e3"]["c_scrambled"]]]
+    assert [[c.iv for c in row[1:]] for row in auc.rows] == expect
+    assert auc.rows[2][4].key == "random_twin.by_seed.2.e3.c_scrambled"
+    # The differences: no E2 column; the envelope, a new twin, then each seed.
+    assert diff.head == ("trained − …", "E1 attack vs clean", "E3 attack vs c_imperative", "E3 attack vs c_scrambled")
+    assert [row[0] for row in diff.rows] == ["max over twin seeds (paired)", "a new twin (seed-predictive)",
+                                             "twin seed 1 (paired)", "twin seed 2 (paired)"]
+    d = r["differences"]
+    assert diff.rows[0][3].iv == d["e3_minus_twin_e3"]["c_scrambled"]
+    assert diff.rows[1][2].iv == d["e3_minus_twin_e3_predictive"]["c_imperative"]
+    assert diff.rows[3][2].iv == d["e3_minus_twin_e3_by_seed"]["2"]["c_imperative"]
+    assert diff.rows[2][1] == "—"  # no E1 − twin seed 1 E1 in these results: a dash, not an error
+
+
+def test_more_seeds_add_rows_not_columns():
+    r = _two_seeds()
+    for s in ("3", "4", "5", "6", "7"):
+        r["random_twin"]["by_seed"][s] = r["random_twin"]["by_seed"]["1"]
+    r["random_twin"]["seeds"] = ["1", "2", "3", "4", "5", "6", "7"]
+    auc, _ = _twin_grids(r)
+    assert len(auc.head) == 4 + 1 and len(auc.rows) == 7 + 2
+
+
+def test_twin_section_in_both_reports():
+    r = _two_seeds()
     md = render_report(r)
-    assert ("| estimand | trained [95% CI] | twin seed 1 [95% CI] | twin seed 2 [95% CI] | max over twin seeds "
-            "[95% CI] | trained − max over twin seeds, paired [95% CI] | trained − new twin, seed-predictive "
-            "[95% CI] |") in md
-    assert ("| E3 attack vs c_scrambled | 0.700 [0.600, 0.800] | 0.500 [0.400, 0.600] | 0.420 [0.400, 0.600] | "
-            "0.500 [0.400, 0.600] | 0.200 [0.100, 0.300] | 0.200 [0.080, 0.320] |") in md
-    assert "| E2 paired step |" in md and "seed-predictive CI of E3 − mean twin E3 above 0" in md
-    assert "| E2 paired step | 0.800 [0.700, 0.900] | 0.800 [0.700, 0.900] | 0.700 [0.600, 0.800] | 0.800" in md
-    assert "| E3 attack vs c_imperative | 0.300 [0.200, 0.400] | 0.250 [0.100, 0.300] |" in md  # per-seed diffs
+    assert "| AUC | E1 attack vs clean | E2 paired step | E3 attack vs c_imperative | E3 attack vs c_scrambled |" in md
+    assert "| twin seed 2 | 0.700 [0.600, 0.800] | 0.700 [0.600, 0.800] | 0.500 [0.400, 0.600] | " \
+           "0.420 [0.400, 0.600] |" in md
+    assert "| max over twin seeds (paired) | 0.050 [-0.020, 0.100] | 0.250 [0.100, 0.300] | 0.200 [0.100, 0.300] |" in md
+    assert "| twin seed 2 (paired) | — | 0.250 [0.100, 0.300] | 0.280 [0.200, 0.350] |" in md
+    assert "seed-predictive CI of E3 − mean twin E3 above 0" in md
     assert "backbone.pretrained=false" in md and "2 random-weight twins (seeds 1, 2)" in md and "1/3" in md
     html = render_html(r)
-    assert "trained − max over twin seeds, paired [CI]" in html and "0.200 [0.100, 0.300]" in html
-    assert "trained − twin seed 2, paired [CI]" in html
-    r["run"]["random_twin"] = None  # twin off: no table, no error
+    assert '<td class="iv" data-key="differences.e3_minus_twin_e3.c_scrambled"><span class="est">0.200</span> ' \
+           '<span class="ci">[0.100, 0.300]</span></td>' in html
+    assert 'id="twins"' in html and "<h2>Trained vs random-weight twins (check 6)</h2>" in html
+    r["run"]["random_twin"] = None  # twin off: no section, no error
     del r["random_twin"]
-    assert "random-weight twin (check 6)" not in render_report(r)
+    assert "random-weight twins (check 6)" not in render_report(r)
+    assert 'id="twins"' not in render_html(r)
+
+
+def test_unreportable_twin_cells_are_struck_and_listed():
+    r = _two_seeds()
+    r["reportability"] = {"estimands": {"random_twin.by_seed.1.e2": "only 2 test trajectories contribute (< 5)"}}
+    auc, _ = _twin_grids(r)
+    cell = auc.rows[1][2]
+    assert isinstance(cell, Estimate) and cell.why == "only 2 test trajectories contribute (< 5)"
+    assert all(c.why is None for row in auc.rows for c in row[1:] if c is not cell)
+    md = render_report(r)
+    assert "~~0.800 [0.700, 0.900]~~" in md
+    assert "- only 2 test trajectories contribute (< 5): random twin seed 1 E2" in md
+    html = render_html(r)
+    assert html.count('class="iv unreportable"') == 1

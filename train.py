@@ -1,17 +1,17 @@
-"""Entry point: `python train.py [overrides]` (see README). A thin wrapper around ipi.pipeline.train."""
+"""Entry point: `python train.py [overrides]` (see README). A thin wrapper around ipi.run.tasks.train."""
 
 import hydra
 from omegaconf import DictConfig
 
-from ipi.config import register_configs
+from ipi.run.config import register_configs
 
 register_configs()
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> None:
-    from ipi.cli import run_entry
-    from ipi.pipeline import train
+    from ipi.run.cli import run_entry
+    from ipi.run.tasks import train
 
     run_entry(train, cfg)
 

@@ -155,7 +155,7 @@ def build_kwargs(loader, *, max_layer: int | None = None, with_lm_head: bool = F
     """
     from hydra.utils import get_method
 
-    params = inspect.signature(get_method(loader._target_)).parameters
+    params = inspect.signature(get_method(loader["_target_"])).parameters
     kw = {}
     if max_layer is not None and "max_layer" in params:
         kw["max_layer"] = int(max_layer)

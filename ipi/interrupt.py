@@ -1,7 +1,7 @@
 """Stopping a run when told: SIGTERM and SIGINT end the run within seconds (docs/reliability.md).
 
 A scheduler's time limit or preemption, ``timeout``, ``docker stop`` and ``kill`` send SIGTERM;
-Ctrl-C sends SIGINT. :func:`stop_on_signals` (entered by :func:`ipi.cli.run_entry` around every
+Ctrl-C sends SIGINT. :func:`stop_on_signals` (entered by :func:`ipi.run.cli.run_entry` around every
 task) turns either into :class:`Interrupted`, an exception that is *not* an ``Exception``, so no
 ``except Exception`` on the way swallows it:
 

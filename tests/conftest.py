@@ -72,7 +72,7 @@ def compose_train(tmp_path: Path, overrides: list[str] = (), small: bool = True)
     """
     from hydra import compose, initialize_config_dir
 
-    from ipi.config import register_configs
+    from ipi.run.config import register_configs
 
     register_configs()
     ov = [
@@ -155,7 +155,7 @@ def reference(tmp_path_factory, syn_root) -> Path:
     """
     import torch
 
-    from ipi.pipeline import train
+    from ipi.run.tasks import train
 
     n = torch.get_num_threads()
     torch.set_num_threads(1)

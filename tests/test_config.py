@@ -6,7 +6,7 @@ import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
-from ipi.config import resolved_controls, validate
+from ipi.run.config import resolved_controls, validate
 from tests.conftest import compose_train
 
 
@@ -57,7 +57,7 @@ def test_a_surface_whose_class_and_name_disagree_is_refused_naming_the_surfaces(
 
 @pytest.mark.parametrize("surface", ["i_vis", "i_dom", "i_tool"])
 def test_each_shipped_surface_file_names_its_own_class(tmp_path, surface):
-    from ipi.config import run_surface
+    from ipi.run.config import run_surface
 
     assert run_surface(compose_train(tmp_path, [f"surface={surface}"])).name == surface
 
@@ -150,7 +150,7 @@ def test_importer_binds_exactly_the_settings_each_format_takes(tmp_path):
     """The settings each conf/data node binds are the ones its function accepts (no per-kind branches)."""
     import inspect
 
-    from ipi.stages import importer
+    from ipi.run.stages import importer
 
     taken = {}
     for kind in ("webvoyager", "native", "browser_use", "online_mind2web", "multimodal_mind2web"):

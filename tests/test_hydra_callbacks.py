@@ -1,4 +1,4 @@
-"""Config errors at composition (ipi.hydra_callbacks.ConfigCheck): one line, before any heavy import."""
+"""Config errors at composition (ipi.run.hydra_callbacks.ConfigCheck): one line, before any heavy import."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from ipi.config import ProbeConf
+from ipi.run.config import ProbeConf
 from tests.conftest import (
     PY,
     REPO,

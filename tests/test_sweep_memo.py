@@ -16,7 +16,7 @@ def _strip(results: dict) -> dict:
 
 
 def test_sweep_memo_is_off_outside_a_multirun_and_bounded_inside(monkeypatch):
-    from ipi import stages
+    from ipi.run import stages
 
     calls = []
 
@@ -37,8 +37,8 @@ def test_sweep_memo_is_off_outside_a_multirun_and_bounded_inside(monkeypatch):
 
 @pytest.mark.slow
 def test_sweep_jobs_reuse_rows_and_give_the_results_of_fresh_runs(tmp_path, monkeypatch):
-    from ipi import pipeline as tasks
-    from ipi import stages
+    from ipi.run import tasks
+    from ipi.run import stages
 
     base = ["data.max_trajectories=4", "split.test_fraction=0.5", "evaluation.n_boot=20", "logger=none",
             "evaluation.permutation.m=19", "report.plots=false", "report.html=false"]

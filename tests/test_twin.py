@@ -1,4 +1,4 @@
-"""The random-weight twins (ipi.twin): construction (same config, other weights), seeds, cache keys.
+"""The random-weight twins (ipi.run.twin): construction (same config, other weights), seeds, cache keys.
 
 Their estimands are tested in tests/metrics/test_twin_envelope.py, check 6 in
 tests/evaluation/test_check6.py, the report table in tests/reporting/test_twin_report.py and
@@ -104,8 +104,8 @@ def test_gguf_twin_same_config_other_weights():
 @pytest.mark.needs_shared
 def test_twin_config_changes_only_the_loader_and_keys_its_own_cache_entry(tmp_path, trajectories):
     from ipi.extraction.rows import build_rows
-    from ipi.extraction.run import cache_key
-    from ipi.twin import twin_config
+    from ipi.extraction.forward import cache_key
+    from ipi.run.twin import twin_config
 
     cfg = compose_train(tmp_path, ["evaluation.random_twin=true", "evaluation.random_twin_seeds=[4,5]"])
     twin = twin_config(cfg, 4)
@@ -125,8 +125,8 @@ def test_twin_config_changes_only_the_loader_and_keys_its_own_cache_entry(tmp_pa
 
 @pytest.mark.needs_shared
 def test_twin_seeds_validated_and_the_old_single_seed_key_refused(tmp_path):
-    from ipi.config import validate
-    from ipi.twin import twin_seeds
+    from ipi.run.config import validate
+    from ipi.run.twin import twin_seeds
 
     assert twin_seeds(compose_train(tmp_path, ["evaluation.random_twin=true"])) == [1, 2, 3]  # the default
     assert twin_seeds(compose_train(tmp_path, [])) == []  # twin off

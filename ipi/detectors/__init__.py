@@ -13,7 +13,7 @@ the estimands, baselines, cluster bootstrap and verdict of PROTOCOL.md §5–§7
 
 from ipi.detectors.attention import AttentionFocusDetector, extract_attention, focus_ratios
 from ipi.detectors.detector import Detector
-from ipi.detectors.crossfit import DetectorScores, cross_fit_detector
+from ipi.detectors.fitting import DetectorScores, cross_fit_detector
 from ipi.detectors.external import ExternalDetector, join_scores
 from ipi.detectors.linear import DiffMeansDetector, LogisticDetector
 from ipi.detectors.mlp import MLPDetector

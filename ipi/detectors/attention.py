@@ -30,9 +30,14 @@ from dataclasses import dataclass, field, replace
 import lightning as L
 import numpy as np
 import torch
+from hydra.utils import instantiate
 
 from ipi.detectors.detector import check_fit_inputs
+from ipi.extraction.activation_cache import ActivationCache, stable_hash
+from ipi.extraction.datamodule import ReplayDataModule, StepGroupDataset
 from ipi.extraction.extractor import HiddenStateExtractor, ShardWriter, _StopForward
+from ipi.extraction.forward import ExtractSettings, cache_key, resolve_num_workers, resolve_precision
+from ipi.progress import extraction_callbacks
 from ipi.protocol import TOKEN_GROUPS
 from ipi.surfaces.registry import get_surface, surface_names
 
@@ -128,67 +133,57 @@ class AttentionFocusExtractor(HiddenStateExtractor):
                          for i in self.layer_indices]
 
 
-def attention_cache_key(cfg, rows, layers: Sequence[int]) -> tuple[str, dict]:
+def attention_cache_key(settings: ExtractSettings, rows, layers: Sequence[int]) -> tuple[str, dict]:
     """Key of the attention entry: the hidden-state key's inputs plus what this extraction reads."""
-    from ipi.extraction.activation_cache import stable_hash
-    from ipi.extraction.run import cache_key
-
-    hidden_key, spec = cache_key(cfg.backbone, rows, list(layers), list(TOKEN_GROUPS))
+    hidden_key, spec = cache_key(settings.backbone, rows, list(layers), list(TOKEN_GROUPS))
     att = {"kind": "attention_focus", "version": ATTENTION_VERSION, "query": "last_prompt",
            "value": "attention mass per token group [L, G, heads]"}
     return stable_hash({"rows_and_backbone": hidden_key, "attention": att}), {**spec, "attention": att,
                                                                               "dtype": "float32"}
 
 
-def extract_attention(cfg, rows, layers: Sequence[int]):
+def extract_attention(settings: ExtractSettings, rows, layers: Sequence[int]):
     """Attention masses of ``rows`` at ``layers``, forwarding only rows the cache lacks.
 
-    The entry is keyed by :func:`attention_cache_key` in ``extract.cache_dir`` and written through
+    The entry is keyed by :func:`attention_cache_key` in ``settings.cache_dir`` and written through
     the same shard writer, lock and manifest as the hidden-state entries (docs/extraction.md), so
     a second run (or a sweep over detectors) forwards nothing.
 
     Returns:
         ``(FeatureSet with features [N, L, G, heads], info)``; info as
-        :func:`ipi.extraction.run.extract_features`'s.
+        :func:`ipi.extraction.forward.extract_features`'s.
     """
-    from hydra.utils import instantiate
-
-    from ipi.extraction.activation_cache import ActivationCache
-    from ipi.extraction.datamodule import ReplayDataModule, StepGroupDataset
-    from ipi.extraction.run import resolve_num_workers, resolve_precision
-    from ipi.progress import extraction_callbacks
-
+    b = settings.backbone
     layers = sorted(set(int(i) for i in layers))
-    key, spec = attention_cache_key(cfg, rows, layers)
-    cache = ActivationCache(cfg.extract.cache_dir, key, spec)
+    key, spec = attention_cache_key(settings, rows, layers)
+    cache = ActivationCache(settings.cache_dir, key, spec)
     row_ids = [r.row_id for r in rows]
-    hit = cache.is_complete() and not cfg.extract.force
+    hit = cache.is_complete() and not settings.force
     forwarded = 0
     if not hit:
         with cache.writer_lock():
-            hit = cache.is_complete() and not cfg.extract.force
+            hit = cache.is_complete() and not settings.force
             if not hit:
                 done = cache.finished_row_ids()
                 todo = [r for r in rows if r.row_id not in done]
                 log.info("attention extraction: %d rows to forward", len(todo))
                 if todo:
-                    backbone = instantiate(cfg.backbone.loader)
-                    dataset = StepGroupDataset(todo, backbone.processor, cfg.backbone.system_prompt,
+                    backbone = instantiate(b["loader"])
+                    dataset = StepGroupDataset(todo, backbone.processor, b["system_prompt"],
                                                backbone.multimodal, backbone.image_size, backbone.image_token_id)
                     tok = backbone.tokenizer
                     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
                     per_step = max(len(g) for g in dataset.groups)
-                    dm = ReplayDataModule(dataset, pad, batch_size=max(1, cfg.backbone.batch_size // per_step),
-                                          num_workers=resolve_num_workers(cfg.extract.num_workers,
-                                                                                  cfg.extract.accelerator))
-                    writer = ShardWriter(cache, shard_rows=cfg.extract.shard_rows, dtype="float32")
-                    trainer = L.Trainer(accelerator=cfg.extract.accelerator, devices=1,
-                                        precision=resolve_precision(cfg.extract.precision, cfg.extract.accelerator),
-                                        callbacks=[writer, *extraction_callbacks(True if cfg.quiet else None,
+                    dm = ReplayDataModule(dataset, pad, batch_size=max(1, b["batch_size"] // per_step),
+                                          num_workers=resolve_num_workers(settings.num_workers, settings.accelerator))
+                    writer = ShardWriter(cache, shard_rows=settings.shard_rows, dtype="float32")
+                    trainer = L.Trainer(accelerator=settings.accelerator, devices=1,
+                                        precision=resolve_precision(settings.precision, settings.accelerator),
+                                        callbacks=[writer, *extraction_callbacks(True if settings.quiet else None,
                                                                                  total_rows=len(todo))],
                                         logger=False, enable_checkpointing=False, enable_model_summary=False,
                                         enable_progress_bar=False)
-                    trainer.predict(AttentionFocusExtractor(backbone, layers, max_rows=cfg.backbone.batch_size),
+                    trainer.predict(AttentionFocusExtractor(backbone, layers, max_rows=b["batch_size"]),
                                     datamodule=dm, return_predictions=False)
                     forwarded = writer.rows_written
                 cache.finalize(row_ids)

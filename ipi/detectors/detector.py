@@ -12,13 +12,14 @@ from __future__ import annotations
 from typing import Protocol, runtime_checkable
 
 import numpy as np
+from ipi.probe.fit import validate_xy
 
 __all__ = ["Detector", "check_fit_inputs"]
 
 
 @runtime_checkable
 class Detector(Protocol):
-    """What :func:`ipi.detectors.crossfit.cross_fit_detector` needs from a detector.
+    """What :func:`ipi.detectors.fitting.cross_fit_detector` needs from a detector.
 
     Attributes:
         name: Config name (``logistic``, ``diff_means``, ``mlp``, ``attention_focus``).
@@ -49,8 +50,6 @@ def check_fit_inputs(x: np.ndarray, y: np.ndarray, groups: np.ndarray, name: str
     Raises:
         ValueError: Shapes disagree, NaN/inf features, labels outside {0, 1} or a single class.
     """
-    from ipi.probe.fit import validate_xy
-
     validate_xy(x, y, name=f"detector={name}: training features")
     if len(np.asarray(groups)) != len(y):
         raise ValueError(f"detector={name}: {len(groups)} trajectory ids for {len(y)} training rows")

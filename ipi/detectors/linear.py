@@ -8,6 +8,7 @@ import numpy as np
 from sklearn.preprocessing import StandardScaler
 
 from ipi.detectors.detector import check_fit_inputs
+from ipi.probe.fit import ProbeConfig, fit_probe, score
 
 __all__ = ["DiffMeansDetector", "LogisticDetector"]
 
@@ -36,16 +37,12 @@ class LogisticDetector:
     probe_: object = field(default=None, repr=False)
 
     def fit(self, x, y, groups) -> LogisticDetector:
-        from ipi.probe.fit import ProbeConfig, fit_probe
-
         x, y = check_fit_inputs(x, y, groups, self.name)
         probe = fit_probe(x, y, ProbeConfig(l2=float(self.l2), max_iter=self.max_iter, tol=self.tol,
                                             seed=self.seed))
         return replace(self, probe_=probe)
 
     def score(self, x) -> np.ndarray:
-        from ipi.probe.fit import score
-
         if self.probe_ is None:
             raise RuntimeError("LogisticDetector.score before fit")
         return score(self.probe_, x)

@@ -3,7 +3,7 @@
 :func:`assess` is how every caller turns scores into results: the Lightning
 :class:`~ipi.evaluation.callbacks.EstimandsCallback` (``train.py``),
 :func:`~ipi.evaluation.scoretable.evaluate_score_table` (``evaluate.py``), the re-rolled splits
-of ``split.repeats`` (:func:`ipi.pipeline.evaluate_split`) and the planted-truth self-test
+of ``split.repeats`` (:func:`ipi.run.tasks.evaluate_split`) and the planted-truth self-test
 (:mod:`ipi.tools.simulate`). It computes, in this order:
 
 1. the numbers (:func:`ipi.metrics.compare.compare_tables`): E1/E2/E3 of the probe, its

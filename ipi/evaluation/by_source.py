@@ -165,7 +165,7 @@ def row_counts(rows_meta: Sequence[Mapping]) -> dict:
 
 def _source_labels(rows_meta: Sequence[Mapping], plan) -> dict[tuple[str, int], str]:
     """Each test step's source: its trajectory's held-out source under ``split.wording=source``
-    (a shared text counts as its owner's: :func:`ipi.surfaces.wording.source_owner`), else the
+    (a shared text counts as its owner's: :func:`ipi.attacks.wording.source_owner`), else the
     family of the template its attack used."""
     labels = step_attribute(rows_meta, "source")
     if plan is not None and plan.scheme == "source":

@@ -16,7 +16,7 @@ objects). The baselines are read under these names:
   ``"permuted"`` (§6) is reported but decides nothing;
 * ``"collapse_only"`` (alias ``"c2"``, this project's name for it): the collapse-statistic
   probe (PROTOCOL.md §6);
-* ``"random_twin"``: the same probe on the random-weight twins' features (:mod:`ipi.twin`; its
+* ``"random_twin"``: the same probe on the random-weight twins' features (:mod:`ipi.run.twin`; its
   ``e3`` is the envelope, the maximum over twin seeds per draw), with the paired differences
   ``results["differences"]["e3_minus_twin_e3"][control]`` (trained − envelope).
 

@@ -17,8 +17,8 @@ import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
 
 from ipi.backbone import Backbone
-from ipi.config import PREFIX_REUSE_MODES, resolve_prefix_reuse  # noqa: F401 (re-exported)
 from ipi.extraction.activation_cache import ActivationCache
+from ipi.extraction.prefix_reuse import PREFIX_REUSE_MODES, resolve_prefix_reuse  # noqa: F401 (re-exported)
 from ipi.protocol import TOKEN_GROUPS
 
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from ipi.data.schema import Step, Trajectory
 from ipi.replay import PromptParts
 from ipi.surfaces.variants import Variant, make_variants
-from ipi.surfaces.wording import WordingPlan, full_family
+from ipi.attacks.wording import WordingPlan, full_family
 
 if TYPE_CHECKING:
     from ipi.attacks.pool import AttackPool
@@ -99,7 +99,7 @@ def build_rows(
         controls: Controls to build (must apply to the surface).
         n_attacks: Attack rows per step.
         count_tokens: Token counter for text-surface controls (matched token count).
-        wording: Held-out wording plan (:func:`ipi.surfaces.wording.wording_plan`): each
+        wording: Held-out wording plan (:func:`ipi.attacks.wording.wording_plan`): each
             trajectory's attack and imperative texts come from its own family only. None: every
             row draws from the whole pool.
         pool: The run's attack pool (:mod:`ipi.attacks.pool`) when ``wording`` is None; default

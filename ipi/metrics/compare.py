@@ -207,7 +207,7 @@ def compare_tables(
             (:meth:`ipi.probe.crossfit.CrossFit.permutation_input`), summarised by
             :func:`ipi.metrics.permutation.permutation_summary` against the observed E1.
         twins: The same probe's score tables on the random-weight twins' features, one per
-            twin seed ``{seed: table}`` (same rows, same folds; :mod:`ipi.twin`), or None
+            twin seed ``{seed: table}`` (same rows, same folds; :mod:`ipi.run.twin`), or None
             (:mod:`ipi.metrics.twins`).
         alpha: Level of the permutation test (an ``"alpha"`` in ``permutation`` wins).
 

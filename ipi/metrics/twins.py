@@ -1,6 +1,6 @@
 """The random-weight twins on the shared draws: per-seed estimands, the envelope, the differences (check 6).
 
-The same probe on the features of random-weight twins of the backbone (:mod:`ipi.twin`), one
+The same probe on the features of random-weight twins of the backbone (:mod:`ipi.run.twin`), one
 score table per twin seed on the same rows, is bootstrapped on the run's shared draws
 (docs/estimands.md, check 6). For each seed ``s``: ``E1_s, E2_s, E3_s[c]`` and the paired
 differences ``E1 − E1_s``, ``E3[c] − E3_s[c]``. The **envelope** ``max_s`` is taken per draw, so

@@ -142,7 +142,7 @@ def _quiet():
 def fit_probe(
     x_train: np.ndarray,
     y_train: np.ndarray,
-    cfg: ProbeConfig | None = None,
+    probe_config: ProbeConfig | None = None,
     *,
     logger=None,
     x_val: np.ndarray | None = None,
@@ -153,14 +153,14 @@ def fit_probe(
 
     Standardisation statistics and balanced class weights come from ``x_train``/``y_train``
     only. Training is one full batch per epoch, in float64 — an exact Newton solve
-    (``cfg.solver="newton"``, default) or LBFGS with strong Wolfe (``"lbfgs"``) — through
+    (``probe_config.solver="newton"``, default) or LBFGS with strong Wolfe (``"lbfgs"``) — through
     ``lightning.Trainer(accelerator="cpu", devices=1, deterministic=True)``; banners,
     progress bars, checkpoints and the model summary are off.
 
     Args:
         x_train: Training features ``[n, d]`` (float16/32/64). Converted to one float64 copy.
         y_train: Training labels ``[n]`` in ``{0, 1}`` (1 = attack, 0 = clean).
-        cfg: Hyper-parameters; ``ProbeConfig()`` if None.
+        probe_config: Hyper-parameters; ``ProbeConfig()`` if None.
         logger: A Lightning logger (e.g. ``CSVLogger``) or None for no logging.
         x_val: Optional validation features ``[m, d]``; logs ``val/auroc`` each epoch.
         y_val: Validation labels ``[m]`` (required with ``x_val``).
@@ -178,7 +178,7 @@ def fit_probe(
             array has NaN/inf (the message gives the number of rows), shapes disagree, or
             only one of ``x_val``/``y_val`` is given.
     """
-    cfg = cfg if cfg is not None else ProbeConfig()
+    probe_config = probe_config if probe_config is not None else ProbeConfig()
     validate_xy(x_train, y_train, name="x_train")
     x_train = np.asarray(x_train)
     if (x_val is None) != (y_val is None):
@@ -195,10 +195,10 @@ def fit_probe(
             raise ValueError("y_val must be [m] labels in {0, 1} matching x_val")
 
     with _quiet():
-        lightning.seed_everything(cfg.seed, workers=True, verbose=False)
+        lightning.seed_everything(probe_config.seed, workers=True, verbose=False)
         probe = LinearProbe(
-            n_features=int(x_train.shape[1]), l2=cfg.l2, max_iter=cfg.max_iter, tol=cfg.tol,
-            solver=cfg.solver,
+            n_features=int(x_train.shape[1]), l2=probe_config.l2, max_iter=probe_config.max_iter, tol=probe_config.tol,
+            solver=probe_config.solver,
         )
         probe.set_train_statistics(x_train, y_train)
         train_loader = _full_batch_loader(x_train, y_train)
@@ -206,7 +206,7 @@ def fit_probe(
         trainer = lightning.Trainer(
             accelerator="cpu",
             devices=1,
-            max_epochs=int(cfg.max_epochs),
+            max_epochs=int(probe_config.max_epochs),
             logger=logger if logger is not None else False,
             enable_checkpointing=False,
             enable_progress_bar=False,
@@ -227,9 +227,9 @@ def fit_probe(
     state = optimizer.state[optimizer.param_groups[0]["params"][0]]
     n_iter = int(state.get("n_iter", 0))
     probe.fit_metrics["lbfgs/n_iter"] = float(n_iter)
-    if n_iter >= int(cfg.max_iter) * int(cfg.max_epochs) and grad_max > cfg.tol:
+    if n_iter >= int(probe_config.max_iter) * int(probe_config.max_epochs) and grad_max > probe_config.tol:
         warnings.warn(
-            f"LBFGS stopped after {n_iter} iterations without reaching tol={cfg.tol} "
+            f"LBFGS stopped after {n_iter} iterations without reaching tol={probe_config.tol} "
             f"(last max-abs gradient {grad_max:.3g}); raise ProbeConfig.max_iter or max_epochs",
             RuntimeWarning,
             stacklevel=2,

@@ -17,11 +17,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ipi.metrics.keys import OPERATING_POINT, RUN
+from ipi.reporting import layout
 
-__all__ = ["OWN_SECTION", "sections"]
+__all__ = ["sections", "with_sections"]
 
-#: ``run`` keys these sections show, left out of the report's generic "Run" list.
-OWN_SECTION = frozenset({"attack"})
+#: Sections these go before (the report's trailing sections), by id.
+_BEFORE = ("other", "permutation", "spread", "counts", "run", "config")
 
 
 def _operating(results: Mapping, layout) -> list:
@@ -91,6 +92,11 @@ def _attack(results: Mapping, layout) -> list:
 def sections(results: Mapping) -> list:
     """This module's sections (:class:`ipi.reporting.layout.Section`) present in ``results``: the
     operating point, then the attack source; none for a run without them."""
-    from ipi.reporting import layout  # the layout imports this module: a late import
-
     return [*_operating(results, layout), *_attack(results, layout)]
+
+
+def with_sections(report: list, results: Mapping) -> list:
+    """``report`` (:func:`ipi.reporting.layout.report_sections`) with this module's sections
+    before its trailing ones (other estimands, permutation test, spread, counts, run, config)."""
+    i = next((k for k, s in enumerate(report) if s.id in _BEFORE), len(report))
+    return [*report[:i], *sections(results), *report[i:]]

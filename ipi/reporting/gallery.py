@@ -248,7 +248,7 @@ def build_gallery(
         shown: The surfaces, one row each, in order; None: the surfaces that ship
             (:func:`ipi.surfaces.registry.surfaces`).
         wording: The wording family the attacks are drawn from (the run's attack pool bound to
-            the trajectory's task: :class:`ipi.surfaces.wording.WordingFamily`); None: the bank.
+            the trajectory's task: :class:`ipi.attacks.wording.WordingFamily`); None: the bank.
 
     Returns:
         The gallery (RGB).

@@ -66,8 +66,8 @@ from ipi.metrics.keys import (
     VERDICT,
     dotted,
     e1_minus_baseline_e1,
+    OPERATING_POINT,
 )
-from ipi.reporting import attack_sections
 from ipi.surfaces.registry import find_surface
 
 __all__ = [
@@ -82,7 +82,10 @@ MAX_COLUMNS = 6
 MAX_LIST_ITEMS = 200
 #: Top-level keys of ``results.json`` that hold no estimand: :func:`interval_keys` does not look
 #: inside them (the verdict's numbers and the split spread repeat estimands; p-values are numbers).
-NOT_ESTIMANDS = (VERDICT, REPORTABILITY, SPLIT_SPREAD, PERMUTATION, P_VALUES, BOOTSTRAP, COUNTS, RUN)
+NOT_ESTIMANDS = (VERDICT, REPORTABILITY, SPLIT_SPREAD, PERMUTATION, P_VALUES, BOOTSTRAP, COUNTS, RUN,
+                 OPERATING_POINT)  # the operating point has its own section (ipi.reporting.attack_sections)
+#: ``run`` keys with their own section (ipi.reporting.attack_sections), left out of the Run list.
+RUN_KEYS_SHOWN_ELSEWHERE = frozenset({"attack"})
 #: The reportable column of an interval the reportability gate does not mark.
 UNGATED_NOTE = "not gated (no verdict check uses it)"
 
@@ -714,7 +717,7 @@ def _run(r: Mapping) -> Section | None:
     run = r.get(RUN)
     if not isinstance(run, Mapping) or not run:
         return None
-    run = {k: v for k, v in run.items() if k not in attack_sections.OWN_SECTION}  # shown in their own sections
+    run = {k: v for k, v in run.items() if k not in RUN_KEYS_SHOWN_ELSEWHERE}
     items = tuple((k, v, ()) for k, v in flat_items(run))
     summary = " · ".join(str(x) for x in (run.get("surface"), run.get("backbone"),
                                           run.get("layers_config") and f"layers {run['layers_config']}",
@@ -757,8 +760,7 @@ def report_sections(results: Mapping, figures: Mapping[str, str] | None = None,
     ungated = frozenset(extra)
     sections = [_verdict(r), _headline(r, groups["headline"], marks, figures), _figures(figures),
                 _baselines(r, groups["baselines"], ungated), _twins(r, marks, labels),
-                _differences(r, groups["differences"], ungated),
-                *attack_sections.sections(r)]  # operating point, attack source (issue 25)
+                _differences(r, groups["differences"], ungated)]
     # Whatever no section shows yet (a new kind of estimand) is listed, so every interval appears.
     shown = shown_keys([s for s in sections if s is not None])
     other = [row for row in groups["other"] if row[0] not in shown]

@@ -101,20 +101,20 @@ def task_wrapper(task: Callable) -> Callable:
     """Wrap a task function so that the W&B run of the job is always finished (``finally``).
 
     Args:
-        task: ``task(cfg) -> (metrics, objects)``.
+        task: ``task(config) -> (metrics, objects)``.
 
     Returns:
         The wrapped task; exceptions propagate after the run was closed (marked failed).
     """
 
     @functools.wraps(task)
-    def wrapped(cfg, *args, **kwargs):
+    def wrapped(*args, **kwargs):
         failed = True
         try:
-            out = task(cfg, *args, **kwargs)
+            out = task(*args, **kwargs)
             failed = False
             return out
-        except Exception as e:  # the entry script reports it (ipi.cli); the log keeps one line
+        except Exception as e:  # the entry script reports it (ipi.run.cli); the log keeps one line
             log.error("task %s failed: %s: %s", getattr(task, "__name__", task), type(e).__name__, e)
             raise
         finally:

@@ -27,17 +27,31 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from PIL import Image
 
 from ipi.data.images import load_rgb
+from ipi.surfaces.bank import attack_text
 from ipi.surfaces.banner import BannerSpec, draw_banner
 from ipi.surfaces.controls import imperative_sentences, match_token_count, scramble, scramble_tokens
 
 if TYPE_CHECKING:
     from ipi.data.schema import Step
-    from ipi.surfaces.wording import WordingFamily
+
+
+class WordingFamily(Protocol):
+    """What a surface draws one trajectory's texts from: :class:`ipi.attacks.wording.WordingFamily`
+    (the run's attack pool, its held-out entries and the trajectory's task). The surfaces sit below
+    ``ipi.attacks`` (pyproject's import contract), so they name only this shape."""
+
+    @property
+    def imperative_texts(self) -> tuple[str, ...]: ...
+
+    @property
+    def attack_pool(self): ...
+
+    def attacks(self, trajectory_id: str, step: int, n_attacks: int) -> list[tuple[str, dict]]: ...
 
 __all__ = ["PROMPT_FIELDS", "Insertion", "Surface", "TextSurface", "Variant", "attacks_of", "seed_key"]
 
@@ -129,10 +143,9 @@ def attacks_of(trajectory_id: str, step: Step, n_attacks: int,
         ``[(text, {"template", "goal", "goal_family", "source", ...}), ...]`` for
         ``k = 0 .. n_attacks - 1``.
     """
-    if wording is None:
-        from ipi.surfaces.wording import full_family
-
-        wording = full_family()
+    if wording is None:  # the project bank, as ipi.attacks.wording.full_family() draws it
+        return [(t, {**m, "source": "project"})
+                for t, m in (attack_text(trajectory_id, step.step, k) for k in range(n_attacks))]
     return wording.attacks(trajectory_id, step.step, n_attacks)
 
 
@@ -189,7 +202,7 @@ class Surface(ABC):
             n_attacks: Number of attack rows (``>= 1``).
             count_tokens: Token counter of the backbone's tokenizer; required when
                 :attr:`token_matched`, unused otherwise.
-            wording: The trajectory's held-out wording family (:mod:`ipi.surfaces.wording`):
+            wording: The trajectory's held-out wording family (:mod:`ipi.attacks.wording`):
                 attack templates, goals and ``c_imperative`` sentences are drawn from it only.
                 None: the whole bank.
 

@@ -11,7 +11,7 @@ into pooled features, on the configured backbone (default: the tiny Qwen2.5-VL o
   while the project's layer ``k`` is the output of block ``k`` (docs/replay.md); so that the two
   paths compute the same quantity, the baseline's final norm is swapped for the identity while
   it runs (an RMSNorm costs nothing next to the LM head; the logits are still computed).
-* **ours** — :func:`ipi.extraction.run.extract_features` exactly as ``train.py`` runs it
+* **ours** — :func:`ipi.extraction.forward.extract_features` exactly as ``train.py`` runs it
   (Lightning predict, step groups with each screenshot encoded once, hooks on the chosen layers,
   early stop, no LM head, batched pooling, shards streamed to a temporary cache entry).
 
@@ -52,12 +52,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 
 import numpy as np
 import torch
 
 from ipi.backbone import Backbone, find_decoder_layers
-from ipi.config import REPO_ROOT, register_configs
+from ipi.run.config import REPO_ROOT, register_configs
 from ipi.extraction.datamodule import ReplayDataset, StepGroupDataset, collate_steps
 from ipi.extraction.extractor import (
     HiddenStateExtractor,
@@ -66,11 +67,14 @@ from ipi.extraction.extractor import (
     pool_groups,
 )
 from ipi.tools.extraction_timing import _identity_final_norm
-from ipi.extraction.run import extract_features
+from ipi.extraction.forward import ExtractSettings, extract_features
+from ipi.run.settings import extract_settings
 from ipi.tools.bootstrap_timing import bench_bootstrap, bench_permutation
 from ipi.progress import quiet_lightning
 from ipi.protocol import SURFACES, TOKEN_GROUPS
-from ipi.stages import layer_indices, load_data, make_rows
+from ipi.run.stages import layer_indices, load_data, make_rows
+from ipi.backbone import build_backbone
+from ipi.tools.extraction_timing import entry_timings, speed_benchmark
 
 #: Qwen2.5-VL-7B-Instruct's architecture (config.json of the checkpoint).
 QWEN2_5_VL_7B_TEXT = dict(
@@ -127,17 +131,15 @@ def subset_rows(overrides: list[str], n_steps: int, surfaces=SURFACES):
     return cfg, rows
 
 
-def baseline_features(cfg, rows, layers: list[int]) -> tuple[np.ndarray, np.ndarray, float]:
+def baseline_features(settings: ExtractSettings, rows, layers: list[int]) -> tuple[np.ndarray, np.ndarray, float]:
     """The naive way (module docstring): full forward + ``output_hidden_states``, one row at a time.
 
     Returns:
         ``(features [N, L, G, H], collapse [N, L], seconds)``.
     """
-    from ipi.backbone import build_backbone
-
     t0 = time.perf_counter()
-    bb = build_backbone(cfg.backbone.loader, with_lm_head=True)
-    ds = ReplayDataset(rows, bb.processor, cfg.backbone.system_prompt, bb.multimodal, bb.image_size,
+    bb = build_backbone(settings.backbone["loader"], with_lm_head=True)
+    ds = ReplayDataset(rows, bb.processor, settings.backbone["system_prompt"], bb.multimodal, bb.image_size,
                        bb.image_token_id)
     feats, coll = [], []
     with torch.inference_mode(), _identity_final_norm(bb.model):
@@ -151,17 +153,15 @@ def baseline_features(cfg, rows, layers: list[int]) -> tuple[np.ndarray, np.ndar
     return torch.stack(feats).numpy(), torch.stack(coll).numpy(), secs
 
 
-def project_features(cfg, rows, layers: list[int], cache_dir: str):
-    """The project's path: :func:`ipi.extraction.run.extract_features` into a fresh cache entry.
+def project_features(settings: ExtractSettings, rows, layers: list[int], cache_dir: str):
+    """The project's path: :func:`ipi.extraction.forward.extract_features` into a fresh cache entry.
 
     Returns:
         ``(features [N, L, G, H], collapse [N, L], seconds, info)``.
     """
-
-    cfg.extract.cache_dir = cache_dir
-    cfg.extract.layers = []  # exactly `layers`: the same work as the baseline
+    settings = replace(settings, cache_dir=cache_dir, layers=())  # exactly `layers`: the same work as the baseline
     t0 = time.perf_counter()
-    fs, info = extract_features(cfg, rows, layers, list(TOKEN_GROUPS))
+    fs, info = extract_features(settings, rows, layers, list(TOKEN_GROUPS))
     secs = time.perf_counter() - t0
     li = [fs.layers.index(k) for k in layers]
     return fs.features[:, li].float().numpy(), fs.collapse[:, li].float().numpy(), secs, info
@@ -171,9 +171,9 @@ def _rss_probe(overrides: list[str], n_steps: int, shard_rows: int) -> dict:
     """Run the project path alone in this process and report its peak RSS."""
 
     cfg, rows = subset_rows(overrides, n_steps)
-    cfg.extract.shard_rows = shard_rows
     with tempfile.TemporaryDirectory() as tmp:
-        _, _, secs, _ = project_features(cfg, rows, layer_indices(cfg), tmp)
+        _, _, secs, _ = project_features(replace(extract_settings(cfg), shard_rows=shard_rows), rows,
+                                         layer_indices(cfg), tmp)
     return {"rows": len(rows), "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
             "seconds": round(secs, 2)}
 
@@ -205,9 +205,6 @@ def extraction_benchmark(n_steps: int = 6, rss_steps: tuple[int, int] = (4, 16),
     Returns:
         A JSON-able dict.
     """
-    from ipi.backbone import build_backbone
-    from ipi.tools.extraction_timing import speed_benchmark
-
     overrides = list(overrides)
     cfg, rows = subset_rows(overrides, n_steps)
     layers = layer_indices(cfg)
@@ -215,7 +212,7 @@ def extraction_benchmark(n_steps: int = 6, rss_steps: tuple[int, int] = (4, 16),
     by_surface = {s: rs for s, rs in by_surface.items() if rs}
     out = {"benchmark": "extraction", "backbone": cfg.backbone.name, "steps": n_steps, "rows": len(rows),
            "rows_by_surface": {s: len(rs) for s, rs in by_surface.items()},
-           **speed_benchmark(cfg, by_surface, layers, reps=reps,
+           **speed_benchmark(extract_settings(cfg), by_surface, layers, reps=reps,
                              build_backbone=lambda: build_backbone(cfg.backbone.loader, with_lm_head=True),
                              build_ours=lambda: build_backbone(cfg.backbone.loader, max_layer=max(layers)))}
     if rss_steps:
@@ -366,8 +363,6 @@ def main(argv: list[str] | None = None) -> None:
             p.error("--rss-steps takes two sizes, e.g. 4,16")
         out["extraction"] = extraction_benchmark(a.steps, rss, a.shard_rows, a.override, a.reps)
     if a.only in ("timings", "all") or (a.only == "extraction" and not a.no_timings):
-        from ipi.tools.extraction_timing import entry_timings
-
         with tempfile.TemporaryDirectory() as tmp:
             timings = entry_timings(REPO_ROOT, tmp, sweep=not a.no_sweep)
         if a.only == "extraction":

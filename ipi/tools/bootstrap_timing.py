@@ -18,6 +18,9 @@ from ipi.metrics.bootstrap import make_draws
 from ipi.metrics.estimands import estimands
 from ipi.metrics.table import ATTACK, CLEAN, step_weights, validate_table
 from ipi.protocol import VARIANTS
+from ipi.metrics.permutation import permute_within
+from ipi.probe import dual
+from ipi.probe.fit import fit_sklearn_reference
 
 __all__ = ["bench_bootstrap", "bench_permutation", "bootstrap_benchmark", "synthetic_score_table"]
 
@@ -254,10 +257,6 @@ def bench_permutation(n_train: int = 1000, n_test: int = 600, n_features: int = 
     import torch
     from sklearn.metrics import roc_auc_score
 
-    from ipi.metrics.permutation import permute_within
-    from ipi.probe.dual import ReducedDesign, fit_reduced, fit_reduced_batch
-    from ipi.probe.fit import fit_sklearn_reference
-
     rng = np.random.default_rng(seed)
     n = n_train + n_test
     steps = 5
@@ -278,10 +277,10 @@ def bench_permutation(n_train: int = 1000, n_test: int = 600, n_features: int = 
     perm_rng = np.random.default_rng(seed + 1)
     labels = np.stack([permute_within(groups, y[tr], perm_rng) for _ in range(m)])  # [M, n_train]
     t0 = time.perf_counter()
-    design = ReducedDesign.build(x[tr], x[te])
+    design = dual.ReducedDesign.build(x[tr], x[te])
     t_design = time.perf_counter() - t0
     t1 = time.perf_counter()
-    theta = fit_reduced_batch(design.phi, labels, C=1.0)
+    theta = dual.fit_reduced_batch(design.phi, labels, C=1.0)
     scores = theta[:, :-1] @ design.phi_test.T + theta[:, -1:]  # [M, n_test]
     t_refits = time.perf_counter() - t1
     ours = time.perf_counter() - t0
@@ -289,7 +288,7 @@ def bench_permutation(n_train: int = 1000, n_test: int = 600, n_features: int = 
     seq_times, seq_diff = [], 0.0
     for j in range(min(sequential_fits, m)):
         t3 = time.perf_counter()
-        th = fit_reduced(design.phi, labels[j], C=1.0)
+        th = dual.fit_reduced(design.phi, labels[j], C=1.0)
         seq_times.append(time.perf_counter() - t3)
         seq_diff = max(seq_diff, float(np.abs(th - theta[j]).max()))
     seq = float(np.mean(seq_times)) if seq_times else float("nan")

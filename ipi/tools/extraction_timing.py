@@ -10,7 +10,7 @@ statistic), timed on the same rows of real shared trajectories, surface by surfa
 * **elk-style** (key ``speedup_vs_elk_style``): the base model without the LM head, the
   variants of one step batched (right padded, each row with its own image inputs), every
   decoder block with ``output_hidden_states=True``, per-row preparation as above.
-* **ours**: :func:`ipi.extraction.run.extract_features` exactly as ``train.py`` runs it, into a
+* **ours**: :func:`ipi.extraction.forward.extract_features` exactly as ``train.py`` runs it, into a
   fresh temporary cache entry each repetition: the base model without LM head and without the
   blocks above the deepest one read (``ipi.backbone.build_backbone(..., max_layer=...)``), each
   screenshot encoded once per step group, and each step group's shared token prefix forwarded
@@ -35,9 +35,16 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import numpy as np
 import torch
+
+from ipi.backbone import _processor
+from ipi.extraction.datamodule import ReplayDataset, StepGroupDataset, collate_rows, collate_steps, step_groups
+from ipi.extraction.extractor import base_model, collapse_statistic, planned_prefix_len, pool_groups
+from ipi.extraction.forward import ExtractSettings, extract_features
+from ipi.protocol import TOKEN_GROUPS
 
 __all__ = ["matmul_peak_flops", "measurement_warnings", "speed_benchmark", "count_flops"]
 
@@ -79,7 +86,6 @@ def _cpu_s() -> float:
 @contextlib.contextmanager
 def _identity_final_norm(model):
     """Swap the text model's final norm for the identity (``hidden_states[-1]`` = block output)."""
-    from ipi.extraction.extractor import base_model
 
     lm = getattr(base_model(model), "language_model", base_model(model))
     norm = lm.norm
@@ -90,23 +96,20 @@ def _identity_final_norm(model):
         lm.norm = norm
 
 
-def _replay_dataset(bb, cfg, rows):
-    from ipi.extraction.datamodule import ReplayDataset
+def _replay_dataset(bb, settings, rows):
 
-    return ReplayDataset(rows, bb.processor, cfg.backbone.system_prompt, bb.multimodal, bb.image_size,
+    return ReplayDataset(rows, bb.processor, settings.backbone["system_prompt"], bb.multimodal, bb.image_size,
                          bb.image_token_id)
 
 
-def tasktracker_features(bb, cfg, rows, layers: Sequence[int]) -> dict:
+def tasktracker_features(bb, settings, rows, layers: Sequence[int]) -> dict:
     """TaskTracker-style: full model with LM head, one row at a time (module docstring).
 
     Returns:
         ``{"features": [N, L, G, H], "collapse": [N, L], "prep_s", "tokens"}``.
     """
-    from ipi.extraction.extractor import collapse_statistic, pool_groups
-    from ipi.protocol import TOKEN_GROUPS
 
-    ds = _replay_dataset(bb, cfg, rows)
+    ds = _replay_dataset(bb, settings, rows)
     feats, coll, prep, tokens = [], [], 0.0, 0
     with torch.inference_mode(), _identity_final_norm(bb.model):
         for i in range(len(ds)):
@@ -121,17 +124,14 @@ def tasktracker_features(bb, cfg, rows, layers: Sequence[int]) -> dict:
             "tokens": tokens}
 
 
-def elk_features(bb, cfg, rows, layers: Sequence[int]) -> dict:
+def elk_features(bb, settings, rows, layers: Sequence[int]) -> dict:
     """elk-style: base model without head, a step's variants batched (module docstring).
 
     Returns:
         As :func:`tasktracker_features`; ``tokens`` counts padded positions too.
     """
-    from ipi.extraction.datamodule import collate_rows, step_groups
-    from ipi.extraction.extractor import base_model, collapse_statistic, pool_groups
-    from ipi.protocol import TOKEN_GROUPS
 
-    ds = _replay_dataset(bb, cfg, rows)
+    ds = _replay_dataset(bb, settings, rows)
     tok_ = bb.tokenizer
     pad = tok_.pad_token_id if tok_.pad_token_id is not None else tok_.eos_token_id
     out_f: list = [None] * len(rows)
@@ -156,25 +156,23 @@ def elk_features(bb, cfg, rows, layers: Sequence[int]) -> dict:
             "tokens": tokens}
 
 
-def ours_features(bb, cfg, rows, layers: Sequence[int]) -> dict:
-    """The project path (:func:`ipi.extraction.run.extract_features`) into a fresh cache entry.
+def ours_features(bb, settings, rows, layers: Sequence[int]) -> dict:
+    """The project path (:func:`ipi.extraction.forward.extract_features`) into a fresh cache entry.
 
     Returns:
         As :func:`tasktracker_features`; ``prep_s`` is timed in a separate pass over the same
         step groups (rendering, tokenising, collating: what DataLoader workers would do).
     """
-    from ipi.extraction.run import extract_features
-    from ipi.protocol import TOKEN_GROUPS
 
     with tempfile.TemporaryDirectory() as tmp:
-        cfg.extract.cache_dir = tmp
-        cfg.extract.layers = []  # exactly `layers`: the same work as the baselines
-        fs, _ = extract_features(cfg, rows, layers, list(TOKEN_GROUPS), backbone=bb)
+        # exactly `layers` into a fresh entry: the same work as the baselines
+        fs, _ = extract_features(replace(settings, cache_dir=tmp, layers=()), rows, layers, list(TOKEN_GROUPS),
+                                 backbone=bb)
     li = [fs.layers.index(k) for k in layers]
     return {"features": fs.features[:, li].float().numpy(), "collapse": fs.collapse[:, li].float().numpy()}
 
 
-def ours_prep(bb, cfg, rows) -> tuple[float, int, int]:
+def ours_prep(bb, settings, rows) -> tuple[float, int, int]:
     """The project path's data preparation alone (step groups rendered, tokenised, collated).
 
     Returns:
@@ -184,18 +182,16 @@ def ours_prep(bb, cfg, rows) -> tuple[float, int, int]:
         whole rows padded to its longest row); ``prefix_groups`` counts the step groups whose
         prefix is reused.
     """
-    from ipi.extraction.datamodule import StepGroupDataset, collate_steps
-    from ipi.extraction.extractor import planned_prefix_len
 
-    ds = StepGroupDataset(rows, bb.processor, cfg.backbone.system_prompt, bb.multimodal, bb.image_size,
+    ds = StepGroupDataset(rows, bb.processor, settings.backbone["system_prompt"], bb.multimodal, bb.image_size,
                           bb.image_token_id)
     tok = bb.tokenizer
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    mode = cfg.extract.get("prefix_reuse", "auto")
+    mode = settings.prefix_reuse
     t0 = time.perf_counter()
     batches = [collate_steps([ds[g]], pad) for g in range(len(ds))]
     secs = time.perf_counter() - t0
-    step = max(1, int(cfg.backbone.batch_size))
+    step = max(1, int(settings.backbone["batch_size"]))
     positions, reused = 0, 0
     for batch in batches:
         ls = batch["seq_len_list"]
@@ -217,12 +213,12 @@ def _rel_err(a: np.ndarray, ref: np.ndarray) -> float:
 METHODS = ("tasktracker", "elk", "ours")
 
 
-def speed_benchmark(cfg, rows_by_surface: dict[str, list], layers: Sequence[int], *, reps: int = 3,
+def speed_benchmark(settings: ExtractSettings, rows_by_surface: dict[str, list], layers: Sequence[int], *, reps: int = 3,
                     build_backbone: Callable[[], object], build_ours: Callable[[], object] | None = None) -> dict:
     """Time the three ways (module docstring) on each surface's rows; ``reps`` repetitions.
 
     Args:
-        cfg: The composed ``train`` config (backbone, extract, precision).
+        settings: The extraction settings of the composed ``train`` config (:func:`ipi.run.settings.extract_settings`).
         rows_by_surface: Replay rows per surface (the same rows for every way).
         layers: Decoder blocks read.
         reps: Repetitions of every steady-state measurement (>= 1; 3 or more for a spread).
@@ -237,7 +233,6 @@ def speed_benchmark(cfg, rows_by_surface: dict[str, list], layers: Sequence[int]
         sums of the per-surface steady times of each repetition), ``startup_s`` per way, load
         averages, threads and the matmul peak.
     """
-    from ipi.backbone import _processor
 
     build_ours = build_ours or build_backbone
     load_before = os.getloadavg()
@@ -252,9 +247,9 @@ def speed_benchmark(cfg, rows_by_surface: dict[str, list], layers: Sequence[int]
     ours_bb = build_ours()
     startup["ours"] = {"wall_s": round(time.perf_counter() - t0, 3), "cpu_s": round(_cpu_s() - c0, 3)}
     runners = {
-        "tasktracker": lambda rows: tasktracker_features(bb, cfg, rows, layers),
-        "elk": lambda rows: elk_features(bb, cfg, rows, layers),
-        "ours": lambda rows: ours_features(ours_bb, cfg, rows, layers),
+        "tasktracker": lambda rows: tasktracker_features(bb, settings, rows, layers),
+        "elk": lambda rows: elk_features(bb, settings, rows, layers),
+        "ours": lambda rows: ours_features(ours_bb, settings, rows, layers),
     }
     per_surface: dict = {}
     wall = {m: [[0.0] * reps for _ in rows_by_surface] for m in METHODS}
@@ -272,8 +267,8 @@ def speed_benchmark(cfg, rows_by_surface: dict[str, list], layers: Sequence[int]
                 cpus.append(_cpu_s() - c0)
                 wall[m][si][r] = secs[-1]
             if m == "ours":
-                prep, out["tokens"], reused = ours_prep(ours_bb, cfg, rows)
-                res["prefix_reuse"] = {"mode": str(cfg.extract.get("prefix_reuse", "auto")),
+                prep, out["tokens"], reused = ours_prep(ours_bb, settings, rows)
+                res["prefix_reuse"] = {"mode": str(settings.prefix_reuse),
                                        "step_groups_reused": int(reused),
                                        "step_groups": len({(r.trajectory_id, r.step.step) for r in rows})}
             else:
@@ -327,7 +322,7 @@ def speed_benchmark(cfg, rows_by_surface: dict[str, list], layers: Sequence[int]
         "startup_s": startup,
         "reps": reps,
         "layers": list(layers),
-        "precision": cfg.extract.precision,
+        "precision": settings.precision,
         "torch_threads": torch.get_num_threads(),
         "matmul_peak_gflop_s": round(peak / 1e9, 2),
         "loadavg_before": [round(x, 2) for x in load_before],
@@ -392,7 +387,7 @@ def entry_timings(repo_root, out_dir, *, sweep: bool = True, python: str | None 
     1. ``python extract.py surface=i_vis`` fills the activation cache (or finds it): its time
        is reported as ``extract_s`` (a cold extraction when the cache was empty).
     2. ``warm_run_s``: ``python train.py surface=i_vis layers=six`` with that cache (a hit).
-    3. ``imports_s``: ``python -c "import train, ipi.pipeline"`` — what every entry script pays
+    3. ``imports_s``: ``python -c "import train, ipi.run.tasks"`` — what every entry script pays
        before any work; ``warm_run_cpu_beyond_imports_s`` subtracts its CPU-seconds.
     4. ``sweep30_s``: ``python train.py -m layers=six_1,...,six_6
        token_group=last_prompt,image,task,observation,action`` (30 jobs in one process).
@@ -419,7 +414,7 @@ def entry_timings(repo_root, out_dir, *, sweep: bool = True, python: str | None 
     ext = _timed_run([py, "extract.py", "surface=i_vis", "quiet=true", f"hydra.run.dir={out_dir}/extract", *extra],
                      repo_root, env)
     res["extract_s"] = ext
-    imp = _timed_run([py, "-c", "import train, ipi.pipeline, ipi.cli"], repo_root, env)
+    imp = _timed_run([py, "-c", "import train, ipi.run.tasks, ipi.run.cli"], repo_root, env)
     warm = _timed_run([py, "train.py", "surface=i_vis", "layers=six", "quiet=true", f"hydra.run.dir={out_dir}/warm",
                        *extra], repo_root, env)
     res.update({"warm_run_s": warm["wall_s"], "warm_run_cpu_s": warm["cpu_s"], "warm_run": warm,

@@ -15,7 +15,7 @@ from ipi.attacks.source import BenignText, Goal, Template
 from ipi.evaluation.by_source import estimands_by, row_counts, step_attribute, transfer_table
 from ipi.evaluation.results import Settings
 from ipi.probe.crossfit import make_folds
-from ipi.surfaces.wording import source_owner, source_wording_plan, wording_overlap
+from ipi.attacks.wording import source_owner, source_wording_plan, wording_overlap
 
 REPO = Path(__file__).resolve().parents[2]
 IDS = [f"traj/{i:02d}" for i in range(24)]
@@ -114,7 +114,7 @@ def test_source_plan_refuses_wrong_folds(mix):
 
 
 def test_validate_split_wording_source(tmp_path):
-    from ipi.config import validate
+    from ipi.run.config import validate
     from tests.conftest import compose_train
 
     validate(compose_train(tmp_path, ["attack=mix", "split=kfold", "split.k=4", "split.wording=source"]))

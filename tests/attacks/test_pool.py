@@ -22,7 +22,7 @@ from ipi.data.schema import Step
 from ipi.surfaces.bank import ATTACK_GOAL_LIST, ATTACK_TEMPLATES, all_attack_texts, attack_text
 from ipi.surfaces.banner import _longest_bank_text
 from ipi.surfaces.variants import make_variants
-from ipi.surfaces.wording import full_family, wording_plan
+from ipi.attacks.wording import full_family, wording_plan
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED = Path(os.environ.get("IPI_SHARED", REPO.parent / "shared"))
@@ -121,7 +121,7 @@ def test_attack_typo_fails_at_composition(tmp_path):
 
 
 def test_validate_refuses_a_mismatched_name(tmp_path):
-    from ipi.config import validate
+    from ipi.run.config import validate
     from tests.conftest import compose_train
 
     cfg = compose_train(tmp_path, ["attack=garak", "attack.name=injecagent"])

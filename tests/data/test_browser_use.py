@@ -146,7 +146,7 @@ def test_older_version_base64_and_skips(tmp_path):
 
 
 def test_data_config_browser_use(tmp_path):
-    from ipi.pipeline import load_data
+    from ipi.run.tasks import load_data
 
     _current_run(tmp_path / "runs" / "socks")
     _old_run(tmp_path / "runs" / "old" / "agent_history.json")

@@ -129,7 +129,7 @@ def _mixed_root(tmp_path):
 
 
 def test_nothing_usable_is_reported_per_reason_before_any_rendering(tmp_path, monkeypatch):
-    import ipi.pipeline as tasks
+    import ipi.run.tasks as tasks
 
     root = _mixed_root(tmp_path)
     shutil.rmtree(root / "ok1")
@@ -147,7 +147,7 @@ def test_nothing_usable_is_reported_per_reason_before_any_rendering(tmp_path, mo
 
 
 def test_split_feasibility_checked_before_any_rendering(tmp_path, monkeypatch):
-    import ipi.pipeline as tasks
+    import ipi.run.tasks as tasks
 
     root = _mixed_root(tmp_path)
     for i, name in enumerate(("ok2", "ok3"), 2):
@@ -166,13 +166,13 @@ def test_split_feasibility_checked_before_any_rendering(tmp_path, monkeypatch):
     cfg = compose_train(tmp_path, [f"data.root={root}", "logger=none", "split.min_per_side=1"])
     tasks.check_split_feasible(cfg, ["ok1", "ok2", "ok3"])  # 2 + 1: allowed when asked for
     with pytest.raises(ValueError, match="split.min_per_side must be >= 1"):
-        from ipi.config import validate
+        from ipi.run.config import validate
 
         validate(compose_train(tmp_path, [f"data.root={root}", "split.min_per_side=0"]))
 
 
 def test_exclusion_report_counts(tmp_path):
-    from ipi.stages import exclusion_report
+    from ipi.run.stages import exclusion_report
 
     root = _mixed_root(tmp_path)
     _, skipped = import_webvoyager_report(root)

@@ -25,7 +25,7 @@ def test_detector_group_composes_and_typos_fail(tmp_path):
     from omegaconf import OmegaConf
     from omegaconf.errors import ConfigKeyError
 
-    from ipi.config import DETECTOR_SCHEMAS, MLPDetectorConf
+    from ipi.run.config import DETECTOR_SCHEMAS, MLPDetectorConf
 
     assert compose_train(tmp_path).detector.name == "logistic"  # the default
     for name in DETECTORS:
@@ -44,7 +44,7 @@ def test_detector_group_composes_and_typos_fail(tmp_path):
 
 def test_build_detector_takes_probe_settings_and_mlp_settings(tmp_path):
     from ipi.detectors import LogisticDetector, MLPDetector
-    from ipi.detectors.run import build_detector, permutation_m
+    from ipi.run.detection import build_detector, permutation_m
 
     det = build_detector(compose_train(tmp_path, ["probe.l2=0.5", "evaluation.permutation.m=7"]))
     assert isinstance(det, LogisticDetector) and det.l2 == 0.5
@@ -249,8 +249,8 @@ def test_detector_sweep_feeds_estimands_and_forwards_nothing_after_extraction(tm
     (sklearn), no hidden-state forward after the first run, the attention entry cached too;
     external scores reproduce the run that wrote them; the summary table carries the numbers."""
     import ipi.detectors.attention as att
-    import ipi.extraction.run as xrun
-    from ipi.pipeline import train
+    import ipi.extraction.forward as xrun
+    from ipi.run.tasks import train
 
     ov = ["data.max_trajectories=4", "split.test_fraction=0.5", "evaluation.n_boot=100",
           "evaluation.min_clusters=2", "surface=i_dom", "evaluation.transfer=false",
@@ -360,7 +360,7 @@ def test_twin_refits_the_runs_hidden_state_detector_and_skips_attention(tmp_path
     """Check 6 compares like with like: diff_means on the twin's features gives the twin's scores
     (E3 of scores_twin.csv by sklearn equals results.json's per-seed twin E3); attention_focus
     extracts no twin and leaves check 6 NOT RUN."""
-    from ipi.pipeline import train
+    from ipi.run.tasks import train
 
     ov = ["data.max_trajectories=4", "split.test_fraction=0.5", "evaluation.n_boot=50",
           "evaluation.min_clusters=2", "surface=i_dom", "evaluation.transfer=false",

@@ -14,7 +14,7 @@ def _ov(root, *extra):
 
 
 def test_leave_one_source_out_run(tmp_path, syn_root, one_thread):
-    from ipi.pipeline import train
+    from ipi.run.tasks import train
 
     train(compose_train(tmp_path, _ov(syn_root, "surface=i_dom", "attack=mix", "split=kfold",
                                                    "split.k=4", "split.wording=source",
@@ -37,7 +37,7 @@ def test_leave_one_source_out_run(tmp_path, syn_root, one_thread):
 
 
 def test_project_attack_adds_no_record(tmp_path, syn_root, one_thread):
-    from ipi.pipeline import train
+    from ipi.run.tasks import train
 
     results, _ = train(compose_train(tmp_path, _ov(syn_root, "surface=i_tool", "split.test_fraction=0.5")))
     assert "attack" not in results["run"]

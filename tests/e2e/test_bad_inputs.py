@@ -390,7 +390,7 @@ def test_native_jsonl_bad_inputs(tmp_path, corpus):
 @pytest.mark.needs_shared
 def test_train_over_corpus_counts_every_skip(tmp_path):
     """The composed train pipeline over 3 real trajectories + the corpus: counted skips, listed."""
-    from ipi.pipeline import load_data, train
+    from ipi.run.tasks import load_data, train
 
     cases = build_corpus(tmp_path / "corpus")
     root = tmp_path / "corpus"

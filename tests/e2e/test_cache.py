@@ -56,8 +56,8 @@ def test_two_extract_runs_started_together_forward_each_row_once(tmp_path, syn_r
                                     "edited_layers", "manifest_not_json"])
 def test_cache_whose_manifest_does_not_match_is_refused(tmp_path, syn_root, reference, one_thread,
                                                         monkeypatch, tamper):
-    from ipi import pipeline as tasks
-    from ipi.extraction import run as run_mod
+    from ipi.run import tasks
+    from ipi.extraction import forward as run_mod
     from ipi.extraction.activation_cache import CacheError
     from ipi.tools.cache import scan
 

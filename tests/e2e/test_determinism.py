@@ -41,7 +41,7 @@ def test_same_command_twice_fresh_caches_bit_identical(tmp_path, syn_root, refer
     from safetensors import safe_open
     from safetensors.torch import load_file
 
-    from ipi.pipeline import train
+    from ipi.run.tasks import train
 
     train(compose_train(tmp_path, _base(syn_root)))
     assert (tmp_path / "run" / "results.json").read_bytes() == \
@@ -66,7 +66,7 @@ def test_same_command_twice_fresh_caches_bit_identical(tmp_path, syn_root, refer
 
 @pytest.mark.needs_shared
 def test_other_bootstrap_seed_changes_only_the_intervals(tmp_path, syn_root, reference, one_thread):
-    from ipi.pipeline import train
+    from ipi.run.tasks import train
 
     (tmp_path / "cache").symlink_to(reference / "cache")
     train(compose_train(tmp_path, [*_base(syn_root), "evaluation.seed=1"]))

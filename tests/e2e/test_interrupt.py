@@ -66,7 +66,7 @@ _KILL_DRIVER = textwrap.dedent("""
             return original(*a, **k)
         cb.assess = assess
     elif os.environ["IPI_TEST_WHERE"] == "import":
-        import ipi.stages as tasks
+        import ipi.run.stages as tasks
         original = tasks.importer
         def importer(*a, **k):
             read = original(*a, **k)

@@ -14,7 +14,7 @@ from tests.conftest import (
 
 @pytest.mark.needs_shared
 def test_a_trajectory_on_both_sides_is_refused(tmp_path, syn_root, reference, one_thread, monkeypatch):
-    from ipi import pipeline as tasks
+    from ipi.run import tasks
     from ipi.probe import crossfit
     from ipi.probe.split import LeakageError
 

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.needs_shared
 
 def test_train_run_folder_with_wandb_offline(tmp_path, monkeypatch):
     from ipi.reporting.plots import roc_curves
-    from ipi.pipeline import train
+    from ipi.run.tasks import train
 
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.setenv("WANDB_SILENT", "true")
@@ -56,8 +56,8 @@ def test_train_run_folder_with_wandb_offline(tmp_path, monkeypatch):
 def test_evaluate_writes_html_and_plots(tmp_path):
     from hydra import compose, initialize_config_dir
 
-    from ipi.config import register_configs
-    from ipi.pipeline import evaluate
+    from ipi.run.config import register_configs
+    from ipi.run.tasks import evaluate
     from tests.conftest import REPO, SHARED
 
     register_configs()

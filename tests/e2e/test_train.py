@@ -25,7 +25,7 @@ def _check_interval(iv):
 
 
 def test_train_end_to_end_and_cache_reuse(tmp_path):
-    from ipi.pipeline import train
+    from ipi.run.tasks import train
 
     # 2 test trajectories: below the default evaluation.min_clusters=5 the verdict would be NOT RUN
     # (tested in test_estimands); lowered here so all five checks run on this small data.

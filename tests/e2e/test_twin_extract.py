@@ -12,7 +12,7 @@ def test_extract_fills_the_twin_entry_train_reads(tmp_path):
     sources' twins); the train run that follows forwards nothing."""
     import json
 
-    from ipi import pipeline as tasks
+    from ipi.run import tasks
 
     ov = ["evaluation.random_twin=true", "evaluation.random_twin_seeds=[1,2]", "data.max_trajectories=2", "split.min_per_side=1", "surface=i_dom",
           "evaluation.transfer=false",

@@ -81,7 +81,7 @@ def test_auto_l2_sees_training_trajectories_only(monkeypatch):
 
 
 def test_probe_l2_config_values(tmp_path):
-    from ipi.config import validate
+    from ipi.run.config import validate
 
     validate(compose_train(tmp_path, ["probe.l2=auto"]))
     with pytest.raises(ValueError, match="probe.l2"):
@@ -112,7 +112,7 @@ def test_split_spread_counts_claims_and_ranges():
 @pytest.mark.needs_shared
 @pytest.mark.slow
 def test_split_repeats_end_to_end(tmp_path):
-    from ipi.pipeline import train
+    from ipi.run.tasks import train
 
     ov = ["data.max_trajectories=6", "split.test_fraction=0.5", "evaluation.n_boot=100", "evaluation.min_clusters=2",
           "evaluation.transfer=false", "split.repeats=3", "probe.l2=auto", "probe.l2_grid=[0.1,1.0]",

@@ -361,7 +361,7 @@ def test_verdict_checklist_is_extendable():
 def test_config_permutation_schema_and_validation(tmp_path):
     from hydra.errors import ConfigCompositionException
 
-    from ipi.config import validate
+    from ipi.run.config import validate
     from tests.conftest import compose_train
 
     cfg = compose_train(tmp_path)

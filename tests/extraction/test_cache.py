@@ -57,7 +57,7 @@ def test_cache_key_follows_the_processor_files_not_their_path(tmp_path, trajecto
 
     from ipi.extraction.activation_cache import local_content_digest
     from ipi.extraction.rows import build_rows
-    from ipi.extraction.run import cache_key
+    from ipi.extraction.forward import cache_key
     from tests.conftest import compose_train
 
     cfg = compose_train(tmp_path)

@@ -79,8 +79,8 @@ def test_batched_rows_equal_single_rows(small_backbone, trajectories):
 
 
 def test_cache_reuse_and_invalidation(tmp_path, monkeypatch):
-    from ipi import pipeline as tasks
-    from ipi.extraction import run
+    from ipi.run import tasks
+    from ipi.extraction import forward as run
 
     cfg = compose_train(tmp_path, ["data.max_trajectories=2", "layers=six"])
     f1, _info1 = tasks.extract(cfg)[0], None
@@ -108,7 +108,7 @@ def test_cache_reuse_and_invalidation(tmp_path, monkeypatch):
 
 
 def test_cache_refuses_tampered_shards(tmp_path):
-    from ipi import pipeline as tasks
+    from ipi.run import tasks
 
     # one trajectory: no train/test split exists, so no held-out wording families either
     cfg = compose_train(tmp_path, ["data.max_trajectories=1", "layers=last", "evaluation.heldout_wording=false"])

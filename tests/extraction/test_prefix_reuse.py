@@ -140,8 +140,9 @@ def test_auto_reuses_where_it_saves_positions(small_backbone, trajectories):
 def test_prefix_reuse_is_validated_and_leaves_the_cache_entry_alone(tmp_path, trajectories):
     """Through the run's own path (``extract_features``): the same cache key with and without reuse,
     and features equal to 1e-5 relative; an unknown value fails validation with one line."""
-    from ipi.config import validate
-    from ipi.extraction.run import cache_key, extract_features
+    from ipi.run.config import validate
+    from ipi.extraction.forward import cache_key, extract_features
+    from ipi.run.settings import extract_settings
     from tests.conftest import compose_train
 
     cfg_on = compose_train(tmp_path, ["extract.prefix_reuse=true"])
@@ -156,8 +157,8 @@ def test_prefix_reuse_is_validated_and_leaves_the_cache_entry_alone(tmp_path, tr
     rows = _rows(bb, trajectories, "i_tool", n_steps=1)
     layers, groups = [0, 3], list(TOKEN_GROUPS)
     assert cache_key(cfg_on.backbone, rows, layers, groups)[0] == cache_key(cfg_off.backbone, rows, layers, groups)[0]
-    on, info_on = extract_features(cfg_on, rows, layers, groups)
-    off, info_off = extract_features(cfg_off, rows, layers, groups)
+    on, info_on = extract_features(extract_settings(cfg_on), rows, layers, groups)
+    off, info_off = extract_features(extract_settings(cfg_off), rows, layers, groups)
     assert info_on["cache_key"] == info_off["cache_key"] and info_off["rows_forwarded"] == len(rows)
     err = rel_error(on.features.float(), off.features.float())
     assert err.max().item() <= 1e-5

@@ -313,8 +313,8 @@ def test_quantised_backbone_extracts_on_gpu(tmp_path, small_backbone, trajectori
 def test_layer_by_token_group_sweep_forwards_nothing_after_one_extraction(tmp_path, monkeypatch):
     """2 layers × 2 token groups through compose: one extraction (the run's surface and the
     transfer sources), then four runs with 0 rows forwarded on any surface."""
-    from ipi import pipeline as tasks
-    from ipi.extraction import run
+    from ipi.run import tasks
+    from ipi.extraction import forward as run
 
     base = ["data.max_trajectories=4", "split.test_fraction=0.5", "evaluation.n_boot=50", "logger=none"]
     info = tasks.extract(compose_train(tmp_path, base))[0]
@@ -385,22 +385,23 @@ def test_shapes_benchmark_runs_on_cpu_at_small_shapes():
 def test_transfer_sources_forward_clean_and_attack_unless_the_full_entry_is_cached(tmp_path):
     """A transfer source surface is read from its own full entry when that is cached ("shared");
     otherwise only its clean/attack rows (what the transfer probe trains on) are extracted."""
-    from ipi import stages
-    from ipi.extraction.run import extract_features, transfer_rows
+    from ipi.run import stages
+    from ipi.extraction.forward import extract_features, transfer_rows
+    from ipi.run.settings import extract_settings
     from ipi.protocol import TOKEN_GROUPS
 
     cfg = compose_train(tmp_path, ["data.max_trajectories=2"])
     trajs = stages.load_data(cfg)[0]
     layers = stages.layer_indices(cfg)
     full = stages.make_rows(cfg, trajs, "i_dom")
-    rows, how = transfer_rows(cfg, full, layers, list(TOKEN_GROUPS))
+    rows, how = transfer_rows(extract_settings(cfg), full, layers, list(TOKEN_GROUPS))
     assert how == "clean_attack"
     assert {r.variant.variant for r in rows} == {"clean", "attack"}
     assert len(rows) < len(full) and [r.row_id for r in rows] == [
         r.row_id for r in full if r.variant.variant in ("clean", "attack")]
-    _, info = extract_features(cfg, full, layers, list(TOKEN_GROUPS))  # the surface's own run
+    _, info = extract_features(extract_settings(cfg), full, layers, list(TOKEN_GROUPS))  # the surface's own run
     assert info["rows_forwarded"] == len(full)
-    rows, how = transfer_rows(cfg, full, layers, list(TOKEN_GROUPS))
+    rows, how = transfer_rows(extract_settings(cfg), full, layers, list(TOKEN_GROUPS))
     assert how == "shared" and len(rows) == len(full)
-    _, info = extract_features(cfg, rows, layers, list(TOKEN_GROUPS))
+    _, info = extract_features(extract_settings(cfg), rows, layers, list(TOKEN_GROUPS))
     assert info["cache_hit"] is True and info["rows_forwarded"] == 0

@@ -60,9 +60,9 @@ def test_ddp_two_processes_equal_one(tmp_path):
     predict sampler does not pad; a padding sampler's repeats would be counted in
     ``duplicates_ignored`` and loaded once: see tests/extraction/test_scale.py).
     """
-    from ipi import pipeline as tasks
+    from ipi.run import tasks
 
-    # DDP extraction covers one surface per launch (ipi.config.validate): transfer off here.
+    # DDP extraction covers one surface per launch (ipi.run.config.validate): transfer off here.
     common = ["data.max_trajectories=2", "surface=i_vis", "evaluation.n_boot=50", "split.test_fraction=0.5",
               "split.min_per_side=1", "logger=none", "evaluation.transfer=false", "evaluation.random_twin=false"]
     one, _ = tasks.extract(compose_train(tmp_path / "one", common))
@@ -137,7 +137,7 @@ def test_sigkill_mid_extraction_resumes_to_the_same_cache(tmp_path):
 def test_submitit_local_sweep_of_two_jobs(tmp_path):
     """`hydra/launcher=local` (submitit's local executor) runs a 2-job sweep off one extraction."""
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
-    from ipi import pipeline as tasks
+    from ipi.run import tasks
 
     common = ["data.max_trajectories=2", "evaluation.n_boot=50", "split.test_fraction=0.5", "split.min_per_side=1",
               "logger=none", "evaluation.random_twin=false"]

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ipi.backbone import resolve_attn_implementation
-from ipi.extraction import run as xrun
+from ipi.extraction import forward as xrun
 
 
 def test_num_workers_auto_is_zero_on_cpu_and_feeds_a_gpu(monkeypatch):
@@ -57,15 +57,16 @@ def test_bench_reports_both_speedups_with_exact_features(tmp_path):
     """The three ways on one step of every surface: the keys of issue 12, the project path's
     features equal to the TaskTracker-style ones (1e-5 relative), prefix reuse counted per surface."""
     from ipi.backbone import build_backbone
+    from ipi.run.settings import extract_settings
     from ipi.tools.extraction_timing import speed_benchmark
-    from ipi.stages import layer_indices
+    from ipi.run.stages import layer_indices
     from ipi.tools.bench import subset_rows
     from tests.conftest import SMALL_BACKBONE_OVERRIDES
 
     cfg, rows = subset_rows(list(SMALL_BACKBONE_OVERRIDES), 1)
     layers = layer_indices(cfg)
     by_surface = {s: [r for r in rows if r.variant.surface == s] for s in ("i_vis", "i_dom", "i_tool")}
-    out = speed_benchmark(cfg, by_surface, layers, reps=1,
+    out = speed_benchmark(extract_settings(cfg), by_surface, layers, reps=1,
                           build_backbone=lambda: build_backbone(cfg.backbone.loader, with_lm_head=True),
                           build_ours=lambda: build_backbone(cfg.backbone.loader, max_layer=max(layers)))
     assert out["speedup"] > 0 and out["speedup_vs_elk_style"] > 0

@@ -116,8 +116,9 @@ def test_extraction_frees_the_model_it_built_without_the_cycle_collector(tmp_pat
     import gc
     import weakref
 
-    from ipi.extraction import run
-    from ipi.stages import layer_indices
+    from ipi.extraction import forward as run
+    from ipi.run.settings import extract_settings
+    from ipi.run.stages import layer_indices
 
     cfg = compose_train(tmp_path)
     count = lambda s: len(load_processor(str(PROCESSOR)).tokenizer(s, add_special_tokens=False)["input_ids"])
@@ -135,14 +136,14 @@ def test_extraction_frees_the_model_it_built_without_the_cycle_collector(tmp_pat
     enabled = gc.isenabled()
     gc.disable()
     try:
-        fs, info = run.extract_features(cfg, rows, layer_indices(cfg), list(TOKEN_GROUPS))
+        fs, info = run.extract_features(extract_settings(cfg), rows, layer_indices(cfg), list(TOKEN_GROUPS))
         assert info["rows_forwarded"] == len(rows) and len(built) == 1
         model, layers = built[0]
         assert model() is None and all(m() is None for m in layers)
         # A backbone handed in stays the caller's and still extracts the same features.
         mine = build_backbone(cfg.backbone.loader, max_layer=max(info["layers"]))
         cfg.extract.force = True
-        again, _ = run.extract_features(cfg, rows, layer_indices(cfg), list(TOKEN_GROUPS), backbone=mine)
+        again, _ = run.extract_features(extract_settings(cfg), rows, layer_indices(cfg), list(TOKEN_GROUPS), backbone=mine)
         assert mine.model is not None and len(mine.layers) == max(info["layers"]) + 1
         assert torch.equal(fs.features, again.features)
     finally:

@@ -1,8 +1,8 @@
 """The tasks behind the entry scripts (``train.py``, ``extract.py``, ``evaluate.py``).
 
-Each task is a short sequence of named stages (:mod:`ipi.stages`), takes a composed config and
+Each task is a short sequence of named stages (:mod:`ipi.run.stages`), takes a composed config and
 returns ``(metrics, objects)``; the scripts are thin ``@hydra.main`` wrappers around them
-(:func:`ipi.cli.run_entry`).
+(:func:`ipi.run.cli.run_entry`).
 """
 
 from __future__ import annotations
@@ -14,15 +14,15 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from ipi.config import enum_value as _value
-from ipi.config import to_container
-from ipi.detectors.run import attention_matrix, attention_transfer_source, build_detector, detector_record
 from ipi.attacks.pool import project_pool
+from ipi.run.config import enum_value as _value
+from ipi.run.config import to_container
+from ipi.run.detection import attention_matrix, attention_transfer_source, build_detector, detector_record
 from ipi.evaluation.assess import ScoreTables, assess
 from ipi.evaluation.by_source import attack_record
 from ipi.evaluation.callbacks import EstimandsCallback
 from ipi.evaluation.scoretable import evaluate_score_table, read_score_table, twin_score_table
-from ipi.extraction.run import extract_features, transfer_rows
+from ipi.extraction.forward import extract_features, transfer_rows
 from ipi.io import atomic_write_text
 from ipi.metrics.keys import RANDOM_TWIN, SPLIT_REPEATS
 from ipi.probe.crossfit import cross_fit
@@ -31,8 +31,9 @@ from ipi.protocol import TOKEN_GROUPS
 from ipi.reporting.report import write_run_report
 from ipi.reporting.report_callback import ReportCallback
 from ipi.reporting.tracking import task_wrapper
-from ipi.twin import twin_config, twin_seeds
-from ipi.stages import (
+from ipi.run.settings import extract_settings
+from ipi.run.twin import twin_config, twin_seeds
+from ipi.run.stages import (
     assess_settings,
     attack_pool,
     check_split_feasible,
@@ -87,14 +88,14 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
     # attack and imperative texts come from the wording family of the fold it is tested in.
     folds, plan = split_folds(cfg, trajs)
     rows = make_rows(cfg, trajs, surface, wording=plan)
-    features, info = extract_features(cfg, rows, layers, list(TOKEN_GROUPS))
+    features, info = extract_features(extract_settings(cfg), rows, layers, list(TOKEN_GROUPS))
     if features is None:  # a non-zero DDP rank: rank 0 evaluates
         return {}, {"extraction": info}
     meta, x = row_table(rows, features), select_features(features, layers, groups)
     det, x_det, infos_att = build_detector(cfg), None, {}
     if det.input == "attention":  # the detector's own cached extraction (docs/detectors.md)
-        x_det, infos_att[surface], det = attention_matrix(cfg, det, rows)
-    # The random-weight twins (verdict check 6; ipi.twin): the same rows through the same
+        x_det, infos_att[surface], det = attention_matrix(cfg, det, rows, layers)
+    # The random-weight twins (verdict check 6; ipi.run.twin): the same rows through the same
     # architecture with seeded random weights, one cache entry per seed, scored by the same
     # detector. Hidden-state detectors only: for attention_focus / external check 6 is NOT RUN.
     twins = twin_features(cfg, rows, features, layers, groups) if det.input == "hidden" else ({}, {})
@@ -106,7 +107,8 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
         return {}, {"extraction": info}
     transfer_src, infos = source[0], {surface: info, **source[1]}
     if det.input == "attention" and transfer_src is not None:  # the other surfaces' attention features
-        transfer_src, more = attention_transfer_source(cfg, det, trajs, sources, plan)
+        transfer_src, more = attention_transfer_source(
+            cfg, det, sources, lambda s: make_rows(cfg, trajs, s, wording=plan), layers)
         infos_att.update(more)
 
     probe, loggers = probe_settings(cfg.probe, cfg.seed), make_loggers(cfg)
@@ -192,14 +194,14 @@ def evaluate_split(cfg: DictConfig, trajs, seed: int, layers, groups, probe, set
     (so its own rows and cache entry), probe, C1, collapse-only and permuted baselines, and the
     same assessment (:func:`ipi.evaluation.assess.assess` with the run's ``settings``: shared
     bootstrap draws, verdict, reportability) — without the transfer probe (it does not enter the
-    verdict) and the random twins. ``probe`` is :func:`ipi.stages.probe_settings` of the run.
+    verdict) and the random twins. ``probe`` is :func:`ipi.run.stages.probe_settings` of the run.
     """
     folds, plan = split_folds(cfg, trajs, seed)
     rows = make_rows(cfg, trajs, _value(cfg.surface.name), wording=plan)
-    features, _ = extract_features(cfg, rows, layers, list(TOKEN_GROUPS))
+    features, _ = extract_features(extract_settings(cfg), rows, layers, list(TOKEN_GROUPS))
     meta, x = row_table(rows, features), select_features(features, layers, groups)
     det = build_detector(cfg)
-    x_det = attention_matrix(cfg, det, rows)[0] if det.input == "attention" else None
+    x_det = attention_matrix(cfg, det, rows, layers)[0] if det.input == "attention" else None
     fits = fit_folds(cfg, meta, x, features, layers, folds, probe, det=det, x_det=x_det)
     table = meta.iloc[fits.test_index][["trajectory_id", "step", "variant"]].reset_index(drop=True)
     table["score"] = fits.probe_scores(x) if det.name == "logistic" else fits.test_scores
@@ -231,14 +233,14 @@ def extract(cfg: DictConfig) -> tuple[dict, dict]:
         rows = make_rows(cfg, trajs, s, wording=plan)
         shared = None
         if s != surfaces[0]:  # a transfer source: what train.py will read (clean/attack unless shared)
-            rows, shared = transfer_rows(cfg, rows, layer_indices(cfg), list(TOKEN_GROUPS))
-        feats, infos[s] = extract_features(cfg, rows, layer_indices(cfg), list(TOKEN_GROUPS))
+            rows, shared = transfer_rows(extract_settings(cfg), rows, layer_indices(cfg), list(TOKEN_GROUPS))
+        feats, infos[s] = extract_features(extract_settings(cfg), rows, layer_indices(cfg), list(TOKEN_GROUPS))
         if shared is not None and feats is not None:
             infos[s]["transfer_rows"] = shared
         if s == surfaces[0]:
             features = feats
             for seed in twin_seeds(cfg):
-                _, twin_infos[str(seed)] = extract_features(twin_config(cfg, seed), rows, layer_indices(cfg),
+                _, twin_infos[str(seed)] = extract_features(extract_settings(twin_config(cfg, seed)), rows, layer_indices(cfg),
                                                             list(TOKEN_GROUPS))
     if features is not None:  # rank 0 (a non-zero DDP rank writes nothing)
         atomic_write_text(Path(cfg.paths.output_dir) / "run_info.json", json.dumps(

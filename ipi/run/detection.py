@@ -2,12 +2,13 @@
 
 ``detector=logistic`` keeps the probe's own path (:func:`ipi.probe.crossfit.cross_fit` and the
 dual-solver permutation test), so its numbers are those of the probe before detectors existed;
-every other detector goes through :func:`ipi.detectors.crossfit.cross_fit_detector`.
+every other detector goes through :func:`ipi.detectors.fitting.cross_fit_detector`.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -15,10 +16,15 @@ import pandas as pd
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from ipi.config import to_container
-from ipi.protocol import resolve_layers
-from ipi.detectors.crossfit import cross_fit_detector
+from ipi.detectors.attention import extract_attention, focus_ratios
+from ipi.detectors.fitting import cross_fit_detector
+from ipi.detectors.external import join_scores
+from ipi.detectors.linear import LogisticDetector
+from ipi.evaluation.scoretable import read_score_table
 from ipi.probe.crossfit import TransferSource
+from ipi.protocol import resolve_layers
+from ipi.run.config import to_container
+from ipi.run.settings import extract_settings
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +36,6 @@ def build_detector(cfg: DictConfig):
     """The configured detector (``cfg.detector``; ``logistic`` when the node is absent)."""
     node = cfg.get("detector")
     if node is None:
-        from ipi.detectors.linear import LogisticDetector
-
         det = LogisticDetector()
     else:
         kwargs = {k: v for k, v in to_container(node).items() if k != "_target_"}
@@ -62,42 +66,45 @@ def detector_record(cfg: DictConfig, det, fits=None) -> dict:
     return rec
 
 
-def attention_layers(cfg: DictConfig, det) -> list[int]:
-    """Decoder blocks the attention detector reads (``detector.layers`` or the run's layers)."""
-    from ipi.stages import layer_indices
-
+def attention_layers(cfg: DictConfig, det, run_layers: list[int]) -> list[int]:
+    """Decoder blocks the attention detector reads (``detector.layers`` or ``run_layers``, the run's)."""
     spec = det.layers
     if spec is None:
-        return layer_indices(cfg)
+        return list(run_layers)
     spec = list(spec)
     return resolve_layers(spec, cfg.backbone.n_layers)
 
 
-def attention_matrix(cfg: DictConfig, det, rows) -> tuple[np.ndarray, dict, object]:
+def attention_matrix(cfg: DictConfig, det, rows, run_layers: list[int]) -> tuple[np.ndarray, dict, object]:
     """Focus ratios ``[N, L * heads]`` of ``rows`` (extracted or read from the cache), the
-    extraction info, and ``det`` with its layer indices and head count set."""
-    from ipi.detectors.attention import extract_attention, focus_ratios
-
-    layers = attention_layers(cfg, det)
-    feats, info = extract_attention(cfg, rows, layers)
+    extraction info, and ``det`` with its layer indices and head count set; ``run_layers`` are
+    the run's decoder blocks (:func:`attention_layers`)."""
+    layers = attention_layers(cfg, det, run_layers)
+    feats, info = extract_attention(extract_settings(cfg), rows, layers)
     li = [feats.layers.index(i) for i in layers]
     mass = feats.features[:, li].double().numpy()
     x = focus_ratios(mass, [r.variant.surface for r in rows])
     return x, info, replace(det, layer_indices=layers, n_heads=int(mass.shape[-1]))
 
 
-def attention_transfer_source(cfg: DictConfig, det, trajectories, surfaces: list[str], wording):
+def attention_transfer_source(cfg: DictConfig, det, surfaces: list[str], rows_of: Callable[[str], list],
+                              run_layers: list[int]):
     """Clean/attack rows of the transfer surfaces in attention-focus features (PROTOCOL.md §6).
+
+    Args:
+        cfg: The run config.
+        det: The attention detector.
+        surfaces: The transfer source surfaces.
+        rows_of: ``surface -> replay rows`` (:func:`ipi.run.stages.make_rows` of the run).
+        run_layers: The run's decoder blocks.
 
     Returns:
         ``(TransferSource, {surface: attention extraction info})``.
     """
-    from ipi.stages import make_rows
-
     metas, xs, infos = [], [], {}
     for s in surfaces:
-        s_rows = make_rows(cfg, trajectories, s, wording=wording)
-        s_x, infos[s], _ = attention_matrix(cfg, det, s_rows)
+        s_rows = rows_of(s)
+        s_x, infos[s], _ = attention_matrix(cfg, det, s_rows, run_layers)
         metas.append(pd.DataFrame([r.metadata() for r in s_rows]))
         xs.append(s_x)
     return TransferSource.from_rows(pd.concat(metas, ignore_index=True), np.concatenate(xs)), infos
@@ -120,8 +127,6 @@ class FixedScores:
 
 def external_matrix(det, meta: pd.DataFrame, folds) -> np.ndarray:
     """``[N, 1]``: the table's score on every test row of ``folds``, NaN on training-only rows."""
-    from ipi.detectors.external import join_scores
-    from ipi.evaluation.scoretable import read_score_table
 
     test_ids = {t for _, te in folds for t in te}
     is_te = meta["trajectory_id"].astype(str).isin(test_ids).to_numpy()

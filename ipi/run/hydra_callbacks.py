@@ -1,10 +1,10 @@
 """A Hydra callback that checks a composed config before any job starts (no torch imported).
 
 Hydra refuses a ``surface=<name>`` without a config file (naming the ones it has), and the
-schemas in :mod:`ipi.config` unknown controls, token groups and keys while it composes. Rules that
+schemas in :mod:`ipi.run.config` unknown controls, token groups and keys while it composes. Rules that
 tie two fields together — the surface's class and name, a control that does not apply to the
 surface, a layer fraction outside (0, 1], the ``image`` token group or a surface that needs the
-screenshot on a text-only backbone — are :func:`ipi.config.validate`'s. :class:`ConfigCheck` (registered in
+screenshot on a text-only backbone — are :func:`ipi.run.config.validate`'s. :class:`ConfigCheck` (registered in
 ``conf/hydra/default.yaml``) runs it on the composed config at ``on_run_start``; under
 ``-m`` it composes and checks *every* job of the sweep at ``on_multirun_start``, so a bad
 combination in job 7 fails before job 1 spends minutes extracting. A failure prints one line
@@ -23,7 +23,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from ipi.config import validate, validate_sweep_job
+from ipi.run.config import EvaluateConf, check_known_keys, validate, validate_sweep_job
 
 log = logging.getLogger(__name__)
 
@@ -35,14 +35,14 @@ class ConfigError(ValueError):
 
 
 def check_config(config: DictConfig, where: str = "", sweep: bool = False) -> None:
-    """Run :func:`ipi.config.validate` on a composed ``train``/``extract`` config.
+    """Run :func:`ipi.run.config.validate` on a composed ``train``/``extract`` config.
 
     An ``evaluate`` config (no surface/backbone) is only checked for keys its schema lacks.
 
     Args:
         config: The composed config (with or without its ``hydra`` node).
         where: Prefix naming the sweep job, e.g. ``"job 3 (surface=i_dom control=occlusion): "``.
-        sweep: The config is a job of a ``-m`` sweep (:func:`ipi.config.validate_sweep_job` too:
+        sweep: The config is a job of a ``-m`` sweep (:func:`ipi.run.config.validate_sweep_job` too:
             no DDP inside a sweep).
 
     Raises:
@@ -50,7 +50,6 @@ def check_config(config: DictConfig, where: str = "", sweep: bool = False) -> No
     """
     if not all(k in config for k in ("surface", "control", "layers", "token_group", "backbone")):
         if "scores" in config:  # evaluate.py: its schema's keys only
-            from ipi.config import EvaluateConf, check_known_keys
 
             try:
                 check_known_keys(config, EvaluateConf)

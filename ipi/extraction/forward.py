@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import logging
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
 
 import lightning as L
 import safetensors
 import torch
 import transformers
 from hydra.utils import instantiate
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 import ipi
 from ipi.backbone import build_kwargs
-from ipi.config import to_container
 from ipi.extraction.activation_cache import ActivationCache, FeatureSet, keyed_form, stable_hash
 from ipi.extraction.datamodule import ReplayDataModule, StepGroupDataset
 from ipi.extraction.extractor import HiddenStateExtractor, ShardWriter
@@ -30,7 +32,50 @@ log = logging.getLogger(__name__)
 EXTRACTION_VERSION = 2
 
 
-def extraction_layers(cfg, requested: Sequence[int]) -> list[int]:
+@dataclass(frozen=True)
+class ExtractSettings:
+    """What an extraction reads: the backbone node as plain data and the ``extract.*`` runtime.
+
+    Built once from the run config by :func:`ipi.run.settings.extract_settings`; the defaults
+    are the schema's (:class:`ipi.run.config.ExtractConf`, :class:`ipi.run.config.BackboneConf`).
+
+    Attributes:
+        backbone: The ``backbone`` node resolved to plain data (``name``, ``loader``, ``n_layers``,
+            ``system_prompt``, ``batch_size``, ``cache_dtype``, ...); the cache key hashes part
+            of it (:func:`cache_key`).
+        cache_dir: Root folder of the activation cache.
+        layers: ``extract.layers``: the layer superset every extraction reads (fractions,
+            indices or ``["all"]``; empty: only the requested layers).
+        force: Ignore an existing cache entry and extract again.
+        num_workers: DataLoader workers (``"auto"`` or an integer, :func:`resolve_num_workers`).
+        shard_rows: Rows per cache shard.
+        accelerator, devices, strategy, precision: Lightning ``Trainer`` settings of the forward.
+        prefix_reuse: ``auto`` | ``true`` | ``false`` (docs/extraction.md).
+        quiet: Hide the progress bars (else: auto, shown on a terminal).
+    """
+
+    backbone: Mapping[str, Any]
+    cache_dir: str
+    layers: tuple
+    force: bool
+    num_workers: Any
+    shard_rows: int
+    accelerator: str
+    devices: Any
+    strategy: str
+    precision: str
+    prefix_reuse: Any
+    quiet: bool
+
+
+def _plain(node) -> Any:
+    """An OmegaConf node as plain Python (resolved, enums as values); anything else as it is."""
+    if isinstance(node, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(node, resolve=True, enum_to_str=True)
+    return node
+
+
+def extraction_layers(settings: ExtractSettings, requested: Sequence[int]) -> list[int]:
     """Decoder blocks an extraction reads: the ``extract.layers`` superset plus ``requested``.
 
     Every run extracts (and keys its cache entry on) the same superset, so a sweep over layer
@@ -38,14 +83,14 @@ def extraction_layers(cfg, requested: Sequence[int]) -> list[int]:
     superset is added (and then makes its own entry).
 
     Args:
-        cfg: Run config (``extract.layers``, ``backbone.n_layers``).
+        settings: The extraction's settings (``layers``, ``backbone["n_layers"]``).
         requested: Blocks the run needs.
 
     Returns:
         Sorted unique block indices.
     """
-    spec = list(cfg.extract.layers or [])
-    n = cfg.backbone.n_layers
+    spec = list(settings.layers or [])
+    n = settings.backbone["n_layers"]
     base = resolve_layers(spec, n) if spec else []
     return sorted(set(base) | set(int(i) for i in requested))
 
@@ -119,7 +164,7 @@ def cache_key(backbone_cfg, rows: Sequence[ReplayRow], layer_indices: Sequence[i
     content_addressed`), so moving the data or the checkout keeps the key.
 
     Args:
-        backbone_cfg: The ``backbone`` config node.
+        backbone_cfg: The ``backbone`` config node, or it as plain data (:attr:`ExtractSettings.backbone`).
         rows: Rows to extract.
         layer_indices: Resolved decoder-block indices.
         token_groups: Token-group names.
@@ -127,7 +172,7 @@ def cache_key(backbone_cfg, rows: Sequence[ReplayRow], layer_indices: Sequence[i
     Returns:
         ``(key, spec)``.
     """
-    b = to_container(backbone_cfg)
+    b = _plain(backbone_cfg)
     spec = {
         "extraction_version": EXTRACTION_VERSION,
         "backbone": {k: b[k] for k in ("name", "loader", "image_size", "tokenizer_path", "multimodal")},
@@ -153,7 +198,7 @@ def cache_key(backbone_cfg, rows: Sequence[ReplayRow], layer_indices: Sequence[i
 TRANSFER_VARIANTS = ("clean", "attack")
 
 
-def transfer_rows(cfg, rows: Sequence[ReplayRow], layer_indices: Sequence[int],
+def transfer_rows(settings: ExtractSettings, rows: Sequence[ReplayRow], layer_indices: Sequence[int],
                   token_groups: Sequence[str]) -> tuple[list[ReplayRow], str]:
     """Rows of a transfer source surface to extract (PROTOCOL.md §6; docs/extraction.md).
 
@@ -164,22 +209,22 @@ def transfer_rows(cfg, rows: Sequence[ReplayRow], layer_indices: Sequence[int],
     2 of every 5 rows of the surface).
 
     Args:
-        cfg: Run config (``backbone``, ``extract``).
-        rows: All rows of the source surface (:func:`ipi.stages.make_rows` for that surface).
+        settings: The extraction's settings.
+        rows: All rows of the source surface (:func:`ipi.run.stages.make_rows` for that surface).
         layer_indices: Decoder blocks the run needs.
         token_groups: Token groups pooled.
 
     Returns:
         ``(rows to extract, "shared" | "clean_attack")``.
     """
-    layers = extraction_layers(cfg, layer_indices)
-    key, spec = cache_key(cfg.backbone, rows, layers, token_groups)
-    if not cfg.extract.force and ActivationCache(cfg.extract.cache_dir, key, spec).is_complete():
+    layers = extraction_layers(settings, layer_indices)
+    key, spec = cache_key(settings.backbone, rows, layers, token_groups)
+    if not settings.force and ActivationCache(settings.cache_dir, key, spec).is_complete():
         return list(rows), "shared"
     return [r for r in rows if r.variant.variant in TRANSFER_VARIANTS], "clean_attack"
 
 
-def extract_features(cfg, rows: Sequence[ReplayRow], layer_indices: Sequence[int],
+def extract_features(settings: ExtractSettings, rows: Sequence[ReplayRow], layer_indices: Sequence[int],
                      token_groups: Sequence[str], *, backbone=None) -> tuple[FeatureSet | None, dict]:
     """Return features for ``rows``, running the backbone only for rows the cache lacks.
 
@@ -190,13 +235,13 @@ def extract_features(cfg, rows: Sequence[ReplayRow], layer_indices: Sequence[int
     counted and ignored), then loads. Other ranks return ``(None, {"rank": r})``.
 
     Args:
-        cfg: The run config (``backbone``, ``extract``, ``quiet`` are read).
+        settings: The extraction's settings (:class:`ExtractSettings`).
         rows: Rows to extract (one surface or several).
         layer_indices: Decoder blocks the caller needs.
         token_groups: Token groups to pool.
-        backbone: An already built :class:`ipi.backbone.Backbone` of ``cfg.backbone`` to use
+        backbone: An already built :class:`ipi.backbone.Backbone` of ``settings.backbone`` to use
             instead of building one (the benchmark times start-up apart from steady state);
-            None: built from ``cfg.backbone.loader`` only when rows must be forwarded.
+            None: built from ``settings.backbone["loader"]`` only when rows must be forwarded.
 
     Returns:
         ``(features, info)`` with info ``{"cache_key", "cache_dir", "cache_hit", "rows_forwarded",
@@ -205,21 +250,21 @@ def extract_features(cfg, rows: Sequence[ReplayRow], layer_indices: Sequence[int
     Raises:
         ValueError: The loaded model's depth differs from ``backbone.n_layers``.
     """
-    layers = extraction_layers(cfg, layer_indices)
-    key, spec = cache_key(cfg.backbone, rows, layers, token_groups)
-    cache = ActivationCache(cfg.extract.cache_dir, key, spec)
+    layers = extraction_layers(settings, layer_indices)
+    key, spec = cache_key(settings.backbone, rows, layers, token_groups)
+    cache = ActivationCache(settings.cache_dir, key, spec)
     row_ids = [r.row_id for r in rows]
-    hit = cache.is_complete() and not cfg.extract.force
+    hit = cache.is_complete() and not settings.force
     forwarded, waited = 0, 0.0
     if not hit:
         # One writer per entry: a concurrent run for the same entry waits here, then reads.
         # DDP ranks other than 0 (started by Lightning inside predict) never take the lock.
         with (cache.writer_lock() if _rank_zero_env() else nullcontext(0.0)) as waited:
-            if cfg.extract.force and cache.dir.exists() and _rank_zero_env():
+            if settings.force and cache.dir.exists() and _rank_zero_env():
                 shutil.rmtree(cache.dir)
             hit = cache.is_complete()  # another run may have finished it while we waited
             if not hit:
-                forwarded = _forward_missing(cfg, cache, rows, layers, token_groups, backbone)
+                forwarded = _forward_missing(settings, cache, rows, layers, token_groups, backbone)
                 if forwarded is None or isinstance(forwarded, dict):  # a non-zero DDP rank
                     return None, forwarded
                 cache.finalize(row_ids)
@@ -236,42 +281,43 @@ def extract_features(cfg, rows: Sequence[ReplayRow], layer_indices: Sequence[int
     return features, info
 
 
-def _forward_missing(cfg, cache: ActivationCache, rows: Sequence[ReplayRow], layers: list[int],
+def _forward_missing(settings: ExtractSettings, cache: ActivationCache, rows: Sequence[ReplayRow], layers: list[int],
                      token_groups: Sequence[str], backbone=None) -> int | dict:
     """Forward the rows that finished shards lack; return how many (a dict on a non-zero DDP rank)."""
+    b = settings.backbone
     done = cache.finished_row_ids()
     todo = [r for r in rows if r.row_id not in done]
-    twin = cfg.backbone.loader.get("random_init_seed")
-    which = f"{cfg.backbone.name}" + (f", random-weight twin seed {twin}" if twin is not None else "")
+    twin = b["loader"].get("random_init_seed")
+    which = f"{b['name']}" + (f", random-weight twin seed {twin}" if twin is not None else "")
     log.info("extraction (%s): %d rows to forward (%d already in finished shards)", which, len(todo), len(done))
     if not todo:
         return 0
     # Built for this extraction: no LM head, no decoder blocks above the deepest one read.
     if backbone is None:
-        backbone = instantiate(cfg.backbone.loader, **build_kwargs(cfg.backbone.loader, max_layer=max(layers)))
-    if backbone.n_layers != cfg.backbone.n_layers:
+        backbone = instantiate(b["loader"], **build_kwargs(b["loader"], max_layer=max(layers)))
+    if backbone.n_layers != b["n_layers"]:
         raise ValueError(
-            f"backbone={cfg.backbone.name}: model has {backbone.n_layers} decoder layers, "
-            f"config says n_layers={cfg.backbone.n_layers}"
+            f"backbone={b['name']}: model has {backbone.n_layers} decoder layers, "
+            f"config says n_layers={b['n_layers']}"
         )
-    dataset = StepGroupDataset(todo, backbone.processor, cfg.backbone.system_prompt,
+    dataset = StepGroupDataset(todo, backbone.processor, b["system_prompt"],
                                backbone.multimodal, backbone.image_size, backbone.image_token_id)
     tok = backbone.tokenizer
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     per_step = max(len(g) for g in dataset.groups)
-    dm = ReplayDataModule(dataset, pad, batch_size=max(1, cfg.backbone.batch_size // per_step),
-                          num_workers=resolve_num_workers(cfg.extract.num_workers, cfg.extract.accelerator))
-    writer = ShardWriter(cache, shard_rows=cfg.extract.shard_rows, dtype=cfg.backbone.cache_dtype)
-    bars = extraction_callbacks(True if cfg.quiet else None, total_rows=len(todo))  # rows, elapsed, ETA
+    dm = ReplayDataModule(dataset, pad, batch_size=max(1, b["batch_size"] // per_step),
+                          num_workers=resolve_num_workers(settings.num_workers, settings.accelerator))
+    writer = ShardWriter(cache, shard_rows=settings.shard_rows, dtype=b["cache_dtype"])
+    bars = extraction_callbacks(True if settings.quiet else None, total_rows=len(todo))  # rows, elapsed, ETA
     trainer = L.Trainer(
-        accelerator=cfg.extract.accelerator, devices=cfg.extract.devices,
-        strategy=cfg.extract.strategy,
-        precision=resolve_precision(cfg.extract.precision, cfg.extract.accelerator),
+        accelerator=settings.accelerator, devices=settings.devices,
+        strategy=settings.strategy,
+        precision=resolve_precision(settings.precision, settings.accelerator),
         callbacks=[writer, *bars], logger=False, enable_checkpointing=False,
         enable_model_summary=False, enable_progress_bar=False,
     )
-    module = HiddenStateExtractor(backbone, layers, token_groups, max_rows=cfg.backbone.batch_size,
-                                  prefix_reuse=cfg.extract.get("prefix_reuse", "auto"))
+    module = HiddenStateExtractor(backbone, layers, token_groups, max_rows=b["batch_size"],
+                                  prefix_reuse=settings.prefix_reuse)
     trainer.predict(module, datamodule=dm, return_predictions=False)
     forwarded = writer.rows_written
     if trainer.world_size > 1:

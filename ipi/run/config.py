@@ -8,7 +8,7 @@ key and the allowed values; an unknown ``surface=<name>`` has no config file, an
 ones it has. Cross-field rules (the surface's class and name, a control that does not apply to
 the surface, a text-only backbone with the ``image`` token group or a surface that needs the
 screenshot, layer fractions outside (0, 1]) are checked by :func:`validate`, which the Hydra
-callback :class:`ipi.hydra_callbacks.ConfigCheck` runs on every job's composed config before any
+callback :class:`ipi.run.hydra_callbacks.ConfigCheck` runs on every job's composed config before any
 job starts (one line, no torch imported).
 """
 
@@ -23,6 +23,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.utils import get_method
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
+from ipi.extraction.prefix_reuse import PREFIX_REUSE_MODES, resolve_prefix_reuse  # noqa: F401 (re-exported)
 from ipi.protocol import (
     CONTROLS,
     DEFAULT_SYSTEM_PROMPT,
@@ -32,8 +33,9 @@ from ipi.protocol import (
 )
 from ipi.surfaces.surface import Surface
 from ipi.surfaces.registry import register, surface_class, surface_names
+from ipi.run.twin import twin_seeds
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _vocabulary_enum(name: str, values: tuple[str, ...], doc: str) -> type[Enum]:
@@ -57,7 +59,7 @@ class SplitKind(str, Enum):
 
 
 class WordingScheme(str, Enum):
-    """How the attack wording is held out (``split.wording``; :mod:`ipi.surfaces.wording`)."""
+    """How the attack wording is held out (``split.wording``; :mod:`ipi.attacks.wording`)."""
 
     bank = "bank"  # the run's attack pool split at random into families aligned with the folds
     source = "source"  # leave-one-source-out: fold i tests on attack source i only (attack=mix)
@@ -332,24 +334,6 @@ class EvaluationConf:
     random_twin_seed: Any = None  # any type: a list ([1]) must reach the message too
 
 
-#: ``extract.prefix_reuse`` values (docs/extraction.md).
-PREFIX_REUSE_MODES: tuple[str, ...] = ("auto", "true", "false")
-
-
-def resolve_prefix_reuse(value) -> str:
-    """``extract.prefix_reuse`` as one of :data:`PREFIX_REUSE_MODES` (Hydra parses true/false as bools).
-
-    Raises:
-        ValueError: Any other value.
-    """
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    v = str(getattr(value, "value", value)).strip().lower()
-    if v not in PREFIX_REUSE_MODES:
-        raise ValueError(f"extract.prefix_reuse={value!r}; allowed: {', '.join(PREFIX_REUSE_MODES)}")
-    return v
-
-
 @dataclass
 class ExtractConf:
     """Extraction runtime (none of it enters the cache key)."""
@@ -597,8 +581,6 @@ def validate(cfg: DictConfig) -> None:
             "[1,2,3] (docs/estimands.md)"
         )
     if cfg.evaluation.random_twin:
-        from ipi.twin import twin_seeds
-
         twin_seeds(cfg)  # non-empty, distinct, not the backbone's own seed
     if multi and cfg.evaluation.random_twin:
         seeds = list(cfg.evaluation.random_twin_seeds)
@@ -685,7 +667,7 @@ def uses_ddp(cfg: DictConfig) -> bool:
         (isinstance(devices, (list, ListConfig)) and len(devices) > 1)
 
 
-#: The one-line reason a sweep refuses DDP (checked at composition: ipi.hydra_callbacks).
+#: The one-line reason a sweep refuses DDP (checked at composition: ipi.run.hydra_callbacks).
 DDP_IN_SWEEP = (
     "extract.devices>1 (DDP) inside a -m sweep: Lightning's DDP launcher re-runs the whole command "
     "in every extra process, so each would run the whole sweep again; instead extract each surface "

@@ -30,14 +30,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from ipi.attacks.pool import AttackPool, project_pool
+from ipi.attacks.source import load_data
 from ipi.surfaces.bank import stable_int
-
-if TYPE_CHECKING:
-    from ipi.attacks.pool import AttackPool
 
 __all__ = ["WORDING_SCHEMES", "WordingFamily", "WordingPlan", "full_family", "source_wording_plan",
            "wording_overlap", "wording_plan"]
@@ -48,8 +47,6 @@ WORDING_SCHEMES: tuple[str, ...] = ("bank", "source")
 
 
 def _default_pool() -> AttackPool:
-    from ipi.attacks.pool import project_pool
-
     return project_pool()
 
 
@@ -266,8 +263,6 @@ def source_owner(pool: AttackPool) -> dict[int, str]:
         ValueError: A text shared across sources with no owner in ``shared.yaml``, or an owner that
             is not one of the pool's attack sources.
     """
-    from ipi.attacks.source import load_data
-
     shared = load_data("shared.yaml") or {}
     owner = {i: str(shared.get(t.id, t.source)) for i, t in enumerate(pool.templates)}
     for i, o in owner.items():

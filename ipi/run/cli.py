@@ -14,12 +14,13 @@ from collections.abc import Callable
 
 from omegaconf import DictConfig
 
+from ipi.data.schema import DataError
+from ipi.extraction.activation_cache import CacheError
+from ipi.interrupt import Interrupted, stop_on_signals
+from ipi.probe.split import LeakageError
+
 
 def _input_errors() -> tuple[type[BaseException], ...]:
-    from ipi.data.schema import DataError
-    from ipi.extraction.activation_cache import CacheError
-    from ipi.probe.split import LeakageError
-
     return (DataError, CacheError, LeakageError, FileNotFoundError, NotADirectoryError,
             IsADirectoryError, ValueError)
 
@@ -28,14 +29,12 @@ def run_entry(task: Callable[[DictConfig], tuple], cfg: DictConfig) -> tuple:
     """Run a task function; report input errors in one line (exit 2) and the output folder.
 
     Args:
-        task: ``ipi.pipeline.train`` / ``extract`` / ``evaluate``.
+        task: ``ipi.run.tasks.train`` / ``extract`` / ``evaluate``.
         cfg: The composed config.
 
     Returns:
         What the task returns.
     """
-    from ipi.interrupt import Interrupted, stop_on_signals
-
     try:
         with stop_on_signals():
             out = task(cfg)

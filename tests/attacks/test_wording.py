@@ -1,4 +1,4 @@
-"""Held-out attack wording (ipi.surfaces.wording; PROTOCOL.md §7 check 3; docs/surfaces.md)."""
+"""Held-out attack wording (ipi.attacks.wording; PROTOCOL.md §7 check 3; docs/surfaces.md)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from ipi.surfaces.bank import (
     stable_int,
 )
 from ipi.surfaces.controls import benign_imperative
-from ipi.surfaces.wording import full_family, wording_overlap, wording_plan
+from ipi.attacks.wording import full_family, wording_overlap, wording_plan
 from tests.conftest import WEBVOYAGER
 
 IDS = [f"traj{i:02d}" for i in range(20)]

@@ -1,4 +1,4 @@
-"""The named stages that :mod:`ipi.pipeline`'s tasks call in sequence, and the tools reuse.
+"""The named stages that :mod:`ipi.run.tasks`'s tasks call in sequence, and the tools reuse.
 
 Setup, data import, the split, replay rows, feature selection, transfer sources, probe fits,
 the counts and run record of ``results.json``, scoring through Lightning, and the settings each
@@ -8,6 +8,7 @@ stage takes from its own piece of the config (``cfg.probe``, ``cfg.evaluation``)
 from __future__ import annotations
 
 import functools
+import json
 import logging
 from enum import Enum
 from pathlib import Path
@@ -16,20 +17,24 @@ import lightning as L
 import numpy as np
 import pandas as pd
 import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader, TensorDataset
 
 from ipi.backbone_text import load_tokenizer
-from ipi.config import enum_value as _value
-from ipi.config import resolved_controls, run_surface, to_container, validate
+from ipi.run.config import enum_value as _value
+from ipi.run.config import resolved_controls, run_surface, to_container, validate
+from ipi.run.detection import fit_detector, permutation_m
+from ipi.run.settings import extract_settings
 from ipi.data import DataError
 from ipi.data.discover import summarise_skips
 from ipi.data.images import image_limits_for
-from ipi.detectors.crossfit import cross_fit_detector
+from ipi.detectors.fitting import DetectorScores, cross_fit_detector
 from ipi.evaluation.results import Settings
 from ipi.extraction.rows import build_rows
-from ipi.extraction.run import extract_features, transfer_rows
+from ipi.extraction.forward import extract_features, transfer_rows
 from ipi.probe.crossfit import FoldedProbe, TransferSource, cross_fit, make_folds
 from ipi.probe.fit import ProbeConfig
 from ipi.progress import quiet_lightning, set_quiet, track
@@ -38,8 +43,8 @@ from ipi.replay import count_plain_tokens
 from ipi.reporting.gallery import build_gallery, save_png_atomic
 from ipi.surfaces.registry import get_surface, surfaces
 from ipi.attacks.pool import pool_from_config, project_pool
-from ipi.surfaces.wording import full_family, source_wording_plan, wording_overlap, wording_plan
-from ipi.twin import twin_config, twin_description, twin_seeds
+from ipi.attacks.wording import full_family, source_wording_plan, wording_overlap, wording_plan
+from ipi.run.twin import twin_config, twin_description, twin_seeds
 
 log = logging.getLogger(__name__)
 
@@ -53,9 +58,6 @@ _SWEEP_MEMO_MAX = 16
 
 def in_multirun() -> bool:
     """Whether this process runs the jobs of a Hydra ``-m`` sweep (``hydra.mode=MULTIRUN``)."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
@@ -78,8 +80,6 @@ def sweep_memo(key: tuple, compute, what: str):
 
 
 def _config_key(node) -> str:
-    import json
-
     return json.dumps(to_container(node), sort_keys=True, default=str)
 
 
@@ -323,7 +323,7 @@ def run_info(info: dict, infos: dict[str, dict], elapsed_s: float, attention: di
 
 
 def prepare(cfg: DictConfig) -> None:
-    """Check the config and quiet the libraries; raises ``ValueError`` as :func:`ipi.config.validate`."""
+    """Check the config and quiet the libraries; raises ``ValueError`` as :func:`ipi.run.config.validate`."""
     validate(cfg)
     quiet_lightning()
     set_quiet(True if cfg.quiet else None)  # None: auto (quiet under CI or IPI_QUIET=1)
@@ -348,7 +348,7 @@ def extraction_surfaces(cfg: DictConfig) -> list[str]:
 def twin_features(cfg: DictConfig, rows, features, layers: list[int], groups: list[str]):
     """The random-weight twins' features of the run's rows, one per ``evaluation.random_twin_seeds``.
 
-    Each twin (:func:`ipi.twin.twin_config`) extracts the same rows under its own cache key
+    Each twin (:func:`ipi.run.twin.twin_config`) extracts the same rows under its own cache key
     (verdict check 6; docs/estimands.md).
 
     Returns:
@@ -360,7 +360,7 @@ def twin_features(cfg: DictConfig, rows, features, layers: list[int], groups: li
     """
     x_twin, infos = {}, {}
     for seed in twin_seeds(cfg):
-        feats, infos[seed] = extract_features(twin_config(cfg, seed), rows, layers, list(TOKEN_GROUPS))
+        feats, infos[seed] = extract_features(extract_settings(twin_config(cfg, seed)), rows, layers, list(TOKEN_GROUPS))
         if feats is None:  # a non-zero DDP rank
             return None
         if feats.row_ids != features.row_ids:
@@ -377,7 +377,7 @@ def twin_score_tables(meta: pd.DataFrame, x_twin: dict, folds, probe, test_index
     ``probe`` is :func:`probe_settings` of the run; ``extra`` goes to
     :func:`ipi.probe.crossfit.cross_fit` (root dir). ``det`` other than ``logistic`` (a
     hidden-state detector of :mod:`ipi.detectors`) is cross-fitted by
-    :func:`ipi.detectors.crossfit.cross_fit_detector` instead. No baselines and no permutation
+    :func:`ipi.detectors.fitting.cross_fit_detector` instead. No baselines and no permutation
     test: the twins enter only check 6 (E3 − max over twin seeds).
 
     Returns:
@@ -421,9 +421,9 @@ def transfer_source(cfg: DictConfig, trajectories, surfaces: list[str], wording,
     src_meta, src_x, infos = [], [], {}
     for s in surfaces:
         # clean/attack rows only, unless the surface's own full entry is already cached
-        s_rows, shared = transfer_rows(cfg, make_rows(cfg, trajectories, s, wording=wording), layers,
+        s_rows, shared = transfer_rows(extract_settings(cfg), make_rows(cfg, trajectories, s, wording=wording), layers,
                                        list(TOKEN_GROUPS))
-        s_feat, infos[s] = extract_features(cfg, s_rows, layers, list(TOKEN_GROUPS))
+        s_feat, infos[s] = extract_features(extract_settings(cfg), s_rows, layers, list(TOKEN_GROUPS))
         if s_feat is None:  # a non-zero DDP rank
             return None
         infos[s]["transfer_rows"] = shared
@@ -472,12 +472,10 @@ def fit_folds(cfg: DictConfig, meta: pd.DataFrame, x: np.ndarray, features, laye
     as ``cfg.evaluation`` asks; ``extra`` goes to :func:`ipi.probe.crossfit.cross_fit` (transfer
     source, logger, root dir). Leakage is asserted per fold on ids and on the rows of every fit.
 
-    ``det`` (:func:`ipi.detectors.run.build_detector`) other than ``logistic`` is cross-fitted by
-    :func:`ipi.detectors.run.fit_detector` on ``x_det`` (its own features; default ``x``) with the
+    ``det`` (:func:`ipi.run.detection.build_detector`) other than ``logistic`` is cross-fitted by
+    :func:`ipi.run.detection.fit_detector` on ``x_det`` (its own features; default ``x``) with the
     same baselines and permutation labels (docs/detectors.md).
     """
-    from ipi.detectors.run import fit_detector, permutation_m
-
     pcfg, l2, l2_grid = probe
     ev = cfg.evaluation
     li = [features.layers.index(i) for i in layers]
@@ -550,8 +548,6 @@ def score_test_rows(fits, x: np.ndarray, callbacks: list, loggers: list) -> None
     trainer = L.Trainer(accelerator="cpu", devices=1, logger=loggers or False, callbacks=callbacks,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     if getattr(fits, "test_scores", None) is not None:  # a detector's out-of-fold scores (docs/detectors.md)
-        from ipi.detectors.crossfit import DetectorScores
-
         trainer.predict(DetectorScores(fits.test_scores),
                         DataLoader(TensorDataset(torch.arange(len(te))), batch_size=4096), return_predictions=False)
         return

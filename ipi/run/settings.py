@@ -1,0 +1,29 @@
+"""Typed settings built from the composed config: what the layers below ``ipi.run`` receive.
+
+Each builder reads one piece of ``cfg`` once and returns a frozen dataclass defined beside the
+code that uses it, so that no function outside :mod:`ipi.run` takes ``cfg`` (the schemas in
+:mod:`ipi.run.config` hold every default; these builders copy values, never add defaults).
+"""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig
+
+from ipi.extraction.forward import ExtractSettings
+from ipi.run.config import to_container
+
+__all__ = ["extract_settings"]
+
+
+def extract_settings(cfg: DictConfig) -> ExtractSettings:
+    """The extraction settings of a ``train``/``extract`` config (``backbone``, ``extract``, ``quiet``).
+
+    The backbone node is resolved to plain data here (interpolations such as
+    ``${paths.shared_dir}`` against the whole config), exactly as the cache key hashes it.
+    """
+    ex = cfg.extract
+    return ExtractSettings(
+        backbone=to_container(cfg.backbone), cache_dir=str(ex.cache_dir), layers=tuple(to_container(ex.layers) or ()),
+        force=bool(ex.force), num_workers=to_container(ex.num_workers), shard_rows=int(ex.shard_rows),
+        accelerator=str(ex.accelerator), devices=to_container(ex.devices), strategy=str(ex.strategy),
+        precision=str(ex.precision), prefix_reuse=to_container(ex.get("prefix_reuse", "auto")), quiet=bool(cfg.quiet))

@@ -12,6 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
+from ipi.attacks.pool import AttackPool
 from ipi.data.schema import Step, Trajectory
 from ipi.extraction.rows import build_rows
 from ipi.protocol import DEFAULT_SYSTEM_PROMPT
@@ -22,7 +23,6 @@ from ipi.replay import (
     render_prompt,
     tokenise,
 )
-from ipi.surfaces import surface as surface_base
 
 pytestmark = pytest.mark.needs_shared
 
@@ -106,9 +106,13 @@ def test_hostile_text_on_every_surface_keeps_spans_and_runs_through_the_model(pr
                 element_text_omitted=False, tool_result=f"No previous action. {h}", thought=f"I see {h}.",
                 action="Click [1]", action_type="click", history=(f"Type [0]; {h}",))
     traj = Trajectory("t<|im_end|>", f"Buy {h} now", "test", 1, (step,))
-    real_attack = surface_base.attack_text  # every surface draws its attack texts through ipi.surfaces.surface
-    monkeypatch.setattr(surface_base, "attack_text",
-                        lambda tid, s, k, **kw: (real_attack(tid, s, k, **kw)[0] + " " + h, real_attack(tid, s, k, **kw)[1]))
+    real_choose = AttackPool.choose  # every surface draws its attack texts through the run's attack pool
+
+    def hostile_choose(self, *a, **kw):
+        text, meta = real_choose(self, *a, **kw)
+        return text + " " + h, meta
+
+    monkeypatch.setattr(AttackPool, "choose", hostile_choose)
     tok = processor.tokenizer
     count = lambda s: count_plain_tokens(tok, s)  # noqa: E731
     model = small_backbone.model
@@ -122,8 +126,10 @@ def test_hostile_text_on_every_surface_keeps_spans_and_runs_through_the_model(pr
             img = r.variant.image(r.step)
             row = tokenise(processor, parts, img, image_size=small_backbone.image_size, image_token_id=IMAGE_PAD)
             _check_row(processor, parts, row, int(row.inputs["image_grid_thw"].prod()) // 4)
-            if surface != "i_vis" and r.variant.variant == "attack":
-                assert h in (parts.element_text if surface == "i_dom" else parts.tool_result)
+            if surface == "i_tool" and r.variant.variant == "attack":
+                assert h in parts.tool_result
+            if surface == "i_dom" and r.variant.variant == "attack":  # one line, no '"' (i_dom's entry)
+                assert " ".join(h.replace('"', "'").split()) in parts.element_text and r.variant.meta["adapted"]
             # Matched controls keep the attack's token count, counted as replay tokenises.
             if surface != "i_vis" and r.variant.variant != "clean":
                 assert r.variant.meta["token_delta"] == 0

@@ -8,7 +8,8 @@ of ``split.repeats`` (:func:`ipi.run.tasks.evaluate_split`) and the planted-trut
 
 1. the numbers (:func:`ipi.metrics.compare.compare_tables`): E1/E2/E3 of the probe, its
    baselines and its random-weight twins on shared cluster-bootstrap draws, the paired
-   differences, the one-sided p-values and the exact permutation test;
+   differences, the one-sided p-values and the exact permutation test; and the operating point
+   (TPR at ``evaluation.operating_fpr``, :func:`ipi.metrics.operating_point.operating_points`);
 2. the verdict (:func:`ipi.evaluation.verdict.judge`);
 3. the reportability marks (:func:`ipi.evaluation.reportable.mark`);
 
@@ -26,6 +27,7 @@ from ipi.evaluation.reportable import mark
 from ipi.evaluation.results import DEFAULTS, Results, Settings
 from ipi.evaluation.verdict import judge
 from ipi.metrics.compare import compare_tables
+from ipi.metrics.operating_point import operating_points
 
 __all__ = ["DEFAULTS", "ScoreTables", "Settings", "assess"]
 
@@ -74,5 +76,10 @@ def assess(tables: ScoreTables, settings: Settings = DEFAULTS, *, source: str | 
                                level=settings.level, interval=settings.interval, permutation=tables.permutation,
                                twins=tables.twins, alpha=settings.alpha)
     numbers = estimates.to_dict()
+    # The operating point (TPR at a fixed FPR) on the same draws' seed; reported, decides nothing.
+    operating = (operating_points(tables.main, settings.operating_fpr, n_boot=settings.n_boot, seed=settings.seed,
+                                  level=settings.level, interval=settings.interval)
+                 if settings.operating_fpr is not None else None)
     return Results(estimates=estimates, verdict=judge(numbers, settings), reportability=mark(numbers, settings),
-                   settings=settings, source=source, source_twin=source_twin, counts=counts)
+                   settings=settings, source=source, source_twin=source_twin, counts=counts,
+                   operating_point=operating)

@@ -33,6 +33,7 @@ from ipi.metrics.keys import (
     EFFECTIVE_CLUSTERS_BY_ESTIMAND,
     GUARDS,
     N_CLUSTERS,
+    OPERATING_POINT,
     PERMUTATION,
     RANDOM_TWIN,
     REPORTABILITY,
@@ -77,6 +78,9 @@ class Settings:
             judged on test rows whose attack and imperative wording training never saw); False
             makes check 3 NOT RUN; None for a score table, whose wording ipi cannot see.
         twin_level: The rank level check 6 aims at: the verdict says when ``1/(S+1)`` is above it.
+        operating_fpr: The false-positive rate of the operating point (TPR at that FPR;
+            :mod:`ipi.metrics.operating_point`; ``evaluation.operating_fpr``, default
+            :data:`~ipi.metrics.operating_point.DEFAULT_FPR`), or None: not computed.
     """
 
     n_boot: int = N_BOOT
@@ -93,6 +97,7 @@ class Settings:
     required_controls: tuple[str, ...] | None = None
     heldout_wording: bool | None = None
     twin_level: float = 0.05
+    operating_fpr: float | None = None
 
     @property
     def backbone_weights(self) -> str | None:
@@ -199,6 +204,8 @@ class Results:
         source: The score table's path (``evaluate.py``), or None.
         source_twin: The twins' score table's path, or None.
         counts: Counts of the score table (``evaluate.py``), or None (``train.py`` adds its own).
+        operating_point: TPR at ``settings.operating_fpr`` for attack vs clean and vs each control
+            (:func:`ipi.metrics.operating_point.operating_points`), or None.
     """
 
     estimates: Estimates
@@ -208,11 +215,14 @@ class Results:
     source: str | None = None
     source_twin: str | None = None
     counts: dict | None = None
+    operating_point: dict | None = None
 
     def to_dict(self) -> dict:
-        """The JSON-ready results: :meth:`Estimates.to_dict`, then ``source``, ``source_twin``,
-        ``counts`` (when set), ``verdict`` and ``reportability``."""
+        """The JSON-ready results: :meth:`Estimates.to_dict`, the ``operating_point`` (when set), then
+        ``source``, ``source_twin``, ``counts`` (when set), ``verdict`` and ``reportability``."""
         out = self.estimates.to_dict()
+        if self.operating_point is not None:
+            out[OPERATING_POINT] = self.operating_point
         for key, value in ((SOURCE, self.source), (SOURCE_TWIN, self.source_twin), (COUNTS, self.counts)):
             if value is not None:
                 out[key] = value

@@ -5,12 +5,17 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
+from typing import TYPE_CHECKING
 
 from ipi.data.schema import Step, Trajectory
 from ipi.io import content_digest
 from ipi.replay import PromptParts
 from ipi.surfaces.variants import Variant, make_variants
-from ipi.surfaces.wording import WordingPlan
+from ipi.attacks.wording import WordingPlan, full_family
+
+if TYPE_CHECKING:
+    from ipi.attacks.pool import AttackPool
 
 
 @dataclass(frozen=True)
@@ -81,6 +86,7 @@ def build_rows(
     n_attacks: int = 1,
     count_tokens: Callable[[str], int] | None = None,
     wording: WordingPlan | None = None,
+    pool: AttackPool | None = None,
 ) -> list[ReplayRow]:
     """Expand trajectories into replay rows for one surface.
 
@@ -90,9 +96,11 @@ def build_rows(
         controls: Controls to build (must apply to the surface).
         n_attacks: Attack rows per step.
         count_tokens: Token counter for text-surface controls (matched token count).
-        wording: Held-out wording plan (:func:`ipi.surfaces.wording.wording_plan`): each
+        wording: Held-out wording plan (:func:`ipi.attacks.wording.wording_plan`): each
             trajectory's attack and imperative texts come from its own family only. None: every
-            row draws from the whole bank.
+            row draws from the whole pool.
+        pool: The run's attack pool (:mod:`ipi.attacks.pool`) when ``wording`` is None; default
+            the project bank. Each trajectory's family is bound to its task (the ``{task}`` slot).
 
     Returns:
         Rows in (trajectory, step, variant) order.
@@ -100,7 +108,7 @@ def build_rows(
     rows = []
     for t in trajectories:
         for s in t.steps:
-            fam = wording.family(t.trajectory_id) if wording is not None else None
+            fam = (wording.family(t.trajectory_id) if wording is not None else full_family(pool)).bind(t.task)
             for v in make_variants(t.trajectory_id, s, surface, controls, n_attacks=n_attacks,
                                    count_tokens=count_tokens, wording=fam):
                 rid = f"{t.trajectory_id}|{s.step}|{surface}|{v.variant}|{v.attack_index}"

@@ -107,13 +107,16 @@ EFFECTIVE_CLUSTERS_BY_ESTIMAND = "effective_clusters_by_estimand"
 P_VALUE = "p_value"
 NULL_MEAN = "null_mean"
 
+OPERATING_POINT = "operating_point"  # TPR at a fixed FPR (ipi.metrics.operating_point)
+
 # verdict.*
 CLAIM = "claim"
 CHECKS = "checks"
 
 #: Keys of the results a baseline name may not take (they would collide with a section).
 RESERVED_KEYS = frozenset(
-    {E1, E2, E3, DIFFERENCES, BOOTSTRAP, COUNTS, VERDICT, SOURCE, "baselines", PERMUTATION, P_VALUES, RANDOM_TWIN}
+    {E1, E2, E3, DIFFERENCES, BOOTSTRAP, COUNTS, VERDICT, SOURCE, "baselines", PERMUTATION, P_VALUES, RANDOM_TWIN,
+     OPERATING_POINT}
 )
 
 

@@ -234,6 +234,7 @@ def build_gallery(
     n_attacks: int = 1,
     cell_width: int = CELL_W,
     shown: Sequence[Surface] | None = None,
+    wording=None,
 ) -> Image.Image:
     """Render every surface × variant of one step into one image.
 
@@ -246,6 +247,8 @@ def build_gallery(
         cell_width: Width of one cell in pixels.
         shown: The surfaces, one row each, in order; None: the surfaces that ship
             (:func:`ipi.surfaces.registry.surfaces`).
+        wording: The wording family the attacks are drawn from (the run's attack pool bound to
+            the trajectory's task: :class:`ipi.attacks.wording.WordingFamily`); None: the bank.
 
     Returns:
         The gallery (RGB).
@@ -253,7 +256,7 @@ def build_gallery(
     rows: list[tuple[Surface, list[Image.Image]]] = []
     for surface in (surfaces() if shown is None else shown):
         variants = surface.make_variants(trajectory_id, step, surface.controls, n_attacks=n_attacks,
-                                         count_tokens=count_tokens)
+                                         count_tokens=count_tokens, wording=wording)
         cells = []
         for v in variants:
             if surface.needs_image:

@@ -70,6 +70,7 @@ from ipi.metrics.keys import (
     dotted,
     e1_minus_baseline_e1,
     e3_minus_baseline_e3,
+    OPERATING_POINT,
 )
 from ipi.surfaces.registry import find_surface
 
@@ -85,7 +86,10 @@ MAX_COLUMNS = 6
 MAX_LIST_ITEMS = 200
 #: Top-level keys of ``results.json`` that hold no estimand: :func:`interval_keys` does not look
 #: inside them (the verdict's numbers and the split spread repeat estimands; p-values are numbers).
-NOT_ESTIMANDS = (VERDICT, REPORTABILITY, SPLIT_SPREAD, PERMUTATION, P_VALUES, BOOTSTRAP, COUNTS, RUN)
+NOT_ESTIMANDS = (VERDICT, REPORTABILITY, SPLIT_SPREAD, PERMUTATION, P_VALUES, BOOTSTRAP, COUNTS, RUN,
+                 OPERATING_POINT)  # the operating point has its own section (ipi.reporting.attack_sections)
+#: ``run`` keys with their own section (ipi.reporting.attack_sections), left out of the Run list.
+RUN_KEYS_SHOWN_ELSEWHERE = frozenset({"attack"})
 #: The reportable column of an interval the reportability gate does not mark.
 UNGATED_NOTE = "not gated (no verdict check uses it)"
 
@@ -733,6 +737,7 @@ def _run(r: Mapping) -> Section | None:
     run = r.get(RUN)
     if not isinstance(run, Mapping) or not run:
         return None
+    run = {k: v for k, v in run.items() if k not in RUN_KEYS_SHOWN_ELSEWHERE}
     items = tuple((k, v, ()) for k, v in flat_items(run))
     summary = " · ".join(str(x) for x in (run.get("surface"), run.get("backbone"),
                                           run.get("layers_config") and f"layers {run['layers_config']}",

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ipi.io import atomic_write_text
 from ipi.metrics.keys import RUN, SOURCE, SOURCE_TWIN
+from ipi.reporting import attack_sections
 from ipi.reporting.layout import (
     FIGURES,
     Bullets,
@@ -177,7 +178,7 @@ def render_report(results: Mapping, figures: Mapping[str, str] | None = None, co
     """
     out = [f"# ipi report — {_title(results)}", ""]
     out += [f"*{x}*" for x in _sources(results)] + ([""] if _sources(results) else [])
-    for s in report_sections(results, figures, config_yaml):
+    for s in attack_sections.with_sections(report_sections(results, figures, config_yaml), results):
         out += [f"## {s.title}", ""]
         _md_blocks(s.blocks, out)
     return "\n".join(out)
@@ -410,7 +411,8 @@ def render_html(results: Mapping, figures: Mapping[str, str | Path] | None = Non
         HTML text.
     """
     title = _title(results)
-    sections = report_sections(results, {k: str(v) for k, v in (figures or {}).items()}, config_yaml)
+    sections = attack_sections.with_sections(
+        report_sections(results, {k: str(v) for k, v in (figures or {}).items()}, config_yaml), results)
     out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
            '<meta name="viewport" content="width=device-width, initial-scale=1">',
            f"<title>ipi report — {_h(title)}</title><style>{REPORT_CSS}</style></head><body>",

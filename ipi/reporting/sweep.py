@@ -92,6 +92,7 @@ from ipi.metrics.keys import (
     E3_MINUS_C1_E3,
     E3_MINUS_MEAN_TWIN_E3,
     N_BOOT_KEY,
+    OPERATING_POINT,
     P_VALUE,
     P_VALUES,
     PERMUTATION,
@@ -341,9 +342,9 @@ def collect(sweep: str | Path) -> pd.DataFrame:
         sweep: The multirun folder (``outputs/train/multiruns/<time>``).
 
     Returns:
-        Columns ``job, overrides, surface, backbone, detector, layers, token_group, data_root`` and, for every
-        estimand ``k`` found (``e1``, ``e2``, ``e3.<control>``), ``k``, ``k_ci_low``,
-        ``k_ci_high``; plus ``claim``, ``level``, ``preregistered_spec`` (the jobs'
+        Columns ``job, overrides, surface, backbone, detector, attack, layers, token_group, data_root`` and, for
+        every estimand ``k`` found (``e1``, ``e2``, ``e3.<control>``, the operating point
+        ``tpr_at_fpr.<clean|control>``), ``k``, ``k_ci_low``, ``k_ci_high``; plus ``claim``, ``level``, ``preregistered_spec`` (the jobs'
         ``evaluation.preregistered``), ``p_separates`` and ``p_detects`` (:func:`claim_p_values`).
 
     Raises:
@@ -370,6 +371,7 @@ def collect(sweep: str | Path) -> pd.DataFrame:
             "surface": run.get("surface"),
             "backbone": run.get("backbone"),
             "detector": _detector_label(run),
+            "attack": (run.get("attack") or {}).get("name", "project"),
             "layers": layer_label,
             "token_group": _token_group_name(job, run),
             "data_root": run.get("data_root"),
@@ -383,6 +385,8 @@ def collect(sweep: str | Path) -> pd.DataFrame:
         row["p_permutation"] = _permutation_p(res)
         ivs = {E1: res.get(E1), E2: res.get(E2)}
         ivs.update({dotted(E3, c): iv for c, iv in (res.get(E3) or {}).items()})
+        op = res.get(OPERATING_POINT) or {}
+        ivs.update({f"tpr_at_fpr.{neg}": iv for neg, iv in (op.get("vs") or {}).items()})
         for k, iv in ivs.items():
             iv = iv or {}
             row[k] = iv.get("estimate")
@@ -481,10 +485,12 @@ def write_sweep_report(sweep: str | Path) -> dict[str, Path]:
         out["failed_csv"] = atomic_write_text(sweep / "failed_cells.csv", failed.to_csv(index=False))
     figures: list[tuple[str, Path]] = []
     roots = sorted(str(r) for r in df["data_root"].dropna().unique())
-    for (surface, backbone, detector, root), part in df.groupby(["surface", "backbone", "detector", "data_root"],
-                                                                 dropna=False, sort=True):
+    for (surface, backbone, detector, attack, root), part in df.groupby(
+            ["surface", "backbone", "detector", "attack", "data_root"], dropna=False, sort=True):
         multi = df[["surface", "backbone", "detector"]].drop_duplicates().shape[0] > 1
         suffix = f"_{surface}_{backbone}" if multi else ""
+        if df["attack"].nunique() > 1:
+            suffix += f"_{attack}"
         if df["detector"].nunique() > 1:
             suffix += f"_{detector}".replace(" ", "_").replace("(", "").replace(")", "")
         if len(roots) > 1:  # a sweep over data roots: one heatmap per root
@@ -496,13 +502,15 @@ def write_sweep_report(sweep: str | Path) -> dict[str, Path]:
             name = key.replace(".", "_")
             path = sweep / f"heatmap_{name}{suffix}.png"
             label = "E1 attack vs clean" if key == "e1" else f"E3 attack vs {key.split('.', 1)[1]}"
-            plot_heatmap(_grid(part, key), path, f"{label} · {surface} · {backbone} · {detector}",
+            plot_heatmap(_grid(part, key), path, f"{label} · {surface} · {backbone} · {detector}"
+                         + (f" · attack={attack}" if df["attack"].nunique() > 1 else ""),
                          low=_grid(part, f"{key}_ci_low"), high=_grid(part, f"{key}_ci_high"))
             figures.append((label, path))
             out[path.stem] = path
-    cols = ["job", "layers", "token_group", "surface", "detector", *(["data_root"] if len(roots) > 1 else []),
-            "e1", "e1_ci_low", "e1_ci_high"]
-    cols += [c for c in ("e3.c_scrambled", "e3.c_scrambled_ci_low", "e3.c_scrambled_ci_high", "claim",
+    cols = ["job", "layers", "token_group", "surface", "attack", "detector",
+            *(["data_root"] if len(roots) > 1 else []), "e1", "e1_ci_low", "e1_ci_high"]
+    cols += [c for c in ("e3.c_scrambled", "e3.c_scrambled_ci_low", "e3.c_scrambled_ci_high",
+                         "tpr_at_fpr.clean", "tpr_at_fpr.clean_ci_low", "tpr_at_fpr.clean_ci_high", "claim",
                          "p_separates", "p_detects", "claim_familywise", "preregistered") if c in df]
     md = [f"# Sweep report — {sweep}", "",
           f"{len(df) + len(failed)} jobs" + (f", {len(failed)} failed (below)." if len(failed) else "."), "",

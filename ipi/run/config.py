@@ -58,6 +58,13 @@ class SplitKind(str, Enum):
     kfold = "kfold"
 
 
+class WordingScheme(str, Enum):
+    """How the attack wording is held out (``split.wording``; :mod:`ipi.attacks.wording`)."""
+
+    bank = "bank"  # the run's attack pool split at random into families aligned with the folds
+    source = "source"  # leave-one-source-out: fold i tests on attack source i only (attack=mix)
+
+
 class ProbeSolver(str, Enum):
     """How the probe's convex objective is minimised (docs/probe.md); both reach the same minimiser."""
 
@@ -103,6 +110,16 @@ class SurfaceConf:
     _target_: str = MISSING  # the surface's class (ipi.surfaces.surface.Surface subclass), built without arguments
     name: str = MISSING  # must be that class's name (run_surface)
     n_attacks: int = 1  # attack rows per step (templates drawn per (trajectory, step, k))
+
+
+@dataclass
+class AttackConf:
+    """Where attack and benign texts come from: ``conf/attack/<name>.yaml`` (docs/attacks.md)."""
+
+    _target_: str = MISSING  # the attack source class (ipi.attacks.*Source), one of ipi.attacks.available_sources
+    name: str = MISSING  # must be that class's family
+    sources: Optional[list[str]] = None  # a mix's members (null: every attack source)
+    benign: Optional[str] = "notinject"  # c_imperative texts for a source that has none (null: refuse)
 
 
 @dataclass
@@ -260,6 +277,10 @@ class SplitConf:
     k: Optional[int] = None  # kfold only: number of folds (conf/split/kfold.yaml: 5)
     seed: int = 0  # the pre-registered split
     min_per_side: int = 2  # fewest trajectories on each side (train, test) of every fold; checked right after import
+    # held-out attack wording (evaluation.heldout_wording): bank = the attack pool split at random
+    # into families aligned with the folds; source = leave-one-source-out (attack=mix, split=kfold,
+    # split.k = number of attack sources): fold i's test rows draw template and goal from source i
+    wording: WordingScheme = WordingScheme.bank
     # >1: also rerun the split with seeds seed+1 .. seed+repeats-1 and report each estimand's
     # spread and how many seeds license each claim beside the pre-registered verdict
     repeats: int = 1
@@ -286,6 +307,9 @@ class EvaluationConf:
     interval: IntervalKind = IntervalKind.expanded
     collapse_ceiling: float = 0.60
     c1_max: float = 0.95
+    # the operating point: TPR at this false-positive rate, attack vs clean and vs each control,
+    # with cluster-bootstrap intervals (reported, decides nothing; docs/estimands.md)
+    operating_fpr: float = 0.01
     # an estimand with fewer effective test trajectories (Kish, from the weights it uses, on its
     # poorer side) is not used: the checks relying on it are NOT RUN (docs/estimands.md)
     min_clusters: int = 12
@@ -370,6 +394,7 @@ class TrainConf:
     data: DataConf = field(default_factory=DataConf)
     backbone: BackboneConf = field(default_factory=BackboneConf)
     surface: SurfaceConf = field(default_factory=SurfaceConf)
+    attack: AttackConf = field(default_factory=AttackConf)
     control: ControlConf = field(default_factory=ControlConf)
     layers: LayersConf = field(default_factory=LayersConf)
     token_group: TokenGroupConf = field(default_factory=TokenGroupConf)
@@ -578,6 +603,8 @@ def validate(cfg: DictConfig) -> None:
         )
     if not 0.0 < cfg.evaluation.get("min_boot_fraction", 0.9) <= 1.0:
         raise ValueError(f"evaluation.min_boot_fraction must be in (0, 1], got {cfg.evaluation.min_boot_fraction}")
+    if not 0.0 <= cfg.evaluation.get("operating_fpr", 0.01) < 1.0:
+        raise ValueError(f"evaluation.operating_fpr must be in [0, 1), got {cfg.evaluation.operating_fpr}")
     if not 0.0 < cfg.evaluation.level < 1.0:
         raise ValueError(f"evaluation.level must be in (0, 1), got {cfg.evaluation.level}")
     target = cfg.data.importer.get("_target_") if isinstance(cfg.data.get("importer"), DictConfig) else None
@@ -601,6 +628,8 @@ def validate(cfg: DictConfig) -> None:
                              "trajectory is tested once); use split.k=N folds, or split=holdout")
         if cfg.split.get("k") is None or cfg.split.k < 2:
             raise ValueError(f"split.k must be >= 2 for split=kfold, got {cfg.split.get('k')}")
+    if "attack" in cfg:
+        _validate_attack(cfg)
     if cfg.split.get("min_per_side", 2) < 1:
         raise ValueError(f"split.min_per_side must be >= 1, got {cfg.split.min_per_side}")
     loader = cfg.backbone.get("loader")
@@ -611,6 +640,27 @@ def validate(cfg: DictConfig) -> None:
     if not cfg.backbone.multimodal and cfg.backbone.get("image_size") is not None:
         raise ValueError(f"backbone.image_size does not apply to the text-only backbone={cfg.backbone.name}; "
                          "remove the override")
+
+
+def _validate_attack(cfg: DictConfig) -> None:
+    """The attack source and ``split.wording`` (one line each; reads the source's data, no torch)."""
+    from ipi.attacks.pool import pool_from_config
+    from ipi.attacks.source import AttackSourceError
+
+    try:
+        pool = pool_from_config(cfg.attack)
+    except AttackSourceError as e:
+        raise ValueError(str(e)) from None
+    if enum_value(cfg.split.get("wording", "bank")) == "source":
+        n = len(pool.sources)
+        if not cfg.evaluation.heldout_wording:
+            raise ValueError("split.wording=source holds out wording: it needs evaluation.heldout_wording=true")
+        if n < 2:
+            raise ValueError(f"split.wording=source needs >= 2 attack sources; attack={pool.name} has "
+                             f"{n} ({', '.join(pool.sources)}); use attack=mix")
+        if enum_value(cfg.split.kind) != "kfold" or cfg.split.get("k") != n:
+            raise ValueError(f"split.wording=source: one fold per attack source of attack={pool.name} "
+                             f"({', '.join(sorted(pool.sources))}); use split=kfold split.k={n}")
 
 
 def uses_ddp(cfg: DictConfig) -> bool:

@@ -44,7 +44,8 @@ from ipi.protocol import TOKEN_GROUPS, resolve_layers, transfer_source_surfaces
 from ipi.replay import count_plain_tokens
 from ipi.reporting.gallery import build_gallery, save_png_atomic
 from ipi.surfaces.registry import get_surface, surfaces
-from ipi.surfaces.wording import wording_overlap, wording_plan
+from ipi.attacks.pool import pool_from_config, project_pool
+from ipi.attacks.wording import full_family, source_wording_plan, wording_overlap, wording_plan
 from ipi.run.twin import twin_config, twin_description, twin_seeds
 
 log = logging.getLogger(__name__)
@@ -221,8 +222,16 @@ def split_folds(cfg: DictConfig, trajectories, seed: int | None = None):
     folds = make_folds(sorted({t.trajectory_id for t in trajectories}), kind,
                        **({"test_fraction": cfg.split.test_fraction} if kind == "holdout" else {"k": cfg.split.k}),
                        seed=seed)
-    plan = wording_plan(folds, seed) if cfg.evaluation.heldout_wording else None
+    plan = None
+    if cfg.evaluation.heldout_wording:
+        by_source = _value(cfg.split.get("wording", "bank")) == "source"
+        plan = (source_wording_plan if by_source else wording_plan)(folds, seed, attack_pool(cfg))
     return folds, plan
+
+
+def attack_pool(cfg: DictConfig):
+    """The run's :class:`~ipi.attacks.pool.AttackPool` (``cfg.attack``; the project bank without one)."""
+    return pool_from_config(cfg.attack) if "attack" in cfg else project_pool()
 
 
 def make_rows(cfg: DictConfig, trajectories, surface: str, controls: list[str] | None = None, wording=None):
@@ -249,11 +258,13 @@ def make_rows(cfg: DictConfig, trajectories, surface: str, controls: list[str] |
     def build():
         count_tokens = token_counter(cfg) if token_matched else None
         rows = build_rows(track(trajectories, f"rendering {surface} variants"), surface, controls,
-                          n_attacks=cfg.surface.n_attacks, count_tokens=count_tokens, wording=wording)
+                          n_attacks=cfg.surface.n_attacks, count_tokens=count_tokens, wording=wording,
+                          pool=pool)
         return trajectories, rows  # the trajectories stay referenced: their ids in the key stay theirs
 
+    pool = attack_pool(cfg)
     key = ("make_rows", tuple(map(id, trajectories)), surface, tuple(controls), int(cfg.surface.n_attacks),
-           tokenizer if token_matched else None, repr(wording))
+           tokenizer if token_matched else None, repr(wording), repr(pool))
     return list(sweep_memo(key, build, f"rows of {surface}")[1])
 
 
@@ -267,12 +278,13 @@ def write_gallery(cfg: DictConfig, trajectory, out_dir: Path) -> Path | None:
         return None
     own, shipped = run_surface(cfg), surfaces()
     shown = [*shipped, *([] if own in shipped else [own])]
+    pool = attack_pool(cfg)
     key = ("gallery", id(trajectory), tuple(s.name for s in shown), int(cfg.surface.n_attacks),
            str(cfg.backbone.tokenizer_path), _config_key(cfg.backbone.get("tokenizer_kwargs") or {}),
-           _content_of(cfg.backbone.tokenizer_path))
+           _content_of(cfg.backbone.tokenizer_path), repr(pool))
     _, img = sweep_memo(key, lambda: (trajectory, build_gallery(
         trajectory.trajectory_id, trajectory.steps[0], token_counter(cfg), task=trajectory.task,
-        n_attacks=cfg.surface.n_attacks, shown=shown)), "gallery")
+        n_attacks=cfg.surface.n_attacks, shown=shown, wording=full_family(pool).bind(trajectory.task))), "gallery")
     return save_png_atomic(img, out_dir / "gallery.png")
 
 
@@ -299,13 +311,13 @@ def select_features(features, layers: list[int], groups: list[str]) -> np.ndarra
     return x.reshape(x.shape[0], -1).float().numpy()
 
 
-def wording_record(rows, folds, plan) -> dict:
+def wording_record(rows, folds, plan, pool=None) -> dict:
     """``run.wording`` of results.json: held-out wording on/off and the train/test overlap (must be 0 when on)."""
 
     meta = [{"trajectory_id": r.trajectory_id, "variant": r.variant.variant, **r.variant.meta} for r in rows]
-    rec = wording_overlap(meta, folds, plan)
+    rec = wording_overlap(meta, folds, plan, pool)
     if plan is not None and rec["overlap"] != 0:  # by construction impossible: a bug, never a number to report
-        raise AssertionError(f"held-out wording: {rec['overlap']} bank entries on both sides of a fold")
+        raise AssertionError(f"held-out wording: {rec['overlap']} wording entries on both sides of a fold")
     if plan is not None and plan.scheme == "holdout":
         rec["train_families"] = plan.families["train"].to_dict()
         rec["test_families"] = plan.families["test"].to_dict()
@@ -469,7 +481,8 @@ def assess_settings(ev: DictConfig, pretrained: bool | None = None, *, construct
                     min_boot_fraction=ev.min_boot_fraction, alpha=ev.permutation.alpha, pretrained=pretrained,
                     constructed=bool(constructed),
                     required_controls=None if required_controls is None else tuple(required_controls),
-                    heldout_wording=heldout_wording)
+                    heldout_wording=heldout_wording,
+                    operating_fpr=ev.get("operating_fpr", 0.01))
 
 
 def make_loggers(cfg: DictConfig) -> list:

@@ -14,16 +14,19 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from ipi.attacks.pool import project_pool
 from ipi.run.config import enum_value as _value
 from ipi.run.config import run_surface, to_container
 from ipi.run.detection import attention_matrix, attention_transfer_source, build_detector, detector_record
 from ipi.evaluation.assess import ScoreTables, assess
+from ipi.evaluation.by_source import attack_record
 from ipi.evaluation.callbacks import EstimandsCallback
 from ipi.evaluation.scoretable import evaluate_score_table, read_score_table, twin_score_table
 from ipi.extraction.forward import extract_features, transfer_rows
 from ipi.extraction.twin_pass import extract_twin_features
 from ipi.io import atomic_write_text
 from ipi.metrics.keys import RANDOM_TWIN, SPLIT_REPEATS
+from ipi.probe.crossfit import cross_fit
 from ipi.progress import track
 from ipi.protocol import TOKEN_GROUPS
 from ipi.reporting.report import write_run_report
@@ -33,6 +36,7 @@ from ipi.run.settings import extract_settings
 from ipi.run.twin import backbone_weights, twin_config, twin_seeds
 from ipi.run.stages import (
     assess_settings,
+    attack_pool,
     check_split_feasible,
     extraction_surfaces,
     fit_folds,
@@ -117,10 +121,13 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
     transfer = {"train_surfaces": sources, "test_surface": surface} if transfer_src is not None else None
     extra = {"counts": run_counts(trajs, meta, rows, fits, folds, step_skips, traj_skips),
              "run": {**run_record(cfg, layers, groups, int(x.shape[1]), folds, transfer,
-                                  wording_record(rows, folds, plan), infos),
+                                  wording_record(rows, folds, plan, attack_pool(cfg)), infos),
                      RANDOM_TWIN: twin_record(cfg, twin_infos)}}
     extra["run"]["detector"] = detector_record(cfg, det, fits)
     extra["run"]["backbone_weights"] = backbone_weights(cfg)  # pretrained | random | constructed
+    pool = attack_pool(cfg)
+    if pool.digest != project_pool().digest:  # the default bank adds nothing: its results.json is unchanged
+        extra["run"]["attack"] = attack_source_record(cfg, pool, rows, meta, x, fits, det, folds, plan, probe)
     if infos_att:
         extra["run"]["attention_cache_keys"] = {s: i["cache_key"] for s, i in infos_att.items()}
 
@@ -162,6 +169,27 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
     probe = fits.probes[0] if len(fits.probes) == 1 else fits.probes
     return rep.results, {"probe": probe, "probes": fits.probes, "folds": folds, "scores": est.scores,
                          "baselines": fits.baselines, "extraction": info, "elapsed_s": elapsed}
+
+
+def attack_source_record(cfg: DictConfig, pool, rows, meta, x, fits, det, folds, plan, probe) -> dict:
+    """``run.attack`` (:func:`ipi.evaluation.by_source.attack_record`) of a run on a published source."""
+    cols = ["trajectory_id", "step", "variant"]
+    table = meta.iloc[fits.test_index][cols].reset_index(drop=True)
+    table["score"] = fits.probe_scores(x) if det.name == "logistic" else fits.test_scores
+    rows_meta = [{**r.metadata(), **r.variant.meta} for r in rows]
+    pcfg, l2, l2_grid = probe
+
+    def fit_score(train_ids: set, test_ids: set):  # the rows of these trajectories only
+        sel = meta["trajectory_id"].astype(str).isin(train_ids | test_ids).to_numpy()
+        m, xs = meta[sel].reset_index(drop=True), x[sel]
+        cf = cross_fit(m, xs, [(train_ids, test_ids)], probe_cfg=pcfg, l2=l2, l2_grid=l2_grid)
+        t = m.iloc[cf.test_index][cols].reset_index(drop=True)
+        t["score"] = cf.probe_scores(xs)
+        return t
+
+    settings = assess_settings(cfg.evaluation, pretrained=bool(cfg.backbone.pretrained))
+    return attack_record(pool, rows_meta, table, settings, plan=plan, seed=cfg.split.seed,
+                         fit_score=fit_score if det.name == "logistic" else None)
 
 
 def evaluate_split(cfg: DictConfig, trajs, seed: int, layers, groups, probe, settings) -> dict:

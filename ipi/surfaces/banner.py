@@ -200,6 +200,7 @@ def banner_spec(
     text_len_hint: int | None = None,
     *,
     font_path: str | None = None,
+    reference_text: str | None = None,
 ) -> BannerSpec:
     """Return the deterministic banner of one (trajectory, step).
 
@@ -222,6 +223,8 @@ def banner_spec(
         image_size: Screenshot ``(width, height)`` in pixels.
         text_len_hint: Characters the box must hold (default: longest bank attack text).
         font_path: TTF file, or ``None`` for Pillow's bundled scalable font.
+        reference_text: The longest text to hold instead of the bank's (a run's attack pool:
+            :attr:`ipi.attacks.pool.AttackPool.longest_text`).
 
     Returns:
         The banner spec.
@@ -238,7 +241,7 @@ def banner_spec(
     fill, text_color = PALETTE[rng.randrange(len(PALETTE))]
     u_x, u_y = rng.random(), rng.random()
 
-    ref = _longest_bank_text()
+    ref = reference_text if reference_text else _longest_bank_text()
     if text_len_hint is not None:
         reps = -(-max(1, text_len_hint) // (len(ref) + 1))
         ref = " ".join([ref] * reps)[: max(1, text_len_hint)]

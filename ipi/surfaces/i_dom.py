@@ -4,7 +4,9 @@ WebVoyager page text is a list of entries ``[<label>]: "<text>", …`` separated
 injection becomes a new entry formatted like the page's own, ``[<n>]: "<text>";`` with ``n`` one
 past the largest existing label, inserted after the ``p``-th entry, ``p`` drawn uniformly from
 ``0 … number of entries`` by a stable hash of ``(trajectory_id, step)``. An empty element text
-becomes just ``[0]: "<text>";``. Controls go to the same position with the same label, wrapper
+becomes just ``[0]: "<text>";``. A text with a double quote or a line break (published corpora) is
+carried as one line with ``'`` for ``"`` (:meth:`_ElementEntry.adapt`, flagged ``meta["adapted"]``).
+Controls go to the same position with the same label, wrapper
 and token count (:class:`~ipi.surfaces.surface.TextSurface`).
 """
 
@@ -44,6 +46,15 @@ class _ElementEntry(Insertion):
 
     def line(self, text: str) -> str:
         return f'[{self.label}]: "{text}";'
+
+    def adapt(self, text: str) -> str:
+        """One line without double quotes: ``"`` becomes ``'``, every whitespace run one space.
+
+        An entry is ``[n]: "<text>";`` on the page's one line with ``";\\t"`` between entries, so a
+        published text's ``"`` would close the entry early and its newlines and tabs would break
+        the list (docs/attacks.md, "What the integration must do").
+        """
+        return " ".join(text.replace('"', "'").split())
 
     def apply(self, text: str | None) -> tuple[str, int, int]:
         if text is None:

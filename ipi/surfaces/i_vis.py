@@ -53,7 +53,11 @@ class BannerSurface(Surface):
         a0_text, a0_meta = attacks[0]
         with Image.open(step.screenshot) as im:
             size = im.size
-        spec = banner_spec(trajectory_id, step.step, size)
+        # The box holds the longest attack of the run's pool (the project bank by default), up to
+        # the half-image cap; a text that still does not fit is flagged (meta["text_fits"]) and counted.
+        pool = wording.attack_pool if wording is not None else None
+        spec = banner_spec(trajectory_id, step.step, size,
+                           reference_text=pool.longest_text if pool is not None else None)
         spec_d = spec.to_dict()
 
         def vis(variant: str, k: int, text: str | None, meta: dict) -> Variant:

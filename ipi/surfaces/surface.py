@@ -27,7 +27,7 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from PIL import Image
 
@@ -38,7 +38,20 @@ from ipi.surfaces.controls import imperative_sentences, match_token_count, scram
 
 if TYPE_CHECKING:
     from ipi.data.schema import Step
-    from ipi.surfaces.wording import WordingFamily
+
+
+class WordingFamily(Protocol):
+    """What a surface draws one trajectory's texts from: :class:`ipi.attacks.wording.WordingFamily`
+    (the run's attack pool, its held-out entries and the trajectory's task). The surfaces sit below
+    ``ipi.attacks`` (pyproject's import contract), so they name only this shape."""
+
+    @property
+    def imperative_texts(self) -> tuple[str, ...]: ...
+
+    @property
+    def attack_pool(self): ...
+
+    def attacks(self, trajectory_id: str, step: int, n_attacks: int) -> list[tuple[str, dict]]: ...
 
 __all__ = ["PROMPT_FIELDS", "Insertion", "Surface", "TextSurface", "Variant", "attacks_of", "seed_key"]
 
@@ -117,19 +130,23 @@ def seed_key(trajectory_id: str, step: int, control: str) -> str:
 
 def attacks_of(trajectory_id: str, step: Step, n_attacks: int,
                wording: WordingFamily | None) -> list[tuple[str, dict]]:
-    """The ``n_attacks`` attack texts of a step and their metadata (:func:`ipi.surfaces.bank.attack_text`).
+    """The ``n_attacks`` attack texts of a step and their metadata (:meth:`ipi.attacks.pool.AttackPool.choose`).
 
     Args:
         trajectory_id: Trajectory id.
         step: The recorded step.
         n_attacks: Attack rows per step.
-        wording: The trajectory's held-out wording family, or None for the whole bank.
+        wording: The trajectory's wording family (its pool, held-out entries and task), or None
+            for the whole project bank (:func:`ipi.surfaces.bank.attack_text`'s choices).
 
     Returns:
-        ``[(text, {"template", "goal", "goal_family"}), ...]`` for ``k = 0 .. n_attacks - 1``.
+        ``[(text, {"template", "goal", "goal_family", "source", ...}), ...]`` for
+        ``k = 0 .. n_attacks - 1``.
     """
-    tpl, gls = (wording.templates, wording.goals) if wording is not None else (None, None)
-    return [attack_text(trajectory_id, step.step, k, templates=tpl, goals=gls) for k in range(n_attacks)]
+    if wording is None:  # the project bank, as ipi.attacks.wording.full_family() draws it
+        return [(t, {**m, "source": "project"})
+                for t, m in (attack_text(trajectory_id, step.step, k) for k in range(n_attacks))]
+    return wording.attacks(trajectory_id, step.step, n_attacks)
 
 
 class Surface(ABC):
@@ -185,7 +202,7 @@ class Surface(ABC):
             n_attacks: Number of attack rows (``>= 1``).
             count_tokens: Token counter of the backbone's tokenizer; required when
                 :attr:`token_matched`, unused otherwise.
-            wording: The trajectory's held-out wording family (:mod:`ipi.surfaces.wording`):
+            wording: The trajectory's held-out wording family (:mod:`ipi.attacks.wording`):
                 attack templates, goals and ``c_imperative`` sentences are drawn from it only.
                 None: the whole bank.
 
@@ -278,6 +295,15 @@ class Insertion(ABC):
     def line(self, text: str) -> str:
         """The injected unit as it appears in the field, wrapper included (token-matched first)."""
 
+    def adapt(self, text: str) -> str:
+        """``text`` as this field can carry it (default unchanged; ``i_dom``: one line, no ``"``).
+
+        Applied to every attack and benign text before matching, so the controls are built from
+        the adapted attack; rows whose attack changed carry ``meta["adapted"] = True`` and the run
+        counts them (results.json ``run.attack.adapted_rows``): never dropped, never silent.
+        """
+        return text
+
     @abstractmethod
     def apply(self, text: str | None) -> tuple[str, int, int]:
         """Return ``(field, start, end)``: the new field and the character span of ``text`` in it.
@@ -338,13 +364,16 @@ class TextSurface(Surface):
 
     def make_variants(self, trajectory_id, step, controls, *, n_attacks=1, count_tokens=None, wording=None):
         self.check_args(controls, n_attacks, count_tokens)
-        imp = wording.imperative_texts if wording is not None else None
-        attacks = attacks_of(trajectory_id, step, n_attacks, wording)
+        ins = self.insertion(trajectory_id, step)
+        # Texts the field cannot carry as published (quotes, newlines on i_dom) are adapted, and
+        # flagged per row (Insertion.adapt); the controls are built from the adapted attack.
+        imp = tuple(ins.adapt(t) for t in wording.imperative_texts) if wording is not None else None
+        attacks = [(ins.adapt(t), {**m, "adapted": ins.adapt(t) != t})
+                   for t, m in attacks_of(trajectory_id, step, n_attacks, wording)]
         a0_text, a0_meta = attacks[0]
         # The searches below count the same field or line more than once (the attack's field, each
         # control's field before and after matching): a per-step memo of the pure counter.
         count_tokens = _memoised(count_tokens)
-        ins = self.insertion(trajectory_id, step)
 
         def field_count(text: str) -> int:
             return count_tokens(ins.apply(text)[0])

@@ -15,7 +15,7 @@ from ipi.surfaces.registry import get_surface
 
 if TYPE_CHECKING:
     from ipi.data.schema import Step
-    from ipi.surfaces.wording import WordingFamily
+    from ipi.surfaces.surface import WordingFamily
 
 __all__ = ["Variant", "make_variants"]
 
@@ -43,7 +43,7 @@ def make_variants(
         n_attacks: Number of attack rows (``>= 1``).
         count_tokens: Token counter of the backbone's tokenizer; required on token-matched
             surfaces (``i_dom``, ``i_tool``), unused on ``i_vis``.
-        wording: The trajectory's held-out wording family (:mod:`ipi.surfaces.wording`):
+        wording: The trajectory's held-out wording family (:mod:`ipi.attacks.wording`):
             attack templates, goals and ``c_imperative`` sentences are drawn from it only.
             None: the whole bank.
 

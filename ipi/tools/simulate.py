@@ -88,7 +88,7 @@ from ipi.progress import quiet_lightning
 from ipi.protocol import CONTROLS, VARIANTS
 from ipi.reporting.sweep import claim_p_values, familywise
 from ipi.surfaces.bank import ATTACK_TEMPLATES, attack_text
-from ipi.surfaces.wording import wording_plan
+from ipi.attacks.wording import wording_plan
 
 __all__ = [
     "CONTROLS",
@@ -417,7 +417,7 @@ def run_dataset(p: SimParams, truth: str, index: int, seed: int, key: tuple | No
     not depend on how many workers ran; twin ``j`` (``p.n_twins`` of them, 0: no twin and check
     6 NOT RUN) draws from ``spawn_key=(*key, 1, j)``, the networks' token-identity gains of
     truth ``twin_seed`` from ``(*key, 2)``. The split (and with it the held-out wording family of
-    each trajectory, :func:`ipi.surfaces.wording.wording_plan`) is drawn first; each attack row's
+    each trajectory, :func:`ipi.attacks.wording.wording_plan`) is drawn first; each attack row's
     template comes from the real chooser restricted to its trajectory's family.
 
     Returns:

@@ -1,4 +1,4 @@
-"""Held-out attack wording (ipi.surfaces.wording; PROTOCOL.md §7 check 3; docs/surfaces.md)."""
+"""Held-out attack wording (ipi.attacks.wording; PROTOCOL.md §7 check 3; docs/surfaces.md)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from ipi.surfaces.bank import (
     stable_int,
 )
 from ipi.surfaces.controls import benign_imperative
-from ipi.surfaces.wording import FULL_BANK, wording_overlap, wording_plan
+from ipi.attacks.wording import full_family, wording_overlap, wording_plan
 from tests.conftest import WEBVOYAGER
 
 IDS = [f"traj{i:02d}" for i in range(20)]
@@ -59,7 +59,7 @@ def test_defaults_reproduce_the_shared_bank_choice():
         text, meta = attack_text(tid, step, k)
         assert (meta["template"], meta["goal"]) == (i, j)
         assert text == ATTACK_TEMPLATES[i].format(goal=ATTACK_GOAL_LIST[j][1])
-        assert attack_text(tid, step, k, templates=FULL_BANK.templates, goals=FULL_BANK.goals) == (text, meta)
+        assert attack_text(tid, step, k, templates=full_family().templates, goals=full_family().goals) == (text, meta)
     assert benign_imperative(120, "k") == benign_imperative(120, "k", BENIGN_IMPERATIVES)
 
 

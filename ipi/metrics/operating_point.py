@@ -1,0 +1,130 @@
+"""The operating point a defender deploys at: TPR at a fixed FPR, with cluster-bootstrap intervals.
+
+AUC (E1, E3) summarises every threshold at once; a deployed detector runs at one, chosen so that
+benign traffic is flagged at most ``fpr`` of the time (issue 25). For a negative class ``N``
+(clean rows, or one control's rows) and the positive class ``P`` (attack rows), with the step
+weights of PROTOCOL.md §5 (:func:`ipi.metrics.table.step_weights`):
+
+* the thresholds are the distinct scores, a row flagged when ``score >= t``;
+* ``FPR(t)`` / ``TPR(t)`` are the weighted fractions of ``N`` / ``P`` flagged;
+* ``TPR@FPR = max { TPR(t) : FPR(t) <= fpr }`` (0 when no threshold qualifies): the ROC curve read
+  at ``fpr`` from the left, exactly as from :func:`sklearn.metrics.roc_curve` with
+  ``drop_intermediate=False`` and the same sample weights (tested);
+* the threshold is re-chosen in every bootstrap replicate (rows reweighted by their
+  trajectory's draw count, PROTOCOL.md §5), so the interval covers the threshold's own noise.
+
+Reported for attack vs clean and attack vs each control, at ``evaluation.operating_fpr``
+(default 0.01). With ``n`` negative steps, an FPR below ``1/n`` can only be met by flagging
+nothing at the top: the record says how many negative steps there are (``n_negative_steps``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ipi.metrics.bootstrap import BCA, INTERVAL, LEVEL, N_BOOT, SEED, Draws, make_draws, make_interval
+from ipi.metrics.table import is_control, step_weights, validate_table
+
+__all__ = ["DEFAULT_FPR", "operating_points", "tpr_at_fpr"]
+
+#: The default false-positive rate of the operating point (``evaluation.operating_fpr``).
+DEFAULT_FPR = 0.01
+
+
+def _tpr_at_fpr_rows(score: np.ndarray, positive: np.ndarray, weights: np.ndarray, fpr: float) -> np.ndarray:
+    """TPR at ``fpr`` for each row of ``weights`` ``[R, n]`` (one weighting per row), scores fixed."""
+    order = np.argsort(-score, kind="stable")
+    s, pos = score[order], positive[order]
+    w = weights[:, order]
+    wp = np.where(pos, w, 0.0)
+    wn = np.where(pos, 0.0, w)
+    # thresholds at the last row of each run of tied scores (score >= t flags the whole run)
+    ends = np.flatnonzero(np.r_[s[1:] != s[:-1], True])
+    tp = np.cumsum(wp, axis=1)[:, ends]
+    fp = np.cumsum(wn, axis=1)[:, ends]
+    p_tot, n_tot = wp.sum(axis=1, keepdims=True), wn.sum(axis=1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpr, fpr_t = tp / p_tot, fp / n_tot
+    ok = fpr_t <= fpr + 1e-12
+    out = np.where(ok, tpr, 0.0).max(axis=1, initial=0.0)
+    out[(p_tot[:, 0] <= 0) | (n_tot[:, 0] <= 0)] = np.nan
+    return out
+
+
+def tpr_at_fpr(scores_pos, scores_neg, fpr: float = DEFAULT_FPR, w_pos=None, w_neg=None) -> float:
+    """TPR at a fixed FPR of two score samples (module docstring).
+
+    Args:
+        scores_pos: Positive (attack) scores ``[n_pos]``.
+        scores_neg: Negative (clean or control) scores ``[n_neg]``.
+        fpr: The false-positive rate, in [0, 1).
+        w_pos: Positive weights (default 1).
+        w_neg: Negative weights (default 1).
+
+    Returns:
+        The TPR; nan when a side has no weight.
+
+    Raises:
+        ValueError: ``fpr`` outside [0, 1).
+    """
+    if not 0.0 <= fpr < 1.0:
+        raise ValueError(f"operating point: fpr must be in [0, 1), got {fpr}")
+    p, n = np.asarray(scores_pos, dtype=np.float64), np.asarray(scores_neg, dtype=np.float64)
+    wp = np.ones(p.size) if w_pos is None else np.asarray(w_pos, dtype=np.float64)
+    wn = np.ones(n.size) if w_neg is None else np.asarray(w_neg, dtype=np.float64)
+    score = np.r_[p, n]
+    positive = np.r_[np.ones(p.size, bool), np.zeros(n.size, bool)]
+    return float(_tpr_at_fpr_rows(score, positive, np.r_[wp, wn][None, :], fpr)[0])
+
+
+def operating_points(table: pd.DataFrame, fpr: float = DEFAULT_FPR, *, n_boot: int = N_BOOT, seed: int = SEED,
+                     level: float = LEVEL, interval: str = INTERVAL, draws: Draws | None = None) -> dict:
+    """TPR at ``fpr`` for attack vs clean and attack vs each control, with cluster-bootstrap intervals.
+
+    Args:
+        table: Test score table (``trajectory_id, step, variant, score[, weight]``).
+        fpr: The false-positive rate (``evaluation.operating_fpr``).
+        n_boot: Replicates (ignored when ``draws`` is given).
+        seed: Seed of the draws (ignored when ``draws`` is given).
+        level: Interval coverage.
+        interval: ``"percentile"`` or ``"bca"`` (jackknife over trajectories).
+        draws: Shared cluster-bootstrap draws (the run's), or None for fresh ones.
+
+    Returns:
+        ``{"fpr": fpr, "vs": {"clean": {...}, "<control>": {...}}}``; each entry is an interval
+        dict (``estimate``, ``ci_low``, ``ci_high``, ``n_boot_used``, ...) plus
+        ``n_negative_steps``; a negative class absent from the table is left out.
+
+    Raises:
+        ValueError: An invalid table or ``fpr``.
+    """
+    if not 0.0 <= fpr < 1.0:
+        raise ValueError(f"evaluation.operating_fpr must be in [0, 1), got {fpr}")
+    t = validate_table(table)
+    if draws is None:
+        draws = make_draws(t["trajectory_id"], n_boot=n_boot, seed=seed)
+    col = draws.columns(t["trajectory_id"])
+    m = np.asarray(draws.multiplicity, dtype=np.float64)
+    nb = m.shape[0]
+    if interval == BCA:
+        m = np.vstack([m, 1.0 - np.eye(draws.n_clusters)])
+    f = t["score"].to_numpy(dtype=np.float64)
+    w = step_weights(t)
+    variant = t["variant"].to_numpy(dtype=object)
+    is_attack = variant == "attack"
+    negatives = ["clean"] + sorted({str(v) for v in variant if is_control(str(v))})
+    out: dict = {"fpr": float(fpr), "vs": {}}
+    for neg in negatives:
+        is_neg = variant == neg
+        if not is_neg.any() or not is_attack.any():
+            continue
+        rows = is_attack | is_neg
+        fr, pr, wr, cr = f[rows], is_attack[rows], w[rows], col[rows]
+        estimate = float(_tpr_at_fpr_rows(fr, pr, wr[None, :], fpr)[0])
+        reps = _tpr_at_fpr_rows(fr, pr, wr[None, :] * m[:, cr], fpr)
+        jack = reps[nb:] if interval == BCA else None
+        iv = make_interval(interval, estimate, reps[:nb], jack, level)
+        steps = t.loc[is_neg, ["trajectory_id", "step"]].astype(str).drop_duplicates()
+        out["vs"][neg] = {**iv.to_dict(), "n_negative_steps": int(len(steps))}
+    return out

@@ -1,0 +1,102 @@
+"""Report sections of issue 25: the operating point, and the attack source's estimands and transfer.
+
+Self-contained: each section is a list of ``(title, caption, header, rows)`` tables read from
+``results.json`` (:func:`sections`), rendered to Markdown (:func:`markdown_lines`) or HTML
+(:func:`html_parts`), so the report layout places them without knowing their content.
+
+* **Operating point**: TPR at ``evaluation.operating_fpr`` for attack vs clean and attack vs each
+  control, with its cluster-bootstrap interval (``operating_point``;
+  :mod:`ipi.metrics.operating_point`).
+* **Attack source** (runs on a published source, ``run.attack``): the pool, the rows the surface
+  adapted or could not fit, E1/E3 per source and per goal family, and under
+  ``split.wording=source`` the source × source transfer table (:mod:`ipi.evaluation.by_source`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from ipi.metrics.keys import OPERATING_POINT, RUN
+from ipi.reporting import layout
+
+__all__ = ["sections", "with_sections"]
+
+#: Sections these go before (the report's trailing sections), by id.
+_BEFORE = ("other", "permutation", "spread", "counts", "run", "config")
+
+
+def _operating(results: Mapping, layout) -> list:
+    op = results.get(OPERATING_POINT)
+    if not isinstance(op, Mapping) or not op.get("vs"):
+        return []
+    fpr = op["fpr"]
+    rows = tuple((f"attack vs {neg}", layout.Estimate(rec, key=f"{OPERATING_POINT}.vs.{neg}", label=f"TPR at FPR {fpr:g}, "
+                                                       f"attack vs {neg}"), str(rec.get("n_negative_steps", "?")))
+                 for neg, rec in op["vs"].items())
+    caption = (f"TPR at FPR {fpr:g}: the share of attack rows flagged when the threshold flags at most "
+               f"{fpr:.1%} of the negative rows (re-chosen in every cluster-bootstrap replicate). With n "
+               "negative steps an FPR below 1/n flags no negative at all.")
+    summary = " · ".join(f"vs {neg} {layout.interval_text(rec).split(' ')[0]}" for neg, rec in op["vs"].items())
+    return [layout.Section("operating-point", f"Operating point (TPR at FPR {fpr:g})",
+                           (layout.Text(caption, "muted"), layout.Grid(("comparison", "TPR", "negative steps"), rows)),
+                           summary=summary)]
+
+
+def _by(rec: Mapping, layout) -> tuple:
+    rows = []
+    for name, r in rec.items():
+        est = r.get("estimands") or {}
+        e3 = est.get("e3") or {}
+        rows.append((name, str(r["n_trajectories"]), layout.Estimate(est.get("e1")),
+                     "; ".join(f"{c} {layout.interval_text(iv)}" for c, iv in e3.items()) or "n/a"))
+    return tuple(rows)
+
+
+def _attack(results: Mapping, layout) -> list:
+    att = (results.get(RUN) or {}).get("attack")
+    if not isinstance(att, Mapping):
+        return []
+    counts = att.get("counts", {})
+    pool = att.get("pool", {})
+    srcs = sorted(counts.get("attack_rows", {}))
+    head = (f"attack={att['name']}: {pool.get('templates')} templates, {pool.get('goals')} goals, "
+            f"{pool.get('benign')} benign texts (from {', '.join(att.get('benign_from', []))}). Rows the surface "
+            "had to adapt or could not fit are counted, never dropped.")
+    keys = ("attack_rows", "adapted_rows", "banner_overflow_rows", "control_token_mismatches")
+    count_rows = tuple((s, *(str(counts.get(k, {}).get(s, 0)) for k in keys)) for s in srcs)
+    held = att.get("heldout_source")
+    blocks: list = [layout.Text(head, "muted"),
+                    layout.Grid(("source", "attack rows", "adapted (i_dom)", "banner overflow (i_vis)",
+                                 "control token mismatches"), count_rows),
+                    layout.Text(("E1 / E3 per held-out source (each fold tests one source, trained on the others)"
+                                 if held else "E1 / E3 by source") + "; cluster-bootstrap CIs over the slice's test "
+                                "trajectories, n/a under min_clusters.", "strong"),
+                    layout.Grid(("source", "trajectories", "E1", "E3"), _by(att.get("by_source", {}), layout)),
+                    layout.Text("E1 / E3 by goal family (goal families are confounded with sources).", "strong"),
+                    layout.Grid(("goal family", "trajectories", "E1", "E3"), _by(att.get("by_goal_family", {}), layout))]
+    tr = att.get("transfer")
+    if isinstance(tr, Mapping):
+        names = tr["sources"]
+        blocks += [layout.Text("Source × source transfer (E1): the probe trained on the row source's trajectories, "
+                               "scored on the column source's; the diagonal is in-source (two seeded halves, "
+                               "cross-fitted).", "strong"),
+                   layout.Grid(("train \\ test", *names),
+                               tuple((a, *(layout.Estimate(tr["e1"][a][b]) for b in names)) for a in names))]
+    elif tr:
+        blocks.append(layout.Text(f"Source × source transfer: {tr}", "muted"))
+    summary = " · ".join(f"{s} E1 {layout.interval_text((r.get('estimands') or {}).get('e1')).split(' ')[0]}"
+                         for s, r in att.get("by_source", {}).items())
+    return [layout.Section("attack", f"Attack source ({att['name']})", tuple(blocks), summary=summary)]
+
+
+def sections(results: Mapping) -> list:
+    """This module's sections (:class:`ipi.reporting.layout.Section`) present in ``results``: the
+    operating point, then the attack source; none for a run without them."""
+    return [*_operating(results, layout), *_attack(results, layout)]
+
+
+def with_sections(report: list, results: Mapping) -> list:
+    """``report`` (:func:`ipi.reporting.layout.report_sections`) with this module's sections
+    before its trailing ones (other estimands, permutation test, spread, counts, run, config)."""
+    i = next((k for k, s in enumerate(report) if s.id in _BEFORE), len(report))
+    return [*report[:i], *sections(results), *report[i:]]

@@ -301,11 +301,11 @@ def bench_permutation(n_train: int = 1000, n_test: int = 600, n_features: int = 
     sk = float(np.mean(sk_times))
     return {
         "n_train": int(tr.sum()), "n_test": int(te.sum()), "n_features": int(n_features), "m": int(m),
-        "rank": design.rank, "design_s": round(t_design, 2), "refits_s": round(t_refits, 2),
+        "rank": design.rank, "design_s": round(t_design, 2), "refits_s": round(t_refits, 4),
         "ours_s": round(ours, 2), "sequential_refit_s": round(seq, 4),
-        "sequential_refits_s": round(m * seq, 2), "batch_speedup": round(m * seq / t_refits, 2),
+        "sequential_refits_s": round(m * seq, 4), "batch_speedup": round(m * seq / t_refits, 2),
         "max_batch_vs_sequential_diff": seq_diff,
-        "sklearn_fits_timed": int(sklearn_fits), "sklearn_fit_s": round(sk, 2),
+        "sklearn_fits_timed": int(sklearn_fits), "sklearn_fit_s": round(sk, 4),
         "sklearn_20_fits_s": round(20 * sk, 1), "ratio": round(ours / (20 * sk), 4),
         "max_auc_diff": float(max(diffs)) if diffs else None,
         "null_mean": round(float(np.mean(aucs)), 4), "threads": os.cpu_count(),

@@ -156,8 +156,8 @@ def test_split_feasibility_checked_before_any_rendering(tmp_path, monkeypatch):
     cfg = compose_train(tmp_path, [f"data.root={root}", "logger=none"])
     trajs, traj_skips, _ = tasks.load_data(cfg)
     assert [t.trajectory_id for t in trajs] == ["ok1", "ok2", "ok3"] and len(traj_skips) == 5
-    with pytest.raises(ValueError, match=r"3 usable trajectories: split=holdout test_fraction=0.3 gives "
-                                         r"fold 0 2 training and 1 test trajectories; each side of each fold needs >= 2 \(split.min_per_side\)"):
+    with pytest.raises(ValueError, match=r"3 usable trajectories: split=holdout test_fraction=0.5 gives "
+                                         r"fold 0 1 training and 2 test trajectories; each side of each fold needs >= 2 \(split.min_per_side\)"):
         tasks.train(cfg)
     cfg = compose_train(tmp_path, [f"data.root={root}", "logger=none", "split=kfold", "split.k=2"])
     with pytest.raises(ValueError, match="fold 0 1 training and 2 test|fold 0 2 training and 1 test"):

@@ -70,7 +70,7 @@ import math
 import os
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -79,7 +79,7 @@ import pandas as pd
 from scipy.special import ndtr
 
 from ipi.evaluation.assess import DEFAULTS, ScoreTables, Settings, assess
-from ipi.evaluation.verdict import CLAIM_DETECTS
+from ipi.evaluation.verdict import CLAIM_DETECTS, CLAIM_NONE
 from ipi.io import atomic_write_text
 from ipi.metrics.compare import Estimates
 from ipi.probe.crossfit import cross_fit, make_folds
@@ -102,9 +102,17 @@ __all__ = [
 ]
 
 TRUTHS = ("a", "b", "c", "twin_token", "twin_seed")
-#: Truths the CLI accepts: the five, and ``c_shared`` = truth (c) with held-out wording OFF
-#: (train and test share the bank: shows what the held-out wording guards against).
-ALL_TRUTHS = (*TRUTHS, "c_shared")
+#: Truths the CLI accepts: the five, ``c_shared`` = truth (c) with held-out wording OFF (train
+#: and test share the bank: shows what the held-out wording guards against), and ``null``: the
+#: attack rows are drawn exactly like the clean rows (nothing separates them; the level of
+#: "separates", verdict check 1). Appended, so the seeds of the others do not move.
+ALL_TRUTHS = (*TRUTHS, "c_shared", "null")
+#: Split designs (``split.kind``): one trajectory holdout, or grouped K-fold cross-fitting.
+SPLITS = ("holdout", "kfold")
+#: Test-set sizes (trajectories, holdout) of the null "separates" table; K-fold is run at the
+#: size of the shared WebVoyager data (42 trajectories, every one tested).
+NULL_N_TEST = (14, 24)
+NULL_KFOLD_TRAJECTORIES = 42
 #: Truths whose control separation is token identity shared by the twins (no content, no wording).
 TWIN_TRUTHS = ("twin_token", "twin_seed")
 #: Test-set sizes (trajectories) of the interval-coverage table (docs/selftest.md).
@@ -132,9 +140,12 @@ class SimParams:
     heldout_wording: bool = True  # attack templates of test trajectories unseen in training
     lexical: float = 0.9  # truths twin_token, twin_seed: token identity on attack rows, shared by the twins
     seed_sd: float = 0.3  # truth twin_seed: SD of the log token-identity gain across network seeds
-    n_twins: int = 3  # random-weight twins (seeds) per dataset, as evaluation.random_twin_seeds
+    n_twins: int = 19  # random-weight twins (seeds) per dataset: evaluation.random_twin_seeds' default S
     collapse_box: float = 0.002
     test_fraction: float = 0.3
+    split: str = "holdout"  # "holdout" (test_fraction) or "kfold" (k folds), as split.kind
+    k: int = 5  # folds of the K-fold design (split.k's default)
+    null_attack: bool = False  # truth "null": attack rows drawn like clean rows
     l2: float = 1.0
     n_boot: int = DEFAULTS.n_boot
     permutation_m: int = 199  # refits of the exact permutation test (verdict check 4)
@@ -144,8 +155,10 @@ class SimParams:
         """The process under truth ``"a"`` (content as set, no wording signal), ``"b"`` (neither),
         ``"c"`` (wording as set, no content) or ``"twin_token"``/``"twin_seed"`` (token identity
         as set, neither content nor wording); token identity is 0 under (a), (b), (c)."""
-        if truth not in TRUTHS:
-            raise ValueError(f"truth must be one of {', '.join(TRUTHS)}, got {truth!r}")
+        if truth not in TRUTHS and truth != "null":
+            raise ValueError(f"truth must be one of {', '.join(TRUTHS)} or null, got {truth!r}")
+        if truth == "null":
+            return replace(self, content=0.0, wording=0.0, lexical=0.0, null_attack=True)
         if truth == "a":
             return replace(self, wording=0.0, lexical=0.0)
         if truth == "b":
@@ -197,6 +210,8 @@ def variant_means(p: SimParams, dirs: dict[str, np.ndarray]) -> dict[str, np.nda
     attack = surface + p.content * dirs["content"]
     if p.lexical:
         attack = attack + p.lexical * dirs["lex"]
+    if p.null_attack:  # truth "null": an attack row is a clean row
+        attack = np.zeros_like(dirs["box"])
     return {
         "clean": np.zeros_like(dirs["box"]),
         "attack": attack,
@@ -376,6 +391,10 @@ def true_estimands(w: np.ndarray, p: SimParams, dirs: dict[str, np.ndarray],
     return out
 
 
+#: The estimands :func:`true_estimands` returns.
+_ESTIMAND_KEYS = ("e1", "e2", *(f"e3.{c}" for c in CONTROLS))
+
+
 def _flat(est: Estimates) -> dict[str, dict]:
     """JSON-ready intervals by flat key: ``e1, e2, e3.<c>``; with twins ``twin.*`` (the envelope,
     max over seeds), ``diff.e3.<c>`` (E3 − envelope) and ``diff1.e3.<c>`` (E3 − the first seed's E3)."""
@@ -397,7 +416,7 @@ def _split_and_templates(p: SimParams, rng: np.random.Generator, n_t: int):
     """Trajectory holdout, the held-out wording plan and the real template chooser."""
 
     split_seed = int(rng.integers(0, 2**31 - 1))
-    folds = make_folds(trajectory_ids(n_t), "holdout", test_fraction=p.test_fraction, seed=split_seed)
+    folds = make_folds(trajectory_ids(n_t), p.split, test_fraction=p.test_fraction, k=p.k, seed=split_seed)
     plan = wording_plan(folds, split_seed) if p.heldout_wording else None
 
     def template_of(tid: str, st: int) -> int:
@@ -405,7 +424,7 @@ def _split_and_templates(p: SimParams, rng: np.random.Generator, n_t: int):
         kw = {"templates": fam.templates, "goals": fam.goals} if fam is not None else {}
         return attack_text(tid, st, **kw)[1]["template"]
 
-    test_templates = plan.families["test"].templates if plan is not None else None
+    test_templates = plan.families["test"].templates if plan is not None and p.split == "holdout" else None
     return folds, plan, template_of, test_templates
 
 
@@ -427,6 +446,7 @@ def run_dataset(p: SimParams, truth: str, index: int, seed: int, key: tuple | No
 
     t0 = time.perf_counter()
     pt = (replace(p, heldout_wording=False).for_truth("c") if truth == "c_shared" else p.for_truth(truth))
+    holdout = pt.split == "holdout"
     ss = np.random.SeedSequence(seed, spawn_key=key if key is not None else (ALL_TRUTHS.index(truth), index))
     rng = np.random.default_rng(ss)
     key = key if key is not None else (ALL_TRUTHS.index(truth), index)
@@ -460,12 +480,14 @@ def run_dataset(p: SimParams, truth: str, index: int, seed: int, key: tuple | No
         twin_w.append(tf.probes[0].effective_weights()[0].detach().numpy())
     assessed = assess(ScoreTables(main_table, fits.baselines, twin_tables or None, fits.permutation_input()),
                       Settings(n_boot=pt.n_boot, seed=boot_seed, pretrained=True if twin_tables else None,
-                               min_clusters=pt.min_clusters))
+                               min_clusters=pt.min_clusters, heldout_wording=pt.heldout_wording))
     v, perm = assessed.verdict, assessed.estimates.permutation
     w, _ = fits.probes[0].effective_weights()
     p_trained = pt.twin(trained[1]) if trained is not None else pt
-    truth_vals = true_estimands(w.detach().numpy(), p_trained, dirs, test_templates)
-    if twin_tables:
+    # The analytic truth is one probe's; K-fold scores come from k probes (no single target).
+    truth_vals = (true_estimands(w.detach().numpy(), p_trained, dirs, test_templates) if holdout
+                  else dict.fromkeys(_ESTIMAND_KEYS))
+    if twin_tables and holdout:
         tv = [true_estimands(wt, pt.twin(float(g)), dt, test_templates)
               for wt, dt, g in zip(twin_w, dirs_twins, gains[1:])]
         for k in tv[0]:
@@ -480,11 +502,13 @@ def run_dataset(p: SimParams, truth: str, index: int, seed: int, key: tuple | No
     p_sep, p_det = claim_p_values(assessed.to_dict())
     est = {}
     for key, iv in _flat(assessed.estimates).items():
-        tv = truth_vals[key]
+        tv = truth_vals.get(key)
         est[key] = {**iv, "true": tv,
-                    "covered": bool(iv["ci_low"] is not None and iv["ci_low"] <= tv <= iv["ci_high"])}
+                    "covered": (None if tv is None else
+                                bool(iv["ci_low"] is not None and iv["ci_low"] <= tv <= iv["ci_high"]))}
     return {
         "truth": truth,
+        "split": pt.split,
         "index": index,
         "claim": v.claim,
         "checks": {str(c.id): c.status for c in v.checks},
@@ -492,7 +516,7 @@ def run_dataset(p: SimParams, truth: str, index: int, seed: int, key: tuple | No
         "baselines": {k: b.e1.to_dict()["estimate"] for k, b in assessed.estimates.baselines.items()},
         "permutation": ({"p_value": perm.p_value, "null_mean": perm.null_mean, "null_sd": perm.null_sd,
                          "e1_refit": perm.e1_refit} if perm is not None else None),
-        "n_test_trajectories": len(folds[0][1]),
+        "n_test_trajectories": len(set().union(*(set(te) for _, te in folds))),
         "p_separates": p_sep,
         "p_detects": p_det,
         "n_twins": len(twin_tables),
@@ -502,8 +526,26 @@ def run_dataset(p: SimParams, truth: str, index: int, seed: int, key: tuple | No
     }
 
 
+def trajectories_for_test_size(p: SimParams, n_test: int) -> int:
+    """Trajectories ``n`` whose holdout at ``p.test_fraction`` tests exactly ``n_test`` of them."""
+    n = max(2, int(round(n_test / p.test_fraction)))
+    while round(p.test_fraction * n) < n_test:
+        n += 1
+    while round(p.test_fraction * n) > n_test:
+        n -= 1
+    return n
+
+
+def null_params(p: SimParams, split: str, n_test: int | None = None) -> SimParams:
+    """The null-"separates" design: ``split`` at ``n_test`` holdout test trajectories (K-fold:
+    :data:`NULL_KFOLD_TRAJECTORIES`, every one tested); no twins and no permutation refits
+    (check 1 alone decides "separates")."""
+    n = trajectories_for_test_size(p, n_test) if split == "holdout" else NULL_KFOLD_TRAJECTORIES
+    return replace(p, split=split, n_trajectories=n, n_twins=0, permutation_m=0)
+
+
 def coverage_dataset(p: SimParams, n_test: int, index: int, seed: int,
-                     intervals: tuple[str, ...] = ("percentile", "bca")) -> dict:
+                     intervals: tuple[str, ...] = ("expanded", "percentile")) -> dict:
     """Interval coverage on one truth-(a) dataset with ``n_test`` test trajectories.
 
     The dataset has ``n`` trajectories with ``round(test_fraction · n) == n_test``; only the
@@ -515,12 +557,8 @@ def coverage_dataset(p: SimParams, n_test: int, index: int, seed: int,
         ``{"n_test", "index", "covered": {method: {estimand: bool}}, "width": {method: {estimand: float}}}``.
     """
 
-    n = max(2, int(round(n_test / p.test_fraction)))
-    while round(p.test_fraction * n) < n_test:
-        n += 1
-    while round(p.test_fraction * n) > n_test:
-        n -= 1
-    pt = replace(p.for_truth("a"), n_trajectories=n)
+    n = trajectories_for_test_size(p, n_test)
+    pt = replace(p.for_truth("a"), n_trajectories=n, split="holdout")
     rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(20, n_test, index)))
     folds, plan, template_of, test_templates = _split_and_templates(pt, rng, n)
     meta, x, _, dirs = simulate_dataset(pt, rng, template_of=template_of)
@@ -575,11 +613,33 @@ def _init_worker() -> None:
 
 def _job(args) -> dict:
     kind, rest = args[0], args[1:]
+    if kind == "null":  # (p, split, n_test, index, seed)
+        p, split, n_test, index, seed = rest
+        key = (40, SPLITS.index(split), n_test or 0, index)
+        return {"kind": "null", **run_dataset(null_params(p, split, n_test), "null", index, seed, key=key)}
     if kind == "coverage":
         return {"kind": "coverage", **coverage_dataset(*rest)}
     if kind == "sweep":
         return {"kind": "sweep", **sweep_dataset(*rest)}
-    return run_dataset(*rest)
+    p, truth, index, seed = rest
+    key = None if p.split == "holdout" else (ALL_TRUTHS.index(truth), index, 1 + SPLITS.index(p.split))
+    return run_dataset(p, truth, index, seed, key=key)
+
+
+def job_id(job: tuple) -> str:
+    """A job's identity in the journal: its kind and its place (truth, split, size, index), not ``p``.
+
+    The parameters are the same for every job of one command; a journal is only valid for the
+    command that wrote it (the CLI refuses nothing here: use one journal per command line).
+    """
+    kind = job[0]
+    if kind == "sweep":
+        return f"sweep/{job[2]}/{job[3]}"
+    if kind == "coverage":
+        return f"coverage/{job[2]}/{job[3]}/{job[4]}"
+    if kind == "null":
+        return f"null/{job[2]}/{job[3]}/{job[4]}/{job[5]}"
+    return f"run/{job[1].split}/{job[2]}/{job[3]}/{job[4]}"
 
 
 def _clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
@@ -619,13 +679,17 @@ def summarise(records: list[dict]) -> dict:
                           "familywise_false_claim": rate(sum(r["familywise_any_detects"] for r in sw), len(sw)),
                           "nominal_any_cell_false_claim": rate(sum(r["nominal_any_detects"] for r in sw), len(sw)),
                           "seconds_per_sweep": float(np.mean([r["seconds"] for r in sw]))}
-    for truth in ALL_TRUTHS:
-        rec = [r for r in records if r.get("truth") == truth]
-        if not rec:
-            continue
+    groups: dict[str, list[dict]] = {}
+    for r in records:
+        if r.get("truth") is not None:
+            groups.setdefault(group_of(r), []).append(r)
+    for name in sorted(groups, key=_group_order):
+        rec = groups[name]
         n = len(rec)
 
-        s = {"claim_detects": rate(sum(r["claim"] == CLAIM_DETECTS for r in rec), n)}
+        s = {"claim_detects": rate(sum(r["claim"] == CLAIM_DETECTS for r in rec), n),
+             "claim_separates_or_more": rate(sum(r["claim"] != CLAIM_NONE for r in rec), n),
+             "n_test_trajectories": sorted({int(r["n_test_trajectories"]) for r in rec})}
         s["check_pass"] = {cid: rate(sum(r["checks"][cid] == "PASS" for r in rec), n) for cid in rec[0]["checks"]}
         perm = [r["permutation"] for r in rec if r.get("permutation")]
         if perm:
@@ -634,8 +698,9 @@ def summarise(records: list[dict]) -> dict:
                 "max_abs_null_mean_off": float(np.max([abs(q["null_mean"] - 0.5) for q in perm])),
                 "p_le_0.05": rate(sum(q["p_value"] <= 0.05 for q in perm), len(perm)),
             }
-        s["coverage"] = {k: rate(sum(r["estimands"][k]["covered"] for r in rec), n) for k in rec[0]["estimands"]}
-        s["mean_true"] = {k: float(np.mean([r["estimands"][k]["true"] for r in rec])) for k in rec[0]["estimands"]}
+        keys = [k for k in rec[0]["estimands"] if rec[0]["estimands"][k]["covered"] is not None]
+        s["coverage"] = {k: rate(sum(r["estimands"][k]["covered"] for r in rec), n) for k in keys}
+        s["mean_true"] = {k: float(np.mean([r["estimands"][k]["true"] for r in rec])) for k in keys}
         s["mean_estimate"] = {k: float(np.mean([r["estimands"][k]["estimate"] for r in rec]))
                               for k in rec[0]["estimands"]}
         s["seconds_per_dataset"] = float(np.mean([r["seconds"] for r in rec]))
@@ -643,8 +708,23 @@ def summarise(records: list[dict]) -> dict:
         if beats:  # population event: the trained probe's true E3 above every twin's, every control
             s["true_beats_every_twin"] = rate(sum(beats), len(beats))
             s["n_twins"] = int(rec[0]["n_twins"])
-        out[truth] = s
+        out[name] = s
     return out
+
+
+def group_of(record: dict) -> str:
+    """The summary group of a run record: ``"<truth>"`` (holdout), ``"<truth>/kfold"``, and for the
+    null ``"null/holdout/<n_test>"`` or ``"null/kfold/<n_test>"``."""
+    truth, split = record["truth"], record.get("split", "holdout")
+    if truth == "null":
+        return f"null/{split}/{record['n_test_trajectories']}"
+    return truth if split == "holdout" else f"{truth}/{split}"
+
+
+def _group_order(name: str) -> tuple:
+    parts = name.split("/")
+    return (ALL_TRUTHS.index(parts[0]), parts[1:2] != [] and parts[1] != "holdout",
+            int(parts[2]) if len(parts) > 2 else 0)
 
 
 def format_table(summary: dict) -> str:
@@ -656,9 +736,16 @@ def format_table(summary: dict) -> str:
     heads = {"a": "truth (a): content signal", "b": "truth (b): surface only",
              "c": "truth (c): bank wording, held out", "c_shared": "truth (c), wording shared",
              "twin_token": "twin_token: token identity shared by the twins",
-             "twin_seed": "twin_seed: trained = another random draw"}
-    present = [t for t in ALL_TRUTHS if t in summary]
-    lines = ["| figure | " + " | ".join(heads[t] for t in present) + " |", "|---" * (len(present) + 1) + "|"]
+             "twin_seed": "twin_seed: trained = another random draw",
+             "null": "null: attack rows drawn as clean rows"}
+
+    def head(name: str) -> str:
+        parts = name.split("/")
+        h = heads[parts[0]] + ("" if len(parts) == 1 else f", {parts[1]}")
+        return h + (f", {parts[2]} test trajectories" if len(parts) > 2 else "")
+
+    present = [k for k in summary if isinstance(summary[k], dict) and "claim_detects" in summary[k]]
+    lines = ["| figure | " + " | ".join(head(t) for t in present) + " |", "|---" * (len(present) + 1) + "|"]
 
     def row(label: str, get) -> None:
         cells = []
@@ -670,6 +757,8 @@ def format_table(summary: dict) -> str:
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
 
     row("claims \"detects malicious content\"", lambda s: pct(s["claim_detects"]))
+    row("claims \"separates\" or more", lambda s: pct(s["claim_separates_or_more"]))
+    row("test trajectories", lambda s: ", ".join(map(str, s["n_test_trajectories"])))
     row("coverage of the 95% CI of E1", lambda s: pct(s["coverage"]["e1"]))
     for k in ("e2", *(f"e3.{c}" for c in CONTROLS)):
         row(f"coverage of the 95% CI of {k.upper() if k == 'e2' else 'E3 ' + k[3:]}", lambda s, k=k: pct(s["coverage"][k]))
@@ -739,46 +828,110 @@ def main(argv: list[str] | None = None) -> dict:
                     help="test-set sizes of the coverage table (default 5,10,24,50)")
     ap.add_argument("--sweep-datasets", type=int, default=None,
                     help=f"simulated {SWEEP_CELLS}-cell sweeps under truth (b) (default: --n-datasets // 4; 0: skip)")
+    ap.add_argument("--splits", default="holdout",
+                    help=f"comma-separated split designs of the truths' datasets, of {','.join(SPLITS)} "
+                         "(default holdout; K-fold uses k = 5 over the same 80 trajectories)")
+    ap.add_argument("--null-datasets", type=int, default=None,
+                    help="datasets per size of the null-\"separates\" table (default: --n-datasets; 0: skip)")
+    ap.add_argument("--null-sizes", default=",".join(map(str, NULL_N_TEST)),
+                    help="holdout test-set sizes of the null table (default %(default)s); with kfold in "
+                         f"--splits also K-fold over {NULL_KFOLD_TRAJECTORIES} trajectories")
+    ap.add_argument("--sweep-n-boot", type=int, default=1999,
+                    help="bootstrap replicates of each sweep cell: p-values are (1 + k)/(B + 1), and Holm's "
+                         "first threshold over 30 cells, 0.025/30, needs B >= 1200 (default %(default)s)")
     ap.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--out", default="outputs/selftest/selftest.json", help="JSON with every record + summary")
+    ap.add_argument("--records", default=None,
+                    help="JSON-Lines journal: each finished job is appended as it ends, and a rerun with the "
+                         "same journal resumes (finished jobs are read, not rerun)")
+    ap.add_argument("--summary-only", action="store_true",
+                    help="write the command, parameters and summary to --out, not every record (the journal has them)")
     args = ap.parse_args(argv)
     p = SimParams(n_trajectories=args.trajectories, n_features=args.features, content=args.content,
                   wording=args.wording, lexical=args.lexical, seed_sd=args.seed_sd, n_twins=args.twins,
                   n_boot=args.n_boot, permutation_m=args.permutations)
     truths = [t.strip() for t in args.truths.split(",") if t.strip()]
     for t in truths:
-        if t not in ALL_TRUTHS:
-            ap.error(f"--truths: unknown truth {t!r} (use {', '.join(ALL_TRUTHS)})")
+        if t not in ALL_TRUTHS or t == "null":
+            ap.error(f"--truths: unknown truth {t!r} (use {', '.join(ALL_TRUTHS[:-1])}; the null has --null-datasets)")
+    splits = [t.strip() for t in args.splits.split(",") if t.strip()]
+    for t in splits:
+        if t not in SPLITS:
+            ap.error(f"--splits: unknown split {t!r} (use {', '.join(SPLITS)})")
+    n_null = args.n_datasets if args.null_datasets is None else args.null_datasets
+    null_sizes = [int(v) for v in args.null_sizes.split(",") if v.strip()]
     n_cov = args.n_datasets if args.coverage_datasets is None else args.coverage_datasets
     n_sweep = args.n_datasets // 4 if args.sweep_datasets is None else args.sweep_datasets
     sizes = [int(v) for v in args.coverage_n_test.split(",") if v.strip()]
     # Sweeps first (the longest jobs), then the truths, then the cheap coverage datasets.
-    jobs = [("sweep", p, i, args.seed) for i in range(n_sweep)]
-    jobs += [("run", p, t, i, args.seed) for t in truths for i in range(args.n_datasets)]
+    jobs = [("sweep", replace(p, n_boot=args.sweep_n_boot), i, args.seed) for i in range(n_sweep)]
+    jobs += [("run", replace(p, split=sp), t, i, args.seed) for sp in splits for t in truths
+             for i in range(args.n_datasets)]
+    null_designs = [("holdout", n) for n in null_sizes] + ([("kfold", None)] if "kfold" in splits else [])
+    jobs += [("null", p, sp, n, i, args.seed) for sp, n in null_designs for i in range(n_null)]
     jobs += [("coverage", p, n, i, args.seed) for n in sizes for i in range(n_cov)]
+    # Resume: jobs already in --records (one JSON line per finished job) are read, not rerun.
+    done: dict[str, dict] = {}
+    journal = Path(args.records) if args.records else None
+    if journal is not None and journal.exists():
+        lines = journal.read_text().splitlines()
+        for n, line in enumerate(lines, start=1):
+            if line.strip():
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError as e:
+                    if n == len(lines):  # the last line cut by a kill: that job is rerun
+                        continue
+                    raise ValueError(f"{journal}: line {n} is not JSON ({e})") from None
+                done[rec["job_id"]] = rec
+    todo = [j for j in jobs if job_id(j) not in done]
     t0 = time.perf_counter()
-    if args.workers > 1:
-        import multiprocessing as mp
+    fresh: list[dict] = []
+    sink = journal.open("a") if journal is not None else None
 
-        with ProcessPoolExecutor(args.workers, mp_context=mp.get_context("spawn"), initializer=_init_worker) as ex:
-            records = list(ex.map(_job, jobs, chunksize=1))
-    else:
-        _init_worker()
-        records = [_job(j) for j in jobs]
+    def keep(job, rec: dict) -> None:
+        rec = {"job_id": job_id(job), **rec}
+        fresh.append(rec)
+        if sink is not None:
+            sink.write(json.dumps(rec) + "\n")
+            sink.flush()
+
+    try:
+        if args.workers > 1 and todo:
+            import multiprocessing as mp
+
+            with ProcessPoolExecutor(args.workers, mp_context=mp.get_context("spawn"), initializer=_init_worker) as ex:
+                futures = {ex.submit(_job, j): j for j in todo}
+                for fut in as_completed(futures):
+                    keep(futures[fut], fut.result())
+        elif todo:
+            _init_worker()
+            for j in todo:
+                keep(j, _job(j))
+    finally:
+        if sink is not None:
+            sink.close()
     wall = time.perf_counter() - t0
+    by_id = {**done, **{r["job_id"]: r for r in fresh}}
+    records = [by_id[job_id(j)] for j in jobs]
     summary = summarise(records)
     command = "python -m ipi.tools.simulate " + " ".join(argv if argv is not None else sys.argv[1:])
     out = {"command": command.strip(), "params": asdict(p), "seed": args.seed, "workers": args.workers,
-           "wall_s": wall, "summary": summary, "records": records}
+           "jobs": len(jobs), "jobs_resumed": len(jobs) - len(todo), "wall_s": wall,
+           "cpu_s_of_jobs": float(sum(r.get("seconds", 0.0) for r in records)), "summary": summary}
+    if not args.summary_only:
+        out["records"] = records
 
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(args.out, json.dumps(out, indent=1))
     print(format_table(summary))
-    brief = {k: summary[k]["claim_detects"]["rate"] for k in ALL_TRUTHS if k in summary}
+    brief = {k: v["claim_detects"]["rate"] for k, v in summary.items() if "claim_detects" in v and "null" not in k}
+    brief.update({k: v["claim_separates_or_more"]["rate"] for k, v in summary.items() if k.startswith("null")})
     if "sweep_b" in summary:
         brief["sweep_b_familywise"] = summary["sweep_b"]["familywise_false_claim"]["rate"]
     print(f"\nclaim_detects.rate: {json.dumps(brief)}")
-    print(f"{len(records)} jobs in {wall:.0f} s with {args.workers} worker(s); records: {args.out}")
+    print(f"{len(todo)} jobs run ({len(jobs) - len(todo)} resumed) in {wall:.0f} s with {args.workers} worker(s); "
+          f"summary: {args.out}")
     return out
 
 

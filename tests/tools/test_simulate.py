@@ -128,7 +128,11 @@ def test_cli_writes_records_and_summary(tmp_path, capsys):
     main(["--n-datasets", "2", "--trajectories", "20", "--features", "8", "--n-boot", "50",
           "--workers", "1", "--twins", "2", "--out", str(out)])
     data = json.loads(out.read_text())
-    runs = [r for r in data["records"] if "truth" in r]
+    runs = [r for r in data["records"] if "truth" in r and r.get("kind") != "null"]
+    nulls = [r for r in data["records"] if r.get("kind") == "null"]
+    # the null "separates" table: 2 datasets at each default holdout size (14, 24 test trajectories)
+    assert sorted(r["n_test_trajectories"] for r in nulls) == [14, 14, 24, 24]
+    assert data["summary"]["null/holdout/24"]["claim_separates_or_more"]["n"] == 2
     assert len(runs) == 10 and {r["truth"] for r in runs} == {"a", "b", "c", "twin_token", "twin_seed"}
     assert all(r["n_twins"] == 2 and r["checks"]["6"] in ("PASS", "FAIL", "NOT RUN") for r in runs)
     s = data["summary"]
@@ -140,18 +144,18 @@ def test_cli_writes_records_and_summary(tmp_path, capsys):
         assert s[truth]["coverage"]["e1"]["k"] == k
     # the coverage table (2 datasets per size here) and the 30-cell sweep (default n // 4 = 0 sweeps)
     cov = s["coverage_by_n_test"]
-    assert set(cov) == {"percentile", "bca"} and set(cov["percentile"]) == {"5", "10", "24", "50"}
-    assert cov["bca"]["24"]["e1"]["n"] == 2 and "sweep_b" not in s
+    assert set(cov) == {"expanded", "percentile"} and set(cov["percentile"]) == {"5", "10", "24", "50"}
+    assert cov["expanded"]["24"]["e1"]["n"] == 2 and "sweep_b" not in s
     printed = capsys.readouterr().out
     assert "coverage of the 95% CI of E1" in printed and "detects malicious content" in printed
-    assert "claim_detects.rate:" in printed and "| bca | 50 |" in printed
+    assert "claim_detects.rate:" in printed and "| expanded | 50 |" in printed
     assert "twin_token: token identity shared by the twins" in printed and "check 6 (selective" in printed
     assert "permutation null" in printed and "permutation" in s["a"]
     # Same seed -> same records, whatever the worker count.
     out2 = tmp_path / "st2.json"
     main(["--n-datasets", "2", "--trajectories", "20", "--features", "8", "--n-boot", "50",
           "--workers", "1", "--twins", "2", "--truths", "b", "--coverage-datasets", "0", "--out", str(out2)])
-    again = [r for r in json.loads(out2.read_text())["records"]]
+    again = [r for r in json.loads(out2.read_text())["records"] if r.get("kind") != "null"]
     first_b = [r for r in runs if r["truth"] == "b"]
     for a, b in zip(first_b, again, strict=True):
         assert a["estimands"] == b["estimands"] and a["claim"] == b["claim"]
@@ -210,7 +214,7 @@ def test_twins_do_not_change_the_trained_features():
 
 
 def test_permutation_test_can_be_switched_off():
-    p = SimParams(n_trajectories=20, n_features=8, n_boot=50, permutation_m=0)
+    p = SimParams(n_trajectories=20, n_features=8, n_boot=50, permutation_m=0, n_twins=3)
     r = run_dataset(p, "a", 0, seed=0)
     assert r["checks"]["4"] == "NOT RUN" and r["permutation"] is None
 
@@ -219,7 +223,7 @@ def test_truth_c_false_claim_only_when_wording_is_shared():
     """A probe that reads the bank's template wording: held-out wording removes its E3 edge."""
     from ipi.tools.simulate import run_dataset as run
 
-    p = SimParams(n_trajectories=60, n_features=64, wording=6.0, n_boot=200)
+    p = SimParams(n_trajectories=60, n_features=64, wording=6.0, n_boot=200, n_twins=3)
     held = [run(p, "c", i, seed=3) for i in range(2)]
     shared = [run(p, "c_shared", i, seed=3) for i in range(2)]
     for r in held:
@@ -234,14 +238,62 @@ def test_coverage_dataset_has_the_requested_test_size_and_both_intervals():
     for n_test in (5, 10, 24, 50):
         r = coverage_dataset(SimParams(n_features=32, n_boot=100), n_test, 0, seed=0)
         assert r["n_test"] == n_test
-        assert set(r["covered"]) == {"percentile", "bca"} and set(r["covered"]["bca"]) == {
+        assert set(r["covered"]) == {"expanded", "percentile"} and set(r["covered"]["expanded"]) == {
             "e1", "e2", "e3.c_scrambled", "e3.c_imperative", "e3.c_occlusion"}
 
 
 def test_sweep_dataset_controls_the_family():
     from ipi.tools.simulate import sweep_dataset
 
-    r = sweep_dataset(SimParams(n_trajectories=30, n_features=32, n_boot=100), 0, seed=0, n_cells=3)
+    r = sweep_dataset(SimParams(n_trajectories=30, n_features=32, n_boot=100, n_twins=2), 0, seed=0, n_cells=3)
     assert r["n_cells"] == 3 and isinstance(r["familywise_any_detects"], bool)
     # Holm never licenses more than the nominal verdicts do
     assert r["familywise_any_detects"] <= r["nominal_any_detects"]
+
+
+def test_null_truth_draws_attack_rows_as_clean_rows():
+    """Truth "null": the attack mean is the clean mean (nothing separates them), controls unchanged."""
+    from ipi.tools.simulate import variant_means
+
+    p = SimParams(n_features=32)
+    rng = np.random.default_rng(0)
+    _, _, _, dirs = simulate_dataset(p.for_truth("null"), rng)
+    mu = variant_means(p.for_truth("null"), dirs)
+    assert np.array_equal(mu["attack"], mu["clean"]) and not np.allclose(mu["c_scrambled"], mu["clean"])
+    assert true_estimands(rng.standard_normal(32), p.for_truth("null"), dirs)["e1"] == pytest.approx(0.5, abs=1e-12)
+
+
+def test_kfold_and_null_designs_test_every_trajectory_and_carry_no_single_probe_truth():
+    from dataclasses import replace
+
+    from ipi.tools.simulate import NULL_KFOLD_TRAJECTORIES, null_params
+
+    r = run_dataset(replace(SimParams(n_trajectories=20, n_features=8, n_boot=50, permutation_m=0, n_twins=2),
+                            split="kfold", k=4), "a", 0, seed=0, key=(0, 0, 2))
+    assert r["split"] == "kfold" and r["n_test_trajectories"] == 20 and r["n_twins"] == 2
+    assert r["estimands"]["e1"]["true"] is None and r["estimands"]["e1"]["covered"] is None
+    pn = null_params(SimParams(n_features=8, n_boot=50), "holdout", 14)
+    assert (pn.n_twins, pn.permutation_m, pn.split) == (0, 0, "holdout") and round(pn.test_fraction * pn.n_trajectories) == 14
+    assert null_params(SimParams(), "kfold").n_trajectories == NULL_KFOLD_TRAJECTORIES
+    rn = run_dataset(pn, "null", 0, seed=0, key=(40, 0, 14, 0))
+    assert rn["n_test_trajectories"] == 14 and rn["estimands"]["e1"]["true"] == pytest.approx(0.5, abs=1e-12)
+
+
+def test_journal_resumes_without_rerunning(tmp_path, capsys):
+    """Each finished job is appended to --records; a rerun reads them and gives the same summary."""
+    args = ["--n-datasets", "1", "--truths", "b", "--splits", "holdout", "--null-datasets", "1", "--null-sizes", "6",
+            "--coverage-datasets", "0", "--sweep-datasets", "0", "--trajectories", "20", "--features", "8",
+            "--twins", "1", "--permutations", "0", "--n-boot", "50", "--workers", "1",
+            "--records", str(tmp_path / "j.jsonl"), "--out", str(tmp_path / "s.json"), "--summary-only"]
+    first = main(args)
+    lines = (tmp_path / "j.jsonl").read_text().splitlines()
+    assert len(lines) == 2 and {json.loads(x)["job_id"] for x in lines} == {"run/holdout/b/0/0", "null/holdout/6/0/0"}
+    # A line cut by a kill at the end is rerun, not fatal.
+    (tmp_path / "j.jsonl").write_text("\n".join(lines[:1]) + "\n" + lines[1][:20])
+    again = main(args)
+    def timeless(summary):  # the rerun job's wall time differs, nothing else
+        return {g: {k: v for k, v in d.items() if k != "seconds_per_dataset"} for g, d in summary.items()}
+
+    assert again["jobs_resumed"] == 1 and "records" not in again
+    assert timeless(again["summary"]) == timeless(first["summary"])
+    assert set(first["summary"]) == {"b", "null/holdout/6"}

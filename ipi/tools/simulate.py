@@ -86,7 +86,7 @@ from ipi.probe.crossfit import cross_fit, make_folds
 from ipi.probe.fit import ProbeConfig
 from ipi.progress import quiet_lightning
 from ipi.protocol import CONTROLS, VARIANTS
-from ipi.reporting.sweep import claim_p_values, familywise
+from ipi.reporting.sweep import claim_p_values, familywise, twin_e3_networks
 from ipi.surfaces.bank import ATTACK_TEMPLATES, attack_text
 from ipi.attacks.wording import wording_plan
 
@@ -499,7 +499,9 @@ def run_dataset(p: SimParams, truth: str, index: int, seed: int, key: tuple | No
         beats_all = all(truth_vals[f"e3.{c}"] > max(t[f"e3.{c}"] for t in tv) for c in CONTROLS)
     else:
         beats_all = None
-    p_sep, p_det = claim_p_values(assessed.to_dict())
+    res = assessed.to_dict()
+    p_sep, p_det = claim_p_values(res)
+    twin_e3 = twin_e3_networks(res)
     est = {}
     for key, iv in _flat(assessed.estimates).items():
         tv = truth_vals.get(key)
@@ -519,6 +521,7 @@ def run_dataset(p: SimParams, truth: str, index: int, seed: int, key: tuple | No
         "n_test_trajectories": len(set().union(*(set(te) for _, te in folds))),
         "p_separates": p_sep,
         "p_detects": p_det,
+        "twin_e3": list(twin_e3) if twin_e3 is not None else None,
         "n_twins": len(twin_tables),
         "true_beats_every_twin": beats_all,
         "gains": [float(g) for g in gains] if truth == "twin_seed" else None,
@@ -587,18 +590,31 @@ def sweep_dataset(p: SimParams, index: int, seed: int, n_cells: int = SWEEP_CELL
     claim somewhere *less* likely). The family-wise claim of each cell is what
     ``python -m ipi.reporting.sweep`` licenses (:func:`ipi.reporting.sweep.familywise`).
 
+    With twins, check 6's family-wise rank part is applied as the sweep report applies it
+    (:func:`ipi.reporting.sweep.familywise_rank`: the same seeds ``1..S`` in every cell; each
+    cell's S + 1 networks are exchangeable and cells are independent, so they are exchangeable
+    jointly over the family).
+
     Returns:
-        ``{"index", "n_cells", "nominal_any_detects", "familywise_any_detects", "p_detects_min"}``.
+        ``{"index", "n_cells", "nominal_any_detects", "familywise_any_detects",
+        "familywise_any_separates", "rank_familywise_any" (None without twins), "p_detects_min",
+        "seconds"}``.
     """
 
     cells = [run_dataset(p, "b", index, seed, key=(30, index, j)) for j in range(n_cells)]
     df = pd.DataFrame({"job": [str(j) for j in range(n_cells)], "overrides": [f"cell={j}" for j in range(n_cells)],
                        "claim": [c["claim"] for c in cells], "p_separates": [c["p_separates"] for c in cells],
                        "p_detects": [c["p_detects"] for c in cells]})
+    if all(c.get("twin_e3") is not None for c in cells):
+        # check 6's family-wise rank part, as the sweep report applies it (the twins of each cell
+        # are exchangeable with its trained network, cells independent: jointly exchangeable)
+        df["_twin_e3"] = [c["twin_e3"] for c in cells]
     fw = familywise(df, alpha=(1.0 - 0.95) / 2.0)
     return {"index": index, "n_cells": n_cells,
             "nominal_any_detects": bool((df.claim == CLAIM_DETECTS).any()),
             "familywise_any_detects": bool((fw.claim_familywise == CLAIM_DETECTS).any()),
+            "familywise_any_separates": bool((fw.claim_familywise != "none").any()),
+            "rank_familywise_any": (bool(any(fw.rank_familywise)) if fw.rank_familywise.notna().all() else None),
             "p_detects_min": float(df.p_detects.min()),
             "seconds": float(sum(c["seconds"] for c in cells))}
 

@@ -249,6 +249,9 @@ def test_sweep_dataset_controls_the_family():
     assert r["n_cells"] == 3 and isinstance(r["familywise_any_detects"], bool)
     # Holm never licenses more than the nominal verdicts do
     assert r["familywise_any_detects"] <= r["nominal_any_detects"]
+    # with twins the family-wise rank part of check 6 is applied, as the sweep report does
+    assert isinstance(r["rank_familywise_any"], bool)
+    assert r["familywise_any_detects"] <= r["rank_familywise_any"]
 
 
 def test_null_truth_draws_attack_rows_as_clean_rows():

@@ -860,6 +860,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--records", default=None,
                     help="JSON-Lines journal: each finished job is appended as it ends, and a rerun with the "
                          "same journal resumes (finished jobs are read, not rerun)")
+    ap.add_argument("--journal-only", action="store_true",
+                    help="run nothing: summarise every job of the --records journal (written by one or more "
+                         "commands with the same parameters, e.g. to run the designs in a chosen order)")
     ap.add_argument("--summary-only", action="store_true",
                     help="write the command, parameters and summary to --out, not every record (the journal has them)")
     args = ap.parse_args(argv)
@@ -900,7 +903,12 @@ def main(argv: list[str] | None = None) -> dict:
                         continue
                     raise ValueError(f"{journal}: line {n} is not JSON ({e})") from None
                 done[rec["job_id"]] = rec
-    todo = [j for j in jobs if job_id(j) not in done]
+    if args.journal_only:
+        if not done:
+            ap.error("--journal-only needs a non-empty --records journal")
+        jobs, todo = [], []
+    else:
+        todo = [j for j in jobs if job_id(j) not in done]
     t0 = time.perf_counter()
     fresh: list[dict] = []
     sink = journal.open("a") if journal is not None else None
@@ -929,11 +937,11 @@ def main(argv: list[str] | None = None) -> dict:
             sink.close()
     wall = time.perf_counter() - t0
     by_id = {**done, **{r["job_id"]: r for r in fresh}}
-    records = [by_id[job_id(j)] for j in jobs]
+    records = [by_id[job_id(j)] for j in jobs] if jobs else list(done.values())
     summary = summarise(records)
     command = "python -m ipi.tools.simulate " + " ".join(argv if argv is not None else sys.argv[1:])
     out = {"command": command.strip(), "params": asdict(p), "seed": args.seed, "workers": args.workers,
-           "jobs": len(jobs), "jobs_resumed": len(jobs) - len(todo), "wall_s": wall,
+           "jobs": len(records), "jobs_resumed": len(records) - len(todo), "wall_s": wall,
            "cpu_s_of_jobs": float(sum(r.get("seconds", 0.0) for r in records)), "summary": summary}
     if not args.summary_only:
         out["records"] = records
@@ -946,7 +954,7 @@ def main(argv: list[str] | None = None) -> dict:
     if "sweep_b" in summary:
         brief["sweep_b_familywise"] = summary["sweep_b"]["familywise_false_claim"]["rate"]
     print(f"\nclaim_detects.rate: {json.dumps(brief)}")
-    print(f"{len(todo)} jobs run ({len(jobs) - len(todo)} resumed) in {wall:.0f} s with {args.workers} worker(s); "
+    print(f"{len(todo)} jobs run ({len(records) - len(todo)} resumed) in {wall:.0f} s with {args.workers} worker(s); "
           f"summary: {args.out}")
     return out
 

@@ -300,3 +300,6 @@ def test_journal_resumes_without_rerunning(tmp_path, capsys):
     assert again["jobs_resumed"] == 1 and "records" not in again
     assert timeless(again["summary"]) == timeless(first["summary"])
     assert set(first["summary"]) == {"b", "null/holdout/6"}
+    # --journal-only runs nothing and summarises every job of the journal
+    only = main(["--records", str(tmp_path / "j.jsonl"), "--journal-only", "--out", str(tmp_path / "o.json")])
+    assert only["jobs"] == 2 and timeless(only["summary"]) == timeless(again["summary"])

@@ -899,7 +899,8 @@ def main(argv: list[str] | None = None) -> dict:
                 try:
                     rec = json.loads(line)
                 except json.JSONDecodeError as e:
-                    if n == len(lines):  # the last line cut by a kill: that job is rerun
+                    if n == len(lines):  # the last line cut by a kill: dropped, that job is rerun
+                        atomic_write_text(journal, "".join(x + "\n" for x in lines[:-1]))
                         continue
                     raise ValueError(f"{journal}: line {n} is not JSON ({e})") from None
                 done[rec["job_id"]] = rec

@@ -342,10 +342,17 @@ class TextSurface(Surface):
         field: The :class:`Variant` field the text lands in (one of :data:`PROMPT_FIELDS`).
         new_line: The injected unit starts a new line of the field (the gallery marks a clean
             row's insertion point on its own line).
+        follows: The prompt text that directly follows the field in the replay template
+            (:mod:`ipi.replay`), counted with the field: a tokenizer merges across the field's end
+            (``i_tool``: an attack ending in ``.`` and the template's ``\n`` are one token ``.\n``),
+            so a control matched on the field alone can make the prompt one token longer than the
+            attack's. ``""`` when a special token follows (``i_dom``: ``<|im_end|>``).
+            ``tests/surfaces/test_variants.py`` checks it against the rendered template.
     """
 
     field: ClassVar[str]
     new_line: ClassVar[bool] = False
+    follows: ClassVar[str] = ""
 
     @abstractmethod
     def insertion(self, trajectory_id: str, step: Step) -> Insertion:
@@ -375,8 +382,8 @@ class TextSurface(Surface):
         # control's field before and after matching): a per-step memo of the pure counter.
         count_tokens = _memoised(count_tokens)
 
-        def field_count(text: str) -> int:
-            return count_tokens(ins.apply(text)[0])
+        def field_count(text: str) -> int:  # the field in its prompt context (``follows``)
+            return count_tokens(ins.apply(text)[0] + self.follows)
 
         def line_count(text: str) -> int:
             return count_tokens(ins.line(text))
@@ -385,7 +392,7 @@ class TextSurface(Surface):
 
         def row(variant: str, k: int, text: str | None, meta: dict) -> Variant:
             field, start, end = ins.apply(text)
-            n = count_tokens(field)
+            n = count_tokens(field + self.follows)
             m = {**meta, **ins.meta, "insert_start": start, "insert_end": end, "n_tokens": n,
                  "token_delta": n - target_field}
             shown = {"element_text": step.element_text, "tool_result": step.tool_result, self.field: field}

@@ -35,6 +35,7 @@ from ipi.surfaces import (
     scramble_tokens,
     text_fits,
 )
+from ipi.surfaces import get_surface
 from ipi.surfaces.bank import all_attack_texts
 
 REPO = Path(__file__).resolve().parents[2]
@@ -338,14 +339,15 @@ def test_make_variants_text_surfaces(tmp_path, count_tokens, surface, element_te
         assert field(attack)[:point] == field(clean)[:point]
         assert field(attack)[attack.meta["insert_start"]:attack.meta["insert_end"]] == \
             attack.injected_text
-        n_attack = count_tokens(field(attack))
+        follows = get_surface(surface).follows  # the field is matched in its prompt context
+        n_attack = count_tokens(field(attack) + follows)
         for v in controls:
             assert other(v) == other(clean)  # the other field is untouched
             assert v.meta["insert_start"] == start  # same position, same wrapper
             assert field(v)[:start] == field(attack)[:start]
             assert field(v)[v.meta["insert_end"]:] == field(attack)[attack.meta["insert_end"]:]
             assert field(v)[start:v.meta["insert_end"]] == v.injected_text
-            assert count_tokens(field(v)) == n_attack and v.meta["token_delta"] == 0
+            assert count_tokens(field(v) + follows) == n_attack and v.meta["token_delta"] == 0
         if surface == "i_dom":
             assert attack.meta["label"] == (9 if element_text else 0)
             line = f'[{attack.meta["label"]}]: "{attack.injected_text}"'
@@ -438,3 +440,31 @@ def test_imperative_sentences_short_targets_and_reported_mismatch(count_tokens):
     # the caller sees (and reports) the difference, instead of a cut sentence.
     one = imperative_sentences(1, "k", count_tokens)
     assert all(s in allowed for s in _sentences(one)) and count_tokens(one) != 1
+
+
+def test_follows_is_what_the_replay_template_puts_after_the_field():
+    """``TextSurface.follows`` is the rendered prompt's text right after the field (``i_tool``:
+    ``"\\n"``), or ``""`` where a special token follows (``i_dom``: the user turn's end)."""
+    from transformers import AutoTokenizer
+
+    from ipi.replay import PromptParts, render_prompt
+
+    if not TOKENIZER.is_dir():
+        pytest.skip(f"no tokenizer at {TOKENIZER}")
+    tok = AutoTokenizer.from_pretrained(str(TOKENIZER))
+    parts = PromptParts(system="S", task="T", history=("a",), tool_result="TOOLRESULT",
+                        element_text="ELEMENTS", gold="Thought: x Action: y", has_image=False)
+    rendered = render_prompt(tok, parts)
+    text = "".join(p for p, _ in rendered.pieces)
+    specials = sorted(tok.get_added_vocab(), key=len, reverse=True)
+    for name in ("i_dom", "i_tool"):
+        surf = get_surface(name)
+        end = rendered.spans[surf.field][1]
+        after = text[end:]
+        if surf.follows:
+            assert after.startswith(surf.follows)
+            assert not any(after[len(surf.follows):].startswith(t) for t in specials)
+        else:
+            assert any(after.startswith(t) for t in specials), after[:20]
+    # the merge it guards against: "." and the template's newline are one token
+    assert len(tok("a.\n", add_special_tokens=False).input_ids) == len(tok("a.", add_special_tokens=False).input_ids)

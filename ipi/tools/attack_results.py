@@ -1,6 +1,6 @@
 """Markdown tables of attack-source runs from their results.json files (docs/attacks_results.md).
 
-    python scripts/attack_results.py --sweep OUT/sweep_i_dom OUT/sweep_i_tool --loso OUT/loso_i_dom
+    python -m ipi.tools.attack_results --sweep OUT/sweep_i_dom OUT/sweep_i_tool --loso OUT/loso_i_dom
 
 ``--sweep``: folders of ``train.py -m attack=...`` sweeps (one results.json per job folder): one
 row per job with E1, E3 per control (cluster-bootstrap intervals), C1's E3 (Δprompt length), TPR at

@@ -17,7 +17,7 @@ the detector fitted on the *other surfaces'* clean/attack rows of the same train
 
 The :class:`~ipi.detectors.detector.Detector` protocol (``fit``, ``score``) is the only seam. What
 only some detectors have are optional capabilities, methods of the detector object
-(docs/detectors.md "Capabilities"):
+(docs/detectors.md, "One cross-fit, capabilities instead of special cases"):
 
 * ``tune(x, y, groups, fold) -> (detector, info)``: per-fold hyper-parameter selection on the
   fold's training rows (the logistic probe's ``probe.l2=auto``); the tuned detector makes every

@@ -22,9 +22,9 @@ class LogisticDetector:
     """Today's probe (PROTOCOL.md §4; docs/probe.md): standardised, L2 logistic, balanced classes.
 
     Its settings are ``probe.*`` (:meth:`with_probe`). Besides ``fit``/``score`` it has the
-    three optional capabilities of :func:`ipi.detectors.crossfit.cross_fit` (docs/detectors.md
-    "Capabilities"): :meth:`tune` (``probe.l2=auto``: ``C`` per fold by grouped inner CV),
-    :meth:`fit_logged` (the fold's fit with a Lightning logger) and :meth:`null_refits` (check 4's
+    three optional capabilities of :func:`ipi.detectors.crossfit.cross_fit` (docs/detectors.md,
+    "One cross-fit, capabilities instead of special cases"): :meth:`tune` (``probe.l2=auto``:
+    ``C`` per fold by grouped inner CV), :meth:`fit_logged` (the fold's fit with a Lightning logger) and :meth:`null_refits` (check 4's
     M refits of a fold as one batched exact Newton solve in the dual); and :meth:`folded`, its
     fold probes as one Lightning module for ``Trainer.predict``.
 

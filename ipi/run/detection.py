@@ -3,7 +3,8 @@
 Every detector, the logistic probe included, goes through the one fold loop
 :func:`ipi.detectors.crossfit.cross_fit`; what only some detectors have (the probe's ``probe.*``
 settings, per-fold ``C``, its logged fit, its batched dual-solver refits) are capabilities of the
-detector object, never a name check here (docs/detectors.md "Capabilities").
+detector object, never a name check here (docs/detectors.md, "One cross-fit, capabilities
+instead of special cases").
 """
 
 from __future__ import annotations

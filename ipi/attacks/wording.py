@@ -223,7 +223,7 @@ def wording_plan(folds: Sequence[tuple[Iterable[str], Iterable[str]]], seed: int
 
     Args:
         folds: ``[(train_ids, test_ids)]`` (one fold: holdout) or the ``k`` folds of a grouped
-            K-fold (test sets partition the ids), as :func:`ipi.probe.crossfit.make_folds` gives.
+            K-fold (test sets partition the ids), as :func:`ipi.probe.folds.make_folds` gives.
         seed: The split seed.
         pool: The run's attack pool (default the project pool).
 

@@ -9,24 +9,28 @@ the estimands, baselines, cluster bootstrap and verdict of PROTOCOL.md §5–§7
 - :class:`AttentionFocusDetector` (``attention_focus``): attention of the last prompt token on
   the task vs the untrusted span, heads chosen on training rows.
 - :class:`ExternalDetector` (``external``): a score table the user brings.
+
+:func:`cross_fit` is the one fold loop every detector goes through (the Detector protocol its only
+seam; optional capabilities such as ``tune`` and ``null_refits`` are methods of the detector).
 """
 
 from ipi.detectors.attention import AttentionFocusDetector, extract_attention, focus_ratios
 from ipi.detectors.detector import Detector
-from ipi.detectors.fitting import DetectorScores, cross_fit_detector
+from ipi.detectors.crossfit import CrossFit, DetectorScores, cross_fit
 from ipi.detectors.external import ExternalDetector, join_scores
 from ipi.detectors.linear import DiffMeansDetector, LogisticDetector
 from ipi.detectors.mlp import MLPDetector
 
 __all__ = [
     "AttentionFocusDetector",
+    "CrossFit",
     "Detector",
     "DetectorScores",
     "DiffMeansDetector",
     "ExternalDetector",
     "LogisticDetector",
     "MLPDetector",
-    "cross_fit_detector",
+    "cross_fit",
     "extract_attention",
     "focus_ratios",
     "join_scores",

@@ -19,7 +19,15 @@ __all__ = ["Detector", "check_fit_inputs"]
 
 @runtime_checkable
 class Detector(Protocol):
-    """What :func:`ipi.detectors.fitting.cross_fit_detector` needs from a detector.
+    """What :func:`ipi.detectors.crossfit.cross_fit` needs from a detector.
+
+    Optional capabilities (methods a detector may have; :func:`ipi.detectors.crossfit.cross_fit`
+    and the run layer use them when present, docs/detectors.md "One cross-fit, capabilities
+    instead of special cases"): ``tune`` (per-fold hyper-parameters), ``fit_logged`` (a fit with
+    a Lightning logger), ``null_refits`` (check 4's M refits of a fold at once), ``folded`` (the
+    fold models as one module for ``Trainer.predict``), ``with_probe`` (takes the ``probe.*``
+    settings), ``baseline_l2`` (``C`` of the C1/collapse-only baselines; 1.0 without it),
+    ``fit_info_`` on a fitted copy (recorded per fold as ``detector_*``).
 
     Attributes:
         name: Config name (``logistic``, ``diff_means``, ``mlp``, ``attention_focus``).

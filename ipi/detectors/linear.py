@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import ClassVar
 
 import numpy as np
 from sklearn.preprocessing import StandardScaler
 
 from ipi.detectors.detector import check_fit_inputs
+from ipi.probe.dual import ReducedDesign, fit_reduced, fit_reduced_batch
 from ipi.probe.fit import ProbeConfig, fit_probe, score
+from ipi.probe.folds import FoldedProbe, select_l2
 
 __all__ = ["DiffMeansDetector", "LogisticDetector"]
 
@@ -17,29 +21,73 @@ __all__ = ["DiffMeansDetector", "LogisticDetector"]
 class LogisticDetector:
     """Today's probe (PROTOCOL.md §4; docs/probe.md): standardised, L2 logistic, balanced classes.
 
-    ``train.py`` runs this detector through :func:`ipi.probe.crossfit.cross_fit` exactly as
-    before (same fits, same dual-solver permutation test), so its numbers are unchanged; this
-    class gives it the common interface for code that handles detectors generically.
+    Its settings are ``probe.*`` (:meth:`with_probe`). Besides ``fit``/``score`` it has the
+    three optional capabilities of :func:`ipi.detectors.crossfit.cross_fit` (docs/detectors.md,
+    "One cross-fit, capabilities instead of special cases"): :meth:`tune` (``probe.l2=auto``:
+    ``C`` per fold by grouped inner CV), :meth:`fit_logged` (the fold's fit with a Lightning logger) and :meth:`null_refits` (check 4's
+    M refits of a fold as one batched exact Newton solve in the dual); and :meth:`folded`, its
+    fold probes as one Lightning module for ``Trainer.predict``.
 
     Args:
-        l2, max_iter, tol, seed: :class:`ipi.probe.fit.ProbeConfig` (``l2`` is taken from
-            ``probe.l2`` by ``train.py``).
+        l2, max_iter, tol, seed, solver: :class:`ipi.probe.fit.ProbeConfig`.
+        l2_grid: ``probe.l2=auto``: candidate ``C`` values (:meth:`tune`); None: ``l2`` everywhere.
+        fit_fn: The probe fitter (:func:`ipi.probe.fit.fit_probe`); injectable for tests.
     """
 
     l2: float = 1.0
     max_iter: int = 500
     tol: float = 1e-8
     seed: int = 0
+    solver: str = "newton"
+    l2_grid: tuple[float, ...] | None = None
     name: str = "logistic"
     permutation_m: int | None = None  # check 4's refits M; None: evaluation.permutation.m
     input: str = "hidden"
     trainable: bool = True
+    fit_fn: Callable = field(default=fit_probe, repr=False, compare=False)
     probe_: object = field(default=None, repr=False)
 
+    #: How :meth:`null_refits` refits (``run.detector.permutation_refits`` of results.json).
+    null_refits_method: ClassVar[str] = "dual Newton solver (exact, cheap)"
+
+    def with_probe(self, config: ProbeConfig, l2_grid: Sequence[float] | None = None) -> LogisticDetector:
+        """This detector with the probe's settings (``probe.*``; ``l2_grid`` for ``probe.l2=auto``)."""
+        return replace(self, l2=config.l2, max_iter=config.max_iter, tol=config.tol, seed=config.seed,
+                       solver=config.solver, l2_grid=None if l2_grid is None else tuple(l2_grid))
+
+    @property
+    def probe_config(self) -> ProbeConfig:
+        """The :class:`ipi.probe.fit.ProbeConfig` of a fit."""
+        return ProbeConfig(l2=float(self.l2), max_iter=self.max_iter, tol=self.tol, seed=self.seed,
+                           solver=self.solver)
+
+    @property
+    def baseline_l2(self) -> float:
+        """``C`` of the C1 and collapse-only baselines: the probe's (1.0 under ``probe.l2=auto``)."""
+        return 1.0 if self.l2_grid is not None else float(self.l2)
+
+    def tune(self, x, y, groups, fold: int) -> tuple[LogisticDetector, dict]:
+        """``C`` of fold ``fold`` by :func:`ipi.probe.folds.select_l2` on its training rows
+        (trajectories shuffled by ``seed=fold``); ``(self, {})`` without ``l2_grid``.
+
+        Returns:
+            ``(detector with the chosen l2, {"l2": C, "l2_inner_cv_auc": {str(C): AUC}})``.
+        """
+        if self.l2_grid is None:
+            return self, {}
+        best, cv = select_l2(x, y, groups, self.l2_grid, seed=fold)
+        return replace(self, l2=best), {"l2": best, "l2_inner_cv_auc": cv}
+
     def fit(self, x, y, groups) -> LogisticDetector:
-        x, y = check_fit_inputs(x, y, groups, self.name)
-        probe = fit_probe(x, y, ProbeConfig(l2=float(self.l2), max_iter=self.max_iter, tol=self.tol,
-                                            seed=self.seed))
+        return self.fit_logged(x, y, groups)
+
+    def fit_logged(self, x, y, groups, *, logger=None, default_root_dir=None) -> LogisticDetector:
+        """:meth:`fit` through a Lightning ``logger`` and trainer root (:func:`ipi.probe.fit.fit_probe`)."""
+        check_fit_inputs(x, y, groups, self.name)
+        if logger is None and default_root_dir is None:
+            probe = self.fit_fn(x, y, self.probe_config)
+        else:
+            probe = self.fit_fn(x, y, self.probe_config, logger=logger, default_root_dir=default_root_dir)
         return replace(self, probe_=probe)
 
     def score(self, x) -> np.ndarray:
@@ -47,8 +95,39 @@ class LogisticDetector:
             raise RuntimeError("LogisticDetector.score before fit")
         return score(self.probe_, x)
 
+    def null_refits(self, x_fit, y, y_perm, x_test) -> tuple[np.ndarray, np.ndarray, str]:
+        """Check 4's refits of one fold, exact and cheap (PROTOCOL.md §7.4; docs/estimands.md).
+
+        The standardised training rows are reduced once to at most ``n`` coordinates
+        (:class:`ipi.probe.dual.ReducedDesign`); the refit on the true labels is
+        :func:`ipi.probe.dual.fit_reduced` and the M permuted-label refits one batched Newton
+        solve, :func:`ipi.probe.dual.fit_reduced_batch`, all at this detector's ``C``.
+
+        Args:
+            x_fit: ``[n, d]`` the fold's training rows.
+            y: ``[n]`` their labels.
+            y_perm: ``[M, n]`` the permuted labels.
+            x_test: ``[m, d]`` the fold's clean/attack test rows.
+
+        Returns:
+            ``(refit scores [m], null scores [M, m], design description)``.
+        """
+        design = ReducedDesign.build(x_fit, x_test)
+        theta = fit_reduced(design.phi, y, C=self.l2)
+        refit = design.phi_test @ theta[:-1] + theta[-1]
+        theta = fit_reduced_batch(design.phi, y_perm, C=self.l2)
+        null = theta[:, :-1] @ design.phi_test.T + theta[:, -1:]
+        return refit, null, (f"{'dual' if design.dual else 'primal'} rank {design.rank} "
+                             f"({design.phi.shape[0]} training rows, {design.n_features} features)")
+
+    @staticmethod
+    def folded(fitted: Sequence[LogisticDetector]) -> FoldedProbe:
+        """The fold probes of ``fitted`` as one module for ``Trainer.predict`` (row ``i`` by its fold's)."""
+        return FoldedProbe([d.probe_ for d in fitted])
+
     def settings(self) -> dict:
-        return {"name": self.name, "l2": self.l2, "max_iter": self.max_iter, "tol": self.tol}
+        return {"name": self.name, "l2": "auto" if self.l2_grid is not None else self.l2,
+                "max_iter": self.max_iter, "tol": self.tol}
 
 
 @dataclass

@@ -43,7 +43,7 @@ class ScoreTables:
         twins: The probe's score tables on the random-weight twins' features, ``{seed: table}``
             on the same rows, or None (verdict check 6 NOT RUN).
         permutation: The exact permutation test's input
-            (:meth:`ipi.probe.crossfit.CrossFit.permutation_input`: ``null_scores`` ``[M, n]``
+            (:meth:`ipi.detectors.crossfit.CrossFit.permutation_input`: ``null_scores`` ``[M, n]``
             aligned with ``main``'s rows, ``seed``, ``refit_scores``, ``unit``, ``design``), or
             None (check 4 NOT RUN).
     """

@@ -93,7 +93,7 @@ def transfer_table(groups: Mapping[str, Sequence[str]], fit_score: Callable[[set
     Args:
         groups: Source → its trajectory ids (disjoint).
         fit_score: ``(train_ids, test_ids) → score table`` of the test trajectories' rows, the
-            probe fitted on the training trajectories' clean and attack rows.
+            detector fitted on the training trajectories' clean and attack rows.
         settings: Bootstrap settings.
         seed: Seed of the diagonal's halves.
 
@@ -183,7 +183,8 @@ def attack_record(pool, rows_meta: Sequence[Mapping], table: pd.DataFrame, setti
         table: The test score table.
         settings: Bootstrap settings.
         plan: The wording plan; with scheme ``source`` the transfer table is added.
-        fit_score: As :func:`transfer_table` (None: no transfer table, e.g. a non-logistic detector).
+        fit_score: As :func:`transfer_table` (None: no transfer table, a detector that is not
+            refitted: external scores).
         seed: Seed of the transfer table's diagonal halves.
     """
     rec: dict = {
@@ -200,5 +201,5 @@ def attack_record(pool, rows_meta: Sequence[Mapping], table: pd.DataFrame, setti
             groups.setdefault(fam, []).append(t)
         rec["heldout_source"] = True
         rec["transfer"] = (transfer_table(groups, fit_score, settings, seed) if fit_score is not None
-                           else "not run (the transfer table refits the logistic probe; detector is another)")
+                           else "not run (the transfer table refits the detector; external scores are not refitted)")
     return rec

@@ -99,7 +99,7 @@ class EstimandsCallback(L.Callback):
         settings: Bootstrap, verdict thresholds, reportability gate, permutation level and
             ``pretrained`` (:class:`~ipi.evaluation.results.Settings`).
         permutation: The exact permutation test's refit scores
-            (:meth:`ipi.probe.crossfit.CrossFit.permutation_input`), or None (check 4 NOT RUN).
+            (:meth:`ipi.detectors.crossfit.CrossFit.permutation_input`), or None (check 4 NOT RUN).
         twins: The probe's score tables on the random-weight twins' features (same rows), one
             per seed ``{seed: table}``, or None (verdict check 6 is then NOT RUN).
 

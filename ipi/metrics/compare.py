@@ -241,7 +241,7 @@ def compare_tables(
         permutation: Optional exact permutation test of verdict check 4 (PROTOCOL.md §7.4):
             ``{"null_scores": [M, n_main] array aligned with main's rows, "seed": int[,
             "refit_scores": [n_main], "unit": str, "design": str, "alpha": float]}``
-            (:meth:`ipi.probe.crossfit.CrossFit.permutation_input`), summarised by
+            (:meth:`ipi.detectors.crossfit.CrossFit.permutation_input`), summarised by
             :func:`ipi.metrics.permutation.permutation_summary` against the observed E1.
         twins: The same probe's score tables on the random-weight twins' features, one per
             twin seed ``{seed: table}`` (same rows, same folds; :mod:`ipi.run.twin`), or None

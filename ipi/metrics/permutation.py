@@ -11,7 +11,7 @@ p-value, and (with balanced steps, a label flip maps a fit to its negative) the 
 symmetric around 0.5: a null mean off 0.5 means leakage or a bug.
 
 :func:`permute_within` draws the labels; :func:`permutation_summary` turns the replicate scores
-into the reported numbers. The refits themselves are :func:`ipi.probe.crossfit.cross_fit`'s
+into the reported numbers. The refits themselves are :func:`ipi.detectors.crossfit.cross_fit`'s
 (``permutation_m``), cheap through :mod:`ipi.probe.dual`.
 """
 

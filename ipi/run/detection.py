@@ -1,8 +1,10 @@
 """The detector stage of ``train.py``: build the configured detector, its inputs, and cross-fit it.
 
-``detector=logistic`` keeps the probe's own path (:func:`ipi.probe.crossfit.cross_fit` and the
-dual-solver permutation test), so its numbers are those of the probe before detectors existed;
-every other detector goes through :func:`ipi.detectors.fitting.cross_fit_detector`.
+Every detector, the logistic probe included, goes through the one fold loop
+:func:`ipi.detectors.crossfit.cross_fit`; what only some detectors have (the probe's ``probe.*``
+settings, per-fold ``C``, its logged fit, its batched dual-solver refits) are capabilities of the
+detector object, never a name check here (docs/detectors.md, "One cross-fit, capabilities
+instead of special cases").
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -17,32 +20,37 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from ipi.detectors.attention import extract_attention, focus_ratios
-from ipi.detectors.fitting import cross_fit_detector
+from ipi.detectors.crossfit import CrossFit, cross_fit
 from ipi.detectors.external import join_scores
 from ipi.detectors.linear import LogisticDetector
 from ipi.evaluation.scoretable import read_score_table
-from ipi.probe.crossfit import TransferSource
+from ipi.probe.folds import TransferSource
 from ipi.protocol import resolve_layers
 from ipi.run.config import to_container
-from ipi.run.settings import extract_settings
+from ipi.run.settings import extract_settings, probe_settings
 
 log = logging.getLogger(__name__)
 
 __all__ = ["FixedScores", "attention_layers", "attention_matrix", "build_detector", "detector_record",
            "fit_detector", "permutation_m"]
 
+#: ``C`` of the C1 and collapse-only baselines of a detector without ``baseline_l2``.
+BASELINE_L2 = 1.0
+
 
 def build_detector(cfg: DictConfig):
-    """The configured detector (``cfg.detector``; ``logistic`` when the node is absent)."""
+    """The configured detector (``cfg.detector``; ``logistic`` when the node is absent).
+
+    A detector configured by ``probe.*`` (it has ``with_probe``: the logistic probe) gets the
+    probe's settings (:func:`ipi.run.settings.probe_settings`) and ``seed``."""
     node = cfg.get("detector")
     if node is None:
         det = LogisticDetector()
     else:
         kwargs = {k: v for k, v in to_container(node).items() if k != "_target_"}
         det = instantiate({"_target_": node._target_}, **kwargs)
-    if det.name == "logistic":
-        l2 = cfg.probe.l2
-        det = replace(det, l2=l2, max_iter=cfg.probe.max_iter, tol=cfg.probe.tol, seed=cfg.seed)
+    if hasattr(det, "with_probe"):
+        det = det.with_probe(*probe_settings(cfg.probe, cfg.seed))
     return det
 
 
@@ -58,11 +66,11 @@ def permutation_m(cfg: DictConfig, det) -> int:
 def detector_record(cfg: DictConfig, det, fits=None) -> dict:
     """``run.detector`` of results.json: the detector's name, settings, and what it chose."""
     rec = {**det.settings(), "permutation_m": permutation_m(cfg, det),
-           "permutation_refits": ("dual Newton solver (exact, cheap)" if det.name == "logistic"
+           "permutation_refits": (det.null_refits_method if hasattr(det, "null_refits")
                                   else "direct refits of the detector" if getattr(det, "trainable", True)
                                   else "not run (external scores are not refitted)")}
-    if det.name == "attention_focus" and fits is not None:
-        rec["chosen_heads"] = [f.chosen_heads() for f in fits.probes]  # per fold
+    if fits is not None and hasattr(fits.fitted[0], "chosen_heads"):
+        rec["chosen_heads"] = [f.chosen_heads() for f in fits.fitted]  # per fold
     return rec
 
 
@@ -135,15 +143,25 @@ def external_matrix(det, meta: pd.DataFrame, folds) -> np.ndarray:
     return out
 
 
-def fit_detector(cfg: DictConfig, det, meta: pd.DataFrame, x: np.ndarray, folds, *, metadata, collapse,
-                 transfer: TransferSource | None, l2: float):
-    """Cross-fit a non-logistic detector with the baselines (see :func:`cross_fit_detector`)."""
+def fit_detector(cfg: DictConfig, det, meta: pd.DataFrame, x: np.ndarray, folds, *, metadata=None, collapse=None,
+                 transfer: TransferSource | None = None, baselines: bool = True, logger=None,
+                 default_root_dir: str | Path | None = None) -> CrossFit:
+    """Cross-fit ``det`` (:func:`ipi.detectors.crossfit.cross_fit`) as ``cfg.evaluation`` asks.
+
+    ``baselines=False`` (the random twins, a transfer table's refits) runs the detector alone: no
+    permuted refit and no permutation test. A detector that is not refitted (``external``) has no
+    permuted, transfer or permutation refits: its table's scores enter as ``x[:, 0]``
+    (:class:`FixedScores`). The baselines' ``C`` is the detector's ``baseline_l2`` when it has
+    one (the logistic probe: ``probe.l2``), else :data:`BASELINE_L2`.
+    """
     trainable = getattr(det, "trainable", True)
     if not trainable:
         x, det = external_matrix(det, meta, folds), FixedScores()
-    return cross_fit_detector(
+    refit = baselines and trainable
+    return cross_fit(
         det, meta, x, folds, metadata=metadata, collapse=collapse,
-        permuted=cfg.evaluation.permuted and trainable, permute_seed=cfg.seed,
-        transfer=transfer if trainable else None, l2=l2,
-        permutation_m=permutation_m(cfg, det) if trainable else 0,
-        permutation_seed=cfg.evaluation.permutation.seed)
+        permuted=bool(cfg.evaluation.permuted) and refit, permute_seed=cfg.seed,
+        transfer=transfer if trainable else None, l2=getattr(det, "baseline_l2", BASELINE_L2),
+        permutation_m=permutation_m(cfg, det) if refit else 0,
+        permutation_seed=cfg.evaluation.permutation.seed, logger=logger,
+        default_root_dir=None if default_root_dir is None else str(default_root_dir))

@@ -10,9 +10,10 @@ from __future__ import annotations
 from omegaconf import DictConfig
 
 from ipi.extraction.forward import ExtractSettings
-from ipi.run.config import to_container
+from ipi.probe.fit import ProbeConfig
+from ipi.run.config import enum_value, to_container
 
-__all__ = ["extract_settings"]
+__all__ = ["extract_settings", "probe_settings"]
 
 
 def extract_settings(cfg: DictConfig) -> ExtractSettings:
@@ -28,3 +29,15 @@ def extract_settings(cfg: DictConfig) -> ExtractSettings:
         accelerator=str(ex.accelerator), devices=to_container(ex.devices), strategy=str(ex.strategy),
         precision=str(ex.precision), prefix_reuse=to_container(ex.get("prefix_reuse", "auto")), quiet=bool(cfg.quiet),
         twins_per_pass=to_container(ex.get("twins_per_pass", "auto")))
+
+
+def probe_settings(probe: DictConfig, seed: int) -> tuple[ProbeConfig, list[float] | None]:
+    """``(ProbeConfig, l2_grid)`` of ``cfg.probe`` (PROTOCOL.md §4; docs/probe.md).
+
+    ``probe.l2: auto`` selects ``C`` by inner CV per fold over ``l2_grid`` (``ProbeConfig.l2`` is
+    then 1.0, the baselines' ``C``); otherwise ``l2_grid`` is None.
+    """
+    auto_l2 = probe.l2 == "auto"
+    return (ProbeConfig(l2=1.0 if auto_l2 else float(probe.l2), max_iter=probe.max_iter, tol=probe.tol, seed=seed,
+                        solver=enum_value(probe.get("solver", "newton"))),
+            list(probe.l2_grid) if auto_l2 else None)

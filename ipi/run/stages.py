@@ -26,19 +26,18 @@ from torch.utils.data import DataLoader, TensorDataset
 from ipi.backbone_text import load_tokenizer
 from ipi.run.config import enum_value as _value
 from ipi.run.config import resolved_controls, run_surface, to_container, validate
-from ipi.run.detection import fit_detector, permutation_m
+from ipi.run.detection import fit_detector
 from ipi.run.settings import extract_settings
 from ipi.data import DataError
 from ipi.data.discover import summarise_skips
 from ipi.data.images import decode_memo, image_limits_for
-from ipi.detectors.fitting import DetectorScores, cross_fit_detector
+from ipi.detectors.crossfit import CrossFit, DetectorScores
 from ipi.evaluation.results import Settings
 from ipi.extraction.rows import build_rows
 from ipi.extraction.forward import extract_features, transfer_rows
 from ipi.io import tree_fingerprint
 from ipi.extraction.twin_pass import extract_twin_features
-from ipi.probe.crossfit import FoldedProbe, TransferSource, cross_fit, make_folds
-from ipi.probe.fit import ProbeConfig
+from ipi.probe.folds import TransferSource, make_folds
 from ipi.progress import quiet_lightning, set_quiet, track
 from ipi.protocol import TOKEN_GROUPS, resolve_layers, transfer_source_surfaces
 from ipi.replay import count_plain_tokens
@@ -392,15 +391,12 @@ def twin_features(cfg: DictConfig, rows, features, layers: list[int], groups: li
     return x_twin, infos
 
 
-def twin_score_tables(meta: pd.DataFrame, x_twin: dict, folds, probe, test_index: np.ndarray,
-                      det=None, **extra) -> dict[int, pd.DataFrame]:
+def twin_score_tables(cfg: DictConfig, det, meta: pd.DataFrame, x_twin: dict, folds, test_index: np.ndarray,
+                      default_root_dir=None) -> dict[int, pd.DataFrame]:
     """The run's detector (same configuration, seed and ``l2``) on each twin's features, same folds.
 
-    ``probe`` is :func:`probe_settings` of the run; ``extra`` goes to
-    :func:`ipi.probe.crossfit.cross_fit` (root dir). ``det`` other than ``logistic`` (a
-    hidden-state detector of :mod:`ipi.detectors`) is cross-fitted by
-    :func:`ipi.detectors.fitting.cross_fit_detector` instead. No baselines and no permutation
-    test: the twins enter only check 6 (E3 − max over twin seeds).
+    Cross-fitted by :func:`ipi.run.detection.fit_detector` without baselines and without the
+    permutation test: the twins enter only check 6 (E3 − max over twin seeds).
 
     Returns:
         ``{seed: score table}`` on the probe's out-of-fold rows (``trajectory_id, step, variant, score``).
@@ -408,18 +404,12 @@ def twin_score_tables(meta: pd.DataFrame, x_twin: dict, folds, probe, test_index
     Raises:
         RuntimeError: A twin's out-of-fold rows differ from the probe's.
     """
-    pcfg, l2, l2_grid = probe
     out = {}
     for seed, xt in x_twin.items():
-        if det is not None and det.name != "logistic":
-            fits = cross_fit_detector(det, meta, xt, folds)
-        else:
-            fits = cross_fit(meta, xt, folds, probe_cfg=pcfg, l2=l2, l2_grid=l2_grid, **extra)
+        fits = fit_detector(cfg, det, meta, xt, folds, baselines=False, default_root_dir=default_root_dir)
         if not np.array_equal(fits.test_index, test_index):
             raise RuntimeError(f"random twin seed {seed}: its out-of-fold rows differ from the probe's")
-        tbl = meta.iloc[test_index][["trajectory_id", "step", "variant"]].reset_index(drop=True)
-        tbl["score"] = fits.test_scores if getattr(fits, "test_scores", None) is not None else fits.probe_scores(xt)
-        out[seed] = tbl
+        out[seed] = fits.score_table(meta)
     return out
 
 
@@ -456,18 +446,6 @@ def transfer_source(cfg: DictConfig, trajectories, surfaces: list[str], wording,
     return TransferSource.from_rows(pd.concat(src_meta, ignore_index=True), np.concatenate(src_x)), infos
 
 
-def probe_settings(probe: DictConfig, seed: int) -> tuple[ProbeConfig, float, list[float] | None]:
-    """``(ProbeConfig, l2, l2_grid)`` of ``cfg.probe`` (PROTOCOL.md §4; docs/probe.md).
-
-    ``probe.l2: auto`` selects C by inner CV per fold over ``l2_grid``; the baselines keep 1.0.
-    """
-    auto_l2 = probe.l2 == "auto"
-    l2 = 1.0 if auto_l2 else float(probe.l2)
-    l2_grid = list(probe.l2_grid) if auto_l2 else None
-    return (ProbeConfig(l2=l2, max_iter=probe.max_iter, tol=probe.tol, seed=seed,
-                        solver=_value(probe.get("solver", "newton"))), l2, l2_grid)
-
-
 def assess_settings(ev: DictConfig, pretrained: bool | None = None, *, constructed: bool = False,
                     required_controls: tuple[str, ...] | None = None,
                     heldout_wording: bool | None = None) -> Settings:
@@ -493,30 +471,20 @@ def make_loggers(cfg: DictConfig) -> list:
 METADATA_COLUMNS = ["step", "horizon", "prompt_len", "delta_prompt_len"]
 
 
-def fit_folds(cfg: DictConfig, meta: pd.DataFrame, x: np.ndarray, features, layers: list[int], folds, probe,
-              det=None, x_det: np.ndarray | None = None, **extra):
-    """The probe and its baselines on the same training rows of every fold (PROTOCOL.md §4–§6).
+def fit_folds(cfg: DictConfig, meta: pd.DataFrame, x: np.ndarray, features, layers: list[int], folds, det,
+              transfer: TransferSource | None = None, **extra) -> CrossFit:
+    """The detector and its baselines on the same training rows of every fold (PROTOCOL.md §4–§6).
 
     C1 on the row metadata, C2 collapse only, the permuted-label fit and the permutation test
-    as ``cfg.evaluation`` asks; ``extra`` goes to :func:`ipi.probe.crossfit.cross_fit` (transfer
-    source, logger, root dir). Leakage is asserted per fold on ids and on the rows of every fit.
-
-    ``det`` (:func:`ipi.run.detection.build_detector`) other than ``logistic`` is cross-fitted by
-    :func:`ipi.run.detection.fit_detector` on ``x_det`` (its own features; default ``x``) with the
-    same baselines and permutation labels (docs/detectors.md).
+    as ``cfg.evaluation`` asks, through :func:`ipi.run.detection.fit_detector` (the one
+    :func:`ipi.detectors.crossfit.cross_fit`); ``x`` are the detector's features (hidden states,
+    or its own attention features); ``extra``: logger, root dir. Leakage is asserted per fold on
+    ids and on the rows of every fit (docs/detectors.md).
     """
-    pcfg, l2, l2_grid = probe
-    ev = cfg.evaluation
     li = [features.layers.index(i) for i in layers]
     metadata = meta[METADATA_COLUMNS].to_numpy(dtype=np.float64)
-    collapse = features.collapse[:, li].double().numpy() if ev.collapse_only else None
-    if det is not None and det.name != "logistic":
-        return fit_detector(cfg, det, meta, x if x_det is None else x_det, folds, metadata=metadata,
-                            collapse=collapse, transfer=extra.get("transfer"), l2=1.0)
-    return cross_fit(meta, x, folds, probe_cfg=pcfg, metadata=metadata, collapse=collapse,
-                     permuted=ev.permuted, permute_seed=cfg.seed, l2=l2, l2_grid=l2_grid,
-                     permutation_m=ev.permutation.m if det is None else permutation_m(cfg, det),
-                     permutation_seed=ev.permutation.seed, **extra)
+    collapse = features.collapse[:, li].double().numpy() if cfg.evaluation.collapse_only else None
+    return fit_detector(cfg, det, meta, x, folds, metadata=metadata, collapse=collapse, transfer=transfer, **extra)
 
 
 def fold_sides(folds) -> tuple[set | None, set]:
@@ -571,16 +539,21 @@ def run_record(cfg: DictConfig, layers: list[int], groups: list[str], n_features
     }
 
 
-def score_test_rows(fits, x: np.ndarray, callbacks: list, loggers: list) -> None:
-    """Score every fold's test rows with that fold's probe through ``Trainer.predict``; the callbacks write."""
+def score_test_rows(fits: CrossFit, x: np.ndarray, callbacks: list, loggers: list) -> None:
+    """Score every fold's test rows through ``Trainer.predict``; the callbacks write.
+
+    A detector with ``folded`` (the logistic probe) is run as its fold models' Lightning module
+    on ``x``; any other hands its out-of-fold scores (:class:`ipi.detectors.crossfit.DetectorScores`).
+    """
     te = fits.test_index
     trainer = L.Trainer(accelerator="cpu", devices=1, logger=loggers or False, callbacks=callbacks,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
-    if getattr(fits, "test_scores", None) is not None:  # a detector's out-of-fold scores (docs/detectors.md)
+    model = fits.fitted[0]
+    if not hasattr(model, "folded"):  # out-of-fold scores as they are (docs/detectors.md)
         trainer.predict(DetectorScores(fits.test_scores),
                         DataLoader(TensorDataset(torch.arange(len(te))), batch_size=4096), return_predictions=False)
         return
     x_te = torch.from_numpy(np.ascontiguousarray(x[te], dtype=np.float64))
     fold_te = torch.from_numpy(fits.fold_of_row[te])
-    trainer.predict(FoldedProbe(fits.probes), DataLoader(TensorDataset(x_te, fold_te), batch_size=4096),
+    trainer.predict(model.folded(fits.fitted), DataLoader(TensorDataset(x_te, fold_te), batch_size=4096),
                     return_predictions=False)

@@ -17,7 +17,13 @@ from omegaconf import DictConfig
 from ipi.attacks.pool import project_pool
 from ipi.run.config import enum_value as _value
 from ipi.run.config import run_surface, to_container
-from ipi.run.detection import attention_matrix, attention_transfer_source, build_detector, detector_record
+from ipi.run.detection import (
+    attention_matrix,
+    attention_transfer_source,
+    build_detector,
+    detector_record,
+    fit_detector,
+)
 from ipi.evaluation.assess import ScoreTables, assess
 from ipi.evaluation.by_source import attack_record
 from ipi.evaluation.callbacks import EstimandsCallback
@@ -26,7 +32,6 @@ from ipi.extraction.forward import extract_features, transfer_rows
 from ipi.extraction.twin_pass import extract_twin_features
 from ipi.io import atomic_write_text
 from ipi.metrics.keys import RANDOM_TWIN, SPLIT_REPEATS
-from ipi.probe.crossfit import cross_fit
 from ipi.progress import track
 from ipi.protocol import TOKEN_GROUPS
 from ipi.reporting.report import write_run_report
@@ -47,7 +52,6 @@ from ipi.run.stages import (
     make_rows,
     output_dir,
     prepare,
-    probe_settings,
     row_table,
     run_counts,
     run_info,
@@ -93,7 +97,7 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
     if features is None:  # a non-zero DDP rank: rank 0 evaluates
         return {}, {"extraction": info}
     meta, x = row_table(rows, features), select_features(features, layers, groups)
-    det, x_det, infos_att = build_detector(cfg), None, {}
+    det, x_det, infos_att = build_detector(cfg), x, {}
     if det.input == "attention":  # the detector's own cached extraction (docs/detectors.md)
         x_det, infos_att[surface], det = attention_matrix(cfg, det, rows, layers)
     # The random-weight twins (verdict check 6; ipi.run.twin): the same rows through the same
@@ -112,12 +116,10 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
             cfg, det, sources, lambda s: make_rows(cfg, trajs, s, wording=plan), layers)
         infos_att.update(more)
 
-    probe, loggers = probe_settings(cfg.probe, cfg.seed), make_loggers(cfg)
-    fits = fit_folds(cfg, meta, x, features, layers, folds, probe, det=det, x_det=x_det, transfer=transfer_src,
-                     **({"logger": loggers[0] if loggers else None, "default_root_dir": str(out_dir)}
-                        if det.name == "logistic" else {}))
-    twin_tables = twin_score_tables(meta, x_twin, folds, probe, fits.test_index, det=det,
-                                    default_root_dir=str(out_dir))
+    loggers = make_loggers(cfg)
+    fits = fit_folds(cfg, meta, x_det, features, layers, folds, det, transfer=transfer_src,
+                     logger=loggers[0] if loggers else None, default_root_dir=out_dir)
+    twin_tables = twin_score_tables(cfg, det, meta, x_twin, folds, fits.test_index, default_root_dir=out_dir)
     transfer = {"train_surfaces": sources, "test_surface": surface} if transfer_src is not None else None
     extra = {"counts": run_counts(trajs, meta, rows, fits, folds, step_skips, traj_skips),
              "run": {**run_record(cfg, layers, groups, int(x.shape[1]), folds, transfer,
@@ -127,7 +129,8 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
     extra["run"]["backbone_weights"] = backbone_weights(cfg)  # pretrained | random | constructed
     pool = attack_pool(cfg)
     if pool.digest != project_pool().digest:  # the default bank adds nothing: its results.json is unchanged
-        extra["run"]["attack"] = attack_source_record(cfg, pool, rows, meta, x, fits, det, folds, plan, probe)
+        extra["run"]["attack"] = attack_source_record(cfg, pool, rows, meta, x_det, fits, det,
+                                                      plan)
     if infos_att:
         extra["run"]["attention_cache_keys"] = {s: i["cache_key"] for s, i in infos_att.items()}
 
@@ -155,10 +158,10 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
     if cfg.split.repeats > 1:  # re-rolled splits beside the pre-registered one (docs/estimands.md)
         seeds = [cfg.split.seed + i for i in range(cfg.split.repeats)]
         extra[SPLIT_REPEATS] = {"seeds": seeds, "results": [
-            evaluate_split(cfg, trajs, s, layers, groups, probe, settings) for s in track(seeds[1:], "split.repeats")]}
+            evaluate_split(cfg, trajs, s, layers, groups, settings) for s in track(seeds[1:], "split.repeats")]}
     rep = ReportCallback(est, out_dir, extra, config=to_container(cfg), gallery=gallery, plots=cfg.report.plots,
                          html=cfg.report.html, before_results=write_side_files)
-    score_test_rows(fits, x, [est, rep], loggers)
+    score_test_rows(fits, x_det, [est, rep], loggers)
 
     elapsed = time.perf_counter() - t0
     log.info("extraction: cache %s (%d rows forwarded), %.1f MB on disk (python -m ipi.tools.cache list); "
@@ -166,51 +169,46 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
              info["cache_bytes"] / 2**20, elapsed)
     for lg in loggers:
         lg.finalize("success")
-    probe = fits.probes[0] if len(fits.probes) == 1 else fits.probes
-    return rep.results, {"probe": probe, "probes": fits.probes, "folds": folds, "scores": est.scores,
+    fitted = fits.fitted[0] if len(fits.fitted) == 1 else fits.fitted
+    return rep.results, {"detector": fitted, "fitted": fits.fitted, "folds": folds, "scores": est.scores,
                          "baselines": fits.baselines, "extraction": info, "elapsed_s": elapsed}
 
 
-def attack_source_record(cfg: DictConfig, pool, rows, meta, x, fits, det, folds, plan, probe) -> dict:
-    """``run.attack`` (:func:`ipi.evaluation.by_source.attack_record`) of a run on a published source."""
-    cols = ["trajectory_id", "step", "variant"]
-    table = meta.iloc[fits.test_index][cols].reset_index(drop=True)
-    table["score"] = fits.probe_scores(x) if det.name == "logistic" else fits.test_scores
+def attack_source_record(cfg: DictConfig, pool, rows, meta, x, fits, det, plan) -> dict:
+    """``run.attack`` (:func:`ipi.evaluation.by_source.attack_record`) of a run on a published source.
+
+    The source × source transfer table (wording held out by source) refits the run's detector on
+    the detector's features ``x`` (:func:`ipi.run.detection.fit_detector` without baselines).
+    """
     rows_meta = [{**r.metadata(), **r.variant.meta} for r in rows]
-    pcfg, l2, l2_grid = probe
 
     def fit_score(train_ids: set, test_ids: set):  # the rows of these trajectories only
         sel = meta["trajectory_id"].astype(str).isin(train_ids | test_ids).to_numpy()
-        m, xs = meta[sel].reset_index(drop=True), x[sel]
-        cf = cross_fit(m, xs, [(train_ids, test_ids)], probe_cfg=pcfg, l2=l2, l2_grid=l2_grid)
-        t = m.iloc[cf.test_index][cols].reset_index(drop=True)
-        t["score"] = cf.probe_scores(xs)
-        return t
+        m = meta[sel].reset_index(drop=True)
+        return fit_detector(cfg, det, m, x[sel], [(train_ids, test_ids)], baselines=False).score_table(m)
 
     settings = assess_settings(cfg.evaluation, pretrained=bool(cfg.backbone.pretrained))
-    return attack_record(pool, rows_meta, table, settings, plan=plan, seed=cfg.split.seed,
-                         fit_score=fit_score if det.name == "logistic" else None)
+    return attack_record(pool, rows_meta, fits.score_table(meta), settings, plan=plan, seed=cfg.split.seed,
+                         fit_score=fit_score if getattr(det, "trainable", True) else None)
 
 
-def evaluate_split(cfg: DictConfig, trajs, seed: int, layers, groups, probe, settings) -> dict:
+def evaluate_split(cfg: DictConfig, trajs, seed: int, layers, groups, settings) -> dict:
     """Results of the run on the split of ``seed`` (``split.repeats``), as a dict.
 
     The same pipeline as the pre-registered split — held-out wording families of that split
     (so its own rows and cache entry), probe, C1, collapse-only and permuted baselines, and the
     same assessment (:func:`ipi.evaluation.assess.assess` with the run's ``settings``: shared
     bootstrap draws, verdict, reportability) — without the transfer probe (it does not enter the
-    verdict) and the random twins. ``probe`` is :func:`ipi.run.stages.probe_settings` of the run.
+    verdict) and the random twins.
     """
     folds, plan = split_folds(cfg, trajs, seed)
     rows = make_rows(cfg, trajs, _value(cfg.surface.name), wording=plan)
     features, _ = extract_features(extract_settings(cfg), rows, layers, list(TOKEN_GROUPS))
     meta, x = row_table(rows, features), select_features(features, layers, groups)
     det = build_detector(cfg)
-    x_det = attention_matrix(cfg, det, rows, layers)[0] if det.input == "attention" else None
-    fits = fit_folds(cfg, meta, x, features, layers, folds, probe, det=det, x_det=x_det)
-    table = meta.iloc[fits.test_index][["trajectory_id", "step", "variant"]].reset_index(drop=True)
-    table["score"] = fits.probe_scores(x) if det.name == "logistic" else fits.test_scores
-    return assess(ScoreTables(table, fits.baselines, permutation=fits.permutation_input()), settings).to_dict()
+    x_det = attention_matrix(cfg, det, rows, layers)[0] if det.input == "attention" else x
+    fits = fit_folds(cfg, meta, x_det, features, layers, folds, det)
+    return assess(ScoreTables(fits.score_table(meta), fits.baselines, permutation=fits.permutation_input()), settings).to_dict()
 
 
 @task_wrapper

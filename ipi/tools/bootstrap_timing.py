@@ -232,7 +232,7 @@ def bench_permutation(n_train: int = 1000, n_test: int = 600, n_features: int = 
     per step (``n_train`` training rows), Gaussian features with a trajectory effect and an
     attack shift along a random direction, float32 as the activation cache stores them. Timed:
 
-    * **ours** — what ``train.py`` runs (:func:`ipi.probe.crossfit.cross_fit`):
+    * **ours** — what ``train.py`` runs (:func:`ipi.detectors.crossfit.cross_fit`):
       :class:`ipi.probe.dual.ReducedDesign` (standardise, Gram matrices, eigen decomposition —
       once), then all ``m`` refits on labels permuted within each (trajectory, step) in one
       :func:`ipi.probe.dual.fit_reduced_batch` call, and the test rows scored;

@@ -2,10 +2,11 @@
 
 Generates **feature-level** datasets with the protocol's structure (PROTOCOL.md §2–§3) under
 known truths, runs the project's real pipeline pieces on each — trajectory split
-(:func:`~ipi.probe.crossfit.make_folds`), the Lightning :class:`~ipi.probe.LinearProbe` via
-:func:`~ipi.probe.fit_probe`, the C1 metadata baseline, the permuted-label probe and the
-collapse-only probe (all through :func:`~ipi.probe.crossfit.cross_fit`, the function
-``train.py`` uses, including the M = 199 permuted-label refits of verdict check 4's exact
+(:func:`~ipi.probe.folds.make_folds`), the Lightning :class:`~ipi.probe.LinearProbe` via
+:func:`~ipi.probe.fit_probe` (the :class:`~ipi.detectors.linear.LogisticDetector` of
+``probe.l2``, seed 0), the C1 metadata baseline, the permuted-label probe and the
+collapse-only probe (all through :func:`~ipi.detectors.crossfit.cross_fit`, the one fold loop
+``train.py`` runs for every detector, including the M = 199 permuted-label refits of verdict check 4's exact
 permutation test), and the one assessment path :func:`~ipi.evaluation.assess.assess` (estimands,
 verdict, reportability) — and reports:
 
@@ -82,8 +83,9 @@ from ipi.evaluation.assess import DEFAULTS, ScoreTables, Settings, assess
 from ipi.evaluation.verdict import CLAIM_DETECTS, CLAIM_NONE
 from ipi.io import atomic_write_text
 from ipi.metrics.compare import Estimates
-from ipi.probe.crossfit import cross_fit, make_folds
-from ipi.probe.fit import ProbeConfig
+from ipi.detectors.crossfit import cross_fit
+from ipi.detectors.linear import LogisticDetector
+from ipi.probe.folds import make_folds
 from ipi.progress import quiet_lightning
 from ipi.protocol import CONTROLS, VARIANTS
 from ipi.reporting.sweep import claim_p_values, familywise, twin_e3_networks
@@ -465,24 +467,23 @@ def run_dataset(p: SimParams, truth: str, index: int, seed: int, key: tuple | No
     perm_seed, boot_seed = (int(v) for v in rng.integers(0, 2**31 - 1, size=2))
     null_seed = int(rng.integers(0, 2**31 - 1))
     md = meta[["step", "horizon", "prompt_len", "delta_prompt_len"]].to_numpy(dtype=np.float64)
-    fits = cross_fit(meta, x, folds, probe_cfg=ProbeConfig(l2=pt.l2, seed=0), metadata=md, collapse=collapse,
-                     permuted=True, permute_seed=perm_seed, l2=pt.l2, permutation_m=pt.permutation_m,
-                     permutation_seed=null_seed)
-    main_table = meta.iloc[fits.test_index][["trajectory_id", "step", "variant"]].reset_index(drop=True)
-    main_table["score"] = fits.probe_scores(x)
+    probe = LogisticDetector(l2=pt.l2, seed=0)
+    fits = cross_fit(probe, meta, x, folds, metadata=md, collapse=collapse, permuted=True, permute_seed=perm_seed,
+                     l2=pt.l2, permutation_m=pt.permutation_m, permutation_seed=null_seed)
+    main_table = fits.score_table(meta)
     # The random-weight twins: the same probe on the same folds (verdict check 6).
     twin_tables, twin_w = {}, []
     for j, xt in enumerate(x_twins, start=1):
-        tf = cross_fit(meta, xt, folds, probe_cfg=ProbeConfig(l2=pt.l2, seed=0), l2=pt.l2)
+        tf = cross_fit(probe, meta, xt, folds, l2=pt.l2)
         tbl = main_table[["trajectory_id", "step", "variant"]].copy()
-        tbl["score"] = tf.probe_scores(xt)
+        tbl["score"] = tf.test_scores
         twin_tables[j] = tbl
-        twin_w.append(tf.probes[0].effective_weights()[0].detach().numpy())
+        twin_w.append(tf.fitted[0].probe_.effective_weights()[0].detach().numpy())
     assessed = assess(ScoreTables(main_table, fits.baselines, twin_tables or None, fits.permutation_input()),
                       Settings(n_boot=pt.n_boot, seed=boot_seed, pretrained=True if twin_tables else None,
                                min_clusters=pt.min_clusters, heldout_wording=pt.heldout_wording))
     v, perm = assessed.verdict, assessed.estimates.permutation
-    w, _ = fits.probes[0].effective_weights()
+    w, _ = fits.fitted[0].probe_.effective_weights()
     p_trained = pt.twin(trained[1]) if trained is not None else pt
     # The analytic truth is one probe's; K-fold scores come from k probes (no single target).
     truth_vals = (true_estimands(w.detach().numpy(), p_trained, dirs, test_templates) if holdout
@@ -566,10 +567,9 @@ def coverage_dataset(p: SimParams, n_test: int, index: int, seed: int,
     folds, plan, template_of, test_templates = _split_and_templates(pt, rng, n)
     meta, x, _, dirs = simulate_dataset(pt, rng, template_of=template_of)
     boot_seed = int(rng.integers(0, 2**31 - 1))
-    fits = cross_fit(meta, x, folds, probe_cfg=ProbeConfig(l2=pt.l2, seed=0), l2=pt.l2)
-    table = meta.iloc[fits.test_index][["trajectory_id", "step", "variant"]].reset_index(drop=True)
-    table["score"] = fits.probe_scores(x)
-    w, _ = fits.probes[0].effective_weights()
+    fits = cross_fit(LogisticDetector(l2=pt.l2, seed=0), meta, x, folds, l2=pt.l2)
+    table = fits.score_table(meta)
+    w, _ = fits.fitted[0].probe_.effective_weights()
     truth_vals = true_estimands(w.detach().numpy(), pt, dirs, test_templates)
     covered, width = {}, {}
     for method in intervals:

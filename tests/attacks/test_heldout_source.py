@@ -14,7 +14,7 @@ from ipi.attacks.pool import AttackPool, pool_from_config
 from ipi.attacks.source import BenignText, Goal, Template
 from ipi.evaluation.by_source import estimands_by, row_counts, step_attribute, transfer_table
 from ipi.evaluation.results import Settings
-from ipi.probe.crossfit import make_folds
+from ipi.probe.folds import make_folds
 from ipi.attacks.wording import source_owner, source_wording_plan, wording_overlap
 
 REPO = Path(__file__).resolve().parents[2]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ipi.probe.crossfit import make_folds
+from ipi.probe.folds import make_folds
 from ipi.surfaces.bank import (
     ATTACK_GOAL_LIST,
     ATTACK_TEMPLATES,

@@ -109,15 +109,15 @@ def test_mlp_is_seeded_early_stopped_and_learns():
 
 
 def test_refit_null_uses_the_probe_permutations_and_refits_the_detector():
-    """cross_fit_detector: check 4's null comes from M refits of the detector on labels permuted
+    """cross_fit: check 4's null comes from M refits of the detector on labels permuted
     within each training (trajectory, step), drawn as the probe's (same seed -> same labels)."""
-    from ipi.detectors import DiffMeansDetector, cross_fit_detector
+    from ipi.detectors import DiffMeansDetector, cross_fit
     from ipi.metrics.permutation import permute_within
-    from ipi.probe.crossfit import make_folds
+    from ipi.probe.folds import make_folds
 
     meta, x = _grouped_data()
     folds = make_folds(meta.trajectory_id, "holdout", test_fraction=0.3, seed=0)
-    fits = cross_fit_detector(DiffMeansDetector(), meta, x, folds, permuted=True, permutation_m=5,
+    fits = cross_fit(DiffMeansDetector(), meta, x, folds, permuted=True, permutation_m=5,
                               permutation_seed=3)
     assert fits.null_scores.shape == (5, len(fits.test_index))
     # replicate 0 by hand
@@ -142,8 +142,8 @@ def test_refit_null_uses_the_probe_permutations_and_refits_the_detector():
 def test_attention_heads_are_chosen_on_training_trajectories_only():
     """Changing the test trajectories' attention leaves the chosen heads (and the training-side
     AUCs) unchanged; changing the training trajectories' attention changes them."""
-    from ipi.detectors import AttentionFocusDetector, cross_fit_detector
-    from ipi.probe.crossfit import make_folds
+    from ipi.detectors import AttentionFocusDetector, cross_fit
+    from ipi.probe.folds import make_folds
 
     rng = np.random.default_rng(0)
     meta, _ = _grouped_data(n_traj=16, steps=3)
@@ -156,19 +156,19 @@ def test_attention_heads_are_chosen_on_training_trajectories_only():
     train_ids, test_ids = folds[0]
     is_te = meta.trajectory_id.isin(test_ids).to_numpy()
     det = AttentionFocusDetector(top_k=2)
-    base = cross_fit_detector(det, meta, r, folds).probes[0]
+    base = cross_fit(det, meta, r, folds).fitted[0]
     assert set(base.heads_) == {3, 7}
 
     r_test = r.copy()
     r_test[is_te & attack, 0] -= 0.9  # a head that separates perfectly, but only on TEST rows
     r_test[is_te] = r_test[is_te][:, rng.permutation(heads)]  # and scramble the rest of the test rows
-    moved = cross_fit_detector(det, meta, r_test, folds).probes[0]
+    moved = cross_fit(det, meta, r_test, folds).fitted[0]
     np.testing.assert_array_equal(moved.heads_, base.heads_)
     np.testing.assert_array_equal(moved.train_auc_, base.train_auc_)
 
     r_train = r.copy()
     r_train[~is_te & attack, 0] -= 0.9  # the same head, now on TRAINING rows
-    changed = cross_fit_detector(det, meta, r_train, folds).probes[0]
+    changed = cross_fit(det, meta, r_train, folds).fitted[0]
     assert 0 in set(changed.heads_)
 
 

@@ -15,7 +15,7 @@ from tests.conftest import (
 @pytest.mark.needs_shared
 def test_a_trajectory_on_both_sides_is_refused(tmp_path, syn_root, reference, one_thread, monkeypatch):
     from ipi.run import tasks
-    from ipi.probe import crossfit
+    from ipi.probe import folds as crossfit
     from ipi.probe.split import LeakageError
 
     (tmp_path / "cache").symlink_to(reference / "cache")

@@ -140,7 +140,7 @@ def test_train_end_to_end_and_cache_reuse(tmp_path):
     scores_k = pd.read_csv(run / "scores.csv")
     assert scores_k.trajectory_id.nunique() == 4 and len(scores_k) == counts["rows"]
     assert not scores_k.duplicated(["trajectory_id", "step", "variant"]).any()
-    assert len(objs_k["probes"]) == 2 and res_k["bootstrap"]["n_clusters"] == 4
+    assert len(objs_k["fitted"]) == 2 and res_k["bootstrap"]["n_clusters"] == 4
     assert res_k["counts"]["trajectories_test"] == 4 and len(res_k["counts"]["folds"]) == 2
     assert res_k["run"]["split"].startswith("kfold k=2")
     assert res_k["run"]["wording"]["overlap"] == 0 and len(res_k["run"]["wording"]["per_fold"]) == 2

@@ -14,8 +14,9 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 from ipi.evaluation.spread import split_spread
-from ipi.probe.crossfit import cross_fit, make_folds, select_l2
-from ipi.probe.fit import ProbeConfig
+from ipi.detectors.crossfit import cross_fit
+from ipi.detectors.linear import LogisticDetector
+from ipi.probe.folds import make_folds, select_l2
 from tests.conftest import compose_train
 
 
@@ -61,7 +62,7 @@ def test_select_l2_is_the_grouped_inner_cv_argmax():
 
 
 def test_auto_l2_sees_training_trajectories_only(monkeypatch):
-    import ipi.probe.crossfit as cf
+    import ipi.detectors.linear as cf
 
     meta, x = _data(n_traj=12, d=20)
     folds = make_folds(meta.trajectory_id.unique(), "kfold", k=3, seed=0)
@@ -73,7 +74,7 @@ def test_auto_l2_sees_training_trajectories_only(monkeypatch):
         return real(xx, yy, groups, grid, **kw)
 
     monkeypatch.setattr(cf, "select_l2", spy)
-    fits = cross_fit(meta, x, folds, probe_cfg=ProbeConfig(), l2_grid=[0.01, 1.0])
+    fits = cross_fit(LogisticDetector(l2_grid=(0.01, 1.0)), meta, x, folds)
     assert len(seen) == 3
     for (train, test), groups, info in zip(folds, seen, fits.per_fold):
         assert groups == set(train) and not groups & set(test)

@@ -27,7 +27,9 @@ from ipi.evaluation.verdict import (
 from ipi.metrics.auc import weighted_auc
 from ipi.metrics import estimands, evaluate_tables
 from ipi.metrics.permutation import null_tolerance, permutation_summary, permute_within
-from ipi.probe.crossfit import cross_fit, make_folds
+from ipi.detectors.crossfit import cross_fit
+from ipi.detectors.linear import LogisticDetector
+from ipi.probe.folds import make_folds
 from ipi.probe.dual import ReducedDesign, fit_reduced
 from ipi.probe.fit import ProbeConfig, fit_probe, fit_sklearn_reference, score
 from tests.conftest import REPO
@@ -129,14 +131,14 @@ def _e1(table_meta, scores):
 def test_cross_fit_permutation_refits_are_exact(kind):
     meta, x = _dataset()
     folds = make_folds(meta.trajectory_id.unique(), kind, test_fraction=0.4, k=3, seed=1)
-    cfg = ProbeConfig(l2=1.0)
-    fits = cross_fit(meta, x, folds, probe_cfg=cfg, permutation_m=5, permutation_seed=3)
+    probe = LogisticDetector(l2=1.0)
+    fits = cross_fit(probe, meta, x, folds, permutation_m=5, permutation_seed=3)
     te = meta.iloc[fits.test_index].reset_index(drop=True)
     assert fits.null_scores.shape == (5, len(te))
     labelled = te.variant.isin(["clean", "attack"]).to_numpy()
     assert np.isfinite(fits.null_scores[:, labelled]).all() and np.isnan(fits.null_scores[:, ~labelled]).all()
     # the refit on true labels reproduces the Lightning probe
-    assert abs(_e1(te, fits.permutation["refit_scores"]) - _e1(te, fits.probe_scores(x))) <= 1e-4
+    assert abs(_e1(te, fits.permutation["refit_scores"]) - _e1(te, fits.test_scores)) <= 1e-4
     # replicate 0 is a scikit-learn refit of every fold on the within-step permuted labels
     lab = meta.variant.isin(["clean", "attack"]).to_numpy()
     lm = meta[lab]
@@ -152,16 +154,15 @@ def test_cross_fit_permutation_refits_are_exact(kind):
     assert abs(_e1(te, fits.null_scores[0]) - _e1(te, exp)) <= 1e-4
     np.testing.assert_allclose(fits.null_scores[0][labelled], exp[labelled], atol=1e-5)
     # seeded: the same seed gives the same null
-    again = cross_fit(meta, x, folds, probe_cfg=cfg, permutation_m=5, permutation_seed=3)
+    again = cross_fit(probe, meta, x, folds, permutation_m=5, permutation_seed=3)
     np.testing.assert_array_equal(again.null_scores, fits.null_scores)
 
 
 def test_permutation_null_is_centred_and_detects_signal():
     meta, x = _dataset(n_traj=20, shift=3.0, seed=4)
     folds = make_folds(meta.trajectory_id.unique(), "holdout", test_fraction=0.4, seed=0)
-    fits = cross_fit(meta, x, folds, probe_cfg=ProbeConfig(), permutation_m=99, permutation_seed=0)
-    table = meta.iloc[fits.test_index][["trajectory_id", "step", "variant"]].reset_index(drop=True)
-    table["score"] = fits.probe_scores(x)
+    fits = cross_fit(LogisticDetector(), meta, x, folds, permutation_m=99, permutation_seed=0)
+    table = fits.score_table(meta)
     res = evaluate_tables(table, n_boot=100, permutation=fits.permutation_input())
     perm = res["permutation"]
     assert res["bootstrap"]["n_clusters"] == 8

@@ -9,9 +9,10 @@ import pytest
 
 from ipi.metrics import evaluate_tables
 from ipi.metrics.permutation import permute_within
-from ipi.probe.crossfit import cross_fit, make_folds
+from ipi.detectors.crossfit import cross_fit
+from ipi.detectors.linear import LogisticDetector
 from ipi.probe.dual import ReducedDesign, fit_reduced, fit_reduced_batch
-from ipi.probe.fit import ProbeConfig
+from ipi.probe.folds import make_folds
 
 
 def _design(n, d, m_test=40, seed=0, shift=0.7, balanced=False):
@@ -79,7 +80,7 @@ def test_permutation_p_value_unchanged_by_batching(kind, d):
     meta, x = _dataset(d=d)
     folds = make_folds(meta.trajectory_id.unique(), kind, test_fraction=0.4, k=3, seed=2)
     m, seed = 19, 7
-    fits = cross_fit(meta, x, folds, probe_cfg=ProbeConfig(l2=1.0), permutation_m=m, permutation_seed=seed)
+    fits = cross_fit(LogisticDetector(l2=1.0), meta, x, folds, permutation_m=m, permutation_seed=seed)
     # sequential: per replicate one within-(trajectory, step) permutation of all labelled rows,
     # per fold fit_reduced on the fold's training rows, scores of its labelled test rows
     lab = np.flatnonzero(meta.variant.isin(["clean", "attack"]).to_numpy())
@@ -105,8 +106,7 @@ def test_permutation_p_value_unchanged_by_batching(kind, d):
     assert np.array_equal(both, np.isfinite(fits.null_scores))
     np.testing.assert_allclose(fits.null_scores[both], null[both], rtol=0,
                                atol=1e-8 * max(1.0, np.abs(null[both]).max()))
-    table = meta.iloc[fits.test_index][["trajectory_id", "step", "variant"]].reset_index(drop=True)
-    table["score"] = fits.probe_scores(x)
+    table = fits.score_table(meta)
     batched = evaluate_tables(table, n_boot=50, permutation=fits.permutation_input())["permutation"]
     sequential = evaluate_tables(table, n_boot=50, permutation={**fits.permutation_input(),
                                                                  "null_scores": null})["permutation"]

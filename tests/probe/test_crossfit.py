@@ -1,4 +1,5 @@
-"""Cross-fitting, K-fold out-of-fold scores, leakage, and the transfer probe (PROTOCOL.md §4, §6)."""
+"""Cross-fitting the logistic probe (:func:`ipi.detectors.crossfit.cross_fit`), K-fold out-of-fold scores,
+leakage, and the transfer probe (PROTOCOL.md §4, §6)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import pytest
 from sklearn.metrics import roc_auc_score
 
 from ipi.probe import LeakageError, fit_probe
-from ipi.probe.crossfit import FoldedProbe, TransferSource, check_folds, cross_fit, make_folds
+from ipi.detectors.crossfit import cross_fit
+from ipi.detectors.linear import LogisticDetector
+from ipi.probe.folds import FoldedProbe, TransferSource, check_folds, make_folds
 from ipi.probe.fit import score
 
 SURFACE_CODE = {"i_vis": 0.0, "i_dom": 1.0, "i_tool": 2.0}
@@ -43,7 +46,7 @@ def test_kfold_scores_every_trajectory_exactly_once_out_of_fold():
     md = np.c_[meta.step, meta.step + 3, 100 + meta.step, np.zeros(len(meta))].astype(float)
     folds = make_folds(meta.trajectory_id, "kfold", k=3, seed=1)
     rec = Recorder()
-    fits = cross_fit(meta, x, folds, metadata=md, collapse=x[:, 2:4], permuted=True, fit_fn=rec)
+    fits = cross_fit(LogisticDetector(fit_fn=rec), meta, x, folds, metadata=md, collapse=x[:, 2:4], permuted=True)
     # Every row is scored exactly once, by the fold whose test set holds its trajectory.
     assert np.array_equal(fits.test_index, np.arange(len(meta)))
     test_of = {t: k for k, (_, te) in enumerate(folds) for t in te}
@@ -56,14 +59,15 @@ def test_kfold_scores_every_trajectory_exactly_once_out_of_fold():
         assert seen == set(train_ids) and not seen & set(test_ids)
         assert len(rec.calls[2 * k][0]) == 2 * 4 * len(train_ids)
     # Out-of-fold probe scores equal scoring each row with its own fold's probe.
-    oof = fits.probe_scores(x)
-    for k, probe in enumerate(fits.probes):
+    oof = fits.test_scores
+    probes = [d.probe_ for d in fits.fitted]
+    for k, probe in enumerate(probes):
         sel = fits.fold_of_row == k
         assert np.allclose(oof[sel], score(probe, x[sel]), atol=0, rtol=0)
     # FoldedProbe (the module train.py predicts with) gives the same scores.
     import torch
 
-    folded = FoldedProbe(fits.probes)
+    folded = FoldedProbe(probes)
     with torch.no_grad():
         got = folded(torch.from_numpy(x), torch.from_numpy(fits.fold_of_row)).numpy()
     assert np.allclose(got, oof, rtol=0, atol=1e-12)
@@ -91,7 +95,7 @@ def test_planted_leak_raises():
     leaked = next(iter(folds[0][1]))
     bad = [(folds[0][0] | {leaked}, folds[0][1])] + folds[1:]
     with pytest.raises(LeakageError, match=leaked):
-        cross_fit(meta, x, bad)
+        cross_fit(LogisticDetector(), meta, x, bad)
     # A trajectory in two test folds.
     t = next(iter(folds[1][1]))
     bad2 = [(folds[0][0] - {t}, folds[0][1] | {t})] + folds[1:]
@@ -110,7 +114,7 @@ def test_transfer_trains_on_other_surfaces_train_rows_and_scores_run_surface_tes
     folds = make_folds(vis.trajectory_id, "holdout", test_fraction=0.3, seed=3)
     train_ids, test_ids = folds[0]
     rec = Recorder()
-    fits = cross_fit(vis, x_vis, folds, transfer=src, fit_fn=rec)
+    fits = cross_fit(LogisticDetector(fit_fn=rec), vis, x_vis, folds, transfer=src)
     probe_x, _ = rec.calls[0]
     transfer_x, transfer_y = rec.calls[1]
     # The probe trains on i_vis rows of training trajectories; the transfer probe only on
@@ -129,8 +133,7 @@ def test_transfer_trains_on_other_surfaces_train_rows_and_scores_run_surface_tes
     # Its E1 through evaluate_tables equals sklearn's AUC on those rows.
     from ipi.metrics import evaluate_tables
 
-    main = vis.iloc[fits.test_index][["trajectory_id", "step", "variant"]].reset_index(drop=True)
-    main["score"] = fits.probe_scores(x_vis)
+    main = fits.score_table(vis)
     res = evaluate_tables(main, fits.baselines, n_boot=50, seed=0)
     assert res["transfer"]["e1"]["estimate"] == pytest.approx(
         roc_auc_score((tab.variant == "attack").astype(int), tab.score), abs=1e-12)
@@ -150,7 +153,7 @@ def test_holdout_permuted_matches_previous_seeding():
     meta, x = _rows(n_traj=8)
     folds = make_folds(meta.trajectory_id, "holdout", test_fraction=0.25, seed=0)
     rec = Recorder()
-    fits = cross_fit(meta, x, folds, permuted=True, permute_seed=7, fit_fn=rec)
+    fits = cross_fit(LogisticDetector(fit_fn=rec), meta, x, folds, permuted=True, permute_seed=7)
     y = rec.calls[0][1]
     assert np.array_equal(rec.calls[1][1], np.random.default_rng(7).permutation(y))
     tr = meta.trajectory_id.isin(folds[0][0]) & meta.variant.isin(["clean", "attack"])

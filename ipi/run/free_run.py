@@ -80,6 +80,19 @@ def _generation_cache_path(cache_dir: str, identity: dict) -> Path:
     return Path(cache_dir) / "generations" / f"{digest}.jsonl"
 
 
+def _to_accelerator(model, accelerator: str) -> None:
+    """Move a model built on the CPU to the GPU when ``extract.accelerator`` allows one and one exists
+    (a quantised or device-mapped model stays where its loader put it)."""
+    import torch
+
+    if str(accelerator) in ("cpu",) or not torch.cuda.is_available():
+        return
+    if getattr(model, "hf_device_map", None) or getattr(model, "is_quantized", False):
+        return
+    if all(p.device.type == "cpu" for p in model.parameters()):
+        model.to("cuda")
+
+
 def _claim(status_detail: tuple[str, str]) -> dict:
     return {"status": status_detail[0], "detail": status_detail[1]}
 
@@ -147,6 +160,7 @@ def run_behaviour(cfg: DictConfig, rows, fits, x: np.ndarray, layers: list[int],
 
     settings = extract_settings(cfg)
     backbone = build_backbone(settings.backbone["loader"], with_lm_head=True)
+    _to_accelerator(backbone.model, settings.accelerator)
     gen = GenerationSettings(max_new_tokens=int(b.max_new_tokens), batch_size=int(b.batch_size))
     cache = GenerationCache(_generation_cache_path(settings.cache_dir, backbone.identity))
     system_prompt = str(cfg.backbone.system_prompt)

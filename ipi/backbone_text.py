@@ -224,6 +224,7 @@ def build_tiny_qwen2_text(
     name: str = "tiny_qwen2_text",
     random_init_seed: int | None = None,
     max_layer: int | None = None,
+    with_lm_head: bool = False,
 ) -> Backbone:
     """The Qwen2 decoder (``Qwen2Model``, text-only) from a small config, seeded random weights.
 
@@ -240,6 +241,11 @@ def build_tiny_qwen2_text(
         random_init_seed: Build the random-weight twin with this seed in place of ``seed``
             (must differ from it).
         max_layer: Keep only decoder blocks ``0..max_layer`` (all are initialised first).
+        with_lm_head: Wrap the decoder in ``Qwen2ForCausalLM`` (free-run generation,
+            docs/behaviour.md): the decoder is the very ``Qwen2Model`` built without the head
+            (same seed, bit-identical weights and features); the head's own weights are drawn
+            after it from the same seed. Not part of the identity: it changes what is built,
+            never the features.
 
     Returns:
         The frozen text-only backbone (``multimodal=False``).
@@ -247,7 +253,7 @@ def build_tiny_qwen2_text(
     Raises:
         ValueError: ``random_init_seed == seed``.
     """
-    from transformers import Qwen2Config, Qwen2Model
+    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2Model
 
     from ipi.backbone import load_processor
 
@@ -264,6 +270,10 @@ def build_tiny_qwen2_text(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(seed))
         model = Qwen2Model(config)
+        if with_lm_head:  # the head around the decoder just built (its weights untouched)
+            lm = Qwen2ForCausalLM(config)
+            lm.model = model
+            model = lm
     _freeze(model)
     layers = keep_decoder_layers(model, None if max_layer is None else int(max_layer) + 1)
     return Backbone(

@@ -100,3 +100,24 @@ def test_smollm2_builds_and_hooks_match_hidden_states(trajectories):
     for j, k in enumerate(layers[:-1]):  # before the last block, layer k = hidden_states[k + 1]
         ref = hs[k + 1][0, t.groups["action"]].mean(0)
         torch.testing.assert_close(out["features"][0, j, gi], ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.needs_shared
+def test_tiny_text_backbone_with_lm_head_keeps_the_decoder_weights():
+    """with_lm_head wraps the very decoder built without it (features unchanged) and can generate."""
+    from ipi.backbone_text import build_tiny_qwen2_text
+    from ipi.behaviour.generate import check_can_generate
+    from tests.conftest import PROCESSOR
+
+    text = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2)
+    base = build_tiny_qwen2_text(str(PROCESSOR), text=text, seed=3)
+    lm = build_tiny_qwen2_text(str(PROCESSOR), text=text, seed=3, with_lm_head=True)
+    a, b = base.model.state_dict(), lm.model.model.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert lm.identity == base.identity and len(lm.layers) == 2
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    with torch.inference_mode():
+        h = lm.model(input_ids=ids, output_hidden_states=True).hidden_states
+    assert torch.equal(h[-1], base.model(input_ids=ids).last_hidden_state)
+    check_can_generate(lm)

@@ -17,6 +17,10 @@ Layout (``{...}`` an interval ``{"estimate", "ci_low", "ci_high", "n_boot_used"}
     permutation: {...}       bootstrap: {n_boot, seed, level, n_clusters, interval, clusters_by_estimand,
                                          effective_clusters_by_estimand}
     source, source_twin, counts, verdict, reportability, run, split_spread
+    behaviour: {labels_file, backbone_weights, settings, counts, rates: {surface: {variant: {...}}},
+                e4: {e4, c1_e4, e4_minus_c1_e4, n_clusters, counts, reportable},
+                ablation: {rates, changes, probe_minus_random, ...} | null,
+                claims: {predicts_hijack, uses_direction}}      # only with behaviour.enabled
 """
 
 from __future__ import annotations
@@ -108,6 +112,8 @@ P_VALUE = "p_value"
 NULL_MEAN = "null_mean"
 
 OPERATING_POINT = "operating_point"  # TPR at a fixed FPR (ipi.metrics.operating_point)
+#: Free-run behaviour (issue 26; docs/behaviour.md): written only by a run with behaviour.enabled
+BEHAVIOUR = "behaviour"
 
 # verdict.*
 CLAIM = "claim"
@@ -116,7 +122,7 @@ CHECKS = "checks"
 #: Keys of the results a baseline name may not take (they would collide with a section).
 RESERVED_KEYS = frozenset(
     {E1, E2, E3, DIFFERENCES, BOOTSTRAP, COUNTS, VERDICT, SOURCE, "baselines", PERMUTATION, P_VALUES, RANDOM_TWIN,
-     OPERATING_POINT}
+     OPERATING_POINT, BEHAVIOUR}
 )
 
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from ipi.evaluation.reportable import BASELINE_LABELS, estimand_entries, reportability_of
 from ipi.evaluation.results import DEFAULTS
 from ipi.metrics.keys import (
+    BEHAVIOUR,
     BOOTSTRAP,
     BY_SEED,
     C1,
@@ -87,7 +88,8 @@ MAX_LIST_ITEMS = 200
 #: Top-level keys of ``results.json`` that hold no estimand: :func:`interval_keys` does not look
 #: inside them (the verdict's numbers and the split spread repeat estimands; p-values are numbers).
 NOT_ESTIMANDS = (VERDICT, REPORTABILITY, SPLIT_SPREAD, PERMUTATION, P_VALUES, BOOTSTRAP, COUNTS, RUN,
-                 OPERATING_POINT)  # the operating point has its own section (ipi.reporting.attack_sections)
+                 OPERATING_POINT,  # the operating point has its own section (ipi.reporting.attack_sections)
+                 BEHAVIOUR)  # so has the free run (ipi.reporting.behaviour_sections)
 #: ``run`` keys with their own section (ipi.reporting.attack_sections), left out of the Run list.
 RUN_KEYS_SHOWN_ELSEWHERE = frozenset({"attack"})
 #: The reportable column of an interval the reportability gate does not mark.

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ipi.io import atomic_write_text
 from ipi.metrics.keys import RUN, SOURCE, SOURCE_TWIN
-from ipi.reporting import attack_sections
+from ipi.reporting import attack_sections, behaviour_sections
 from ipi.reporting.layout import (
     FIGURES,
     Bullets,
@@ -178,7 +178,8 @@ def render_report(results: Mapping, figures: Mapping[str, str] | None = None, co
     """
     out = [f"# ipi report — {_title(results)}", ""]
     out += [f"*{x}*" for x in _sources(results)] + ([""] if _sources(results) else [])
-    for s in attack_sections.with_sections(report_sections(results, figures, config_yaml), results):
+    for s in behaviour_sections.with_behaviour(
+            attack_sections.with_sections(report_sections(results, figures, config_yaml), results), results):
         out += [f"## {s.title}", ""]
         _md_blocks(s.blocks, out)
     return "\n".join(out)
@@ -263,6 +264,7 @@ if(f){big.setAttribute('src',f.getAttribute('src'));lb.style.display='block';}})
 _NAV = {"verdict": "Verdict", "estimands": "E1 · E2 · E3", "figures": "Figures", "baselines": "Baselines",
         "twins": "Random-weight twins", "differences": "Paired differences", "other": "Other estimands",
         "permutation": "Permutation test", "spread": "Split spread", "counts": "Data counts", "run": "Run",
+        "behaviour": "Behaviour (free run)",
         "config": "Config"}
 
 
@@ -411,8 +413,8 @@ def render_html(results: Mapping, figures: Mapping[str, str | Path] | None = Non
         HTML text.
     """
     title = _title(results)
-    sections = attack_sections.with_sections(
-        report_sections(results, {k: str(v) for k, v in (figures or {}).items()}, config_yaml), results)
+    sections = behaviour_sections.with_behaviour(attack_sections.with_sections(
+        report_sections(results, {k: str(v) for k, v in (figures or {}).items()}, config_yaml), results), results)
     out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
            '<meta name="viewport" content="width=device-width, initial-scale=1">',
            f"<title>ipi report — {_h(title)}</title><style>{REPORT_CSS}</style></head><body>",

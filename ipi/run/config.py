@@ -342,6 +342,35 @@ class EvaluationConf:
 
 
 @dataclass
+class AblationConf:
+    """``behaviour.ablation``: project the probe's direction out during free run (docs/behaviour.md §4)."""
+
+    enabled: bool = True  # with behaviour.enabled: the probe / random / no-ablation arms on the attack rows
+    # decoder blocks whose output loses the direction: fractions in (0, 1] or indices, each one of the
+    # probe's layers; null: every layer the probe reads
+    layers: Optional[list[Any]] = None
+    seed: int = 0  # seed of the random control direction (numpy default_rng([seed, layer]))
+
+
+@dataclass
+class BehaviourConf:
+    """Free-run behaviour under injection (issue 26; docs/behaviour.md): off by default.
+
+    On, the backbone writes its own next action for the test rows, each is labelled hijacked /
+    resisted / other, and results.json gains ``behaviour`` (hijack rates, E4 "predicts hijack",
+    the ablation "uses this direction"); the verdict's claim is never changed by it.
+    """
+
+    enabled: bool = False
+    max_new_tokens: int = 96  # bound on generated tokens per row (a WebVoyager turn is ~30-80)
+    batch_size: int = 4  # rows per generate call (left-padded; not part of the generation cache key)
+    # variants generated and labelled: null = every variant of the run (attack, clean, its controls);
+    # must hold attack (E4 and the ablation read the attack rows)
+    variants: Optional[list[str]] = None
+    ablation: AblationConf = field(default_factory=AblationConf)
+
+
+@dataclass
 class ExtractConf:
     """Extraction runtime (none of it enters the cache key)."""
 
@@ -405,6 +434,7 @@ class TrainConf:
     evaluation: EvaluationConf = field(default_factory=EvaluationConf)
     extract: ExtractConf = field(default_factory=ExtractConf)
     report: ReportConf = field(default_factory=ReportConf)
+    behaviour: BehaviourConf = field(default_factory=BehaviourConf)
     logger: Any = None
 
 
@@ -630,6 +660,8 @@ def validate(cfg: DictConfig) -> None:
             raise ValueError(f"split.k must be >= 2 for split=kfold, got {cfg.split.get('k')}")
     if "attack" in cfg:
         _validate_attack(cfg)
+    if cfg.get("behaviour") is not None and cfg.behaviour.enabled:
+        _validate_behaviour(cfg)
     if cfg.split.get("min_per_side", 2) < 1:
         raise ValueError(f"split.min_per_side must be >= 1, got {cfg.split.min_per_side}")
     loader = cfg.backbone.get("loader")
@@ -661,6 +693,73 @@ def _validate_attack(cfg: DictConfig) -> None:
         if enum_value(cfg.split.kind) != "kfold" or cfg.split.get("k") != n:
             raise ValueError(f"split.wording=source: one fold per attack source of attack={pool.name} "
                              f"({', '.join(sorted(pool.sources))}); use split=kfold split.k={n}")
+
+
+#: Loaders that always build a causal LM (an LM head) and take no ``with_lm_head``.
+CAUSAL_LM_LOADERS = ("ipi.backbone_text.build_gguf_causal_lm",)
+
+
+def behaviour_variants(cfg: DictConfig) -> list[str]:
+    """The variants the behaviour stage generates and labels: ``behaviour.variants``, or every
+    variant of the run (``attack``, ``clean``, its controls) when null.
+
+    Raises:
+        ValueError: A variant the run does not build, or no ``attack`` (one line).
+    """
+    built = ["attack", "clean", *resolved_controls(cfg)]
+    given = cfg.behaviour.get("variants")
+    if given is None:
+        return built
+    names = [str(v) for v in given]
+    bad = [v for v in names if v not in built]
+    if bad:
+        raise ValueError(f"behaviour.variants: {bad} not among the run's variants ({', '.join(built)})")
+    if "attack" not in names:
+        raise ValueError("behaviour.variants must hold attack (E4 and the ablation read the attack rows)")
+    return list(dict.fromkeys(names))
+
+
+def _validate_behaviour(cfg: DictConfig) -> None:
+    """``behaviour.*`` of a run with ``behaviour.enabled`` (one line each; no torch).
+
+    Raises:
+        ValueError: Bounds below 1, bad variants, a backbone loader that cannot build an LM head,
+            an ablation with a detector other than the linear probe or on a layer the probe does
+            not read.
+    """
+    import inspect
+
+    b = cfg.behaviour
+    for name in ("max_new_tokens", "batch_size"):
+        if int(b[name]) < 1:
+            raise ValueError(f"behaviour.{name} must be >= 1, got {b[name]}")
+    behaviour_variants(cfg)
+    loader = cfg.backbone.get("loader")
+    target = loader.get("_target_") if isinstance(loader, (DictConfig, dict)) else None
+    try:
+        params = inspect.signature(get_method(target)).parameters
+    except Exception:  # noqa: BLE001 - hydra raises ImportError/ValueError/TypeError by case
+        params = {}
+    if target not in CAUSAL_LM_LOADERS and "with_lm_head" not in params:
+        raise ValueError(f"behaviour.enabled: backbone={cfg.backbone.name} (loader {target}) cannot build its LM head, "
+                         "so it cannot generate; use a backbone that generates or behaviour.enabled=false")
+    if b.ablation.enabled:
+        det = cfg.get("detector")
+        det_name = enum_value(det.get("name", "logistic")) if isinstance(det, (DictConfig, dict)) else "logistic"
+        if det_name != "logistic":
+            raise ValueError(f"behaviour.ablation needs the linear probe's direction (detector=logistic), not "
+                             f"detector={det_name}; set behaviour.ablation.enabled=false")
+        if b.ablation.layers is not None:
+            from ipi.protocol import resolve_layers
+
+            check_layer_spec(list(b.ablation.layers), cfg.backbone.n_layers, where="behaviour.ablation.layers",
+                             backbone=cfg.backbone.name)
+            probe_layers = resolve_layers(list(cfg.layers.spec), cfg.backbone.n_layers)
+            at = resolve_layers(list(b.ablation.layers), cfg.backbone.n_layers)
+            outside = [k for k in at if k not in probe_layers]
+            if not at or outside:
+                raise ValueError(f"behaviour.ablation.layers: blocks {outside or at} are not among the probe's "
+                                 f"layers {probe_layers} (layers={cfg.layers.name}); null takes all of them")
 
 
 def uses_ddp(cfg: DictConfig) -> bool:

@@ -24,6 +24,7 @@ from ipi.run.detection import (
     detector_record,
     fit_detector,
 )
+from ipi.run.free_run import behaviour_enabled, run_behaviour
 from ipi.evaluation.assess import ScoreTables, assess
 from ipi.evaluation.by_source import attack_record
 from ipi.evaluation.callbacks import EstimandsCallback
@@ -31,7 +32,7 @@ from ipi.evaluation.scoretable import evaluate_score_table, read_score_table, tw
 from ipi.extraction.forward import extract_features, transfer_rows
 from ipi.extraction.twin_pass import extract_twin_features
 from ipi.io import atomic_write_text
-from ipi.metrics.keys import RANDOM_TWIN, SPLIT_REPEATS
+from ipi.metrics.keys import BEHAVIOUR, RANDOM_TWIN, SPLIT_REPEATS
 from ipi.progress import track
 from ipi.protocol import TOKEN_GROUPS
 from ipi.reporting.report import write_run_report
@@ -133,6 +134,9 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
                                                       plan)
     if infos_att:
         extra["run"]["attention_cache_keys"] = {s: i["cache_key"] for s, i in infos_att.items()}
+    behaviour_info = None
+    if behaviour_enabled(cfg):  # free run on the test rows: E4, hijack rates, ablation (docs/behaviour.md)
+        extra[BEHAVIOUR], behaviour_info = run_behaviour(cfg, rows, fits, x, layers, groups, det, pool, out_dir)
 
     # Score the test rows with the probe through Lightning; the callbacks compute and write.
     te_meta = meta.iloc[fits.test_index].reset_index(drop=True)
@@ -153,7 +157,8 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
         atomic_write_text(out_dir / "run_info.json", json.dumps(
             {**run_info(info, infos, time.perf_counter() - t0, infos_att),
              "extraction_random_twin": {str(k): i for k, i in twin_infos.items()} or None,
-             "permutation_s": (fits.permutation or {}).get("seconds")}, indent=2))
+             "permutation_s": (fits.permutation or {}).get("seconds"),
+             **({"behaviour": behaviour_info} if behaviour_info is not None else {})}, indent=2))
 
     if cfg.split.repeats > 1:  # re-rolled splits beside the pre-registered one (docs/estimands.md)
         seeds = [cfg.split.seed + i for i in range(cfg.split.repeats)]

@@ -92,7 +92,8 @@ def _cross_fit(x: np.ndarray, y: np.ndarray, fold: np.ndarray, fit_rows: np.ndar
 
 def run_behaviour(backbone, trajectories: Sequence, surface: str, out_dir: str | os.PathLike, *,
                   controls: Sequence[str] = (), layers: Sequence[int], max_new_tokens: int = 48, batch_size: int = 4,
-                  n_boot: int = 1000, seed: int = 0, system_prompt: str | None = None, log=print) -> dict:
+                  n_boot: int = 1000, seed: int = 0, system_prompt: str | None = None, log=print,
+                  command: dict | None = None) -> dict:
     """Run the steps of the module docstring; returns (and writes) the summary.
 
     Args:
@@ -108,6 +109,7 @@ def run_behaviour(backbone, trajectories: Sequence, surface: str, out_dir: str |
         seed: Seed of the bootstrap draws and of the random direction.
         system_prompt: The agent's system prompt (default :data:`ipi.protocol.DEFAULT_SYSTEM_PROMPT`).
         log: Progress lines.
+        command: What the run was started with (recorded in ``behaviour.json``), or None.
 
     Returns:
         The summary dict written to ``behaviour.json``.
@@ -171,7 +173,7 @@ def run_behaviour(backbone, trajectories: Sequence, surface: str, out_dir: str |
     table = pd.concat([labels.assign(arm="none")] + [abl.labels[a].assign(arm=a) for a in ("probe", "random")])
     table.to_csv(out / "labels.csv", index=False)
     summary = {
-        "backbone": backbone.identity, "surface": surface, "n_trajectories": len(ids), "n_rows": len(rows),
+        "command": command, "backbone": backbone.identity, "surface": surface, "n_trajectories": len(ids), "n_rows": len(rows),
         "layers": list(layers), "token_groups": groups, "max_new_tokens": max_new_tokens,
         "labels_by_variant": {v: labels[labels.variant == v]["label"].value_counts().to_dict()
                               for v in sorted(set(variant))},
@@ -201,6 +203,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--n-boot", type=int, default=1000)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-element-chars", type=int, default=500,
+                   help="cap each step's page text (as the known-answer runs do; 0: no cap)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch intra-op threads (1 on a shared 2-core machine: two contend and are slower)")
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
 
@@ -209,14 +215,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ipi.backbone_text import build_gguf_causal_lm
     from ipi.data.webvoyager import import_webvoyager
 
+    torch.set_num_threads(a.threads)
     t0 = time.perf_counter()
-    trajs = sorted(import_webvoyager(a.data), key=lambda t: t.trajectory_id)[: a.trajectories]
+    trajs = sorted(import_webvoyager(a.data, max_element_chars=a.max_element_chars or None),
+                   key=lambda t: t.trajectory_id)[: a.trajectories]
     trajs = [replace(t, steps=tuple(t.steps)[: a.max_steps]) for t in trajs]
     backbone = build_gguf_causal_lm()
-    print(f"backbone loaded in {time.perf_counter() - t0:.0f} s", flush=True)
+    t_load = time.perf_counter() - t0
+    print(f"data and backbone loaded in {t_load:.0f} s", flush=True)
     s = run_behaviour(backbone, trajs, a.surface, a.out, controls=a.controls, layers=a.layers,
                       max_new_tokens=a.max_new_tokens, batch_size=a.batch_size, n_boot=a.n_boot, seed=a.seed,
-                      log=lambda m: print(m, flush=True))
+                      log=lambda m: print(m, flush=True), command={**vars(a), "load_s": round(t_load, 1)})
     print(json.dumps({k: s[k] for k in ("labels_by_variant", "hijack_rates", "e4", "predicts_hijack", "ablation",
                                         "uses_direction", "wall_s", "load_average")}, indent=1, default=str))
     return 0

@@ -25,7 +25,7 @@ from ipi.attacks.pool import AttackPool, attack_key, pool_from_config
 from ipi.attacks.slots import render
 from ipi.attacks.wording import source_owner, source_wording_plan, wording_overlap
 from ipi.extraction.rows import build_rows
-from ipi.probe.crossfit import make_folds
+from ipi.probe.folds import make_folds
 from ipi.protocol import DEFAULT_SYSTEM_PROMPT
 from ipi.replay import _tokenise
 from ipi.surfaces.i_tool import TOOL_NOTICE_PREFIX

@@ -10,7 +10,7 @@ reports, beside the pooled estimands:
   Goal families are confounded with sources (garak is all ``say``), so both are reported. A step's
   source is its template's family; under ``split.wording=source`` its trajectory's held-out
   source (AgentDojo's copy of InjecAgent's prefix counts as InjecAgent).
-* the **transfer table** (``split.wording=source`` only): the probe trained on the trajectories
+* the **transfer table** (``split.wording=source`` only): the run's detector trained on the trajectories
   of source ``a`` (clean and attack rows) scores the trajectories of source ``b``; cell
   ``[a][b]`` is E1 with its cluster-bootstrap interval over ``b``'s trajectories. The diagonal is
   in-source: ``a``'s trajectories cross-fitted in two seeded halves. Every cell's training and

@@ -77,7 +77,7 @@ def _attack(results: Mapping, layout) -> list:
     tr = att.get("transfer")
     if isinstance(tr, Mapping):
         names = tr["sources"]
-        blocks += [layout.Text("Source × source transfer (E1): the probe trained on the row source's trajectories, "
+        blocks += [layout.Text("Source × source transfer (E1): the run's detector trained on the row source's trajectories, "
                                "scored on the column source's; the diagonal is in-source (two seeded halves, "
                                "cross-fitted).", "strong"),
                    layout.Grid(("train \\ test", *names),

@@ -43,7 +43,8 @@ import torch
 
 from ipi.backbone import Backbone
 
-__all__ = ["PLANT_KINDS", "build_planted", "lexical_token_ids", "plant_directions",
+__all__ = ["PLANT_KINDS", "build_planted", "lexical_token_ids", "match_mean_alignment", "mean_state_directions",
+           "mean_states", "plant_directions",
            "plant_reaches_layers", "semantic_token_ids", "wrapper_token_ids"]
 
 PLANT_KINDS = ("semantic", "lexical", "surface")
@@ -152,24 +153,57 @@ def plant_directions(kind: str, token_ids: Sequence[int], hidden: int, seed: int
     return torch.from_numpy(v.astype(np.float32))
 
 
-def mean_state_directions(backbone: Backbone, text: str) -> torch.Tensor:
-    """Orthonormal basis ``[k, hidden]`` of the mean unit-normalised token state at the embeddings and
-    at every decoder block of ``backbone`` over ``text`` (the collapse statistic's mean vector,
-    PROTOCOL.md §3).
-
-    A planted direction drawn orthogonal to these leaves the collapse statistic (the squared
-    norm of that mean) unmoved at first order: a planted token then adds nothing along the mean
-    the other tokens share.
-    """
+def mean_states(backbone: Backbone, text: str) -> torch.Tensor:
+    """The mean unit-normalised token state ``[L + 1, hidden]`` at the embeddings and at every
+    decoder block of ``backbone`` over ``text`` (the collapse statistic's mean vector, PROTOCOL.md
+    §3: its squared norm is the statistic)."""
     tok = backbone.tokenizer
     ids = torch.tensor([_ids(tok, text)])
     lm = getattr(backbone.model, "language_model", None) or backbone.model
     with torch.no_grad():
         hs = lm(input_ids=ids, output_hidden_states=True).hidden_states
-    means = torch.stack([torch.nn.functional.normalize(h[0].float(), dim=-1).mean(dim=0) for h in hs])
-    q, r = torch.linalg.qr(means.T)  # [hidden, k]
+    return torch.stack([torch.nn.functional.normalize(h[0].float(), dim=-1).mean(dim=0) for h in hs])
+
+
+def mean_state_directions(backbone: Backbone, text: str) -> torch.Tensor:
+    """Orthonormal basis ``[k, hidden]`` of the mean unit-normalised token states
+    (:func:`mean_states`) at the embeddings and at every decoder block of ``backbone`` over ``text``."""
+    q, r = torch.linalg.qr(mean_states(backbone, text).T)  # [hidden, k]
     keep = r.diagonal().abs() > 1e-6 * r.diagonal().abs().max()
     return q[:, keep].T.contiguous()
+
+
+def match_mean_alignment(dirs: torch.Tensor, means: torch.Tensor) -> torch.Tensor:
+    """Give unit directions orthogonal to ``means`` the alignment an ordinary token has with them.
+
+    The collapse statistic is ``|m|²``, ``m`` the mean unit token state; an ordinary token's unit
+    state has, on average, cosine ``|m_b|`` with ``m_b / |m_b|`` at block ``b``. A planted token's
+    state is (nearly) its planted direction, so a direction *orthogonal* to ``m_b`` makes that
+    token add nothing along ``m_b``: ``k`` planted tokens of ``T`` shrink the statistic by
+    ``((T - k) / T)²`` — a first-order shift that the collapse-only probe reads as "attack" (the
+    semantic known answer lost check 5 to it on 2 of 10 ``i_tool`` splits). Each returned direction
+    is ``s + sqrt(1 - |s|²) · d``, with ``s`` the least-norm vector in the span of ``means`` with
+    ``s · m_b / |m_b| = |m_b|`` at every block ``b``: a planted token then sits along the mean as an
+    ordinary token does, and the statistic moves only at second order (``(k / T)²``). Match only the
+    blocks that matter: the tiny decoder's mean state grows along the blocks (``|m_b|`` 0.14 at the
+    embeddings to 0.86 at block 7 on the system prompt), so matching all of them needs ``|s|`` ≈ 1
+    and leaves nothing of ``d`` (embeddings and blocks 0–1: ``|s|`` 0.36).
+
+    Args:
+        dirs: ``[n, hidden]`` unit directions orthogonal to the rows of ``means``.
+        means: ``[L + 1, hidden]`` mean unit token states (:func:`mean_states`).
+
+    Returns:
+        ``[n, hidden]`` unit directions.
+
+    Raises:
+        ValueError: No unit vector has these alignments (``|s| >= 1``).
+    """
+    norms = means.norm(dim=1)
+    s = torch.linalg.pinv(means / norms[:, None]) @ norms  # [hidden], least-norm solution
+    if float(s.norm()) >= 1.0:
+        raise ValueError(f"match_mean_alignment: the mean states' alignments need |s| = {float(s.norm()):.3f} >= 1")
+    return s[None] + torch.sqrt(1.0 - s.dot(s)) * dirs
 
 
 def _orthogonal_to(dirs: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
@@ -247,6 +281,12 @@ def build_planted(base, plant: dict, *, name: str = "planted", random_init_seed:
         # system prompt): the plant moves the probe's features, not the collapse statistic, whose
         # probe check 5 judges; share < 1 keeps the planted tokens' mutual cosines at share².
         dirs = _orthogonal_to(dirs, mean_state_directions(bb, DEFAULT_SYSTEM_PROMPT))
+        through = plant.get("match_mean_alignment_through_block")
+        if through is not None:
+            # ... then given an ordinary token's cosine with that mean state at the embeddings and
+            # blocks 0..through, so that a planted token neither raises nor lowers the statistic there
+            # at first order (not yet in a known-answer config: docs/selftest.md, "Known answers")
+            dirs = match_mean_alignment(dirs, mean_states(bb, DEFAULT_SYSTEM_PROMPT)[: int(through) + 2])
     with torch.no_grad():
         emb.weight[torch.tensor(ids)] += float(plant["gain"]) * dirs.to(emb.weight.dtype)
     if kind == "surface" and float(plant.get("vision_gain") or 0.0):

@@ -83,6 +83,42 @@ def test_plant_directions():
     assert abs(float(lex[0] @ lex[1])) < 0.6 and torch.allclose(lex.norm(dim=1), torch.ones(3))
 
 
+def test_matched_alignment_leaves_the_collapse_statistic_where_orthogonal_lowers_it():
+    """k planted tokens of T: with directions orthogonal to the mean unit state the collapse statistic
+    |m|² falls by ((T - k) / T)² (first order: what check 5's collapse-only probe read on the semantic
+    known answer); with an ordinary token's alignment (match_mean_alignment) it stays within (k / T)²."""
+    from ipi.backbone_planted import _orthogonal_to, match_mean_alignment
+
+    g = torch.Generator().manual_seed(0)
+    hidden, n_tok, k = 64, 200, 12
+    common = torch.nn.functional.normalize(torch.randn(3, hidden, generator=g), dim=-1)
+    # tokens of three "blocks": a shared component (cosine ~0.3 with the mean) plus their own noise
+    states = [torch.nn.functional.normalize(0.45 * c + torch.randn(n_tok, hidden, generator=g) / hidden ** 0.5, dim=-1)
+              for c in common]
+    means = torch.stack([u.mean(dim=0) for u in states])  # [3, hidden]
+    basis = torch.linalg.qr(means.T)[0].T
+    raw = torch.nn.functional.normalize(torch.randn(k, hidden, generator=g), dim=-1)
+    ortho = _orthogonal_to(raw, basis)
+    matched = match_mean_alignment(ortho, means)
+    torch.testing.assert_close(matched.norm(dim=1), torch.ones(k))
+    unit_means = means / means.norm(dim=1, keepdim=True)
+    torch.testing.assert_close(matched @ unit_means.T, means.norm(dim=1).expand(k, -1), atol=1e-5, rtol=1e-5)
+
+    def collapse(u):
+        m = u.mean(dim=0)
+        return float(m @ m)
+
+    for b, u in enumerate(states):
+        before = collapse(u)
+        after_ortho = collapse(torch.cat([u[k:], ortho]))
+        after_matched = collapse(torch.cat([u[k:], matched]))
+        assert after_ortho < before * ((n_tok - k) / n_tok) ** 2 + 2 * (k / n_tok) ** 2  # first-order fall
+        assert before - after_ortho > 0.05 * before
+        assert abs(after_matched - before) < 2 * (k / n_tok) ** 2 + 0.01 * before  # second order only
+    with pytest.raises(ValueError, match="no unit vector|>= 1"):
+        match_mean_alignment(ortho[:, :2], torch.tensor([[0.9, 0.0], [0.0, 0.9]]))
+
+
 @pytest.mark.needs_shared
 def test_planted_backbone_differs_from_its_base_only_where_planted_and_survives_every_block(tmp_path):
     """The semantic backbone = the tiny text decoder (same seed) + gain·u on the planted rows only;

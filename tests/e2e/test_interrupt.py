@@ -27,6 +27,7 @@ from tests.conftest import (
 # ----------------------------------------------------------------------------- killed runs
 
 
+@pytest.mark.slow  # the longest fast tests (54-95 s at load 4); run by `make test-all`
 @pytest.mark.needs_shared
 def test_sigkill_during_extraction_then_same_command_resumes_to_identical_results(
         tmp_path, syn_root, reference):
@@ -131,6 +132,7 @@ def _no_temporaries(*folders: Path) -> list[str]:
     return sorted(str(p) for d in folders if d.exists() for p in d.rglob(".*.tmp"))
 
 
+@pytest.mark.slow  # the longest fast tests (54-95 s at load 4); run by `make test-all`
 @pytest.mark.needs_shared
 def test_sigterm_during_extraction_stops_within_seconds_then_same_command_resumes_to_identical_results(
         tmp_path, syn_root, reference):

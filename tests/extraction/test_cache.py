@@ -48,6 +48,7 @@ def test_writer_lock_waits_for_a_live_holder_and_breaks_a_dead_ones(tmp_path, ca
     assert time.monotonic() - t0 < 5 and not entry.lock_path.exists()
 
 
+@pytest.mark.slow  # the longest fast tests (54-95 s at load 4); run by `make test-all`
 @pytest.mark.needs_shared
 def test_cache_key_follows_the_processor_files_not_their_path(tmp_path, trajectories):
     """A copy of the processor files elsewhere keys the same entry; one changed byte keys another."""

@@ -373,6 +373,7 @@ def test_i_dom_position_seeded(tmp_path, count_tokens):
 # ----------------------------------------------------------------------------------- gallery
 
 
+@pytest.mark.slow  # the longest fast tests (54-95 s at load 4); run by `make test-all`
 @needs_data
 @needs_tokenizer
 def test_gallery_cli(tmp_path):

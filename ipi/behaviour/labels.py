@@ -91,6 +91,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 __all__ = [
+    "goal_in",
     "ACTION_KINDS",
     "FAMILY_RULES",
     "HIJACKED",
@@ -522,13 +523,27 @@ def project_goal(meta: Mapping) -> Goal:
         ValueError: ``meta`` has no integer ``goal``, it is out of range, or ``meta["goal_family"]``
             differs from that goal's family.
     """
-    goals = _project_goals()
+    return goal_in(meta, _project_goals(), "project-bank")
+
+
+def goal_in(meta: Mapping, goals: Sequence[Goal], source: str) -> Goal:
+    """The goal of ``goals`` a row's ``meta`` names (``meta["goal"]`` indexes ``goals``).
+
+    Args:
+        meta: A variant's ``meta``.
+        goals: The attack source's goals (e.g. ``AttackPool.goals``).
+        source: The source's name for the error message (``"project-bank"``, ``"attack=mix"``).
+
+    Raises:
+        ValueError: ``meta`` has no integer ``goal`` in range, or ``meta["goal_family"]`` differs
+            from that goal's family.
+    """
     j = meta.get("goal") if isinstance(meta, Mapping) else None
     if isinstance(j, bool) or not isinstance(j, int) or not 0 <= j < len(goals):
-        raise ValueError(f"row meta {meta!r}: no project-bank goal index 'goal' in 0..{len(goals) - 1}")
+        raise ValueError(f"row meta {meta!r}: no {source} goal index 'goal' in 0..{len(goals) - 1}")
     family = meta.get("goal_family")
     if family is not None and family != goals[j].family:
-        raise ValueError(f"row meta {meta!r}: goal {j} of the project bank is {goals[j].id} of family "
+        raise ValueError(f"row meta {meta!r}: goal {j} of {source} is {goals[j].id} of family "
                          f"{goals[j].family!r}, not {family!r} (bank and attack source disagree)")
     return goals[j]
 

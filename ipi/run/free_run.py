@@ -60,19 +60,10 @@ def behaviour_enabled(cfg: DictConfig) -> bool:
 
 def _goal_of(pool):
     """``meta → Goal`` of the run's attack pool (``meta["goal"]`` indexes ``pool.goals``)."""
+    from ipi.behaviour.labels import goal_in
+
     goals = tuple(pool.goals)
-
-    def goal_of(meta):
-        j = meta.get("goal") if hasattr(meta, "get") else None
-        if isinstance(j, bool) or not isinstance(j, int) or not 0 <= j < len(goals):
-            raise ValueError(f"row meta {meta!r}: no goal index 'goal' in 0..{len(goals) - 1} of attack={pool.name}")
-        family = meta.get("goal_family")
-        if family is not None and family != goals[j].family:
-            raise ValueError(f"row meta {meta!r}: goal {j} of attack={pool.name} is of family "
-                             f"{goals[j].family!r}, not {family!r}")
-        return goals[j]
-
-    return goal_of
+    return lambda meta: goal_in(meta, goals, f"attack={pool.name}")
 
 
 def _generation_cache_path(cache_dir: str, identity: dict) -> Path:

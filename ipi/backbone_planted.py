@@ -285,7 +285,7 @@ def build_planted(base, plant: dict, *, name: str = "planted", random_init_seed:
         if through is not None:
             # ... then given an ordinary token's cosine with that mean state at the embeddings and
             # blocks 0..through, so that a planted token neither raises nor lowers the statistic there
-            # at first order (not yet in a known-answer config: docs/selftest.md, "Known answers")
+            # at first order (conf/backbone/planted_semantic.yaml; docs/selftest.md, "Known answers")
             dirs = match_mean_alignment(dirs, mean_states(bb, DEFAULT_SYSTEM_PROMPT)[: int(through) + 2])
     with torch.no_grad():
         emb.weight[torch.tensor(ids)] += float(plant["gain"]) * dirs.to(emb.weight.dtype)

@@ -41,15 +41,17 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from ipi.run.config import REPO_ROOT
 from ipi.io import atomic_write_text
 
-__all__ = ["CELLS", "Cell", "claim_kind", "main", "run_record", "stopping_checks", "summarise"]
+__all__ = ["CELLS", "Cell", "chains", "claim_kind", "main", "run_record", "stopping_checks", "summarise"]
 
 #: What every cell's run adds to the defaults (none of it enters the verdict): no transfer
 #: check (it does not enter the verdict) and no figures.
@@ -264,6 +266,20 @@ def _read_overrides(path: Path) -> list[str]:
     return [str(o) for o in OmegaConf.load(path)]
 
 
+def chains(groups: list[tuple[str, bool]]) -> list[list[tuple[str, bool]]]:
+    """The (surface, held-out wording) groups as one chain per surface, in first-seen order.
+
+    A surface's groups share activation-cache entries (the same rows, backbones and split seeds), so
+    ``--jobs`` runs chains, never two groups of one surface, at once. ``i_vis`` first (each of its
+    twins runs a vision tower over every bannered screenshot: its runs cost the most), then the
+    longer chains.
+    """
+    by: dict[str, list[tuple[str, bool]]] = {}
+    for g in groups:
+        by.setdefault(g[0], []).append(g)
+    return sorted(by.values(), key=lambda ch: (ch[0][0] != "i_vis", -len(ch)))
+
+
 def merge(folders: list[str], out: Path) -> dict:
     """One table from several runs of this tool (e.g. a matrix run in parts); walls add up."""
     parts = [json.loads((Path(f) / "known_answers.json").read_text()) for f in folders]
@@ -294,6 +310,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--collect", action="store_true", help="run nothing: tabulate the runs already in --out")
     ap.add_argument("overrides", nargs="*", help="extra train.py overrides for every run (e.g. evaluation.n_boot=500)")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="groups run at once (default 1); a surface's groups stay in one chain, in order, "
+                         "so that they read each other's cache entries instead of extracting them twice")
     ap.add_argument("--merge", nargs="+", default=None, metavar="DIR",
                     help="run nothing: one table from the known_answers.json of several --out folders")
     args = ap.parse_args(argv)
@@ -311,21 +330,42 @@ def main(argv: list[str] | None = None) -> dict:
     load_before, t0, records, walls = _load(), time.perf_counter(), [], {}
     command = " ".join(["python -m ipi.tools.known_answers", *(argv if argv is not None else sys.argv[1:])])
     result: dict = {}
-    for (surface, heldout), cs in groups.items():
-        tag = f"{surface}:{'heldout' if heldout else 'shared'}"
-        recs, walls[tag] = run_group(cs, seeds, out, args.overrides, args.python, collect=args.collect)
-        records += recs
-        print(f"known answers: {surface} (held-out wording {'on' if heldout else 'off'}): {len(recs)} runs, "
-              f"{walls[tag]:.0f} s", file=sys.stderr)
-        # the table so far, after every group (a stopped matrix keeps what it finished)
+    lock = threading.Lock()
+
+    def write_table() -> None:  # the table so far, after every group (a stopped matrix keeps what it finished)
+        nonlocal result
         summary = summarise(records, cells)
         meta = {"command": command, "runs": len(records), "wall_s": round(time.perf_counter() - t0, 1),
-                "wall_s_by_group": walls, "groups_done": len(walls), "groups": len(groups),
-                "load_before": load_before, "load_after": _load(), "cpus": os.cpu_count(),
+                "wall_s_by_group": dict(walls), "groups_done": len(walls), "groups": len(groups),
+                "load_before": load_before, "load_after": _load(), "cpus": os.cpu_count(), "jobs": args.jobs,
                 "threads_per_run": _env()["OMP_NUM_THREADS"], "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-        result = {"meta": meta, "summary": summary, "runs": records, "all_met": all(s["met"] for s in summary)}
+        result = {"meta": meta, "summary": summary, "runs": list(records), "all_met": all(s["met"] for s in summary)}
         atomic_write_text(out / "known_answers.json", json.dumps(result, indent=2))
         atomic_write_text(out / "known_answers.md", markdown(summary, meta))
+
+    def run_chain(chain: list[tuple[str, bool]]) -> None:
+        for surface, heldout in chain:
+            tag = f"{surface}:{'heldout' if heldout else 'shared'}"
+            recs, wall = run_group(groups[(surface, heldout)], seeds, out, args.overrides, args.python,
+                                   collect=args.collect)
+            with lock:
+                records.extend(recs)
+                walls[tag] = wall
+                print(f"known answers: {surface} (held-out wording {'on' if heldout else 'off'}): {len(recs)} runs, "
+                      f"{wall:.0f} s", file=sys.stderr)
+                write_table()
+
+    errors = []
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        for fut in [pool.submit(run_chain, ch) for ch in chains(list(groups))]:
+            try:
+                fut.result()
+            except RuntimeError as e:  # one failed chain does not stop the others; named at the end
+                errors.append(str(e))
+    if not walls:
+        write_table()
+    if errors:
+        raise SystemExit("\n".join(errors))
     print(markdown(result["summary"], result["meta"]))
     return result
 

@@ -53,3 +53,42 @@ def test_table_reading_is_generic():
     assert not s[lex.name]["met"] and s[lex.name]["stopped_by"] == {"3 FAIL": 9}  # one "detects" is one too many
     s8 = summarise(recs[1:], [sem])[0]  # 8 of 9
     assert not s8["met"]
+
+
+def test_jobs_never_run_two_groups_of_one_surface_at_once(tmp_path, monkeypatch):
+    """--jobs runs one chain per surface (its groups in order, so a later group reads the earlier
+    one's cache entries); a failed chain does not stop the others and is named at the end."""
+    import threading
+    import time
+
+    import ipi.tools.known_answers as ka
+
+    assert ka.chains([("i_dom", True), ("i_tool", True), ("i_dom", False), ("i_vis", True), ("i_tool", False)]) == [
+        [("i_vis", True)], [("i_dom", True), ("i_dom", False)], [("i_tool", True), ("i_tool", False)]]
+    running: dict[str, int] = {}
+    seen: list[tuple[str, bool]] = []
+    peak = {"all": 0}
+    lock = threading.Lock()
+
+    def fake_group(cells, seeds, out, extra, python, collect=False):
+        s, h = cells[0].surface, cells[0].heldout
+        with lock:
+            running[s] = running.get(s, 0) + 1
+            assert running[s] == 1, f"two groups of {s} at once"
+            peak["all"] = max(peak["all"], sum(running.values()))
+            seen.append((s, h))
+        time.sleep(0.05)
+        with lock:
+            running[s] -= 1
+        if s == "i_vis":
+            raise RuntimeError("known answers: train.py failed (exit 1) for i_vis_heldout; see log")
+        return [{"cell": c.name, "claim_kind": "separates", "stopped_by": ["6 FAIL"]} for c in cells for _ in seeds], 1.0
+
+    monkeypatch.setattr(ka, "run_group", fake_group)
+    with pytest.raises(SystemExit, match="i_vis_heldout"):
+        ka.main(["--repeats", "2", "--jobs", "2", "--out", str(tmp_path)])
+    assert peak["all"] == 2
+    assert seen.index(("i_dom", True)) < seen.index(("i_dom", False))
+    assert seen.index(("i_tool", True)) < seen.index(("i_tool", False))
+    table = json.loads((tmp_path / "known_answers.json").read_text())
+    assert table["meta"]["groups_done"] == 4 and table["runs"] and all(r["cell"] != "surface:i_vis" for r in table["runs"])

@@ -238,7 +238,10 @@ def build_planted(base, plant: dict, *, name: str = "planted", random_init_seed:
         base: The ``backbone.loader`` node of the architecture (a ``_target_`` node of
             :func:`ipi.backbone.build_tiny_qwen2_5_vl`; instantiated here, ``_recursive_: false``).
         plant: ``{"kind": semantic|lexical|surface, "gain": float, "seed": int, "words": [...]
-            (semantic), "wrappers": [...] and "vision_gain" (surface)}``.
+            (semantic), "wrappers": [...] and "vision_gain" (surface), "share": float (cosine of
+            each direction with the common one, :func:`plant_directions`),
+            "orthogonal_to_mean_state": bool, "match_mean_alignment_through_block": int | None
+            (:func:`match_mean_alignment` on the embeddings and blocks ``0..k``; needs the former)}``.
         name: Backbone name recorded in results.
         random_init_seed: Build the random-weight twin: the architecture with this seed and no
             plant (the same backbone :func:`ipi.run.twin.twin_config` builds from ``loader.base``).
@@ -249,7 +252,8 @@ def build_planted(base, plant: dict, *, name: str = "planted", random_init_seed:
         The frozen backbone; ``identity`` adds ``plant`` (kind, gain, seed, planted token count).
 
     Raises:
-        ValueError: Unknown plant kind, or a plant that touches no token.
+        ValueError: Unknown plant kind, a plant that touches no token, or
+            ``match_mean_alignment_through_block`` without ``orthogonal_to_mean_state``.
     """
     from hydra.utils import instantiate
 
@@ -272,6 +276,9 @@ def build_planted(base, plant: dict, *, name: str = "planted", random_init_seed:
         ids = wrapper_token_ids(tok, plant.get("wrappers") or [])
     if not ids:
         raise ValueError(f"backbone={name}: the {kind} plant touches no token (plant.words / plant.wrappers)")
+    if plant.get("match_mean_alignment_through_block") is not None and not plant.get("orthogonal_to_mean_state", False):
+        raise ValueError(f"backbone={name}: plant.match_mean_alignment_through_block needs "
+                         "plant.orthogonal_to_mean_state=true (it aligns directions drawn orthogonal to the mean state)")
     emb = _input_embeddings(bb.model)
     dirs = plant_directions(kind, ids, emb.weight.shape[1], int(plant.get("seed", 0)), float(plant.get("share", 1.0)))
     if plant.get("orthogonal_to_mean_state", False):

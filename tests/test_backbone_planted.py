@@ -207,6 +207,10 @@ def test_semantic_config_leaves_the_collapse_statistic_where_orthogonal_alone_lo
     base = build(["backbone=tiny_qwen2_text"])
     matched = build(["backbone=planted_semantic"])
     ortho = build(["backbone=planted_semantic", "backbone.loader.plant.match_mean_alignment_through_block=null"])
+    from hydra.errors import InstantiationException
+
+    with pytest.raises((ValueError, InstantiationException), match="needs plant.orthogonal_to_mean_state"):
+        build(["backbone=planted_semantic", "backbone.loader.plant.orthogonal_to_mean_state=false"])
     text = DEFAULT_SYSTEM_PROMPT + "\n" + page + attack + " " + page
     c0 = collapse(base, text)
     assert abs(collapse(matched, text) - c0) < 0.01 * c0

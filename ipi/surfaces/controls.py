@@ -304,7 +304,10 @@ def imperative_sentences(target_tokens: int, seed_key: str, count_tokens: CountT
     1. greedy fill: walk the shuffled sentences, appending each one that keeps the count
        ``<= target`` (then ``<= target - 2``, ``- 3``, ``- 4``: room for padding);
     2. pad the fill with one to three neutral sentences until the count is exact;
-    3. if no fill and padding hits the target, start the walk at a later sentence and repeat.
+    3. if no fill and padding hits the target, start the walk at a later sentence and repeat;
+    4. if every sentence once is shorter than the target (a small bank: a held-out family of an
+       external source's few benign texts), the same search on the order walked several times,
+       so that sentences recur (still whole, still benign) instead of the control falling short.
 
     Args:
         target_tokens: Token count wanted.
@@ -331,12 +334,14 @@ def imperative_sentences(target_tokens: int, seed_key: str, count_tokens: CountT
             cache[s] = count_tokens(s)
         return cache[s]
 
-    def fill(start: int, cap: int) -> list[str]:
+    limit = max_calls  # budget of distinct counted texts (raised once for the walk with repeats)
+
+    def fill(walk: list[str], start: int, cap: int) -> list[str]:
         out: list[str] = []
-        for i in range(len(order)):
-            if len(cache) >= max_calls or cap <= 0:
+        for i in range(len(walk)):
+            if len(cache) >= limit or cap <= 0:
                 break
-            s = order[(start + i) % len(order)]
+            s = walk[(start + i) % len(walk)]
             if count(out + [s]) <= cap:
                 out.append(s)
                 if count(out) == cap:
@@ -349,20 +354,36 @@ def imperative_sentences(target_tokens: int, seed_key: str, count_tokens: CountT
         combos = [[p] for p in pads] + [[p, q] for p in pads for q in pads] + \
             [[p, q, r] for p in pads[:5] for q in pads[:5] for r in pads[:5]]
         for extra in combos:
-            if len(cache) >= max_calls:
+            if len(cache) >= limit:
                 return None
             if count(base + extra) == target_tokens:
                 return base + extra
         return None
 
-    # Fill up to the target, or leave 2-4 tokens of room for the neutral padding; then other
-    # starting points in the shuffled order.
-    for start in (0, 7, 14, 21):
-        for slack in (0, 2, 3, 4):
-            hit = padded(fill(start, target_tokens - slack))
-            if hit is not None:
-                return " ".join(hit)
-            if len(cache) >= max_calls:
-                break
+    def search(walk: list[str]) -> str | None:
+        # Fill up to the target, or leave 2-4 tokens of room for the neutral padding; then other
+        # starting points in the shuffled order.
+        for start in (0, 7, 14, 21):
+            for slack in (0, 2, 3, 4):
+                hit = padded(fill(walk, start, target_tokens - slack))
+                if hit is not None:
+                    return " ".join(hit)
+                if len(cache) >= limit:
+                    break
+        return None
+
+    hit = search(order)
+    if hit is not None:
+        return hit
+    # Each sentence once cannot reach the count (a held-out family of a source that ships few short
+    # benign texts, e.g. AgentDojo's 6 against its attacks of up to 1,147 characters): walk the same
+    # shuffled order again, so a sentence may recur, with a fresh budget. Texts the first walk
+    # matched never get here, so they are unchanged.
+    once = count(order)
+    if 0 < once < target_tokens:
+        limit = len(cache) + max_calls
+        hit = search(order * (target_tokens // once + 1))
+        if hit is not None:
+            return hit
     # Closest complete-sentence text seen (ties: the shorter); the caller reports the mismatch.
     return min((abs(v - target_tokens), len(s), s) for s, v in cache.items() if s)[2]

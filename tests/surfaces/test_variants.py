@@ -469,3 +469,30 @@ def test_follows_is_what_the_replay_template_puts_after_the_field():
             assert any(after.startswith(t) for t in specials), after[:20]
     # the merge it guards against: "." and the template's newline are one token
     assert len(tok("a.\n", add_special_tokens=False).input_ids) == len(tok("a.", add_special_tokens=False).input_ids)
+
+
+@needs_tokenizer
+def test_imperative_sentences_recur_when_a_small_bank_is_shorter_than_the_target(count_tokens):
+    """A held-out family of an external source may hold 3 short benign texts against an attack of
+    hundreds of tokens: each sentence once falls short, so the control used to come back shorter than
+    its attack (a length confound check 2 then reads). The sentences now recur, whole, to the exact
+    count; a target the bank reaches once is served without any recurrence, as before."""
+    from ipi.surfaces.bank import NEUTRAL_SENTENCES
+    from ipi.surfaces.controls import imperative_sentences
+
+    bank = ("Review the order summary before you continue.", "Open the help center for more options.",
+            "Check the delivery date on the next page.")
+    once = count_tokens(" ".join(bank))
+    allowed = set(bank) | set(NEUTRAL_SENTENCES)
+    for target in (once + 5, 2 * once + 3, 5 * once + 1, 120):
+        out = imperative_sentences(target, f"long{target}", count_tokens, bank=bank)
+        assert count_tokens(out) == target, (target, out)
+        parts = _sentences(out)
+        assert all(s in allowed for s in parts), out
+        if target > 2 * once:  # beyond the bank once plus three neutral pads: it had to recur
+            assert max(parts.count(b) for b in bank) >= 2, out
+    # reachable with each sentence once: no sentence recurs
+    for target in range(4, once + 1):
+        out = imperative_sentences(target, f"short{target}", count_tokens, bank=bank)
+        if count_tokens(out) == target:
+            assert all(_sentences(out).count(b) <= 1 for b in bank), out

@@ -184,7 +184,7 @@ def match_mean_alignment(dirs: torch.Tensor, means: torch.Tensor) -> torch.Tenso
     state is (nearly) its planted direction, so a direction *orthogonal* to ``m_b`` makes that
     token add nothing along ``m_b``: ``k`` planted tokens of ``T`` shrink the statistic by
     ``((T - k) / T)²`` — a first-order shift that the collapse-only probe reads as "attack" (the
-    semantic known answer lost check 5 to it on 2 of 10 ``i_tool`` splits). Each returned direction
+    semantic known answer lost check 5 to it on 3 of 10 ``i_tool`` splits). Each returned direction
     is ``s + sqrt(1 - |s|²) · d``, with ``s`` the least-norm vector in the span of ``means`` with
     ``s · m_b / |m_b| = |m_b|`` at every block ``b``: a planted token then sits along the mean as an
     ordinary token does, and the statistic moves only at second order (``(k / T)²``). Match only the

@@ -7,16 +7,16 @@ on constructed backbones whose answer is planted (:mod:`ipi.backbone_planted`,
 hence new held-out wording, every repeat), then reads every run's ``results.json`` and writes a
 table of claim counts per cell, with the checks that stopped each refused claim:
 
-==================  =============  ==========================  =====================
-backbone            surfaces       held-out wording            known answer
-==================  =============  ==========================  =====================
-planted_semantic    i_dom, i_tool  on                          "detects" (≥ 90 %)
-planted_lexical     i_dom, i_tool  on and off                  never "detects"
-planted_surface     i_dom, i_tool, on                          never "detects"
-                    i_vis
-tiny_qwen2_5_vl     i_dom, i_tool, on                          never "detects"
-(random)            i_vis
-==================  =============  ==========================  =====================
+=====================  ===============  ==================  ==================================
+backbone               surfaces         held-out wording    known answer
+=====================  ===============  ==================  ==================================
+planted_semantic       i_dom, i_tool    on                  "detects" (≥ 90 %)
+planted_lexical        i_dom, i_tool    on and off          never "detects"
+planted_surface        i_dom, i_tool    on                  never "detects"
+planted_surface_vis    i_vis            on                  never "detects"
+tiny_qwen2_text        i_dom, i_tool    on                  never "detects" (random weights)
+tiny_qwen2_5_vl        i_vis            on                  never "detects" (random weights)
+=====================  ===============  ==================  ==================================
 
 i_vis carries no planted content: the random vision tower cannot read the banner's words, so
 the content kinds are not run there; the surface case (banner darkness) covers it.

@@ -43,11 +43,14 @@ import torch
 
 from ipi.backbone import Backbone
 
-__all__ = ["PLANT_KINDS", "build_planted", "lexical_token_ids", "match_mean_alignment", "mean_state_directions",
+__all__ = ["PLANT_KEYS", "PLANT_KINDS", "build_planted", "lexical_token_ids", "match_mean_alignment", "mean_state_directions",
            "mean_states", "plant_directions",
            "plant_reaches_layers", "semantic_token_ids", "wrapper_token_ids"]
 
 PLANT_KINDS = ("semantic", "lexical", "surface")
+#: The keys of ``backbone.loader.plant`` (:func:`build_planted`).
+PLANT_KEYS = ("kind", "gain", "seed", "words", "wrappers", "vision_gain", "share", "orthogonal_to_mean_state",
+              "match_mean_alignment_through_block")
 
 
 def _ids(tok, text: str) -> list[int]:
@@ -181,7 +184,7 @@ def match_mean_alignment(dirs: torch.Tensor, means: torch.Tensor) -> torch.Tenso
     state is (nearly) its planted direction, so a direction *orthogonal* to ``m_b`` makes that
     token add nothing along ``m_b``: ``k`` planted tokens of ``T`` shrink the statistic by
     ``((T - k) / T)²`` — a first-order shift that the collapse-only probe reads as "attack" (the
-    semantic known answer lost check 5 to it on 2 of 10 ``i_tool`` splits). Each returned direction
+    semantic known answer lost check 5 to it on 3 of 10 ``i_tool`` splits). Each returned direction
     is ``s + sqrt(1 - |s|²) · d``, with ``s`` the least-norm vector in the span of ``means`` with
     ``s · m_b / |m_b| = |m_b|`` at every block ``b``: a planted token then sits along the mean as an
     ordinary token does, and the statistic moves only at second order (``(k / T)²``). Match only the
@@ -252,8 +255,9 @@ def build_planted(base, plant: dict, *, name: str = "planted", random_init_seed:
         The frozen backbone; ``identity`` adds ``plant`` (kind, gain, seed, planted token count).
 
     Raises:
-        ValueError: Unknown plant kind, a plant that touches no token, or
-            ``match_mean_alignment_through_block`` without ``orthogonal_to_mean_state``.
+        ValueError: Unknown plant kind or key, a gain that is zero or not a number, a share outside
+            [-1, 1], a plant that touches no token, ``match_mean_alignment_through_block`` without
+            ``orthogonal_to_mean_state``, negative, or past the last block built.
     """
     from hydra.utils import instantiate
 
@@ -266,6 +270,19 @@ def build_planted(base, plant: dict, *, name: str = "planted", random_init_seed:
     kind = str(plant.get("kind"))
     if kind not in PLANT_KINDS:
         raise ValueError(f"backbone={name}: plant.kind={kind!r}; allowed: {', '.join(PLANT_KINDS)}")
+    unknown = sorted(set(plant) - set(PLANT_KEYS))
+    if unknown:  # a misspelt key would silently plant something else than the config says
+        raise ValueError(f"backbone={name}: unknown plant key(s) {', '.join(unknown)}; allowed: {', '.join(PLANT_KEYS)}")
+    gain = plant.get("gain")
+    if isinstance(gain, bool) or not isinstance(gain, (int, float)) or not np.isfinite(gain) or gain == 0:
+        raise ValueError(f"backbone={name}: plant.gain={gain!r}; a finite non-zero number (0 plants nothing)")
+    share = plant.get("share", 1.0)
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not -1.0 <= share <= 1.0:
+        raise ValueError(f"backbone={name}: plant.share={share!r}; a cosine in [-1, 1]")
+    through = plant.get("match_mean_alignment_through_block")
+    if through is not None and (isinstance(through, bool) or not isinstance(through, int) or through < 0):
+        raise ValueError(f"backbone={name}: plant.match_mean_alignment_through_block={through!r}; null or a decoder "
+                         "block index >= 0")
     bb = instantiate(base, **kw)
     tok = bb.tokenizer
     if kind == "semantic":
@@ -293,7 +310,11 @@ def build_planted(base, plant: dict, *, name: str = "planted", random_init_seed:
             # ... then given an ordinary token's cosine with that mean state at the embeddings and
             # blocks 0..through, so that a planted token neither raises nor lowers the statistic there
             # at first order (conf/backbone/planted_semantic.yaml; docs/selftest.md, "Known answers")
-            dirs = match_mean_alignment(dirs, mean_states(bb, DEFAULT_SYSTEM_PROMPT)[: int(through) + 2])
+            means = mean_states(bb, DEFAULT_SYSTEM_PROMPT)  # [embeddings + blocks built, hidden]
+            if int(through) > means.shape[0] - 2:  # slicing past the end would silently match fewer blocks
+                raise ValueError(f"backbone={name}: plant.match_mean_alignment_through_block={through}, but the "
+                                 f"decoder built has blocks 0..{means.shape[0] - 2}")
+            dirs = match_mean_alignment(dirs, means[: int(through) + 2])
     with torch.no_grad():
         emb.weight[torch.tensor(ids)] += float(plant["gain"]) * dirs.to(emb.weight.dtype)
     if kind == "surface" and float(plant.get("vision_gain") or 0.0):

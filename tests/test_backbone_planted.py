@@ -275,3 +275,34 @@ def test_semantic_plant_reaches_the_observation_group_at_the_probed_block(tmp_pa
     assert len(planted) >= 8 and min(planted) > 0
     twin = margins(along_u(twin_config(cfg, 1)))
     assert np.median(twin) < 0.1 * np.median(planted)
+
+
+@pytest.mark.needs_shared
+@pytest.mark.parametrize("override, message", [
+    ("backbone.loader.plant.words=[]", "touches no token"),
+    ("backbone.loader.plant.kind=semantik", "plant.kind='semantik'; allowed: semantic, lexical, surface"),
+    ("backbone.loader.plant.match_mean_alignment_through_block=99", "decoder built has blocks 0..1"),
+    ("backbone.loader.plant.match_mean_alignment_through_block=2", "decoder built has blocks 0..1"),
+    ("backbone.loader.plant.match_mean_alignment_through_block=-1", "through_block=-1; null or a decoder block"),
+    ("backbone.loader.plant.share=1.5", "plant.share=1.5; a cosine in"),
+    ("backbone.loader.plant.gain=0", "plant.gain=0; a finite non-zero"),
+    ("+backbone.loader.plant.orthogonal_to_mean_states=false", "unknown plant key(s) orthogonal_to_mean_states"),
+])
+def test_a_bad_plant_fails_naming_the_key_instead_of_planting_something_else(tmp_path, override, message):
+    """Bad plant settings through the composed config fail when the backbone is built, naming the key:
+    before, a through-block past the blocks built (99 on the 2 blocks of layers=six_1) silently
+    matched the blocks there were, -1 matched the embeddings only, share 1.5 drew NaN directions and
+    a misspelt key was ignored."""
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
+
+    from tests.conftest import compose_train
+
+    cfg = compose_train(tmp_path, ["backbone=planted_semantic", override], small=False)
+    with pytest.raises((ValueError, InstantiationException)) as e:
+        instantiate(cfg.backbone.loader, max_layer=1)
+    assert message in str(e.value)
+    # through the last block built is fine (the config's own setting)
+    ok = compose_train(tmp_path, ["backbone=planted_semantic", "backbone.loader.plant.match_mean_alignment_through_block=0"],
+                       small=False)
+    assert instantiate(ok.backbone.loader, max_layer=1).identity["plant"]["tokens"] > 0

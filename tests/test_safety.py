@@ -34,7 +34,8 @@ ALLOWED: dict[tuple[str, str], str] = {
     # warm_run_s / sweep30_s time the real entry scripts (train.py, extract.py) as child
     # processes: fixed argv built from the repo's own paths, no shell, no attack text.
     ("ipi/tools/extraction_timing.py", "subprocess"): "timing the entry scripts in child processes",
-    ("ipi/tools/known_answers.py", "subprocess"): "running train.py itself, as a user does, on constructed backbones",
+    ("ipi/tools/known_answers.py", "subprocess"): ("running train.py itself, as a user does, on constructed backbones; "
+                                                  "git rev-parse/diff (fixed argv) so that a rerun after a code change reruns"),
     # The surface registry imports the class a conf/surface/*.yaml names in _target_ (a config
     # file or override, the trust level of every _target_ Hydra instantiates); never attack text.
     ("ipi/surfaces/registry.py", "importlib.import_module"): "the class a surface config's _target_ names",

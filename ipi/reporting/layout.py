@@ -532,7 +532,8 @@ def _baselines(r: Mapping, rows: list, ungated: frozenset[str] = frozenset()) ->
     return Section("baselines", "Baselines (PROTOCOL.md §5–§6)", tuple(blocks), summary=summary)
 
 
-#: Said in the twins' section when the backbone's own weights are random.
+#: Said in the twins' section when the backbone's own weights are random (not on a constructed one,
+#: whose planted weights check 6 judges like trained ones).
 RANDOM_BACKBONE_NOTE = ("The backbone's own weights are random (backbone.pretrained=false): a network with random "
                         "weights cannot read malicious intent, so this run can license at most \"separates\"; "
                         "its twin is the same architecture with other random weights.")
@@ -589,7 +590,11 @@ def _twins(r: Mapping, marks: Mapping, labels: Mapping[str, str]) -> Section | N
         return {E1: dotted(*prefix, E1), E2: dotted(*prefix, E2), **{c: dotted(*prefix, E3, c) for c in controls}}
 
     env = "max over twin seeds" if len(seeds) > 1 else "random twin"
-    lines = [("trained", {E1: E1, E2: E2, **{c: dotted(E3, c) for c in controls}})]
+    # a constructed backbone (issue 23) is neither trained nor random: named as what it is
+    run = r.get(RUN) or {}
+    constructed = "constructed" in (run.get("backbone_weights"), (run.get(RANDOM_TWIN) or {}).get("backbone_weights"))
+    own = "constructed" if constructed else "trained"
+    lines = [(own, {E1: E1, E2: E2, **{c: dotted(E3, c) for c in controls}})]
     lines += [(f"twin seed {s}", estimands(RANDOM_TWIN, BY_SEED, s)) for s in seeds]
     lines.append((env if len(seeds) != 1 else "random twin (its only seed)", estimands(RANDOM_TWIN)))
     diffs = [("mean over twin seeds (paired; check 6)",
@@ -604,19 +609,19 @@ def _twins(r: Mapping, marks: Mapping, labels: Mapping[str, str]) -> Section | N
                                               for c in controls}}) for s in seeds]
     diffs = [(name, keys) for name, keys in diffs if any(_at(r, k) is not None for k in keys.values())]
     blocks: list = [Text(_twin_caption(seeds))]
-    if ((r.get(RUN) or {}).get(RANDOM_TWIN) or {}).get("backbone_pretrained") is False:
+    if (run.get(RANDOM_TWIN) or {}).get("backbone_pretrained") is False and not constructed:
         blocks.append(Text(RANDOM_BACKBONE_NOTE, "strong"))
     blocks.append(grid("AUC", [E1, E2, *controls], lines))
     if diffs:
-        blocks += [Text("Trained minus twin, paired on the same bootstrap draws (E2 has none):", "muted"),
-                   grid("trained − …", [E1, *controls], diffs)]
+        blocks += [Text(f"{own.capitalize()} minus twin, paired on the same bootstrap draws (E2 has none):", "muted"),
+                   grid(f"{own} − …", [E1, *controls], diffs)]
     env_e3 = [interval_text(iv).split(" ")[0] for _, iv in sorted((twin.get(E3) or {}).items())]
     summary = (f"{len(seeds)} seed{'s' if len(seeds) != 1 else ''}"
                f"{' (' + ', '.join(seeds) + ')' if seeds else ''}; {env}: E1 "
                f"{interval_text(twin.get(E1)).split(' ')[0]}"
                + (f", E3 {min(env_e3)}–{max(env_e3)}" if len(env_e3) > 1 else
                   f", E3 {env_e3[0]}" if env_e3 else ""))
-    return Section("twins", "Trained vs random-weight twins (check 6)", tuple(blocks), summary=summary)
+    return Section("twins", f"{own.capitalize()} vs random-weight twins (check 6)", tuple(blocks), summary=summary)
 
 
 def _differences(r: Mapping, rows: list, ungated: frozenset[str] = frozenset()) -> Section | None:

@@ -7,16 +7,16 @@ on constructed backbones whose answer is planted (:mod:`ipi.backbone_planted`,
 hence new held-out wording, every repeat), then reads every run's ``results.json`` and writes a
 table of claim counts per cell, with the checks that stopped each refused claim:
 
-==================  =============  ==========================  =====================
-backbone            surfaces       held-out wording            known answer
-==================  =============  ==========================  =====================
-planted_semantic    i_dom, i_tool  on                          "detects" (≥ 90 %)
-planted_lexical     i_dom, i_tool  on and off                  never "detects"
-planted_surface     i_dom, i_tool, on                          never "detects"
-                    i_vis
-tiny_qwen2_5_vl     i_dom, i_tool, on                          never "detects"
-(random)            i_vis
-==================  =============  ==========================  =====================
+=====================  ===============  ==================  ==================================
+backbone               surfaces         held-out wording    known answer
+=====================  ===============  ==================  ==================================
+planted_semantic       i_dom, i_tool    on                  "detects" (≥ 90 %)
+planted_lexical        i_dom, i_tool    on and off          never "detects"
+planted_surface        i_dom, i_tool    on                  never "detects"
+planted_surface_vis    i_vis            on                  never "detects"
+tiny_qwen2_text        i_dom, i_tool    on                  never "detects" (random weights)
+tiny_qwen2_5_vl        i_vis            on                  never "detects" (random weights)
+=====================  ===============  ==================  ==================================
 
 i_vis carries no planted content: the random vision tower cannot read the banner's words, so
 the content kinds are not run there; the surface case (banner darkness) covers it.
@@ -38,7 +38,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -51,7 +53,8 @@ from pathlib import Path
 from ipi.run.config import REPO_ROOT
 from ipi.io import atomic_write_text
 
-__all__ = ["CELLS", "Cell", "chains", "claim_kind", "main", "run_record", "stopping_checks", "summarise"]
+__all__ = ["CELLS", "Cell", "TOOL_KEYS", "chains", "claim_kind", "main", "merge", "parse_cells", "run_record",
+           "stopping_checks", "summarise"]
 
 #: What every cell's run adds to the defaults (none of it enters the verdict): no transfer
 #: check (it does not enter the verdict) and no figures.
@@ -145,31 +148,59 @@ def run_record(results_path: Path, cell: Cell, seed: int) -> dict:
     """One run's line of the table, read from its ``results.json``."""
     res = json.loads(Path(results_path).read_text())
     v = res.get("verdict") or {}
+    if not isinstance(v.get("claim"), str) or not v.get("checks"):
+        # a verdict-less run must never count as "not detects" (it would meet every such cell)
+        raise ValueError(f"known answers: {results_path} has no verdict (verdict.claim and verdict.checks); "
+                         "a run without one cannot be counted")
     return {
         "cell": cell.name, "kind": cell.kind, "backbone": cell.backbone, "surface": cell.surface,
         "heldout_wording": cell.heldout, "split_seed": seed, "claim": v.get("claim"),
         "claim_kind": claim_kind(v.get("claim")), "claim_note": v.get("claim_note"),
         "stopped_by": stopping_checks(v),
         "checks": {str(c.get("id")): c.get("status") for c in v.get("checks") or []},
+        "check_names": {str(c.get("id")): c.get("name") for c in v.get("checks") or [] if c.get("name")},
         "run": str(Path(results_path).parent),
     }
 
 
-def summarise(records: list[dict], cells=CELLS, min_rate: float = MIN_DETECT_RATE) -> list[dict]:
-    """Claim counts per cell, the checks that stopped the refused claims, and whether the answer was met."""
+def summarise(records: list[dict], cells=CELLS, min_rate: float = MIN_DETECT_RATE,
+              seeds: dict[str, list[int]] | list[int] | None = None) -> list[dict]:
+    """Claim counts per cell, the checks that stopped the refused claims, and whether the answer was met.
+
+    Args:
+        records: :func:`run_record` lines.
+        cells: The cells asked for. A cell with no run is a row with ``repeats`` 0 and ``met``
+            False (never a silent omission).
+        min_rate: :data:`MIN_DETECT_RATE`.
+        seeds: The split seeds asked for (one list for every cell, or per cell name): a seed
+            without a run is listed in ``missing`` and the cell is not met. ``None``: not checked.
+
+    Returns:
+        One dict per cell.
+
+    Raises:
+        ValueError: Two runs of one cell on one split seed (a run would count twice).
+    """
     out = []
     for cell in cells:
         rs = [r for r in records if r["cell"] == cell.name]
-        if not rs:
-            continue
+        got = Counter(r.get("split_seed") for r in rs)
+        dup = sorted(k for k, n in got.items() if k is not None and n > 1)
+        if dup:
+            raise ValueError(f"known answers: {cell.name} has more than one run on split seed(s) "
+                             f"{', '.join(map(str, dup))}; each split must count once")
+        want = seeds.get(cell.name) if isinstance(seeds, dict) else seeds
+        missing = sorted(set(want) - set(got)) if want is not None else []
         kinds = Counter(r["claim_kind"] for r in rs)
         stops = Counter(s for r in rs if r["claim_kind"] != "detects" for s in r["stopped_by"])
         n, d = len(rs), kinds.get("detects", 0)
-        met = d >= min_rate * n if cell.expect == "detects" else d == 0
+        met = n > 0 and not missing and (d >= min_rate * n if cell.expect == "detects" else d == 0)
+        names = {k: v for r in rs for k, v in (r.get("check_names") or {}).items()}
         out.append({"cell": cell.name, "backbone": cell.backbone, "surface": cell.surface,
                     "heldout_wording": cell.heldout, "expect": cell.expect, "repeats": n,
                     "detects": d, "separates": kinds.get("separates", 0), "none": kinds.get("none", 0),
-                    "stopped_by": dict(sorted(stops.items(), key=lambda kv: (-kv[1], kv[0]))), "met": bool(met)})
+                    "stopped_by": dict(sorted(stops.items(), key=lambda kv: (-kv[1], kv[0]))),
+                    "check_names": dict(sorted(names.items())), "missing_seeds": missing, "met": bool(met)})
     return out
 
 
@@ -177,10 +208,10 @@ def markdown(summary: list[dict], meta: dict) -> str:
     """The table as markdown, with the command, wall time and load."""
     lines = [
         "# Known answers end to end", "",
-        f"`{meta['command']}` — {meta['runs']} runs of `train.py`, wall {meta['wall_s']:.0f} s, "
+        f"`{meta['command']}` — {meta['runs']} runs of `train.py`, wall {_secs(meta['wall_s'])}, "
         f"load average {meta['load_before']} before / {meta['load_after']} after, {meta['when']}"
         f" ({meta.get('groups_done', '?')} of {meta.get('groups', '?')} groups; wall per group: "
-        + ", ".join(f"{k} {v:.0f} s" for k, v in (meta.get("wall_s_by_group") or {}).items()) + ").", "",
+        + ", ".join(f"{k} {_secs(v)}" for k, v in (meta.get("wall_s_by_group") or {}).items()) + ").", "",
         "| cell | backbone | surface | held-out wording | known answer | repeats | detects | separates | "
         "none | checks that stopped a refused \"detects\" (runs) | met |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
@@ -190,8 +221,25 @@ def markdown(summary: list[dict], meta: dict) -> str:
         stops = ", ".join(f"check {k} ×{v}" for k, v in s["stopped_by"].items()) or "—"
         lines.append(f"| {s['cell']} | {s['backbone']} | {s['surface']} | {'on' if s['heldout_wording'] else 'off'} | "
                      f"{answer} | {s['repeats']} | {s['detects']} | {s['separates']} | {s['none']} | {stops} | "
-                     f"{'yes' if s['met'] else '**NO**'} |")
+                     f"{'yes' if s['met'] else '**NO**'}{_why_not(s)} |")
+    names = {k: v for s in summary for k, v in (s.get("check_names") or {}).items()}
+    if names:
+        lines += ["", "Checks (PROTOCOL.md §7): " + "; ".join(
+            f"{k} {v}" for k, v in sorted(names.items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else 99)) + "."]
     return "\n".join(lines) + "\n"
+
+
+def _secs(v) -> str:
+    """Seconds for the table; ``None`` (runs collected, not timed) as ``n/a``."""
+    return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{float(v):.0f} s"
+
+
+def _why_not(s: dict) -> str:
+    if s["repeats"] == 0:
+        return " (no run)"
+    if s.get("missing_seeds"):
+        return f" (no run on split seed{'s' if len(s['missing_seeds']) > 1 else ''} {', '.join(map(str, s['missing_seeds']))})"
+    return ""
 
 
 def _env() -> dict:
@@ -213,11 +261,18 @@ def _load() -> str:
 
 
 def run_group(cells: list[Cell], seeds: list[int], out: Path, extra: list[str], python: str,
-              collect: bool = False) -> tuple[list[dict], float]:
+              collect: bool = False) -> tuple[list[dict], float | None]:
     """One multirun of ``train.py`` for cells that share a surface and a held-out setting.
 
+    A group whose ``logs/<tag>.done.json`` holds the same command and the same code
+    (:func:`_code_version`) is read, not rerun. Otherwise the group's run folder is emptied first,
+    so that no run of an earlier invocation (other seeds, cells or overrides) is left beside the
+    new ones; and whatever the folder holds, only runs whose recorded overrides are exactly this
+    command's, one per (cell, split seed) asked for, are read (``--collect`` of a folder another
+    command wrote reads none of its runs).
+
     Returns:
-        ``(records, wall seconds)``.
+        ``(records, wall seconds)``; the wall is ``None`` for runs collected, not timed.
 
     Raises:
         RuntimeError: ``train.py`` failed (its log is named).
@@ -226,20 +281,27 @@ def run_group(cells: list[Cell], seeds: list[int], out: Path, extra: list[str], 
     tag = f"{surface}_{'heldout' if heldout else 'shared'}"
     sweep = out / "runs" / tag
     backbones = ",".join(c.backbone for c in cells)
+    fixed = [f"evaluation.heldout_wording={str(heldout).lower()}", *RUN_OVERRIDES, *cells[0].overrides]
     cmd = [python, str(REPO_ROOT / "train.py"), "-m", f"surface={surface}", f"backbone={backbones}",
-           f"split.seed={','.join(map(str, seeds))}", f"evaluation.heldout_wording={str(heldout).lower()}",
-           *RUN_OVERRIDES, *cells[0].overrides, f"hydra.sweep.dir={sweep}", "hydra.sweep.subdir=${hydra.job.num}",
-           *extra]
+           f"split.seed={','.join(map(str, seeds))}", *fixed, f"hydra.sweep.dir={sweep}",
+           "hydra.sweep.subdir=${hydra.job.num}", *extra]
     log = out / "logs" / f"{tag}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     done = out / "logs" / f"{tag}.done.json"
-    if done.is_file() and json.loads(done.read_text()).get("cmd") == cmd:  # finished earlier: read it
-        wall = float(json.loads(done.read_text())["wall_s"])
+    prev = json.loads(done.read_text()) if done.is_file() else {}
+    wall: float | None
+    if prev.get("cmd") == cmd and prev.get("code") == _code_version():  # finished earlier: read it
+        wall = float(prev["wall_s"])
+        print(f"known answers: {tag}: reading the finished runs of the same command ({done}; delete it to rerun)",
+              file=sys.stderr)
     elif collect:  # read what a stopped matrix finished
-        wall = float("nan")
+        wall = None
         if not sweep.is_dir():
             return [], wall
     else:
+        done.unlink(missing_ok=True)
+        if sweep.exists():  # an earlier invocation's runs: never read beside this one's
+            shutil.rmtree(sweep)
         t0 = time.perf_counter()
         with open(log, "w") as f:
             f.write(" ".join(cmd) + "\n")
@@ -248,16 +310,56 @@ def run_group(cells: list[Cell], seeds: list[int], out: Path, extra: list[str], 
         wall = time.perf_counter() - t0
         if rc != 0:
             raise RuntimeError(f"known answers: train.py failed (exit {rc}) for {tag}; see {log}")
-        atomic_write_text(done, json.dumps({"cmd": cmd, "wall_s": round(wall, 1), "load_after": _load()}))
-    records = []
-    for job in sorted(sweep.iterdir(), key=lambda p: int(p.name) if p.name.isdigit() else -1):
+        atomic_write_text(done, json.dumps({"cmd": cmd, "code": _code_version(), "wall_s": round(wall, 1),
+                                            "load_after": _load()}))
+    # what each job of this command records in .hydra/overrides.yaml (Hydra's own parse, so that
+    # `x=true` and `x=True` compare equal)
+    expected = {(c.backbone, int(sd)): _canonical([f"surface={surface}", f"backbone={c.backbone}", f"split.seed={sd}",
+                                                   *fixed, *extra])
+                for c in cells for sd in seeds}
+    records, foreign = [], 0
+    for job in sorted(sweep.iterdir() if sweep.is_dir() else [], key=lambda p: int(p.name) if p.name.isdigit() else -1):
         cfg_path = job / ".hydra" / "overrides.yaml"
         if not (job / "results.json").is_file() or not cfg_path.is_file():
             continue
-        ov = dict(o.split("=", 1) for o in _read_overrides(cfg_path))
-        cell = next(c for c in cells if c.backbone == ov["backbone"])
-        records.append(run_record(job / "results.json", cell, int(ov["split.seed"])))
+        ov_list = _read_overrides(cfg_path)
+        ov = dict(o.split("=", 1) for o in ov_list if "=" in o)
+        key = (ov.get("backbone"), int(ov["split.seed"]) if str(ov.get("split.seed", "")).lstrip("-").isdigit() else None)
+        if expected.get(key) != _canonical(ov_list):
+            foreign += 1
+            continue
+        cell = next(c for c in cells if c.backbone == key[0])
+        records.append(run_record(job / "results.json", cell, key[1]))
+    if foreign:
+        print(f"known answers: {tag}: {foreign} run(s) in {sweep} were made by another command (other seeds, cells "
+              "or overrides) and are not counted", file=sys.stderr)
     return records, wall
+
+
+def _canonical(overrides: list[str]) -> list[tuple]:
+    """Overrides as Hydra parses them (``x=true`` and ``x=True`` alike), to compare a job's with a command's."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        return [(str(o.type), o.get_key_element(), repr(o.value()))
+                for o in OverridesParser.create().parse_overrides(list(overrides))]
+    except Exception:  # noqa: BLE001 - an unparsable override never matches
+        return [("unparsable", *overrides)]
+
+
+def _code_version() -> str:
+    """The repository's commit and whether its tracked files differ from it (a rerun after a code
+    change must not read the runs the old code made)."""
+    try:
+        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True,
+                             timeout=30).stdout.strip()
+        diff = subprocess.run(["git", "diff", "HEAD", "--", "ipi", "conf", "train.py"], cwd=REPO_ROOT,
+                              capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    import hashlib
+
+    return f"{rev or 'unknown'}" + (f"+{hashlib.sha256(diff.encode()).hexdigest()[:12]}" if diff else "")
 
 
 def _read_overrides(path: Path) -> list[str]:
@@ -281,23 +383,84 @@ def chains(groups: list[tuple[str, bool]]) -> list[list[tuple[str, bool]]]:
 
 
 def merge(folders: list[str], out: Path) -> dict:
-    """One table from several runs of this tool (e.g. a matrix run in parts); walls add up."""
-    parts = [json.loads((Path(f) / "known_answers.json").read_text()) for f in folders]
+    """One table from several runs of this tool (e.g. a matrix run in parts); walls add up.
+
+    Raises:
+        SystemExit: A folder without ``known_answers.json``, parts whose extra ``train.py``
+            overrides differ, or one (cell, split seed) in two parts (it would count twice).
+    """
+    parts = []
+    for f in folders:
+        path = Path(f) / "known_answers.json"
+        if not path.is_file():
+            raise SystemExit(f"--merge: {path} does not exist (run the tool with --out {f} first, or --collect it)")
+        parts.append(json.loads(path.read_text()))
+    overrides = {json.dumps(p["meta"].get("overrides")) for p in parts}
+    if len(overrides) > 1:
+        raise SystemExit("--merge: the parts ran train.py with different extra overrides ("
+                         + "; ".join(f"{f}: {p['meta'].get('overrides')}" for f, p in zip(folders, parts))
+                         + "): their runs are not repeats of one cell")
     records = [r for p in parts for r in p["runs"]]
-    summary = summarise(records, CELLS)
+    seen = Counter((r["cell"], r.get("split_seed")) for r in records)
+    dup = sorted(k for k, n in seen.items() if n > 1)
+    if dup:
+        raise SystemExit("--merge: " + ", ".join(f"{c} split seed {sd}" for c, sd in dup)
+                         + " appear in more than one part; each split must count once")
+    asked = {s_["cell"] for p in parts for s_ in p["summary"]} | {r["cell"] for r in records}
+    cells = [c for c in CELLS if c.name in asked]
+    seeds: dict[str, list[int]] = {}
+    for p in parts:  # the seeds each part asked for, per cell it asked for (older tables: none recorded)
+        for name in p["meta"].get("cells") or []:
+            seeds.setdefault(name, []).extend(p["meta"].get("seeds") or [])
+    summary = summarise(records, cells, seeds={c.name: seeds[c.name] for c in cells if c.name in seeds} or None)
     metas = [p["meta"] for p in parts]
+    walls = [m.get("wall_s") for m in metas]
     meta = {"command": "; ".join(m["command"] for m in metas), "runs": len(records),
-            "wall_s": round(sum(m["wall_s"] for m in metas), 1),
+            "wall_s": round(sum(walls), 1) if None not in walls else None,
             "wall_s_by_group": {f"{i}:{k}": v for i, m in enumerate(metas) for k, v in m["wall_s_by_group"].items()},
             "groups_done": sum(m.get("groups_done", 0) for m in metas), "groups": sum(m.get("groups", 0) for m in metas),
             "load_before": metas[0]["load_before"], "load_after": metas[-1]["load_after"], "cpus": metas[0].get("cpus"),
-            "threads_per_run": metas[0].get("threads_per_run"), "when": metas[-1]["when"], "parts": folders}
-    result = {"meta": meta, "summary": summary, "runs": records, "all_met": all(s["met"] for s in summary)}
+            "threads_per_run": metas[0].get("threads_per_run"), "when": metas[-1]["when"], "parts": folders,
+            "overrides": metas[0].get("overrides"), "cells": [c.name for c in cells]}
+    result = {"meta": meta, "summary": summary, "runs": records,
+              "all_met": bool(summary) and all(s["met"] for s in summary)}
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "known_answers.json", json.dumps(result, indent=2))
     atomic_write_text(out / "known_answers.md", markdown(summary, meta))
     print(markdown(summary, meta))
     return result
+
+
+#: Keys the tool sets per group (the cell's backbone, surface, held-out wording, split seeds, run
+#: folders): an extra override of one would silently replace it (Hydra keeps the last value) and
+#: the table would name a backbone or known answer the runs never had.
+TOOL_KEYS = ("surface", "backbone", "split.seed", "evaluation.heldout_wording", "hydra")
+
+
+def _tool_key(override: str) -> str | None:
+    """The :data:`TOOL_KEYS` entry ``override`` sets (``backbone.loader.plant.gain=0`` -> ``backbone``), or None."""
+    key = override.split("=", 1)[0].lstrip("+~").strip()
+    for k in TOOL_KEYS:
+        if key == k or key.startswith(k + ".") or key.startswith(k + "@"):
+            return k
+    return None
+
+
+def parse_cells(text: str) -> list[Cell]:
+    """``--cells``: ``all`` or comma-separated cell names, each one of :data:`CELLS` (in matrix order).
+
+    Raises:
+        SystemExit: An unknown or empty name (named, with the cells there are).
+    """
+    if text.strip() == "all":
+        return list(CELLS)
+    names = [n.strip() for n in text.split(",")]
+    known = {c.name for c in CELLS}
+    bad = [n for n in names if n not in known]
+    if bad:
+        raise SystemExit(f"--cells: no such cell {', '.join(repr(b) for b in bad)}; "
+                         f"cells: all, {', '.join(c.name for c in CELLS)}")
+    return [c for c in CELLS if c.name in set(names)]
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -318,9 +481,16 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     if args.merge:
         return merge(args.merge, Path(args.out))
-    cells = list(CELLS) if args.cells == "all" else [c for c in CELLS if c.name in set(args.cells.split(","))]
-    if not cells:
-        raise SystemExit(f"--cells {args.cells!r}: no such cell; cells: {', '.join(c.name for c in CELLS)}")
+    if args.repeats < 1:
+        ap.error(f"--repeats {args.repeats}: at least 1 (split seeds 0..R-1)")
+    if args.jobs < 1:
+        ap.error(f"--jobs {args.jobs}: at least 1")
+    owned = [o for o in args.overrides if _tool_key(o)]
+    if owned:
+        ap.error(f"override(s) {' '.join(owned)}: the tool sets {', '.join(sorted({_tool_key(o) for o in owned}))} "
+                 "per cell (the table names each cell's backbone and known answer); choose cells with --cells and "
+                 "repeats with --repeats, or change a plant in conf/backbone/planted_*.yaml")
+    cells = parse_cells(args.cells)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     seeds = list(range(args.repeats))
@@ -334,12 +504,14 @@ def main(argv: list[str] | None = None) -> dict:
 
     def write_table() -> None:  # the table so far, after every group (a stopped matrix keeps what it finished)
         nonlocal result
-        summary = summarise(records, cells)
+        summary = summarise(records, cells, seeds=seeds)
         meta = {"command": command, "runs": len(records), "wall_s": round(time.perf_counter() - t0, 1),
+                "cells": [c.name for c in cells], "seeds": seeds, "overrides": list(args.overrides),
                 "wall_s_by_group": dict(walls), "groups_done": len(walls), "groups": len(groups),
                 "load_before": load_before, "load_after": _load(), "cpus": os.cpu_count(), "jobs": args.jobs,
                 "threads_per_run": _env()["OMP_NUM_THREADS"], "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-        result = {"meta": meta, "summary": summary, "runs": list(records), "all_met": all(s["met"] for s in summary)}
+        result = {"meta": meta, "summary": summary, "runs": list(records),
+                  "all_met": bool(summary) and all(s["met"] for s in summary)}
         atomic_write_text(out / "known_answers.json", json.dumps(result, indent=2))
         atomic_write_text(out / "known_answers.md", markdown(summary, meta))
 
@@ -352,7 +524,7 @@ def main(argv: list[str] | None = None) -> dict:
                 records.extend(recs)
                 walls[tag] = wall
                 print(f"known answers: {surface} (held-out wording {'on' if heldout else 'off'}): {len(recs)} runs, "
-                      f"{wall:.0f} s", file=sys.stderr)
+                      f"{_secs(wall)}", file=sys.stderr)
                 write_table()
 
     errors = []
@@ -360,7 +532,7 @@ def main(argv: list[str] | None = None) -> dict:
         for fut in [pool.submit(run_chain, ch) for ch in chains(list(groups))]:
             try:
                 fut.result()
-            except RuntimeError as e:  # one failed chain does not stop the others; named at the end
+            except (RuntimeError, ValueError) as e:  # one failed chain does not stop the others; named at the end
                 errors.append(str(e))
     if not walls:
         write_table()

@@ -92,3 +92,144 @@ def test_jobs_never_run_two_groups_of_one_surface_at_once(tmp_path, monkeypatch)
     assert seen.index(("i_tool", True)) < seen.index(("i_tool", False))
     table = json.loads((tmp_path / "known_answers.json").read_text())
     assert table["meta"]["groups_done"] == 4 and table["runs"] and all(r["cell"] != "surface:i_vis" for r in table["runs"])
+
+
+#: A stand-in for ``python train.py -m ...`` (the tool's ``--python``): expands the sweep
+#: (backbone x split.seed), writes each job's ``.hydra/overrides.yaml`` and a ``results.json`` whose
+#: verdict is the cell's known answer, and counts its calls.
+FAKE_TRAIN = '''
+import itertools, json, sys
+from pathlib import Path
+args = sys.argv[3:]  # train.py, -m
+calls = Path(__file__).with_suffix(".calls")
+calls.write_text(str(int(calls.read_text() or 0) + 1) if calls.exists() else "1")
+sweep = Path(next(a.split("=", 1)[1] for a in args if a.startswith("hydra.sweep.dir=")))
+task = [a for a in args if not a.startswith("hydra.")]
+swept = {k: a.split("=", 1)[1].split(",") for a in task for k in ("backbone", "split.seed") if a.startswith(k + "=")}
+for num, (bb, seed) in enumerate(itertools.product(swept["backbone"], swept["split.seed"])):
+    job = sweep / str(num)
+    (job / ".hydra").mkdir(parents=True, exist_ok=True)
+    ov = [f"backbone={bb}" if a.startswith("backbone=") else f"split.seed={seed}" if a.startswith("split.seed=") else a
+          for a in task]
+    (job / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\\n" for o in ov))
+    detects = bb.startswith("planted_semantic")
+    checks = [{"id": 1, "name": "separates", "status": "PASS"},
+              {"id": 6, "name": "selective vs a random-weight twin", "status": "PASS" if detects else "FAIL"}]
+    claim = "detects malicious content" if detects else "separates clean steps from this attack surface on this split"
+    (job / "results.json").write_text(json.dumps({"verdict": {"claim": claim, "checks": checks}}))
+'''
+
+CELLS2 = ["--cells", "semantic:i_tool,random:i_tool"]
+
+
+def _fake_python(tmp_path):
+    import sys
+
+    script = tmp_path / "fake_train.py"
+    script.write_text(FAKE_TRAIN)
+    exe = tmp_path / "python"
+    exe.write_text(f"#!/bin/sh\nexec {sys.executable} {script} \"$@\"\n")
+    exe.chmod(0o755)
+    return str(exe), script.with_suffix(".calls")
+
+
+def _by_cell(res):
+    return {s["cell"]: s for s in res["summary"]}
+
+
+def test_a_reused_out_folder_counts_only_this_commands_runs(tmp_path):
+    """--out reused with fewer repeats and another override: the earlier invocation's runs (split
+    seed 1, made without the override) are not counted beside the new ones (before: 2 repeats per
+    cell, one of them stale); the same command again reads its finished runs without rerunning;
+    --collect asking for a seed no run has says the cell is not met."""
+    from ipi.tools.known_answers import main
+
+    py, calls = _fake_python(tmp_path)
+    out = str(tmp_path / "ka")
+    first = main(["--repeats", "2", *CELLS2, "--out", out, "--python", py])
+    assert {c: (s["repeats"], s["detects"], s["met"]) for c, s in _by_cell(first).items()} == {
+        "semantic:i_tool": (2, 2, True), "random:i_tool": (2, 0, True)}
+    second = main(["--repeats", "1", *CELLS2, "--out", out, "--python", py, "evaluation.n_boot=500"])
+    assert {c: s["repeats"] for c, s in _by_cell(second).items()} == {"semantic:i_tool": 1, "random:i_tool": 1}
+    assert sorted((r["cell"], r["split_seed"]) for r in second["runs"]) == [("random:i_tool", 0), ("semantic:i_tool", 0)]
+    assert calls.read_text() == "2"
+    again = main(["--repeats", "1", *CELLS2, "--out", out, "--python", py, "evaluation.n_boot=500"])
+    assert calls.read_text() == "2" and again["summary"] == second["summary"]  # read, not rerun
+    part = main(["--collect", "--repeats", "2", *CELLS2, "--out", out, "--python", py, "evaluation.n_boot=500"])
+    assert {c: (s["repeats"], s["missing_seeds"], s["met"]) for c, s in _by_cell(part).items()} == {
+        "semantic:i_tool": (1, [1], False), "random:i_tool": (1, [1], False)}
+    assert part["all_met"] is False
+    md = (tmp_path / "ka" / "known_answers.md").read_text()
+    assert "**NO** (no run on split seed 1)" in md
+    assert "6 selective vs a random-weight twin" in md  # the table names the checks it counts
+
+
+def test_collect_on_an_empty_folder_is_not_met(tmp_path):
+    """A cell without a single run is a row that says so and is not met (before: no row, all_met true)."""
+    from ipi.tools.known_answers import main
+
+    res = main(["--collect", "--cells", "semantic:i_tool", "--repeats", "1", "--out", str(tmp_path / "empty")])
+    assert [(s["cell"], s["repeats"], s["met"]) for s in res["summary"]] == [("semantic:i_tool", 0, False)]
+    assert res["all_met"] is False
+    assert json.loads((tmp_path / "empty" / "known_answers.json").read_text())["all_met"] is False
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--cells", "semantic:i_tool,lexcal:i_tool"], "no such cell 'lexcal:i_tool'"),
+    (["--cells", "semantic:i_tool,"], "no such cell ''"),
+    (["--repeats", "0"], None),
+    (["--repeats", "-1"], None),
+    (["--jobs", "0"], None),
+    (["backbone=smollm2_135m"], None),
+    (["backbone.loader.plant.gain=0"], None),
+    (["split.seed=3"], None),
+    (["+hydra.sweep.dir=/tmp/elsewhere"], None),
+])
+def test_bad_arguments_fail_before_any_run(tmp_path, capsys, args, message):
+    """A misspelt cell (before: dropped, the others run), no repeats or jobs, or an override of what
+    the tool sets per cell (before: Hydra keeps the last value, so every cell ran the other backbone
+    under its own name) stop before train.py starts, naming the argument."""
+    from ipi.tools.known_answers import main
+
+    py, calls = _fake_python(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        main(["--repeats", "1", *CELLS2, "--out", str(tmp_path / "ka"), "--python", py, *args])
+    said = str(e.value.code) + capsys.readouterr().err
+    assert (message or args[-1]) in said
+    assert not calls.exists() and not (tmp_path / "ka" / "known_answers.json").exists()
+
+
+def test_merge_refuses_missing_parts_duplicated_splits_and_other_overrides(tmp_path):
+    """--merge of the same split twice would count it twice (before: repeats 2, met); of a folder
+    without known_answers.json (before: a FileNotFoundError traceback); of parts run with different
+    train.py overrides (not repeats of one cell)."""
+    import shutil
+
+    from ipi.tools.known_answers import main
+
+    py, _ = _fake_python(tmp_path)
+    a, b, c = (str(tmp_path / n) for n in "abc")
+    main(["--repeats", "1", *CELLS2, "--out", a, "--python", py])
+    shutil.copytree(a, b)
+    with pytest.raises(SystemExit, match="semantic:i_tool split seed 0.*more than one part"):
+        main(["--merge", a, b, "--out", str(tmp_path / "m")])
+    with pytest.raises(SystemExit, match=f"{tmp_path / 'nowhere'}/known_answers.json does not exist"):
+        main(["--merge", a, str(tmp_path / "nowhere"), "--out", str(tmp_path / "m")])
+    main(["--repeats", "2", "--cells", "semantic:i_tool", "--out", c, "--python", py, "evaluation.n_boot=500"])
+    with pytest.raises(SystemExit, match="different extra overrides"):
+        main(["--merge", a, c, "--out", str(tmp_path / "m")])
+
+
+def test_every_split_counts_once_and_a_run_needs_a_verdict(tmp_path):
+    """Two runs of one cell on one split seed never count as two repeats; a results.json without a
+    verdict is an error, not a "none" claim (which would meet every "never detects" cell)."""
+    from ipi.tools.known_answers import CELLS, run_record, summarise
+
+    sem = next(c for c in CELLS if c.name == "semantic:i_tool")
+    rec = {"cell": sem.name, "claim_kind": "detects", "stopped_by": [], "split_seed": 0}
+    with pytest.raises(ValueError, match="more than one run on split seed"):
+        summarise([rec, dict(rec)], [sem])
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"e1": {}}))
+    with pytest.raises(ValueError, match="has no verdict"):
+        run_record(path, sem, 0)

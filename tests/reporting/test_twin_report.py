@@ -122,3 +122,29 @@ def test_report_says_a_constructed_backbone_is_planted_truth():
         assert "Constructed backbone (backbone.constructed=true)" in text and "not a model of any agent" in text
     r["run"]["backbone_weights"] = "pretrained"
     assert "Constructed backbone" not in render_report(r)
+
+
+def test_a_constructed_backbone_is_not_called_random_or_trained():
+    """A constructed backbone (issue 23: pretrained false, planted weights; the verdict may license
+    "detects") is judged against its twins like a trained one: its twins' section must not say its
+    weights are random and capped at "separates" (before: it did, under a "detects" verdict), nor
+    call it "trained"; a plain random backbone still gets the note."""
+    from ipi.reporting.layout import RANDOM_BACKBONE_NOTE, Text
+
+    def section(r):
+        (twins,) = [s for s in report_sections(r) if s.id == "twins"]
+        return twins, [b.text for b in twins.blocks if isinstance(b, Text)]
+
+    r = _two_seeds()
+    r.pop("verdict")
+    r["verdict"] = verdict(r, pretrained=False, constructed=True)
+    r["run"] = {"surface": "i_dom", "backbone_weights": "constructed",
+                "random_twin": {"seeds": [1, 2], "backbone_pretrained": False, "backbone_weights": "constructed"}}
+    twins, texts = section(r)
+    assert RANDOM_BACKBONE_NOTE not in texts
+    auc, diff = _twin_grids(r)
+    assert auc.rows[0][0] == "constructed" and diff.head[0] == "constructed − …"
+    assert twins.title == "Constructed vs random-weight twins (check 6)"
+    assert "own weights are random" not in render_report(r)
+    _, texts = section(_two_seeds())  # the tiny random backbone: the note stays
+    assert RANDOM_BACKBONE_NOTE in texts

@@ -50,7 +50,7 @@ __all__ = ["PLANT_KEYS", "PLANT_KINDS", "build_planted", "lexical_token_ids", "m
 PLANT_KINDS = ("semantic", "lexical", "surface")
 #: The keys of ``backbone.loader.plant`` (:func:`build_planted`).
 PLANT_KEYS = ("kind", "gain", "seed", "words", "wrappers", "vision_gain", "share", "orthogonal_to_mean_state",
-              "match_mean_alignment_through_block")
+              "mean_state_through_block", "match_mean_alignment_through_block")
 
 
 def _ids(tok, text: str) -> list[int]:
@@ -243,8 +243,11 @@ def build_planted(base, plant: dict, *, name: str = "planted", random_init_seed:
         plant: ``{"kind": semantic|lexical|surface, "gain": float, "seed": int, "words": [...]
             (semantic), "wrappers": [...] and "vision_gain" (surface), "share": float (cosine of
             each direction with the common one, :func:`plant_directions`),
-            "orthogonal_to_mean_state": bool, "match_mean_alignment_through_block": int | None
-            (:func:`match_mean_alignment` on the embeddings and blocks ``0..k``; needs the former)}``.
+            "orthogonal_to_mean_state": bool with "mean_state_through_block": int (directions
+            orthogonal to the unplanted architecture's mean token states at the embeddings and blocks
+            ``0..k``, measured on it built to block ``k``, whatever depth this call builds),
+            "match_mean_alignment_through_block": int | None (:func:`match_mean_alignment` on the
+            embeddings and blocks ``0..k``, ``k`` at most ``mean_state_through_block``)}``.
         name: Backbone name recorded in results.
         random_init_seed: Build the random-weight twin: the architecture with this seed and no
             plant (the same backbone :func:`ipi.run.twin.twin_config` builds from ``loader.base``).
@@ -256,8 +259,10 @@ def build_planted(base, plant: dict, *, name: str = "planted", random_init_seed:
 
     Raises:
         ValueError: Unknown plant kind or key, a gain that is zero or not a number, a share outside
-            [-1, 1], a plant that touches no token, ``match_mean_alignment_through_block`` without
-            ``orthogonal_to_mean_state``, negative, or past the last block built.
+            [-1, 1], a plant that touches no token, ``orthogonal_to_mean_state`` without
+            ``mean_state_through_block`` (or that past the architecture's blocks),
+            ``match_mean_alignment_through_block`` without ``orthogonal_to_mean_state``, negative, or
+            past ``mean_state_through_block``.
     """
     from hydra.utils import instantiate
 
@@ -283,6 +288,17 @@ def build_planted(base, plant: dict, *, name: str = "planted", random_init_seed:
     if through is not None and (isinstance(through, bool) or not isinstance(through, int) or through < 0):
         raise ValueError(f"backbone={name}: plant.match_mean_alignment_through_block={through!r}; null or a decoder "
                          "block index >= 0")
+    depth = plant.get("mean_state_through_block")
+    if plant.get("orthogonal_to_mean_state", False):
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
+            raise ValueError(f"backbone={name}: plant.orthogonal_to_mean_state needs plant.mean_state_through_block, "
+                             f"a decoder block index >= 0 (got {depth!r}): the mean states are measured at the "
+                             "embeddings and blocks 0..k, the same whatever depth a run builds")
+        if through is not None and through > depth:
+            raise ValueError(f"backbone={name}: plant.match_mean_alignment_through_block={through} is past "
+                             f"plant.mean_state_through_block={depth} (the blocks whose mean states are measured)")
+    elif depth is not None:
+        raise ValueError(f"backbone={name}: plant.mean_state_through_block needs plant.orthogonal_to_mean_state=true")
     bb = instantiate(base, **kw)
     tok = bb.tokenizer
     if kind == "semantic":
@@ -301,19 +317,22 @@ def build_planted(base, plant: dict, *, name: str = "planted", random_init_seed:
     if plant.get("orthogonal_to_mean_state", False):
         from ipi.protocol import DEFAULT_SYSTEM_PROMPT
 
-        # Orthogonal to the unplanted network's mean token state at every block (measured on the
-        # system prompt): the plant moves the probe's features, not the collapse statistic, whose
-        # probe check 5 judges; share < 1 keeps the planted tokens' mutual cosines at share².
-        dirs = _orthogonal_to(dirs, mean_state_directions(bb, DEFAULT_SYSTEM_PROMPT))
-        through = plant.get("match_mean_alignment_through_block")
+        # Orthogonal to the unplanted network's mean token state at the embeddings and blocks
+        # 0..mean_state_through_block (measured on the system prompt, on the architecture built to
+        # exactly that depth, so the plant is the same whatever depth this run builds: extraction
+        # builds only up to the deepest probed block): the plant moves the probe's features, not the
+        # collapse statistic, whose probe check 5 judges; share < 1 keeps the planted tokens' mutual
+        # cosines at share².
+        reference = instantiate(base, **build_kwargs(base, max_layer=int(depth)))
+        means = mean_states(reference, DEFAULT_SYSTEM_PROMPT)  # [depth + 2, hidden]
+        if means.shape[0] != int(depth) + 2:
+            raise ValueError(f"backbone={name}: plant.mean_state_through_block={depth}, but the architecture has "
+                             f"blocks 0..{means.shape[0] - 2}")
+        dirs = _orthogonal_to(dirs, mean_state_directions(reference, DEFAULT_SYSTEM_PROMPT))
         if through is not None:
             # ... then given an ordinary token's cosine with that mean state at the embeddings and
             # blocks 0..through, so that a planted token neither raises nor lowers the statistic there
             # at first order (conf/backbone/planted_semantic.yaml; docs/selftest.md, "Known answers")
-            means = mean_states(bb, DEFAULT_SYSTEM_PROMPT)  # [embeddings + blocks built, hidden]
-            if int(through) > means.shape[0] - 2:  # slicing past the end would silently match fewer blocks
-                raise ValueError(f"backbone={name}: plant.match_mean_alignment_through_block={through}, but the "
-                                 f"decoder built has blocks 0..{means.shape[0] - 2}")
             dirs = match_mean_alignment(dirs, means[: int(through) + 2])
     with torch.no_grad():
         emb.weight[torch.tensor(ids)] += float(plant["gain"]) * dirs.to(emb.weight.dtype)

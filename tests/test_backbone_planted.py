@@ -153,10 +153,16 @@ def test_planted_backbone_differs_from_its_base_only_where_planted_and_survives_
     assert changed == sorted(ids)
     plant = cfg.backbone.loader.plant
     through = int(plant.match_mean_alignment_through_block)
-    assert through == 1  # the known answers probe block 1 (layers=six_1)
+    assert through == 1 == int(plant.mean_state_through_block)  # the known answers probe block 1 (layers=six_1)
+    # the mean states are measured on the unplanted architecture built to block 1, whatever depth is built
+    reference = instantiate(tiny.backbone.loader, max_layer=1)
     ortho = _orthogonal_to(plant_directions("semantic", ids, 64, int(plant.seed), float(plant.share)),
-                           mean_state_directions(base, DEFAULT_SYSTEM_PROMPT))
-    means = mean_states(base, DEFAULT_SYSTEM_PROMPT)[: through + 2]  # embeddings, blocks 0..1
+                           mean_state_directions(reference, DEFAULT_SYSTEM_PROMPT))
+    means = mean_states(reference, DEFAULT_SYSTEM_PROMPT)  # embeddings, blocks 0..1
+    assert means.shape[0] == through + 2
+    # ... the same states as the full-depth build's first three (block 1's output is only normed
+    # there, and the norm's unit weight leaves each token's direction where it was)
+    torch.testing.assert_close(means, mean_states(base, DEFAULT_SYSTEM_PROMPT)[:3], atol=1e-5, rtol=1e-5)
     dirs = match_mean_alignment(ortho, means)
     torch.testing.assert_close(e[ids] - e0[ids], float(plant.gain) * dirs)
     # every planted direction shares u (cosine ~ share after the projection), none is parallel to another
@@ -175,6 +181,28 @@ def test_planted_backbone_differs_from_its_base_only_where_planted_and_survives_
     assert key(cfg) != key(tiny)
     tw = instantiate(twin_config(cfg, 1).backbone.loader, max_layer=1)
     assert tw.identity.get("plant") is None and tw.identity["seed"] == 1
+
+
+@pytest.mark.needs_shared
+@pytest.mark.parametrize("name", ["planted_semantic", "planted_lexical", "planted_surface"])
+def test_the_plant_does_not_depend_on_the_depth_a_run_builds(tmp_path, name):
+    """Extraction builds only up to the deepest probed block, so `layers=six_1` and `layers=six` build
+    the same backbone name to block 1 and to block 7: the planted weights must be identical (they
+    differed on every planted row when the mean states were measured on whatever was built)."""
+    from hydra.utils import instantiate
+
+    from tests.conftest import compose_train
+
+    cfg = compose_train(tmp_path, [f"backbone={name}"], small=False)
+    shallow = instantiate(cfg.backbone.loader, max_layer=1).model.get_input_embeddings().weight
+    deep = instantiate(cfg.backbone.loader, max_layer=7).model.get_input_embeddings().weight
+    assert torch.equal(shallow, deep)
+    # a mean-state depth past the architecture's 8 blocks is refused, naming the key
+    from hydra.errors import InstantiationException
+
+    with pytest.raises((ValueError, InstantiationException), match="max_layer=8|mean_state_through_block"):
+        instantiate(compose_train(tmp_path, [f"backbone={name}", "backbone.loader.plant.mean_state_through_block=8"],
+                                  small=False).backbone.loader, max_layer=1)
 
 
 @pytest.mark.needs_shared
@@ -281,8 +309,10 @@ def test_semantic_plant_reaches_the_observation_group_at_the_probed_block(tmp_pa
 @pytest.mark.parametrize("override, message", [
     ("backbone.loader.plant.words=[]", "touches no token"),
     ("backbone.loader.plant.kind=semantik", "plant.kind='semantik'; allowed: semantic, lexical, surface"),
-    ("backbone.loader.plant.match_mean_alignment_through_block=99", "decoder built has blocks 0..1"),
-    ("backbone.loader.plant.match_mean_alignment_through_block=2", "decoder built has blocks 0..1"),
+    ("backbone.loader.plant.match_mean_alignment_through_block=99", "is past plant.mean_state_through_block=1"),
+    ("backbone.loader.plant.match_mean_alignment_through_block=2", "is past plant.mean_state_through_block=1"),
+    ("~backbone.loader.plant.mean_state_through_block", "needs plant.mean_state_through_block"),
+    ("backbone.loader.plant.mean_state_through_block=-1", "needs plant.mean_state_through_block"),
     ("backbone.loader.plant.match_mean_alignment_through_block=-1", "through_block=-1; null or a decoder block"),
     ("backbone.loader.plant.share=1.5", "plant.share=1.5; a cosine in"),
     ("backbone.loader.plant.gain=0", "plant.gain=0; a finite non-zero"),

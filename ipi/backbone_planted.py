@@ -171,7 +171,12 @@ def mean_states(backbone: Backbone, text: str) -> torch.Tensor:
 def mean_state_directions(backbone: Backbone, text: str) -> torch.Tensor:
     """Orthonormal basis ``[k, hidden]`` of the mean unit-normalised token states
     (:func:`mean_states`) at the embeddings and at every decoder block of ``backbone`` over ``text``."""
-    q, r = torch.linalg.qr(mean_states(backbone, text).T)  # [hidden, k]
+    return _orthonormal_basis(mean_states(backbone, text))
+
+
+def _orthonormal_basis(rows: torch.Tensor) -> torch.Tensor:
+    """Orthonormal basis ``[k, hidden]`` of the span of ``rows`` ``[n, hidden]`` (QR; k <= n)."""
+    q, r = torch.linalg.qr(rows.T)  # [hidden, n]
     keep = r.diagonal().abs() > 1e-6 * r.diagonal().abs().max()
     return q[:, keep].T.contiguous()
 
@@ -297,8 +302,11 @@ def build_planted(base, plant: dict, *, name: str = "planted", random_init_seed:
         if through is not None and through > depth:
             raise ValueError(f"backbone={name}: plant.match_mean_alignment_through_block={through} is past "
                              f"plant.mean_state_through_block={depth} (the blocks whose mean states are measured)")
-    elif depth is not None:
-        raise ValueError(f"backbone={name}: plant.mean_state_through_block needs plant.orthogonal_to_mean_state=true")
+    else:
+        for key in ("mean_state_through_block", "match_mean_alignment_through_block"):
+            if plant.get(key) is not None:
+                raise ValueError(f"backbone={name}: plant.{key} needs plant.orthogonal_to_mean_state=true (it measures "
+                                 "or aligns to the mean state the directions are drawn orthogonal to)")
     bb = instantiate(base, **kw)
     tok = bb.tokenizer
     if kind == "semantic":
@@ -309,9 +317,6 @@ def build_planted(base, plant: dict, *, name: str = "planted", random_init_seed:
         ids = wrapper_token_ids(tok, plant.get("wrappers") or [])
     if not ids:
         raise ValueError(f"backbone={name}: the {kind} plant touches no token (plant.words / plant.wrappers)")
-    if plant.get("match_mean_alignment_through_block") is not None and not plant.get("orthogonal_to_mean_state", False):
-        raise ValueError(f"backbone={name}: plant.match_mean_alignment_through_block needs "
-                         "plant.orthogonal_to_mean_state=true (it aligns directions drawn orthogonal to the mean state)")
     emb = _input_embeddings(bb.model)
     dirs = plant_directions(kind, ids, emb.weight.shape[1], int(plant.get("seed", 0)), float(plant.get("share", 1.0)))
     if plant.get("orthogonal_to_mean_state", False):
@@ -323,12 +328,10 @@ def build_planted(base, plant: dict, *, name: str = "planted", random_init_seed:
         # builds only up to the deepest probed block): the plant moves the probe's features, not the
         # collapse statistic, whose probe check 5 judges; share < 1 keeps the planted tokens' mutual
         # cosines at share².
+        # (a depth past the architecture's blocks is refused by the build: keep_decoder_layers)
         reference = instantiate(base, **build_kwargs(base, max_layer=int(depth)))
         means = mean_states(reference, DEFAULT_SYSTEM_PROMPT)  # [depth + 2, hidden]
-        if means.shape[0] != int(depth) + 2:
-            raise ValueError(f"backbone={name}: plant.mean_state_through_block={depth}, but the architecture has "
-                             f"blocks 0..{means.shape[0] - 2}")
-        dirs = _orthogonal_to(dirs, mean_state_directions(reference, DEFAULT_SYSTEM_PROMPT))
+        dirs = _orthogonal_to(dirs, _orthonormal_basis(means))
         if through is not None:
             # ... then given an ordinary token's cosine with that mean state at the embeddings and
             # blocks 0..through, so that a planted token neither raises nor lowers the statistic there

@@ -290,7 +290,8 @@ def run_group(cells: list[Cell], seeds: list[int], out: Path, extra: list[str], 
     done = out / "logs" / f"{tag}.done.json"
     prev = json.loads(done.read_text()) if done.is_file() else {}
     wall: float | None
-    if prev.get("cmd") == cmd and prev.get("code") == _code_version():  # finished earlier: read it
+    code = _code_version()  # once, before the run: the version the runs are made with
+    if prev.get("cmd") == cmd and prev.get("code") == code:  # finished earlier: read it
         wall = float(prev["wall_s"])
         print(f"known answers: {tag}: reading the finished runs of the same command ({done}; delete it to rerun)",
               file=sys.stderr)
@@ -310,7 +311,7 @@ def run_group(cells: list[Cell], seeds: list[int], out: Path, extra: list[str], 
         wall = time.perf_counter() - t0
         if rc != 0:
             raise RuntimeError(f"known answers: train.py failed (exit {rc}) for {tag}; see {log}")
-        atomic_write_text(done, json.dumps({"cmd": cmd, "code": _code_version(), "wall_s": round(wall, 1),
+        atomic_write_text(done, json.dumps({"cmd": cmd, "code": code, "wall_s": round(wall, 1),
                                             "load_after": _load()}))
     # what each job of this command records in .hydra/overrides.yaml (Hydra's own parse, so that
     # `x=true` and `x=True` compare equal)

@@ -179,3 +179,17 @@ def _cache_copy(reference: Path, dst: Path) -> Path:
     (src,) = [p for p in (reference / "cache").iterdir() if p.is_dir() and key.startswith(p.name)]
     dst.mkdir(parents=True, exist_ok=True)
     return Path(shutil.copytree(src, dst / src.name))
+
+
+def run_verdict(results, **settings) -> dict:
+    """The verdict of ``results`` as results.json writes it: :func:`ipi.evaluation.verdict.judge` with
+    :class:`ipi.evaluation.results.Settings` built from ``settings`` (the production path)."""
+    from ipi.evaluation.results import Settings
+    from ipi.evaluation.verdict import judge
+
+    return judge(results, Settings(**settings)).to_dict()
+
+
+def check_of(verdict: dict, cid: int) -> dict:
+    """Check ``cid`` of a verdict dict (checks are numbered 0–6, PROTOCOL.md §7)."""
+    return next(c for c in verdict["checks"] if c["id"] == cid)

@@ -136,9 +136,11 @@ def cross_fit(
       labelled rows (:func:`ipi.metrics.permutation.permute_within`, one
       ``numpy.random.default_rng(permutation_seed)`` drawn replicate after replicate), and
       every fold refits the detector on its training rows' permuted labels and scores its test
-      clean/attack rows (true labels kept). With K folds a replicate's statistic is thus the
-      out-of-fold E1 of K refits — the whole cross-fitting procedure rerun on permuted labels,
-      exactly as the observed E1 was obtained. A detector with ``null_refits`` makes a fold's M
+      clean/attack rows. Holdout: the test rows keep their true labels. K folds: every row is
+      also a training row of the other folds, so a replicate's statistic is the out-of-fold E1 of
+      K refits read on the **same permuted labels** — the whole cross-fitting procedure rerun on
+      the relabelled data, exactly as the observed E1 was obtained on the true labels (the
+      permutation's ``null_attack``). A detector with ``null_refits`` makes a fold's M
       refits at once (the logistic probe: per fold the standardised training rows are reduced
       once to at most ``n`` coordinates, :class:`ipi.probe.dual.ReducedDesign`, and the M
       refits are one batched Newton solve there); any other detector is refitted M times per
@@ -295,6 +297,16 @@ def _null_refits(tuned: Sequence, meta: pd.DataFrame, x: np.ndarray, folds, labe
     info = {"refit_scores": refit, "seed": seed,
             "unit": "attack/clean labels permuted within each training (trajectory, step)",
             "design": design, "seconds": round(time.perf_counter() - t0, 3)}
+    if len(folds) > 1:
+        # K-fold: each row is trained on by the other folds' refits, so replicate j is the whole
+        # procedure rerun on the relabelled data and its out-of-fold E1 is read on the same labels
+        # (an exact test: the data are exchangeable under within-step relabelling).
+        lab_test = labelled[test_index]
+        attack = np.zeros((m, len(test_index)), dtype=bool)
+        attack[:, lab_test] = y_perm[:, np.searchsorted(lab_idx, test_index[lab_test])].astype(bool)
+        info["null_attack"] = attack
+        info["unit"] = ("attack/clean labels permuted within each (trajectory, step); every fold refitted and "
+                        "the out-of-fold E1 read on the permuted labels")
     return null, info
 
 

@@ -5,13 +5,13 @@ reportability); score tables on disk are read and assessed by :func:`evaluate_sc
 
 Public API::
 
-    from ipi.evaluation import assess, ScoreTables, Settings, read_score_table, evaluate_score_table, verdict
+    from ipi.evaluation import assess, ScoreTables, Settings, read_score_table, evaluate_score_table, judge
 """
 
 from ipi.evaluation.assess import ScoreTables, assess
 from ipi.evaluation.results import DEFAULTS, Results, Settings
 from ipi.evaluation.scoretable import evaluate_score_table, read_score_table
-from ipi.evaluation.verdict import format_verdict, judge, verdict
+from ipi.evaluation.verdict import judge
 
-__all__ = ["DEFAULTS", "Results", "ScoreTables", "Settings", "assess", "evaluate_score_table", "format_verdict",
-           "judge", "read_score_table", "verdict"]
+__all__ = ["DEFAULTS", "Results", "ScoreTables", "Settings", "assess", "evaluate_score_table", "judge",
+           "read_score_table"]

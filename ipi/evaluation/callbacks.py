@@ -17,66 +17,60 @@ import pandas as pd
 
 from ipi.evaluation.assess import ScoreTables, assess
 from ipi.evaluation.results import DEFAULTS, Results, Settings
+from ipi.evaluation.verdict import read_keys
 from ipi.metrics.keys import (
     C1,
     COLLAPSE_ONLY,
-    DIFFERENCES,
     E1,
-    E1_MINUS_TWIN_E1,
-    E1_MINUS_TWIN_E1_PREDICTIVE,
+    E1_PAIRED,
     E2,
     E3,
-    E3_MINUS_TWIN_E3,
-    E3_MINUS_TWIN_E3_BY_SEED,
-    E3_MINUS_TWIN_E3_PREDICTIVE,
     NULL_MEAN,
     P_VALUE,
     PERMUTATION,
     PERMUTED,
-    RANDOM_TWIN,
     TRANSFER,
+    dotted,
 )
 from ipi.progress import progress_bar
 
 __all__ = ["EstimandsCallback", "flat_metrics"]
 
 
+def _at(results: Mapping, key: str):
+    cur = results
+    for part in key.split("."):
+        if not isinstance(cur, Mapping) or part not in cur:
+            return None
+        cur = cur[part]
+    return cur
+
+
+#: Baselines whose E1 the paper reports (PROTOCOL.md §8): logged beside the headline estimands.
+PAPER_BASELINES = (C1, COLLAPSE_ONLY, PERMUTED, TRANSFER)
+
+
 def flat_metrics(results: Mapping, prefix: str = "test") -> dict[str, float]:
-    """The logged metrics of a results dict: ``<prefix>/e1``, ``<prefix>/e1_ci_low`` ... (Lightning loggers)."""
+    """The logged metrics of a results dict (Lightning loggers, W&B): the headline estimands, the
+    baselines' E1 the paper reports (:data:`PAPER_BASELINES`) and every estimand a verdict check reads (:func:`ipi.evaluation.verdict.read_keys`, the one
+    declaration), each as ``<prefix>/<key with "_" for ".">`` (``test/e3_c_scrambled``) with ``_ci_low``/``_ci_high`` when it
+    is an interval; and the permutation test's p-value and null mean."""
     out: dict[str, float] = {}
-
-    def add(name, iv):
-        if isinstance(iv, dict) and iv.get("estimate") is not None:
-            out[f"{prefix}/{name}"] = float(iv["estimate"])
-            if iv.get("ci_low") is not None:
-                out[f"{prefix}/{name}_ci_low"] = float(iv["ci_low"])
-                out[f"{prefix}/{name}_ci_high"] = float(iv["ci_high"])
-
-    add(E1, results.get(E1))
-    add(E2, results.get(E2))
-    for c, iv in (results.get(E3) or {}).items():
-        add(f"{E3}_{c}", iv)
-    twin = results.get(RANDOM_TWIN) or {}
-    add(f"{RANDOM_TWIN}_{E1}", twin.get(E1))
-    add(f"{RANDOM_TWIN}_{E2}", twin.get(E2))
-    for c, iv in (twin.get(E3) or {}).items():
-        add(f"{RANDOM_TWIN}_{E3}_{c}", iv)
-    diffs = results.get(DIFFERENCES) or {}
-    add(E1_MINUS_TWIN_E1, diffs.get(E1_MINUS_TWIN_E1))
-    for c, iv in (diffs.get(E3_MINUS_TWIN_E3) or {}).items():
-        add(f"{E3_MINUS_TWIN_E3}_{c}", iv)
-    add(E1_MINUS_TWIN_E1_PREDICTIVE, diffs.get(E1_MINUS_TWIN_E1_PREDICTIVE))
-    for c, iv in (diffs.get(E3_MINUS_TWIN_E3_PREDICTIVE) or {}).items():
-        add(f"{E3_MINUS_TWIN_E3_PREDICTIVE}_{c}", iv)
-    for seed, by_c in (diffs.get(E3_MINUS_TWIN_E3_BY_SEED) or {}).items():
-        for c, iv in by_c.items():
-            add(f"e3_minus_twin{seed}_e3_{c}", iv)
-    for base in (C1, COLLAPSE_ONLY, PERMUTED, TRANSFER):
-        if isinstance(results.get(base), dict):
-            add(f"{base}_{E1}", results[base].get(E1))
-            add(f"{base}_{E2}", results[base].get(E2))
+    keys = [E1, E1_PAIRED, E2, *(dotted(E3, c) for c in sorted(results.get(E3) or {}))]
+    keys += [dotted(b, E1) for b in PAPER_BASELINES if isinstance(results.get(b), Mapping)]
+    keys += [k for k in read_keys(results) if k not in keys]
+    for key in keys:
+        v = _at(results, key)
+        name = f"{prefix}/{key.replace('.', '_')}"
+        if isinstance(v, Mapping) and v.get("estimate") is not None:
+            out[name] = float(v["estimate"])
+            if v.get("ci_low") is not None:
+                out[f"{name}_ci_low"] = float(v["ci_low"])
+                out[f"{name}_ci_high"] = float(v["ci_high"])
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[name] = float(v)
     perm = results.get(PERMUTATION)
-    if isinstance(perm, dict) and perm.get(P_VALUE) is not None:
+    if isinstance(perm, Mapping) and perm.get(P_VALUE) is not None:
         out[f"{prefix}/permutation_p"] = float(perm[P_VALUE])
         out[f"{prefix}/permutation_null_mean"] = float(perm[NULL_MEAN])
     return out

@@ -1,22 +1,20 @@
-"""Which estimates may be reported: an estimate the verdict could not use is marked, never dressed up.
+"""The one gate of PROTOCOL.md §7.0: which intervals are evidence, and which estimates may be reported.
 
 An interval from a cluster bootstrap over too few test trajectories, from too few usable
 replicates, or one that collapsed to a point (``ci_low == ci_high``: every replicate gave the
-same value, e.g. E2 = 1.000 [1.000, 1.000] on 2 trajectories) is not a result. The verdict
-already answers NOT RUN for such runs (PROTOCOL.md §7; docs/estimands.md); this module gives
-every single estimate the same treatment, so that the estimands table (``report.md``,
-``report.html``), the forest plot and W&B all say *which* numbers are not reportable and why
-(docs/outputs.md, *Reportable estimates*).
-
-:func:`reportability` maps each estimand key (:func:`estimand_entries`) to ``None``
-(reportable) or a one-line reason (every rule that applies, joined by ``"; "``). The rules:
+same value, e.g. E2 = 1.000 [1.000, 1.000] on 2 trajectories) is not a result. One function,
+:func:`not_evidence`, says why an interval cannot be evidence; the verdict
+(:mod:`ipi.evaluation.verdict`) calls it for every interval a check reads, and
+:func:`reportability` calls it for every estimand of :func:`estimand_entries` (the one list), so
+the estimands table (``report.md``, ``report.html``), the forest plot, W&B and the checks can
+never disagree on what is evidence (docs/outputs.md, *Reportable estimates*). The rules, every
+one that applies joined by ``"; "``:
 
 1. **undefined**: no estimate, or no interval;
 2. **too few clusters**: fewer than ``min_clusters`` **effective** test trajectories (Kish, from
-   the weights the estimand uses: ``results["bootstrap"]["effective_clusters_by_estimand"]``;
-   older results: the trajectories contributing rows to both sides,
-   ``clusters_by_estimand``, or ``n_clusters``; PROTOCOL.md §7.0), the same gate the verdict
-   applies;
+   the weights the estimand uses: ``results["bootstrap"]["effective_clusters_by_estimand"]``; a
+   paired difference: the smaller of its two estimands'; older results: the trajectories
+   contributing rows to both sides, ``clusters_by_estimand``, or ``n_clusters``);
 3. **too few replicates**: ``n_boot_used`` below ``min_boot_fraction`` × ``n_boot`` (the other
    replicates had no positive or no negative row and were dropped, so the interval describes
    the unusual draws that remained);
@@ -56,7 +54,8 @@ from ipi.metrics.keys import (
     dotted,
 )
 
-__all__ = ["BASELINE_LABELS", "estimand_entries", "mark", "mark_reportability", "reportability", "reportability_of"]
+__all__ = ["BASELINE_LABELS", "cluster_count", "estimand_entries", "mark", "not_evidence", "reportability",
+           "reportability_of", "too_few_clusters"]
 
 #: Display names of the baselines' estimands.
 BASELINE_LABELS = {
@@ -78,7 +77,7 @@ def estimand_entries(results: Mapping) -> list[tuple[str, str, Mapping | None]]:
     r = results
     rows: list[tuple[str, str, Mapping | None]] = [(E1, "E1 attack vs clean", r.get(E1))]
     if r.get(E1_PAIRED) is not None:
-        rows.append((E1_PAIRED, "E1 over steps having attack and clean (check 1)", r.get(E1_PAIRED)))
+        rows.append((E1_PAIRED, "E1 over steps having attack and clean", r.get(E1_PAIRED)))
     rows.append((E2, "E2 paired step", r.get(E2)))
     rows += [(dotted(E3, c), f"E3 attack vs {c}", iv) for c, iv in sorted((r.get(E3) or {}).items())]
     for key, label in BASELINE_LABELS.items():
@@ -86,9 +85,9 @@ def estimand_entries(results: Mapping) -> list[tuple[str, str, Mapping | None]]:
             rows.append((dotted(key, E1), f"{label} E1", r[key].get(E1)))
             if r[key].get(E2):
                 rows.append((dotted(key, E2), f"{label} E2", r[key].get(E2)))
-            if key == C1:  # metadata balance of the controls (docs/estimands.md)
-                rows += [(dotted(C1, E3, c), f"{label} E3 attack vs {c}", iv)
-                         for c, iv in sorted((r[key].get(E3) or {}).items())]
+            # C1's E3 (check 2) and the collapse-only E3 (check 5); the others' too, when present
+            rows += [(dotted(key, E3, c), f"{label} E3 attack vs {c}", iv)
+                     for c, iv in sorted((r[key].get(E3) or {}).items())]
     twin = r.get(RANDOM_TWIN)
     if isinstance(twin, Mapping):  # the same probe on the random-weight twins (verdict check 6)
         env = " (max over seeds)" if len(twin.get(SEEDS) or ()) > 1 else ""
@@ -127,74 +126,98 @@ def _count(v) -> int | None:
     return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
-def _clusters(boot: Mapping, key: str) -> int | None:
-    """Test trajectories behind one estimand: per-estimand count if recorded, else the run's."""
-    by = boot.get(CLUSTERS_BY_ESTIMAND)
-    if isinstance(by, Mapping):
-        v = by.get(key)
-        if v is None:  # nested, e.g. {"e3": {"c_scrambled": 4}}
-            v = by
-            for part in key.split("."):
-                v = v.get(part) if isinstance(v, Mapping) else None
-        if _count(v) is not None:
-            return _count(v)
-    return _count(boot.get(N_CLUSTERS))
-
-
-def _effective(boot: Mapping, key: str) -> float | None:
-    """Kish effective test trajectories behind one estimand (``effective_clusters_by_estimand``), or None."""
-    v = boot.get(EFFECTIVE_CLUSTERS_BY_ESTIMAND)
+def _lookup(tree, key: str):
+    """The value at a dotted ``key`` of a counts tree (flat keys of older files too), or None."""
+    if not isinstance(tree, Mapping):
+        return None
+    if key in tree:
+        return tree[key]
+    v = tree
     for part in key.split("."):
         v = v.get(part) if isinstance(v, Mapping) else None
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+    return v
 
 
-def reportability(results: Mapping, *, min_clusters: int = DEFAULTS.min_clusters,
-                  min_boot_fraction: float = DEFAULTS.min_boot_fraction) -> dict[str, str | None]:
-    """Whether each estimate may be reported, and if not, why (rules in the module docstring).
+def cluster_count(boot: Mapping, key: str) -> tuple[float | None, int | None]:
+    """``(effective, contributing)`` test trajectories behind estimand ``key`` (PROTOCOL.md §7.0).
+
+    ``effective`` is the Kish count of ``bootstrap.effective_clusters_by_estimand`` (None when the
+    results carry none); ``contributing`` the trajectories with rows on both sides
+    (``clusters_by_estimand``), else the run's ``n_clusters`` (None when unknown).
+    """
+    eff = _lookup(boot.get(EFFECTIVE_CLUSTERS_BY_ESTIMAND), key)
+    eff = float(eff) if isinstance(eff, (int, float)) and not isinstance(eff, bool) else None
+    n = _count(_lookup(boot.get(CLUSTERS_BY_ESTIMAND), key))
+    return eff, (n if n is not None else _count(boot.get(N_CLUSTERS)))
+
+
+def too_few_clusters(results: Mapping, key: str, min_clusters: float) -> str | None:
+    """Rule 2 alone (the cluster count behind ``key``), or None: for a check that reads no
+    interval of ``key`` but needs its trajectories (check 4 reads E1's)."""
+    eff, n = cluster_count(results.get(BOOTSTRAP) or {}, key)
+    if eff is not None:
+        if eff >= min_clusters:
+            return None
+        return (f"only {eff:.1f} effective test trajectories (Kish, from the weights it uses; {n} contribute) "
+                f"(< min_clusters {min_clusters:g})")
+    if n is not None and n < min_clusters:
+        return (f"only {n} test trajector{'y contributes' if n == 1 else 'ies contribute'} "
+                f"(< min_clusters {min_clusters:g})")
+    return None
+
+
+def not_evidence(results: Mapping, key: str, iv: Mapping | None, *, min_clusters: float = DEFAULTS.min_clusters,
+                 min_boot_fraction: float = DEFAULTS.min_boot_fraction) -> str | None:
+    """Why the interval ``iv`` of estimand ``key`` is not evidence, or None when it is: THE gate.
+
+    Every check of the verdict and every reportability mark goes through this one function
+    (rules 1–4 of the module docstring, every one that applies joined by ``"; "``; an undefined
+    estimate or interval gets that reason alone).
 
     Args:
-        results: A results dict (``results.json``): intervals ``{"estimate", "ci_low",
-            "ci_high", "n_boot_used"}`` and ``bootstrap`` (``n_boot``, ``n_clusters``, and
-            ``clusters_by_estimand`` when present).
-        min_clusters: Fewest test trajectories (``evaluation.min_clusters``).
+        results: The results dict (its ``bootstrap`` section holds the counts and ``n_boot``).
+        key: The dotted estimand key (``e3.c_scrambled``, ``differences.e3_minus_c1_e3.c_scrambled``).
+        iv: The interval ``{"estimate", "ci_low", "ci_high"[, "n_boot_used"]}``, or None.
+        min_clusters: Fewest effective test trajectories (``evaluation.min_clusters``).
         min_boot_fraction: Fewest usable replicates as a fraction of ``n_boot``
             (``evaluation.min_boot_fraction``).
 
     Returns:
-        ``{estimand key: None | reason}``, keys as in :func:`estimand_entries`; an undefined
-        estimate gets that reason alone, otherwise every failed rule is listed.
+        The reason, or None.
     """
-    boot = results.get(BOOTSTRAP) or {}
-    n_boot = boot.get(N_BOOT_KEY)
-    out: dict[str, str | None] = {}
-    for key, _label, iv in estimand_entries(results):
-        iv = iv or {}
-        est, lo, hi = (_num(iv.get(k)) for k in (ESTIMATE, CI_LOW, CI_HIGH))
-        n_clusters = _clusters(boot, key)
-        n_eff = _effective(boot, key)
-        used = iv.get(N_BOOT_USED)
-        if est is None:
-            out[key] = "undefined (no estimate)"
-            continue
-        if lo is None or hi is None:
-            out[key] = "undefined interval"
-            continue
-        reasons = []
-        if n_eff is not None and n_eff < min_clusters:
-            reasons.append(f"only {n_eff:.1f} effective test trajectories (Kish, from the weights it uses; "
-                           f"{n_clusters} contribute) (< {min_clusters})")
-        elif n_eff is None and n_clusters is not None and n_clusters < min_clusters:
-            reasons.append(f"only {n_clusters} test trajector{'y contributes' if n_clusters == 1 else 'ies contribute'} "
-                           f"(< {min_clusters})")
-        if isinstance(n_boot, (int, float)) and isinstance(used, (int, float)) and n_boot > 0 \
-                and used < min_boot_fraction * n_boot:
-            reasons.append(f"only {int(used)} of {int(n_boot)} bootstrap replicates usable "
-                           f"(< {min_boot_fraction:.0%})")
-        if math.isclose(lo, hi, rel_tol=1e-9, abs_tol=1e-12):  # equal up to float rounding
-            reasons.append("degenerate interval (every replicate gave the same value)")
-        out[key] = "; ".join(reasons) or None
-    return out
+    iv = iv if isinstance(iv, Mapping) else {}
+    est, lo, hi = (_num(iv.get(k)) for k in (ESTIMATE, CI_LOW, CI_HIGH))
+    if est is None:
+        return "undefined (no estimate)"
+    if lo is None or hi is None:
+        return "undefined interval"
+    reasons = [r for r in (too_few_clusters(results, key, min_clusters),) if r]
+    n_boot = (results.get(BOOTSTRAP) or {}).get(N_BOOT_KEY)
+    used = iv.get(N_BOOT_USED)
+    if isinstance(n_boot, (int, float)) and isinstance(used, (int, float)) and n_boot > 0 \
+            and used < min_boot_fraction * n_boot:
+        reasons.append(f"only {int(used)} of {int(n_boot)} bootstrap replicates usable "
+                       f"(< {min_boot_fraction:.0%})")
+    if math.isclose(lo, hi, rel_tol=1e-9, abs_tol=1e-12):  # equal up to float rounding
+        reasons.append(f"degenerate interval [{lo:.3f}, {hi:.3f}] (every replicate gave the same value)")
+    return "; ".join(reasons) or None
+
+
+def reportability(results: Mapping, *, min_clusters: float = DEFAULTS.min_clusters,
+                  min_boot_fraction: float = DEFAULTS.min_boot_fraction) -> dict[str, str | None]:
+    """Whether each estimate may be reported, and if not, why: :func:`not_evidence` of every
+    estimand of :func:`estimand_entries`.
+
+    Args:
+        results: A results dict (``results.json``).
+        min_clusters: Fewest effective test trajectories (``evaluation.min_clusters``).
+        min_boot_fraction: Fewest usable replicates as a fraction of ``n_boot``.
+
+    Returns:
+        ``{estimand key: None | reason}``, keys as in :func:`estimand_entries`.
+    """
+    return {key: not_evidence(results, key, iv, min_clusters=min_clusters, min_boot_fraction=min_boot_fraction)
+            for key, _label, iv in estimand_entries(results)}
 
 
 def mark(results: Mapping, settings: Settings = DEFAULTS) -> Reportability:
@@ -208,17 +231,6 @@ def mark(results: Mapping, settings: Settings = DEFAULTS) -> Reportability:
                           min_boot_fraction=settings.min_boot_fraction)
     return Reportability(min_clusters=int(settings.min_clusters),
                          min_boot_fraction=float(settings.min_boot_fraction), estimands=marks)
-
-
-def mark_reportability(results: Mapping, min_clusters: int = DEFAULTS.min_clusters,
-                       min_boot_fraction: float = DEFAULTS.min_boot_fraction) -> dict:
-    """``results["reportability"]``: the thresholds and :func:`reportability`'s marks.
-
-    Returns:
-        ``{"min_clusters", "min_boot_fraction", "estimands": {key: None | reason},
-        "not_reportable": int}`` (:meth:`~ipi.evaluation.results.Reportability.to_dict`).
-    """
-    return mark(results, Settings(min_clusters=min_clusters, min_boot_fraction=min_boot_fraction)).to_dict()
 
 
 def reportability_of(results: Mapping) -> dict[str, str | None]:

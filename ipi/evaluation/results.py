@@ -44,8 +44,8 @@ from ipi.metrics.keys import (
 )
 from ipi.metrics.permutation import ALPHA
 
-__all__ = ["CONSTRUCTED", "DEFAULTS", "PRETRAINED", "RANDOM", "REQUIRED_CONTROLS", "Check", "Reportability", "Results",
-           "ResultsView", "Settings", "Verdict"]
+__all__ = ["CONSTRUCTED", "DEFAULTS", "HOLDOUT", "KFOLD", "PRETRAINED", "RANDOM", "REQUIRED_CONTROLS", "Check",
+           "Reportability", "Results", "ResultsView", "Settings", "Verdict"]
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,8 @@ class Settings:
         n_boot: Cluster-bootstrap replicates ``B``.
         seed: Seed of the bootstrap draws.
         level: Interval coverage.
-        interval: ``"percentile"`` (PROTOCOL.md §5) or ``"bca"``.
+        interval: ``"expanded"``, ``"percentile"`` (PROTOCOL.md §5) or ``"bca"``
+            (:data:`ipi.metrics.bootstrap.INTERVALS`).
         collapse_ceiling: Ceiling of verdict check 5 (PROTOCOL.md §6 default 0.60).
         c1_max: Bound C1's E1 must stay below in check 2 (PROTOCOL.md §7: 0.95).
         min_clusters: Fewest **effective** test trajectories (Kish, from the weights the estimand
@@ -77,7 +78,11 @@ class Settings:
         heldout_wording: ``evaluation.heldout_wording`` of the run (PROTOCOL.md §7.3: check 3 is
             judged on test rows whose attack and imperative wording training never saw); False
             makes check 3 NOT RUN; None for a score table, whose wording ipi cannot see.
-        twin_level: The rank level check 6 aims at: the verdict says when ``1/(S+1)`` is above it.
+        twin_level: The level check 6 holds: with fewer twins than ``1/(S+1) <= twin_level`` needs it is
+            NOT RUN.
+        split: The split design that produced the scores: ``"holdout"``, ``"kfold"`` (check 1 then
+            also needs check 4's exact permutation test: the bootstrap of out-of-fold scores is
+            anti-conservative) or None when not stated (judged as a holdout, and the rule says so).
         operating_fpr: The false-positive rate of the operating point (TPR at that FPR;
             :mod:`ipi.metrics.operating_point`; ``evaluation.operating_fpr``, default
             :data:`~ipi.metrics.operating_point.DEFAULT_FPR`), or None: not computed.
@@ -98,6 +103,7 @@ class Settings:
     heldout_wording: bool | None = None
     twin_level: float = 0.05
     operating_fpr: float | None = None
+    split: str | None = None
 
     @property
     def backbone_weights(self) -> str | None:
@@ -107,6 +113,8 @@ class Settings:
         return None if self.pretrained is None else PRETRAINED if self.pretrained else RANDOM
 
 
+#: The split designs (``split.kind``; PROTOCOL.md §4).
+HOLDOUT, KFOLD = "holdout", "kfold"
 #: What results.json says of the backbone's own weights (``run.backbone_weights``).
 PRETRAINED, RANDOM, CONSTRUCTED = "pretrained", "random", "constructed"
 #: Controls check 3 needs when the surface is unknown (PROTOCOL.md §7.3: ``c_scrambled`` matters
@@ -128,6 +136,8 @@ class Check:
         status: ``"PASS"``, ``"FAIL"``, ``"INCONCLUSIVE"`` or ``"NOT RUN"``.
         detail: One line: the numbers and the comparison that decided it.
         numbers: The numbers behind it (JSON-ready).
+        rule: The rule in words, with the thresholds the run used
+            (:attr:`ipi.evaluation.verdict.Rule.describe`).
     """
 
     id: int
@@ -135,10 +145,11 @@ class Check:
     status: str
     detail: str
     numbers: dict = field(default_factory=dict)
+    rule: str = ""
 
     def to_dict(self) -> dict:
-        """``{"id", "name", "status", "detail", "numbers"}``."""
-        return {"id": self.id, "name": self.name, "status": self.status, "detail": self.detail,
+        """``{"id", "name", "rule", "status", "detail", "numbers"}``."""
+        return {"id": self.id, "name": self.name, "rule": self.rule, "status": self.status, "detail": self.detail,
                 "numbers": self.numbers}
 
 
@@ -151,19 +162,17 @@ class Verdict:
         claim: The strongest licensed claim.
         claim_note: Why a stronger claim is not licensed ("" when every check passed).
         min_clusters: The cluster gate of every check.
-        reportability: ``{estimand key: {"clusters", "reportable"}}``: the gate per estimand.
     """
 
     checks: tuple[Check, ...]
     claim: str
     claim_note: str
     min_clusters: int
-    reportability: dict
 
     def to_dict(self) -> dict:
-        """``{"checks": [...], "claim", "claim_note", "min_clusters", "reportability"}``."""
+        """``{"checks": [...], "claim", "claim_note", "min_clusters"}``."""
         return {CHECKS: [c.to_dict() for c in self.checks], CLAIM: self.claim, "claim_note": self.claim_note,
-                "min_clusters": int(self.min_clusters), REPORTABILITY: self.reportability}
+                "min_clusters": int(self.min_clusters)}
 
 
 @dataclass(frozen=True)
@@ -281,11 +290,6 @@ class ResultsView:
     def difference(self, key: str):
         """A paired difference (``difference(E1_MINUS_C1_E1)``) or a ``{control: ...}`` group of them."""
         return self.get(DIFFERENCES, key)
-
-    @property
-    def twin_e3(self):
-        """The random twins' envelope ``{control: E3 interval}``."""
-        return self.get(RANDOM_TWIN, E3)
 
     @property
     def twin_seeds(self) -> list:

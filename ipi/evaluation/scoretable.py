@@ -19,7 +19,7 @@ import pandas as pd
 
 from ipi.evaluation.assess import ScoreTables, assess
 from ipi.evaluation.results import DEFAULTS, Settings
-from ipi.metrics.table import CONTROL_PREFIX, validate_table
+from ipi.metrics.table import CONTROL_PREFIX, check_copied_trajectories, validate_table
 from ipi.protocol import CONTROLS
 
 log = logging.getLogger(__name__)
@@ -101,7 +101,9 @@ def check_score_rows(table: pd.DataFrame, source: str, row_name=None) -> pd.Data
     * a control the project does not know (``c_scrambld``): a misspelt control would be reported
       as an estimand of its own, and its rows missing from the real control's;
     * a variant whose rows all have weight 0 (``weight`` column): its estimands are 0/0, and the
-      run would write a results.json of nulls before failing.
+      run would write a results.json of nulls before failing;
+    * the same trajectory under two ids (:func:`ipi.metrics.table.check_copied_trajectories`): it
+      would count as two clusters (PROTOCOL.md §7.0).
 
     Rows identical to an earlier row (every column equal) are valid and kept: several attack
     rows at one step are allowed (PROTOCOL.md §2) and a detector with discrete or saturated
@@ -139,6 +141,9 @@ def check_score_rows(table: pd.DataFrame, source: str, row_name=None) -> pd.Data
                     "tied scores; PROTOCOL.md §2, §5), but a table pasted twice looks the same",
                     source, int(dup.sum()), name(i), name(j), table["trajectory_id"].iloc[i],
                     table["step"].iloc[i], variant[i])
+    if TWIN_SEED_COLUMN not in table.columns:  # a twins' long table is checked seed by seed
+        for warning in check_copied_trajectories(table, source):
+            log.warning("%s", warning)
     if "weight" in table.columns:
         totals = table.groupby("variant", sort=True)["weight"].sum()
         zero = [str(v) for v, w in totals.items() if not w > 0]

@@ -3,7 +3,7 @@
 One module per concept: :mod:`~ipi.metrics.table` (the score-table schema),
 :mod:`~ipi.metrics.auc` (weighted AUC), :mod:`~ipi.metrics.bootstrap` (draws, intervals, paired
 differences), :mod:`~ipi.metrics.estimands` (E1/E2/E3 of one table),
-:mod:`~ipi.metrics.twins` (the random-weight twins' envelope and seed-predictive interval),
+:mod:`~ipi.metrics.twins` (the random-weight twins: per-seed estimands, E3 − mean twin E3, guards),
 :mod:`~ipi.metrics.permutation` (the exact permutation test), :mod:`~ipi.metrics.compare` (every
 table of a run on shared draws: :class:`Estimates`) and :mod:`~ipi.metrics.keys` (the result key
 strings).
@@ -30,7 +30,6 @@ from ipi.metrics.bootstrap import (
 from ipi.metrics.compare import Estimates, compare_tables, evaluate_tables
 from ipi.metrics.estimands import EstimandSet, estimands
 from ipi.metrics.table import is_control, step_weights, validate_table
-from ipi.metrics.twins import seed_predictive_difference
 
 __all__ = [
     "Draws",
@@ -52,7 +51,6 @@ __all__ = [
     "paired_difference",
     "percentile_interval",
     "plus_one_p",
-    "seed_predictive_difference",
     "step_weights",
     "validate_table",
     "weighted_auc",

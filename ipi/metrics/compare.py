@@ -4,7 +4,7 @@
 random-weight twins' tables with **one** :class:`~ipi.metrics.bootstrap.Draws` drawn over the
 sorted union of their trajectory ids (PROTOCOL.md §5: "paired differences … use the same
 replicates"), and returns the typed :class:`Estimates`: each table's E1/E2/E3, the paired
-differences, the one-sided bootstrap p-values, the twins' envelope (:mod:`ipi.metrics.twins`),
+differences, the one-sided bootstrap p-values, the twins' per-seed estimands (:mod:`ipi.metrics.twins`),
 the exact permutation test (:mod:`ipi.metrics.permutation`) and the bootstrap's own facts. Its
 :meth:`Estimates.to_dict` is the numbers part of ``results.json`` (key names:
 :mod:`ipi.metrics.keys`). The verdict and the reportability marks are judgements on these
@@ -104,7 +104,7 @@ class PValues:
         e1: ``H0: E1 <= 0.5``.
         e3: ``H0: E3[c] <= 0.5`` per control.
         baselines: ``H0: E1 − <baseline> E1 <= 0`` by baseline name.
-        twin: ``{"e3_minus_twin_e3": {c: p}, "e3_minus_mean_twin_e3": {c: p}, ...}`` or None.
+        twin: ``{"e3_minus_mean_twin_e3": {c: p}}`` (check 6's paired interval) or None.
         e1_paired: ``H0: E1_paired <= 0.5`` (check 1's estimand).
         baselines_e3: ``H0: E3[c] − <baseline> E3[c] <= 0`` per baseline, per control.
     """
@@ -117,7 +117,7 @@ class PValues:
     baselines_e3: dict[str, dict[str, float | None]] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        """``{"e1", "e1_paired", "e3": {c}, "e1_minus_<b>_e1", "e3_minus_<b>_e3": {c}, "e3_minus_twin_e3": {c}, ...}``."""
+        """``{"e1", "e1_paired", "e3": {c}, "e1_minus_<b>_e1", "e3_minus_<b>_e3": {c}, "e3_minus_mean_twin_e3": {c}}``."""
         out = {E1: self.e1, E1_PAIRED: self.e1_paired, E3: dict(self.e3)}
         out.update({e1_minus_baseline_e1(name): p for name, p in self.baselines.items()})
         out.update({e3_minus_baseline_e3(name): dict(by_c) for name, by_c in self.baselines_e3.items()})
@@ -152,7 +152,7 @@ class Estimates:
         differences: The paired differences.
         p_values: The one-sided bootstrap p-values.
         bootstrap: The bootstrap's facts.
-        random_twin: The twins' envelope and per-seed estimands, or None.
+        random_twin: The twins' per-seed estimands and guards, or None.
         permutation: The exact permutation test, or None.
     """
 
@@ -190,7 +190,7 @@ class Estimates:
 
             {"e1", "e2", "e3": {control},
              "<baseline>": {"e1", "e2", "e3"},                      # per baseline
-             "random_twin": {"e1", "e2", "e3", "seeds", "by_seed"},  # with twins
+             "random_twin": {"seeds", "guards", "by_seed"},          # with twins
              "differences": {...}, "p_values": {...},
              "permutation": {...},                                   # with the permutation test
              "bootstrap": {"n_boot", "seed", "level", "n_clusters", "interval", "clusters_by_estimand",
@@ -321,7 +321,8 @@ def compare_tables(
         perm = permutation_summary(main_v, permutation["null_scores"], res.e1.estimate,
                                    weights=step_weights(main_v), alpha=permutation.get("alpha", alpha),
                                    seed=permutation.get("seed"), refit_scores=permutation.get("refit_scores"),
-                                   unit=permutation.get("unit"), design=permutation.get("design"))
+                                   unit=permutation.get("unit"), design=permutation.get("design"),
+                                   null_attack=permutation.get("null_attack"))
     return Estimates(
         main=res,
         baselines=sets,

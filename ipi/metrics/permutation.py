@@ -54,6 +54,15 @@ def permute_within(groups: np.ndarray, y: np.ndarray, rng: np.random.Generator) 
     return out
 
 
+def _weight_of_variant(table: pd.DataFrame, variant: str) -> np.ndarray:
+    """``[n]`` the step weight a row would have as ``variant``: ``1 / rows of that variant at its
+    (trajectory, step)`` (PROTOCOL.md §5's default step weights)."""
+    steps = table["trajectory_id"].astype(str) + "\x00" + table["step"].astype(str)
+    n = (table["variant"] == variant).groupby(steps).transform("sum").to_numpy(dtype=np.float64)
+    with np.errstate(divide="ignore"):
+        return np.where(n > 0, 1.0 / np.maximum(n, 1.0), 0.0)
+
+
 def null_tolerance(sd: float, m: int) -> float:
     """How far the null mean may lie from 0.5: ``max(0.02, 3·SD/√M)`` (PROTOCOL.md §7.4)."""
     return max(0.02, 3.0 * float(sd) / math.sqrt(m))
@@ -114,7 +123,8 @@ class PermutationSummary:
 def permutation_summary(table: pd.DataFrame, null_scores: np.ndarray, e1: float, *,
                         weights: np.ndarray | None = None, alpha: float = ALPHA,
                         seed: int | None = None, refit_scores: np.ndarray | None = None,
-                        unit: str | None = None, design: str | None = None) -> PermutationSummary:
+                        unit: str | None = None, design: str | None = None,
+                        null_attack: np.ndarray | None = None) -> PermutationSummary:
     """Null distribution, p-value and decision numbers of the permutation test (§7.4).
 
     Args:
@@ -130,6 +140,13 @@ def permutation_summary(table: pd.DataFrame, null_scores: np.ndarray, e1: float,
             reproduce the probe (it should equal ``e1`` up to the solvers' tolerance).
         unit: The randomisation unit in words (recorded), or None.
         design: The refits' design in words (recorded), or None.
+        null_attack: ``[M, n]`` booleans: replicate ``j``'s attack/clean labels of the table's rows
+            (True = attack; read on attack and clean rows only), or None: every replicate is
+            evaluated on the true labels. Under K-fold cross-fitting every row is trained on by
+            the other folds' refits, so the statistic of replicate ``j`` is the out-of-fold E1 of
+            the whole procedure rerun on the relabelled data, evaluated on the same permuted
+            labels (the labels are permuted within each (trajectory, step), so each step keeps
+            its counts of attack and clean rows and the step weights follow the permuted variant).
 
     Returns:
         The :class:`PermutationSummary`; ``null_sd`` is the sample SD (``ddof=1``), the
@@ -148,7 +165,19 @@ def permutation_summary(table: pd.DataFrame, null_scores: np.ndarray, e1: float,
     lab = pos | neg
     if not np.isfinite(null_scores[:, lab]).all():
         raise ValueError("null_scores: a permuted-label refit left an attack/clean test row unscored")
-    null = np.array([weighted_auc(s[pos], s[neg], w[pos], w[neg]) for s in null_scores])
+    if null_attack is None:
+        null = np.array([weighted_auc(s[pos], s[neg], w[pos], w[neg]) for s in null_scores])
+    else:
+        null_attack = np.asarray(null_attack, dtype=bool)
+        if weights is not None and "weight" in table.columns:
+            raise ValueError("null_attack: a table with its own weight column cannot be relabelled (the weights "
+                             "of a permuted variant are unknown)")
+        if null_attack.shape != null_scores.shape:
+            raise ValueError(f"null_attack must be {null_scores.shape} like null_scores, got {null_attack.shape}")
+        # the step weight of a row follows its (permuted) variant: 1 / rows of that variant at its step
+        w_pos, w_neg = _weight_of_variant(table, ATTACK), _weight_of_variant(table, CLEAN)
+        null = np.array([weighted_auc(s[lab & a], s[lab & ~a], w_pos[lab & a], w_neg[lab & ~a])
+                         for s, a in zip(null_scores, null_attack)])
     m = int(null.size)
     sd = float(np.std(null, ddof=1)) if m > 1 else 0.0
     n_ge = int(np.sum(null >= e1))

@@ -24,7 +24,8 @@ from collections.abc import Callable, Iterable
 import numpy as np
 import pandas as pd
 
-__all__ = ["ATTACK", "CLEAN", "CONTROL_PREFIX", "REQUIRED_COLUMNS", "check_id_collisions", "is_control",
+__all__ = ["ATTACK", "CLEAN", "COPY_CHANCE", "COPY_TOLERANCE", "CONTROL_PREFIX", "REQUIRED_COLUMNS",
+           "check_copied_trajectories", "check_id_collisions", "is_control",
            "normalise_id", "step_weights", "validate_table"]
 
 CLEAN = "clean"
@@ -67,6 +68,88 @@ def check_id_collisions(ids: Iterable, source: str = "score table") -> None:
                              "(case, surrounding whitespace, Unicode NFKC): one trajectory exported twice would "
                              "count as two clusters; fix the ids")
         seen[k] = t
+
+
+#: Two trajectories whose rows agree to within this share of their scores' spread are one
+#: trajectory under two ids (:func:`check_copied_trajectories`).
+COPY_TOLERANCE = 0.01
+#: The chance of agreement by coincidence under which identical tied rows are refused as a copy.
+COPY_CHANCE = 1e-3
+
+
+def _trajectory_blocks(table: pd.DataFrame) -> dict[str, tuple[tuple, np.ndarray]]:
+    """``{trajectory id: (signature, scores)}``: the sorted ``(step, variant, occurrence)`` keys of its
+    rows and their scores in that order."""
+    t = table[["trajectory_id", "step", "variant", "score"]].copy()
+    t["trajectory_id"] = t["trajectory_id"].map(str)
+    t["_k"] = t.groupby(["trajectory_id", "step", "variant"], sort=False).cumcount()
+    t = t.sort_values(["trajectory_id", "step", "variant", "_k"], kind="mergesort")
+    out = {}
+    for tid, g in t.groupby("trajectory_id", sort=True):
+        sig = tuple(zip(g["step"].tolist(), g["variant"].tolist(), g["_k"].tolist()))
+        out[tid] = (sig, g["score"].to_numpy(dtype=np.float64))
+    return out
+
+
+def check_copied_trajectories(table: pd.DataFrame, source: str = "score table") -> list[str]:
+    """Refuse the same trajectory under two ids (PROTOCOL.md §7.0: clusters must be distinct).
+
+    Two exports concatenated with the ids renamed put every trajectory into the cluster bootstrap
+    and the cluster gate twice, so intervals come out far narrower than the real number of
+    trajectories supports. Two trajectories are one under two ids when they have the same rows
+    (the same steps and variants, as many of each) and their scores agree row by row to within
+    :data:`COPY_TOLERANCE` of the spread of the pair's scores (so CSV rounding or small numeric
+    noise does not hide a copy).
+
+    Agreement is evidence only when it could hardly be a coincidence. With continuous scores
+    (at least three distinct values in the pair) it always is. With tied scores (a binary
+    detector) two different trajectories of the same shape can agree by chance: the chance is
+    the product over the rows of each row's value frequency among its variant's rows, times the
+    pairs of that shape; a copy is refused when it is below :data:`COPY_CHANCE`, and returned as
+    a warning otherwise.
+
+    Args:
+        table: A validated score table (:func:`validate_table`).
+        source: Name used at the start of messages (the file path).
+
+    Returns:
+        One warning per tied pair that agrees but may be a coincidence (empty when none).
+
+    Raises:
+        ValueError: One line naming the file, both trajectory ids and the evidence.
+    """
+    blocks = _trajectory_blocks(table)
+    by_sig: dict[tuple, list[str]] = {}
+    for tid, (sig, _) in blocks.items():
+        by_sig.setdefault(sig, []).append(tid)
+    freq = {v: g.value_counts(normalize=True) for v, g in table.groupby("variant")["score"]}
+    warnings = []
+    for sig, ids in by_sig.items():
+        if len(ids) < 2:
+            continue
+        n_pairs = len(ids) * (len(ids) - 1) // 2
+        for i, a in enumerate(ids):
+            for b in ids[i + 1:]:
+                sa, sb = blocks[a][1], blocks[b][1]
+                both = np.concatenate([sa, sb])
+                spread = float(np.std(both))
+                diff = float(np.max(np.abs(sa - sb)))
+                if diff > COPY_TOLERANCE * spread or (spread == 0.0 and diff > 0.0):
+                    continue
+                distinct = len(np.unique(both))
+                what = (f"{source}: trajectories {a!r} and {b!r} have the same {len(sa)} rows (steps and "
+                        f"variants) and scores that agree to within {diff:.3g} (spread {spread:.3g})")
+                if distinct >= 3:
+                    raise ValueError(f"{what}: the same trajectory under two ids would count as two clusters of "
+                                     "the bootstrap and the cluster gate; keep one of them")
+                chance = n_pairs * float(np.prod([freq[v].get(x, 0.0) for (_, v, _), x in zip(sig, sa)]))
+                if chance < COPY_CHANCE:
+                    raise ValueError(f"{what}, {distinct} distinct value(s), agreement by chance about "
+                                     f"{chance:.2g}: the same trajectory under two ids would count as two clusters; "
+                                     "keep one of them")
+                warnings.append(f"{what}, with tied scores ({distinct} distinct value(s)): agreement by chance "
+                                f"about {chance:.2g}, so they are kept as two trajectories; if they are one, keep one")
+    return warnings
 
 
 def validate_table(

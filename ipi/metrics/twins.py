@@ -1,185 +1,35 @@
-"""The random-weight twins on the shared draws: per-seed estimands, the envelope, the differences (check 6).
+"""The random-weight twins on the shared draws: per-seed estimands, E3 − mean twin E3, the guards (check 6).
 
 The same probe on the features of random-weight twins of the backbone (:mod:`ipi.run.twin`), one
 score table per twin seed on the same rows, is bootstrapped on the run's shared draws
-(docs/estimands.md, check 6). For each seed ``s``: ``E1_s, E2_s, E3_s[c]`` and the paired
-differences ``E1 − E1_s``, ``E3[c] − E3_s[c]``. The **envelope** ``max_s`` is taken per draw, so
-the interval of ``E3[c] − max_s E3_s[c]`` has its lower bound above 0 exactly when the trained
-probe beats every twin seed on (at least) the upper ``(1+level)/2`` share of the draws. The
-**seed-predictive** interval (:func:`seed_predictive_difference`) covers a *new* random draw of
-the architecture. Both are reported; check 6 decides on neither (PROTOCOL.md §7.6): it reads the
-rank of the trained E3[c] among the S twins' and the paired interval of ``E3[c] − mean_s
-E3_s[c]`` (``differences.e3_minus_mean_twin_e3``), after the guards of :func:`twin_guards`.
+(docs/estimands.md, check 6). For each seed ``s`` it gives ``E1_s, E2_s, E3_s[c]``; check 6
+(PROTOCOL.md §7.6) reads the rank of the trained E3[c] among the S twins' point estimates and the
+paired interval of ``E3[c] − mean_s E3_s[c]`` (``differences.e3_minus_mean_twin_e3``), after the
+guards of :func:`twin_guards`. Nothing else about the twins is computed: a number that decides no
+check is not a result.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
-from ipi.metrics.bootstrap import (
-    BCA,
-    INTERVAL,
-    LEVEL,
-    Draws,
-    Interval,
-    check_level,
-    float_or_none,
-    make_interval,
-    paired_difference,
-    plus_one_p,
-)
+from ipi.metrics.bootstrap import BCA, INTERVAL, LEVEL, Draws, Interval, check_level, paired_difference, plus_one_p
 from ipi.metrics.estimands import EstimandSet, estimands
-from ipi.metrics.keys import (
-    BY_SEED,
-    E1,
-    E1_PAIRED,
-    E3_MINUS_MEAN_TWIN_E3,
-    GUARDS,
-    E1_MINUS_TWIN_E1,
-    E1_MINUS_TWIN_E1_BY_SEED,
-    E1_MINUS_TWIN_E1_PREDICTIVE,
-    E2,
-    E3,
-    E3_MINUS_TWIN_E3,
-    E3_MINUS_TWIN_E3_BY_SEED,
-    E3_MINUS_TWIN_E3_PREDICTIVE,
-    SEEDS,
-)
+from ipi.metrics.keys import BY_SEED, E1_PAIRED, E3, E3_MINUS_MEAN_TWIN_E3, GUARDS, SEEDS
 from ipi.metrics.table import validate_table
 
-__all__ = ["Difference", "RandomTwin", "SeedPredictive", "TwinDifferences", "compare_twins",
-           "seed_predictive_difference", "twin_guards", "twin_tables"]
+__all__ = ["DISTINCT_MAX_RANK_CORRELATION", "Difference", "RandomTwin", "TwinDifferences", "compare_twins",
+           "rank_correlations", "twin_guards", "twin_tables"]
 
-
-@dataclass(frozen=True)
-class SeedPredictive:
-    """Trained − a new random-weight twin: the seed-predictive interval (:func:`seed_predictive_difference`).
-
-    Attributes:
-        estimate: ``E − mean_s E_s`` (``nan`` when undefined).
-        ci_low: Lower bound of the Student-t prediction interval (``nan`` with < 2 seeds).
-        ci_high: Upper bound (``nan`` with < 2 seeds).
-        p_value: One-sided p of ``E − new twin <= 0`` (``nan`` with < 2 seeds).
-        n_boot_used: Replicates kept by the paired data interval.
-        twin_mean: ``mean_s E_s``.
-        seed_sd: SD (``ddof=1``) of the twins' estimates.
-        seed_half_width: Half-width ``t_{S−1,(1+level)/2} · sd · sqrt(1 + 1/S)``.
-        n_seeds: ``S``.
-        data_ci_low: Paired bootstrap interval of ``E − mean_s E_s`` on the shared draws (low).
-        data_ci_high: ... (high).
-    """
-
-    estimate: float
-    ci_low: float
-    ci_high: float
-    p_value: float
-    n_boot_used: int
-    twin_mean: float
-    seed_sd: float
-    seed_half_width: float
-    n_seeds: int
-    data_ci_low: float
-    data_ci_high: float
-
-    def to_dict(self, *, p_value: bool = True) -> dict:
-        """JSON-ready dict (``nan`` → ``None``); ``p_value=False`` leaves the p-value out (the results
-        keep it under ``p_values``)."""
-        out = {"estimate": float_or_none(self.estimate), "ci_low": float_or_none(self.ci_low),
-               "ci_high": float_or_none(self.ci_high)}
-        if p_value:
-            out["p_value"] = float_or_none(self.p_value)
-        out.update({"n_boot_used": int(self.n_boot_used), "twin_mean": float_or_none(self.twin_mean),
-                    "seed_sd": float_or_none(self.seed_sd), "seed_half_width": float_or_none(self.seed_half_width),
-                    "n_seeds": int(self.n_seeds), "data_ci_low": float_or_none(self.data_ci_low),
-                    "data_ci_high": float_or_none(self.data_ci_high)})
-        return out
-
-
-def seed_predictive_difference(
-    estimate: float,
-    replicates,
-    twin_estimates: Sequence[float],
-    twin_replicates,
-    *,
-    level: float = LEVEL,
-    interval: str = INTERVAL,
-    jackknife=None,
-    twin_jackknife=None,
-) -> SeedPredictive:
-    """Trained − a *new* random-weight twin: the Student-t prediction interval of init-seed variance.
-
-    The envelope (``E − max_s E_s``, paired over test trajectories) covers the sampling of test
-    trajectories for the S given twins; it bounds the variability between random
-    initialisations only through ``1/(S+1)``. This interval covers that variability on the run's
-    own test set (docs/estimands.md, check 6, "seed-predictive"): if the trained network were
-    just another random draw of the architecture, its estimate and the S twins' would be
-    exchangeable, and under a normal init effect
-    ``(E − m) / (sd · sqrt(1 + 1/S)) ~ t_{S−1}`` exactly (``m``, ``sd``: mean and SD,
-    ``ddof=1``, of the S twin estimates on the same rows). So:
-
-    * ``estimate`` ``d = E − m``;
-    * ``[ci_low, ci_high] = d ∓ h``, ``h = t_{S−1, (1+level)/2} · sd · sqrt(1 + 1/S)``;
-    * ``p_value = P(t_{S−1} >= d / (sd · sqrt(1 + 1/S)))``, one-sided, so
-      ``p_value < (1 − level)/2`` exactly when ``ci_low > 0``.
-
-    ``ci_low > 0`` then happens for a trained net that is just another random draw with
-    probability ``(1 − level)/2`` on every test set. Check 6 needs it together with the
-    envelope's paired interval above 0, which covers the sampling of test trajectories (an
-    intersection-union test: each null is tested at its level). The paired bootstrap interval
-    of ``E − mean_s E_s`` (test-trajectory sampling) is reported beside it as
-    ``data_ci_low``/``data_ci_high``.
-
-    Args:
-        estimate: The trained probe's estimate ``E``.
-        replicates: Its bootstrap replicates ``[B]``.
-        twin_estimates: The twins' estimates ``[S]``.
-        twin_replicates: The twins' replicates on the same draws ``[S, B]``.
-        level: Coverage, in ``(0, 1)``.
-        interval: ``"percentile"`` or ``"bca"`` for the data interval (``bca`` needs the
-            jackknife values ``[T]`` and ``[S, T]``).
-        jackknife: The trained side's jackknife values (``bca`` only).
-        twin_jackknife: The twins' jackknife values (``bca`` only).
-
-    Returns:
-        The :class:`SeedPredictive`; with fewer than two seeds (no SD) or an undefined side, the
-        bounds and ``p_value`` are ``nan`` (``None`` in its :meth:`~SeedPredictive.to_dict`).
-
-    Raises:
-        ValueError: The replicate arrays do not share the draws.
-    """
-    # function-local: only runs with random twins need scipy.stats, a heavy import (1.4 s after ipi.metrics,
-    # measured on the busy 2-core dev machine, load 7.5)
-    from scipy.stats import t as student_t
-
-    level = check_level(level)
-    te = np.asarray(twin_estimates, dtype=np.float64)
-    tr = np.asarray(twin_replicates, dtype=np.float64)
-    n = int(te.size)
-    if tr.ndim != 2 or tr.shape[0] != n:
-        raise ValueError(f"twin replicates must be [S, B] with S = {n} seeds, got shape {tr.shape}")
-    mean = float(np.mean(te)) if n else math.nan
-    mean_jack = np.mean(np.asarray(twin_jackknife, dtype=np.float64), axis=0) if interval == BCA else None
-    iv, _ = paired_difference(estimate, replicates, mean, tr.mean(axis=0), level=level, interval=interval,
-                              jackknife_a=jackknife, jackknife_b=mean_jack)
-    d = float(estimate) - mean
-    sd = float(np.std(te, ddof=1)) if n >= 2 else math.nan
-    scale = sd * math.sqrt(1.0 + 1.0 / n) if n >= 2 else math.nan
-    low = high = p_value = h = math.nan
-    if n >= 2 and math.isfinite(d) and math.isfinite(scale):
-        h = float(student_t.ppf((1.0 + level) / 2.0, n - 1)) * scale
-        low, high = d - h, d + h
-        if scale > 0.0:
-            p_value = float(student_t.sf(d / scale, n - 1))
-        else:  # identical twins: no init variance to cover
-            p_value = 0.0 if d > 0.0 else 1.0
-    return SeedPredictive(estimate=d, ci_low=low, ci_high=high, p_value=p_value, n_boot_used=int(iv.n_boot_used),
-                          twin_mean=mean, seed_sd=sd, seed_half_width=h, n_seeds=n,
-                          data_ci_low=iv.ci_low, data_ci_high=iv.ci_high)
+#: Two score tables whose Spearman rank correlation over the same rows reaches this are one network
+#: counted twice (a seed that was never applied, a copy with numeric noise): the rank level
+#: ``1/(S+1)`` needs S distinct networks. Distinct random initialisations of the shipped
+#: architectures correlate far less (docs/estimands.md, "Twins must be distinct networks").
+DISTINCT_MAX_RANK_CORRELATION = 0.99
 
 
 @dataclass(frozen=True)
@@ -187,39 +37,31 @@ class Difference:
     """One paired difference of two estimands on the shared draws, and who it rests on (§7.0).
 
     Attributes:
-        value: Its :class:`~ipi.metrics.bootstrap.Interval` (or :class:`SeedPredictive`).
+        value: Its :class:`~ipi.metrics.bootstrap.Interval`.
         clusters: Test trajectories contributing rows to both sides of **both** estimands.
         effective: The smaller Kish effective count of its estimands (the verdict's gate), or
             None where not computed.
     """
 
-    value: Interval | SeedPredictive
+    value: Interval
     clusters: int
     effective: float | None = None
 
     def to_dict(self) -> dict:
-        """The value's JSON-ready dict (a seed-predictive one without its p-value)."""
-        if isinstance(self.value, SeedPredictive):
-            return self.value.to_dict(p_value=False)
+        """The interval's JSON-ready dict."""
         return self.value.to_dict()
 
 
 @dataclass(frozen=True)
 class RandomTwin:
-    """The twins' estimands: the envelope (per-draw maximum over seeds) and each seed's own.
+    """Each twin seed's estimands and the guards.
 
     Attributes:
-        e1: Envelope of E1.
-        e2: Envelope of E2.
-        e3: Envelope of E3 per control (the controls every twin and the probe have).
         by_seed: ``{seed (str): EstimandSet}`` in the order given.
         guards: Why the twin tables cannot be judged (:func:`twin_guards`; check 6 NOT RUN with
             these reasons); empty when they can.
     """
 
-    e1: Interval
-    e2: Interval
-    e3: dict[str, Interval]
     by_seed: dict[str, EstimandSet]
     guards: tuple[str, ...] = ()
 
@@ -229,67 +71,34 @@ class RandomTwin:
         return list(self.by_seed)
 
     def to_dict(self) -> dict:
-        """``{"e1", "e2", "e3": {control}, "seeds", "by_seed": {seed: {"e1", "e2", "e3"}}}``."""
-        return {E1: self.e1.to_dict(), E2: self.e2.to_dict(), E3: {c: iv.to_dict() for c, iv in self.e3.items()},
-                SEEDS: self.seeds, GUARDS: list(self.guards),
+        """``{"seeds", "guards", "by_seed": {seed: {"e1", "e2", "e3"}}}``."""
+        return {SEEDS: self.seeds, GUARDS: list(self.guards),
                 BY_SEED: {seed: {k: v for k, v in s.to_dict().items() if k != E1_PAIRED}
                           for seed, s in self.by_seed.items()}}
 
     def cluster_counts(self) -> dict:
-        """Trajectories contributing to every seed's estimand (§7.0), and each seed's own counts."""
-        sets = list(self.by_seed.values())
-        ids = set(sets[0].draws.trajectory_ids)
-
-        def every(get) -> int:
-            return len(ids.intersection(*(get(s) for s in sets)))
-
-        return {E1: every(lambda s: s.contributors[E1]), E2: every(lambda s: s.contributors[E2]),
-                E3: {c: every(lambda s, c=c: s.contributors[E3][c]) for c in self.e3},
-                BY_SEED: {seed: s.cluster_counts() for seed, s in self.by_seed.items()}}
+        """Each seed's contributing trajectories per estimand (§7.0)."""
+        return {BY_SEED: {seed: s.cluster_counts() for seed, s in self.by_seed.items()}}
 
     def effective_counts(self) -> dict:
-        """The smallest Kish effective count over the seeds per estimand, and each seed's own."""
-        sets = list(self.by_seed.values())
-        return {E1: min(s.effective[E1] for s in sets), E2: min(s.effective[E2] for s in sets),
-                E3: {c: min(s.effective[E3][c] for s in sets) for c in self.e3},
-                BY_SEED: {seed: s.effective_counts() for seed, s in self.by_seed.items()}}
+        """Each seed's Kish effective counts per estimand."""
+        return {BY_SEED: {seed: s.effective_counts() for seed, s in self.by_seed.items()}}
 
 
 @dataclass(frozen=True)
 class TwinDifferences:
-    """Trained − twin: against the envelope, against each seed, against a new draw (check 6).
+    """Trained − mean over the twin seeds of E3[c], per control (check 6's paired interval).
 
     Attributes:
-        e1: ``E1 − max_s E1_s``.
-        e3: ``E3[c] − max_s E3_s[c]`` per control.
-        e1_by_seed: ``E1 − E1_s`` per seed.
-        e3_by_seed: ``E3[c] − E3_s[c]`` per seed, per control.
-        e1_predictive: ``E1 −`` a new twin (seed-predictive).
-        e3_predictive: ``E3[c] −`` a new twin, per control.
-        p_e3: One-sided bootstrap p of ``E3[c] − max_s E3_s[c] <= 0`` per control.
-        e3_mean: ``E3[c] − mean_s E3_s[c]`` per control (check 6's paired interval).
+        e3_mean: ``E3[c] − mean_s E3_s[c]`` per control.
         p_e3_mean: One-sided bootstrap p of ``E3[c] − mean_s E3_s[c] <= 0`` per control.
     """
 
-    e1: Difference
-    e3: dict[str, Difference]
-    e1_by_seed: dict[str, Difference]
-    e3_by_seed: dict[str, dict[str, Difference]]
-    e1_predictive: Difference
-    e3_predictive: dict[str, Difference]
-    p_e3: dict[str, float | None]
     e3_mean: dict[str, Difference] = field(default_factory=dict)
     p_e3_mean: dict[str, float | None] = field(default_factory=dict)
 
     def _tree(self, leaf) -> dict:
-        return {E1_MINUS_TWIN_E1: leaf(self.e1),
-                E3_MINUS_TWIN_E3: {c: leaf(d) for c, d in self.e3.items()},
-                E3_MINUS_MEAN_TWIN_E3: {c: leaf(d) for c, d in self.e3_mean.items()},
-                E1_MINUS_TWIN_E1_BY_SEED: {s: leaf(d) for s, d in self.e1_by_seed.items()},
-                E3_MINUS_TWIN_E3_BY_SEED: {s: {c: leaf(d) for c, d in by_c.items()}
-                                           for s, by_c in self.e3_by_seed.items()},
-                E1_MINUS_TWIN_E1_PREDICTIVE: leaf(self.e1_predictive),
-                E3_MINUS_TWIN_E3_PREDICTIVE: {c: leaf(d) for c, d in self.e3_predictive.items()}}
+        return {E3_MINUS_MEAN_TWIN_E3: {c: leaf(d) for c, d in self.e3_mean.items()}}
 
     def to_dict(self) -> dict:
         """The ``differences`` entries of the twins (JSON-ready)."""
@@ -304,9 +113,8 @@ class TwinDifferences:
         return self._tree(lambda d: d.effective)
 
     def p_values(self) -> dict:
-        """``{"e3_minus_twin_e3": {c: p}, "e3_minus_mean_twin_e3": {c: p}, "e3_minus_twin_e3_predictive": {c: p}}``."""
-        return {E3_MINUS_TWIN_E3: dict(self.p_e3), E3_MINUS_MEAN_TWIN_E3: dict(self.p_e3_mean),
-                E3_MINUS_TWIN_E3_PREDICTIVE: {c: float_or_none(d.value.p_value) for c, d in self.e3_predictive.items()}}
+        """``{"e3_minus_mean_twin_e3": {c: p}}``."""
+        return {E3_MINUS_MEAN_TWIN_E3: dict(self.p_e3_mean)}
 
 
 def twin_tables(twins) -> dict[str, pd.DataFrame]:
@@ -328,32 +136,6 @@ def twin_tables(twins) -> dict[str, pd.DataFrame]:
     return out
 
 
-def _envelope(sets: Sequence[EstimandSet], get, interval: str, level: float):
-    """Interval, replicates and jackknife of ``max over twins`` of one estimand on shared draws.
-
-    Per bootstrap draw (and per jackknife value) the maximum over the twins' values of that
-    draw; a draw where any twin's value is undefined is dropped (``nan``). The point estimate
-    is the maximum of the twins' estimates.
-    """
-    est = max(float(get(s, "iv").estimate) for s in sets)
-    reps = np.max(np.stack([np.asarray(get(s, "rep"), dtype=np.float64) for s in sets]), axis=0)
-    jack = None
-    if interval == BCA:
-        jack = np.max(np.stack([np.asarray(get(s, "jack"), dtype=np.float64) for s in sets]), axis=0)
-    return make_interval(interval, est, reps, jack, level), reps, jack
-
-
-def _side(name: str, control: str | None = None):
-    """Getter of one estimand of an :class:`EstimandSet`: its interval, replicates or jackknife."""
-    def get(s: EstimandSet, what: str):
-        if what == "iv":
-            return s.e3[control] if control else getattr(s, name)
-        if what == "rep":
-            return s.replicates[E3][control] if control else s.replicates[name]
-        return s.jackknife[E3][control] if control else s.jackknife[name]
-    return get
-
-
 def _keyed_scores(table: pd.DataFrame) -> pd.Series:
     """Scores indexed by (trajectory, step, variant, occurrence): rows matched across tables."""
     keys = ["trajectory_id", "step", "variant"]
@@ -363,7 +145,24 @@ def _keyed_scores(table: pd.DataFrame) -> pd.Series:
     return t.set_index([*keys, "_occurrence"])["score"]
 
 
-def twin_guards(main: pd.DataFrame, twins: Mapping[str, pd.DataFrame], rtol: float = 1e-9) -> list[str]:
+def rank_correlations(scores: Mapping[str, np.ndarray]) -> dict[tuple[str, str], float]:
+    """Spearman rank correlation of every pair of aligned score vectors (average ranks for ties).
+
+    Args:
+        scores: ``{name: [n] scores}``, all on the same rows in the same order.
+
+    Returns:
+        ``{(a, b): rho}`` for every pair ``a`` before ``b`` in ``scores``' order (``nan`` when one
+        side is constant).
+    """
+    names = list(scores)
+    ranks = pd.DataFrame({k: np.asarray(v, dtype=np.float64) for k, v in scores.items()}).rank(method="average")
+    corr = ranks.corr(method="pearson").to_numpy()
+    return {(a, b): float(corr[i, j]) for i, a in enumerate(names) for j, b in enumerate(names) if j > i}
+
+
+def twin_guards(main: pd.DataFrame, twins: Mapping[str, pd.DataFrame],
+                max_rank_correlation: float = DISTINCT_MAX_RANK_CORRELATION) -> list[str]:
     """Why check 6 cannot be judged on these twin score tables (empty list: it can).
 
     Rows are matched on (trajectory, step, variant, occurrence within that triple).
@@ -371,22 +170,25 @@ def twin_guards(main: pd.DataFrame, twins: Mapping[str, pd.DataFrame], rtol: flo
     * a twin's rows differ from the main table's (a subset, extra rows): check 6 would compare
       the probe on all rows with the twins on some;
     * a twin scores every row the same: no twin to compare with (its E3 is 0.5 with no spread);
-    * a twin's scores equal the main table's (``numpy.allclose`` at ``rtol``, ``atol`` 0): not
-      a random-weight twin;
-    * two twins' scores are equal: one network counted twice, so the S seeds are fewer than S
-      and the rank level ``1/(S+1)`` the verdict states would be wrong.
+    * a twin's scores agree with the main table's beyond what distinct networks give (Spearman
+      rank correlation >= ``max_rank_correlation``, identical scores included): not a
+      random-weight twin;
+    * two twins agree so (a seed that was never applied, or the same scores under another seed
+      label with numeric noise): one network counted twice, so the S seeds are fewer than S
+      and the rank level ``1/(S+1)`` the verdict states would be wrong. Every such pair is
+      named.
 
     Args:
         main: The probe's validated score table.
         twins: ``{seed: validated score table}``.
-        rtol: Relative tolerance of "equal scores".
+        max_rank_correlation: The agreement at which two tables are one network
+            (:data:`DISTINCT_MAX_RANK_CORRELATION`).
 
     Returns:
         One reason per finding, naming the seed(s).
     """
     reasons: list[str] = []
     a = _keyed_scores(main)
-    a_scores = a.to_numpy(dtype=np.float64)
     aligned: dict[str, np.ndarray] = {}
     for seed, tbl in twins.items():
         b = _keyed_scores(tbl)
@@ -400,22 +202,25 @@ def twin_guards(main: pd.DataFrame, twins: Mapping[str, pd.DataFrame], rtol: flo
         if np.ptp(sb) == 0.0:
             reasons.append(f"twin seed {seed}: every row has the same score ({sb[0]:g}): no twin to compare with")
             continue
-        if np.allclose(sb, a_scores, rtol=rtol, atol=0.0):
-            reasons.append(f"twin seed {seed}: scores identical to the trained backbone's: not a random-weight twin")
+        aligned[str(seed)] = sb
+    main_key = "\x00main"
+    rho = rank_correlations({main_key: a.to_numpy(dtype=np.float64), **aligned})
+    for (s1, s2), r in rho.items():
+        if not r >= max_rank_correlation:  # nan (a constant main table) never flags
             continue
-        aligned[seed] = sb
-    seeds = list(aligned)
-    for i, s1 in enumerate(seeds):
-        for s2 in seeds[i + 1:]:
-            if np.allclose(aligned[s1], aligned[s2], rtol=rtol, atol=0.0):
-                reasons.append(f"twin seeds {s1} and {s2}: identical scores (one network counted twice); the rank "
-                               "level 1/(S+1) needs S distinct seeds")
+        if s1 == main_key:
+            reasons.append(f"twin seed {s2}: its scores agree with the trained backbone's (Spearman {r:.4f} >= "
+                           f"{max_rank_correlation:g}): not a random-weight twin")
+        else:
+            reasons.append(f"twin seeds {s1} and {s2}: their scores agree beyond what distinct random "
+                           f"initialisations give (Spearman {r:.4f} >= {max_rank_correlation:g}): one network "
+                           "counted twice, so the rank level 1/(S+1) would be wrong")
     return reasons
 
 
 def compare_twins(main: EstimandSet, twins: Mapping[str, pd.DataFrame], *, draws: Draws, level: float = LEVEL,
                   interval: str = INTERVAL, main_table: pd.DataFrame | None = None) -> tuple[RandomTwin, TwinDifferences]:
-    """The random-weight twins' estimands, their envelope and the paired differences (check 6).
+    """The random-weight twins' estimands and check 6's paired differences on the shared draws.
 
     Args:
         main: The trained probe's estimands on ``draws``.
@@ -431,83 +236,23 @@ def compare_twins(main: EstimandSet, twins: Mapping[str, pd.DataFrame], *, draws
     level = check_level(level)
     sets = {seed: estimands(tbl, level=level, draws=draws, interval=interval) for seed, tbl in twins.items()}
     ts = list(sets.values())
-    jk = main.jackknife or {E1: None, E2: None, E3: {}}
-
-    env: dict = {}
-    env_rep: dict = {E3: {}}
-    env_jack: dict = {E3: {}}
-    for name in (E1, E2):
-        env[name], env_rep[name], env_jack[name] = _envelope(ts, _side(name), interval, level)
+    jk = main.jackknife or {E3: {}}
     controls = [c for c in main.e3 if all(c in s.e3 for s in ts)]
-    env_e3 = {}
+    e3_mean, p_e3_mean = {}, {}
     for c in controls:
-        env_e3[c], env_rep[E3][c], env_jack[E3][c] = _envelope(ts, _side(E3, c), interval, level)
-
-    def both(a: set, sides: list[set]) -> int:
-        return len(set(a).intersection(*sides))
-
-    def n_of(a: set, sides: list[set]) -> int:
-        return min([len(a), *(len(x) for x in sides)])
-
-    def pair(est_a, rep_a, jack_a, est_b, rep_b, jack_b, n=None):
-        return paired_difference(est_a, rep_a, est_b, rep_b, level=level, interval=interval,
-                                 jackknife_a=jack_a, jackknife_b=jack_b, n_clusters=n)
-
-    def eff_e1(sides):
-        return min([main.effective[E1], *(s.effective[E1] for s in sides)])
-
-    def eff_e3(c, sides):
-        return min([main.effective[E3][c], *(s.effective[E3][c] for s in sides)])
-
-    iv, _ = pair(main.e1.estimate, main.replicates[E1], jk[E1], env[E1].estimate, env_rep[E1], env_jack[E1],
-                 n_of(main.contributors[E1], [s.contributors[E1] for s in ts]))
-    e1 = Difference(iv, both(main.contributors[E1], [s.contributors[E1] for s in ts]), eff_e1(ts))
-    e3, p_e3, e3_mean, p_e3_mean = {}, {}, {}, {}
-    for c in controls:
-        n_c = n_of(main.contributors[E3][c], [s.contributors[E3][c] for s in ts])
-        k_c = both(main.contributors[E3][c], [s.contributors[E3][c] for s in ts])
-        iv, diff = pair(main.e3[c].estimate, main.replicates[E3][c], jk[E3].get(c), env_e3[c].estimate,
-                        env_rep[E3][c], env_jack[E3][c], n_c)
-        e3[c] = Difference(iv, k_c, eff_e3(c, ts))
-        p_e3[c] = plus_one_p(diff, 0.0)
-        # E3[c] − mean over seeds (check 6's paired interval): shared draws, so the seeds' mean
-        # replicate pairs with the trained one's.
+        contributors = [s.contributors[E3][c] for s in ts]
+        n_c = min([len(main.contributors[E3][c]), *(len(x) for x in contributors)])
+        k_c = len(set(main.contributors[E3][c]).intersection(*contributors))
+        eff = min([main.effective[E3][c], *(s.effective[E3][c] for s in ts)])
+        # shared draws: the seeds' mean replicate pairs with the trained one's
         mean_rep = np.mean(np.stack([np.asarray(s.replicates[E3][c], dtype=np.float64) for s in ts]), axis=0)
         mean_jack = (np.mean(np.stack([np.asarray(s.jackknife[E3][c], dtype=np.float64) for s in ts]), axis=0)
                      if interval == BCA else None)
         mean_est = float(np.mean([s.e3[c].estimate for s in ts]))
-        iv, diff = pair(main.e3[c].estimate, main.replicates[E3][c], jk[E3].get(c), mean_est, mean_rep, mean_jack, n_c)
-        e3_mean[c] = Difference(iv, k_c, eff_e3(c, ts))
+        iv, diff = paired_difference(main.e3[c].estimate, main.replicates[E3][c], mean_est, mean_rep, level=level,
+                                     interval=interval, jackknife_a=jk[E3].get(c), jackknife_b=mean_jack,
+                                     n_clusters=n_c)
+        e3_mean[c] = Difference(iv, k_c, eff)
         p_e3_mean[c] = plus_one_p(diff, 0.0)
-    e1_by_seed, e3_by_seed = {}, {}
-    for seed, s in sets.items():
-        iv, _ = pair(main.e1.estimate, main.replicates[E1], jk[E1], s.e1.estimate, s.replicates[E1],
-                     (s.jackknife or {}).get(E1), n_of(main.contributors[E1], [s.contributors[E1]]))
-        e1_by_seed[seed] = Difference(iv, both(main.contributors[E1], [s.contributors[E1]]), eff_e1([s]))
-        e3_by_seed[seed] = {}
-        for c in controls:
-            iv, _ = pair(main.e3[c].estimate, main.replicates[E3][c], jk[E3].get(c), s.e3[c].estimate,
-                         s.replicates[E3][c], ((s.jackknife or {}).get(E3) or {}).get(c),
-                         n_of(main.contributors[E3][c], [s.contributors[E3][c]]))
-            e3_by_seed[seed][c] = Difference(iv, both(main.contributors[E3][c], [s.contributors[E3][c]]),
-                                             eff_e3(c, [s]))
-
-    def predictive(name, control=None) -> SeedPredictive:
-        get = _side(name, control)
-        own = main.e3[control] if control else getattr(main, name)
-        own_rep = main.replicates[E3][control] if control else main.replicates[name]
-        own_jack = jk[E3].get(control) if control else jk[name]
-        return seed_predictive_difference(
-            own.estimate, own_rep, [get(s, "iv").estimate for s in ts],
-            np.stack([np.asarray(get(s, "rep"), dtype=np.float64) for s in ts]), level=level, interval=interval,
-            jackknife=own_jack,
-            twin_jackknife=(np.stack([np.asarray(get(s, "jack"), dtype=np.float64) for s in ts])
-                            if interval == BCA else None))
-
-    differences = TwinDifferences(
-        e1=e1, e3=e3, e1_by_seed=e1_by_seed, e3_by_seed=e3_by_seed,
-        e1_predictive=Difference(predictive(E1), e1.clusters, e1.effective),
-        e3_predictive={c: Difference(predictive(E3, c), e3[c].clusters, e3[c].effective) for c in controls},
-        p_e3=p_e3, e3_mean=e3_mean, p_e3_mean=p_e3_mean)
     guards = tuple(twin_guards(main_table, twins)) if main_table is not None else ()
-    return RandomTwin(e1=env[E1], e2=env[E2], e3=env_e3, by_seed=sets, guards=guards), differences
+    return RandomTwin(by_seed=sets, guards=guards), TwinDifferences(e3_mean=e3_mean, p_e3_mean=p_e3_mean)

@@ -17,8 +17,8 @@ order:
 Every estimand of :func:`ipi.evaluation.reportable.estimand_entries` is shown in an
 :class:`EstimandTable` or a :class:`Grid` cell (:func:`shown_keys` lists them), and no table is
 wider than :data:`MAX_COLUMNS`: a wider :class:`Grid` is cut into tables that repeat the row
-labels (:func:`split_columns`); the twins' table is transposed (rows: trained, each twin seed,
-the envelope and the paired differences; columns: E1, E2, E3 per control).
+labels (:func:`split_columns`); the twins' table is transposed (rows: trained, each twin seed;
+columns: E1, E2, E3 per control), then check 6's paired difference E3 − mean twin E3.
 """
 
 from __future__ import annotations
@@ -27,8 +27,15 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ipi.evaluation.reportable import BASELINE_LABELS, estimand_entries, reportability_of
+from ipi.evaluation.reportable import (
+    BASELINE_LABELS,
+    cluster_count,
+    estimand_entries,
+    not_evidence,
+    reportability_of,
+)
 from ipi.evaluation.results import DEFAULTS
+from ipi.evaluation.verdict import read_keys
 from ipi.metrics.keys import (
     BEHAVIOUR,
     BOOTSTRAP,
@@ -45,16 +52,11 @@ from ipi.metrics.keys import (
     E1,
     E1_PAIRED,
     E1_MINUS_E3,
-    E1_MINUS_TWIN_E1,
-    E1_MINUS_TWIN_E1_BY_SEED,
-    E1_MINUS_TWIN_E1_PREDICTIVE,
     E2,
     E3,
     E3_MINUS_MEAN_TWIN_E3,
-    E3_MINUS_TWIN_E3,
-    E3_MINUS_TWIN_E3_BY_SEED,
-    E3_MINUS_TWIN_E3_PREDICTIVE,
     ESTIMATE,
+    GUARDS,
     INTERVAL_KEY,
     LEVEL_KEY,
     N_BOOT_KEY,
@@ -92,8 +94,6 @@ NOT_ESTIMANDS = (VERDICT, REPORTABILITY, SPLIT_SPREAD, PERMUTATION, P_VALUES, BO
                  BEHAVIOUR)  # so has the free run (ipi.reporting.behaviour_sections)
 #: ``run`` keys with their own section (ipi.reporting.attack_sections), left out of the Run list.
 RUN_KEYS_SHOWN_ELSEWHERE = frozenset({"attack"})
-#: The reportable column of an interval the reportability gate does not mark.
-UNGATED_NOTE = "not gated (no verdict check uses it)"
 
 #: Figure file names in a run folder, in report order, with their captions.
 FIGURES = {
@@ -152,14 +152,18 @@ class EstimandTable:
     Attributes:
         rows: ``(key, label, interval, why)`` per estimand (``why`` None when reportable).
         level: The interval's coverage (column head).
-        ungated: Keys of rows that the reportability gate does not mark (an interval of
-            ``results.json`` outside :func:`~ipi.evaluation.reportable.estimand_entries`, such as
-            C2 collapse-only E3): shown with :data:`UNGATED_NOTE` instead of yes/no.
+        readers: ``{key: [check ids]}``: the verdict checks that read each estimand
+            (:func:`ipi.evaluation.verdict.read_keys`); an estimand no check reads decides nothing.
     """
 
     rows: tuple[tuple[str, str, Mapping | None, str | None], ...]
     level: float
-    ungated: frozenset[str] = frozenset()
+    readers: Mapping[str, list[int]] | None = None
+
+    def decides(self, key: str) -> str:
+        """``"check 2"``, ``"checks 3, 6"`` or ``"nothing"`` (the table's last column)."""
+        ids = (self.readers or {}).get(key) or []
+        return f"check{'s' if len(ids) > 1 else ''} {', '.join(map(str, ids))}" if ids else "nothing"
 
 
 @dataclass(frozen=True)
@@ -182,7 +186,7 @@ class KeyValues:
 
 @dataclass(frozen=True)
 class CheckLine:
-    """One verdict check: one line (status, id, name, detail), its numbers unfold under it."""
+    """One verdict check: one line (status, id, name, detail), its rule and numbers unfold under it."""
 
     id: object
     name: str
@@ -190,6 +194,7 @@ class CheckLine:
     detail: str
     numbers: tuple[tuple[str, str], ...]  # every leaf, flat (report.md)
     tables: tuple = ()  # the same numbers as KeyValues / Grid blocks (report.html)
+    rule: str = ""  # the rule in words, as the verdict applied it (results.json verdict.checks[].rule)
 
 
 @dataclass(frozen=True)
@@ -352,23 +357,11 @@ def difference_label(key: str) -> str:
         return f"E1 − {baselines[name]} E1"
     if name == E1_MINUS_E3 and len(rest) == 1:
         return f"E1 − E3 attack vs {rest[0]}"
-    if name == E1_MINUS_TWIN_E1 and not rest:
-        return "E1 − max over twin seeds E1, paired"
-    if name == E1_MINUS_TWIN_E1_BY_SEED and len(rest) == 1:
-        return f"E1 − twin seed {rest[0]} E1, paired"
-    if name == E1_MINUS_TWIN_E1_PREDICTIVE and not rest:
-        return "E1 − new twin E1, seed-predictive"
-    if name == E3_MINUS_TWIN_E3 and len(rest) == 1:
-        return f"E3 − max over twin seeds E3, attack vs {rest[0]}, paired"
     if name == E3_MINUS_MEAN_TWIN_E3 and len(rest) == 1:
         return f"E3 − mean over twin seeds E3, attack vs {rest[0]}, paired (check 6)"
     baselines_e3 = {e3_minus_baseline_e3(b): label for b, label in BASELINE_LABELS.items()}
     if name in baselines_e3 and len(rest) == 1:
         return f"E3 − {baselines_e3[name]} E3, attack vs {rest[0]}, paired"
-    if name == E3_MINUS_TWIN_E3_BY_SEED and len(rest) == 2:
-        return f"E3 − twin seed {rest[0]} E3, attack vs {rest[1]}, paired"
-    if name == E3_MINUS_TWIN_E3_PREDICTIVE and len(rest) == 1:
-        return f"E3 − new twin E3, attack vs {rest[0]}, seed-predictive"
     return " ".join(parts)
 
 
@@ -406,7 +399,8 @@ def _verdict(r: Mapping) -> Section | None:
     for c in v.get(CHECKS) or []:
         numbers = c.get("numbers") if isinstance(c.get("numbers"), Mapping) else {}
         blocks.append(CheckLine(c.get("id"), str(c.get("name", "")), str(c.get("status", "")),
-                                str(c.get("detail", "")), tuple(flat_items(numbers)), numbers_blocks(numbers)))
+                                str(c.get("detail", "")), tuple(flat_items(numbers)), numbers_blocks(numbers),
+                                str(c.get("rule", ""))))
     return Section("verdict", "Verdict (PROTOCOL.md §7)", tuple(blocks), folded=False)
 
 
@@ -452,9 +446,10 @@ def _group(key: str) -> str:
     return "other"
 
 
-def _headline(r: Mapping, rows: list, marks: Mapping, figures: Mapping[str, str]) -> Section:
+def _headline(r: Mapping, rows: list, marks: Mapping, figures: Mapping[str, str],
+              readers: Mapping[str, list[int]]) -> Section:
     level = (r.get(BOOTSTRAP) or {}).get(LEVEL_KEY, DEFAULTS.level)
-    table = EstimandTable(tuple(rows), level)
+    table = EstimandTable(tuple(rows), level, readers)
     blocks: list = []
     note = _not_reportable_note(marks, r)
     if note:
@@ -480,15 +475,14 @@ def _figures(figures: Mapping[str, str]) -> Section | None:
 
 
 def construction_note(results: Mapping) -> str | None:
-    """Why verdict check 2 is decided by construction on this run's surface (docs/estimands.md).
+    """What C1's E1 is on this run's surface, and why (the note on "separates" of check 2).
 
     C1 sees four metadata scalars: step, horizon, prompt length and Δprompt length. On a surface
     whose injected text lengthens the prompt (``i_dom``, ``i_tool``) Δprompt length alone
-    separates attack from clean rows (C1 E1 = 1.000): check 2 fails whatever the probe does. On
-    ``i_vis`` the banner is drawn on the screenshot and leaves the prompt length unchanged, so
-    C1's inputs are equal for the attack and clean rows of a step (C1 E1 ≈ 0.5) and check 2
-    reduces to the probe separating at all. The surface object says which
-    (:meth:`ipi.surfaces.surface.Surface.construction_note`).
+    separates attack from clean rows (C1 E1 = 1.000); on ``i_vis`` the banner leaves the prompt
+    length unchanged (C1 E1 ≈ 0.5). The surface object says which
+    (:meth:`ipi.surfaces.surface.Surface.construction_note`); check 2 itself is judged as its
+    rule in the verdict says.
 
     Returns:
         One paragraph, or None without C1 results.
@@ -500,24 +494,23 @@ def construction_note(results: Mapping) -> str | None:
     head = f"C1 (metadata baseline) E1 = {c1:.3f}. "
     if surface is not None:
         return head + surface.construction_note()
-    return head + ("Whether check 2 is decided by construction depends on the surface: on text surfaces "
-                   "Δprompt length separates attack from clean (C1 = 1.000), on i_vis it is 0 (C1 ≈ 0.5).")
+    return head + ("What C1's E1 is depends on the surface: on text surfaces Δprompt length separates attack "
+                   "from clean (C1 E1 = 1.000), on i_vis it is 0 (C1 E1 ≈ 0.5).")
 
 
-#: What each baseline is, one sentence (docs/estimands.md, "Baselines").
+#: What each baseline is, one sentence (docs/estimands.md, "Baselines"); which of its estimands
+#: decide which check is the table's "decides" column (the verdict's declaration).
 BASELINE_NOTES = {
     C1: "C1: logistic regression on four metadata scalars (step, horizon, prompt length, Δprompt length) "
-        "on the probe's training rows; check 2.",
-    "collapse_only": "C2 collapse-only: logistic regression on the per-layer collapse statistics alone; "
-                     "check 5 compares its E1 with the ceiling.",
+        "on the probe's training rows.",
+    "collapse_only": "C2 collapse-only: logistic regression on the per-layer collapse statistics alone.",
     "permuted": "Permuted labels: the probe trained once on permuted training labels (the paper's number; "
                 "check 4 is the exact permutation test below).",
-    "transfer": "Cross-surface transfer: a probe trained on the other surfaces, scored on this run's test rows "
-                "(enters no check).",
+    "transfer": "Cross-surface transfer: a probe trained on the other surfaces, scored on this run's test rows.",
 }
 
 
-def _baselines(r: Mapping, rows: list, ungated: frozenset[str] = frozenset()) -> Section | None:
+def _baselines(r: Mapping, rows: list, readers: Mapping[str, list[int]]) -> Section | None:
     if not rows:
         return None
     level = (r.get(BOOTSTRAP) or {}).get(LEVEL_KEY, DEFAULTS.level)
@@ -525,8 +518,8 @@ def _baselines(r: Mapping, rows: list, ungated: frozenset[str] = frozenset()) ->
     blocks: list = [Bullets(tuple(BASELINE_NOTES[k] for k in present if k in BASELINE_NOTES))]
     note = construction_note(r)
     if note:
-        blocks.append(Text(note, label="Check 2 on this surface."))
-    blocks.append(EstimandTable(tuple(rows), level, ungated))
+        blocks.append(Text(note, label="C1 on this surface."))
+    blocks.append(EstimandTable(tuple(rows), level, readers))
     summary = " · ".join(f"{BASELINE_LABELS[k]} E1 {interval_text((r[k] or {}).get(E1)).split(' ')[0]}"
                          for k in present)
     return Section("baselines", "Baselines (PROTOCOL.md §5–§6)", tuple(blocks), summary=summary)
@@ -539,19 +532,14 @@ RANDOM_BACKBONE_NOTE = ("The backbone's own weights are random (backbone.pretrai
                         "its twin is the same architecture with other random weights.")
 
 
-def _twin_caption(seeds: list[str]) -> str:
+def _twin_caption(r: Mapping) -> str:
+    """What the twins are; check 6's rule itself is the verdict's line (its ``rule``)."""
+    seeds = [str(x) for x in ((r.get(RANDOM_TWIN) or {}).get(SEEDS) or [])]
     n = len(seeds)
-    which = (f"{n} random-weight twins (seeds {', '.join(seeds)})" if n > 1
-             else f"the random-weight twin{f' (seed {seeds[0]})' if seeds else ''}")
-    bound = (f" With {n} twins, features no better than random ones would beat all of them with probability "
-             f"at most 1/{n + 1} whatever the CI." if n else "")
+    which = f"{n} random-weight twin{'s' if n != 1 else ''}" + (f" (seeds {', '.join(seeds)})" if n else "")
     return (f"The same probe, folds and rows on {which}: the same architecture and config with the "
-            "architecture's own random initialisation. Check 6 needs, for every control, the paired CI of "
-            f"E3 − {'max over twin seeds (per bootstrap draw)' if n > 1 else 'twin'} E3 above 0 (the "
-            "trained backbone beats every twin seed) and the seed-predictive CI of E3 − mean twin E3 above 0 "
-            "(it beats a new random draw: the Student-t prediction interval from the twins' spread on "
-            "these rows, which needs at least 2 seeds; docs/estimands.md)."
-            f"{bound}")
+            "architecture's own random initialisation. Check 6 reads each twin's E3 point estimate (the rank "
+            "rule) and the paired interval of E3 − mean twin E3; its rule and result are the verdict's line 6.")
 
 
 def _at(results: Mapping, key: str):
@@ -566,13 +554,12 @@ def _at(results: Mapping, key: str):
 
 def _twins(r: Mapping, marks: Mapping, labels: Mapping[str, str]) -> Section | None:
     """The twins' section: a transposed table of E1, E2, E3 per control (columns) for the trained
-    backbone, each twin seed and their envelope (rows), then the paired differences trained − twin
-    (envelope, a new draw, each seed) in a second table with the same columns."""
+    backbone and each twin seed (rows), then check 6's paired difference E3 − mean twin E3."""
     twin = r.get(RANDOM_TWIN)
     if not isinstance(twin, Mapping):
         return None
     seeds = [str(s) for s in twin.get(SEEDS) or []]
-    controls = sorted(set(r.get(E3) or {}) | set(twin.get(E3) or {}))
+    controls = sorted(r.get(E3) or {})
     names = {E1: "E1 attack vs clean", E2: "E2 paired step", **{c: f"E3 attack vs {c}" for c in controls}}
 
     def grid(corner: str, cols: list[str], lines: list[tuple[str, Mapping[str, str]]]) -> Grid:
@@ -589,50 +576,40 @@ def _twins(r: Mapping, marks: Mapping, labels: Mapping[str, str]) -> Section | N
     def estimands(*prefix) -> dict[str, str]:
         return {E1: dotted(*prefix, E1), E2: dotted(*prefix, E2), **{c: dotted(*prefix, E3, c) for c in controls}}
 
-    env = "max over twin seeds" if len(seeds) > 1 else "random twin"
-    # a constructed backbone (issue 23) is neither trained nor random: named as what it is
     run = r.get(RUN) or {}
     constructed = "constructed" in (run.get("backbone_weights"), (run.get(RANDOM_TWIN) or {}).get("backbone_weights"))
     own = "constructed" if constructed else "trained"
     lines = [(own, {E1: E1, E2: E2, **{c: dotted(E3, c) for c in controls}})]
     lines += [(f"twin seed {s}", estimands(RANDOM_TWIN, BY_SEED, s)) for s in seeds]
-    lines.append((env if len(seeds) != 1 else "random twin (its only seed)", estimands(RANDOM_TWIN)))
     diffs = [("mean over twin seeds (paired; check 6)",
-              {c: dotted(DIFFERENCES, E3_MINUS_MEAN_TWIN_E3, c) for c in controls}),
-             (f"{env} (paired)", {E1: dotted(DIFFERENCES, E1_MINUS_TWIN_E1),
-                                  **{c: dotted(DIFFERENCES, E3_MINUS_TWIN_E3, c) for c in controls}}),
-             ("a new twin (seed-predictive)", {E1: dotted(DIFFERENCES, E1_MINUS_TWIN_E1_PREDICTIVE),
-                                               **{c: dotted(DIFFERENCES, E3_MINUS_TWIN_E3_PREDICTIVE, c)
-                                                  for c in controls}})]
-    diffs += [(f"twin seed {s} (paired)", {E1: dotted(DIFFERENCES, E1_MINUS_TWIN_E1_BY_SEED, s),
-                                           **{c: dotted(DIFFERENCES, E3_MINUS_TWIN_E3_BY_SEED, s, c)
-                                              for c in controls}}) for s in seeds]
+              {c: dotted(DIFFERENCES, E3_MINUS_MEAN_TWIN_E3, c) for c in controls})]
     diffs = [(name, keys) for name, keys in diffs if any(_at(r, k) is not None for k in keys.values())]
-    blocks: list = [Text(_twin_caption(seeds))]
+    blocks: list = [Text(_twin_caption(r))]
+    if twin.get(GUARDS):
+        blocks.append(Text("Refused (check 6 NOT RUN): " + "; ".join(map(str, twin[GUARDS])), "warn"))
     if (run.get(RANDOM_TWIN) or {}).get("backbone_pretrained") is False and not constructed:
         blocks.append(Text(RANDOM_BACKBONE_NOTE, "strong"))
     blocks.append(grid("AUC", [E1, E2, *controls], lines))
     if diffs:
-        blocks += [Text(f"{own.capitalize()} minus twin, paired on the same bootstrap draws (E2 has none):", "muted"),
-                   grid(f"{own} − …", [E1, *controls], diffs)]
-    env_e3 = [interval_text(iv).split(" ")[0] for _, iv in sorted((twin.get(E3) or {}).items())]
-    summary = (f"{len(seeds)} seed{'s' if len(seeds) != 1 else ''}"
-               f"{' (' + ', '.join(seeds) + ')' if seeds else ''}; {env}: E1 "
-               f"{interval_text(twin.get(E1)).split(' ')[0]}"
-               + (f", E3 {min(env_e3)}–{max(env_e3)}" if len(env_e3) > 1 else
-                  f", E3 {env_e3[0]}" if env_e3 else ""))
+        blocks += [Text(f"{own.capitalize()} minus the mean over twin seeds, paired on the same bootstrap draws:",
+                        "muted"), grid(f"{own} − …", controls, diffs)]
+    summary = f"{len(seeds)} seed{'s' if len(seeds) != 1 else ''}" + (f" ({', '.join(seeds)})" if seeds else "")
+    e3_seeds = [((twin.get(BY_SEED) or {}).get(sd) or {}).get(E3) or {} for sd in seeds]
+    for c in controls:
+        vals = [(e.get(c) or {}).get(ESTIMATE) for e in e3_seeds]
+        vals = [v for v in vals if v is not None]
+        if vals:
+            summary += f"; E3 vs {c}: twins {min(vals):.3f}–{max(vals):.3f}"
     return Section("twins", f"{own.capitalize()} vs random-weight twins (check 6)", tuple(blocks), summary=summary)
 
 
-def _differences(r: Mapping, rows: list, ungated: frozenset[str] = frozenset()) -> Section | None:
+def _differences(r: Mapping, rows: list, readers: Mapping[str, list[int]]) -> Section | None:
     if not rows:
         return None
     level = (r.get(BOOTSTRAP) or {}).get(LEVEL_KEY, DEFAULTS.level)
     blocks: list = [Text("Paired differences: both estimands on the same bootstrap draws of test trajectories, "
-                         "so the interval is that of the difference (docs/estimands.md). \"max over twin seeds\" "
-                         "is the per-draw maximum over the random-weight twins; \"seed-predictive\" adds the "
-                         "init-seed variance of a new random draw.", "muted"),
-                    EstimandTable(tuple(rows), level, ungated)]
+                         "so the interval is that of the difference (docs/estimands.md).", "muted"),
+                    EstimandTable(tuple(rows), level, readers)]
     p = r.get(P_VALUES)
     if isinstance(p, Mapping) and p:
         blocks += [Text("One-sided bootstrap p-values (of E1 ≤ 0.5, E3[c] ≤ 0.5, each difference ≤ 0): "
@@ -691,13 +668,20 @@ def _spread(r: Mapping) -> Section | None:
 
 
 def cluster_lines(results: Mapping) -> list[str]:
-    """Per-estimand contributing test trajectories (PROTOCOL.md §7.0), flagged when below the gate."""
-    v = results.get(VERDICT) or {}
-    rep = v.get(REPORTABILITY) or {}
-    mc = v.get("min_clusters")
-    return [f"{k}: {x['clusters']}" + (f" ({x['effective']:.1f} effective, Kish)" if "effective" in x else "")
-            + ("" if x["reportable"] else f" (< {mc}: not used by the verdict)")
-            for k, x in rep.items()]
+    """Per-estimand contributing and Kish effective test trajectories (PROTOCOL.md §7.0), with the
+    gate's reason where the one gate (:func:`ipi.evaluation.reportable.not_evidence`) refused it."""
+    boot = results.get(BOOTSTRAP) or {}
+    if not isinstance(boot.get(CLUSTERS_BY_ESTIMAND), Mapping):
+        return []
+    marks = reportability_of(results)
+    out = []
+    for key, _label, _iv in estimand_entries(results):
+        eff, n = cluster_count(boot, key)
+        if n is None:
+            continue
+        line = f"{key}: {n}" + (f" ({eff:.1f} effective, Kish)" if eff is not None else "")
+        out.append(line + (f" — not evidence: {marks[key]}" if marks.get(key) else ""))
+    return out
 
 
 def _counts(r: Mapping) -> Section | None:
@@ -722,7 +706,7 @@ def _counts(r: Mapping) -> Section | None:
     v = r.get(VERDICT) or {}
     if cl:
         blocks += [Text(f"Test trajectories contributing rows to both sides of each estimand "
-                        f"(min_clusters {v.get('min_clusters')}):"), Bullets(tuple(cl))]
+                        f"(min_clusters {v.get('min_clusters')} effective):"), Bullets(tuple(cl))]
     bs = r.get(BOOTSTRAP)
     if isinstance(bs, Mapping) and bs:
         blocks.append(Text("Cluster bootstrap over test trajectories: "
@@ -778,16 +762,21 @@ def report_sections(results: Mapping, figures: Mapping[str, str] | None = None,
         labels[key] = (f"{difference_label(key)} ({label})" if g == "differences" and difference_label(key) != label
                        else label)
         groups[g].append((key, labels[key], iv, marks.get(key)))
-    # Intervals of results.json the gate does not list (a baseline's E3) join their baseline's rows.
+    # Intervals of results.json outside the one list join their group's rows, through the same gate.
     known = set(labels)
-    extra = [k for k in interval_keys(r) if k not in known]
-    groups["baselines"] += [(k, _extra_label(k), _at(r, k), None) for k in extra if _group(k) == "baselines"]
+    rep = r.get(REPORTABILITY) or {}
+    gate = {"min_clusters": rep.get("min_clusters", DEFAULTS.min_clusters),
+            "min_boot_fraction": rep.get("min_boot_fraction", DEFAULTS.min_boot_fraction)}
+    extra = {k: not_evidence(r, k, _at(r, k), **gate) for k in interval_keys(r) if k not in known}
+    marks = {**marks, **extra}
+    groups["baselines"] += [(k, _extra_label(k), _at(r, k), why) for k, why in extra.items()
+                            if _group(k) == "baselines"]
     order = list(BASELINE_LABELS)
     groups["baselines"].sort(key=lambda row: order.index(row[0].split(".")[0]))  # stable: per baseline
-    ungated = frozenset(extra)
-    sections = [_verdict(r), _headline(r, groups["headline"], marks, figures), _figures(figures),
-                _baselines(r, groups["baselines"], ungated), _twins(r, marks, labels),
-                _differences(r, groups["differences"], ungated)]
+    readers = read_keys(r)
+    sections = [_verdict(r), _headline(r, groups["headline"], marks, figures, readers), _figures(figures),
+                _baselines(r, groups["baselines"], readers), _twins(r, marks, labels),
+                _differences(r, groups["differences"], readers)]
     # Whatever no section shows yet (a new kind of estimand) is listed, so every interval appears.
     shown = shown_keys([s for s in sections if s is not None])
     other = [row for row in groups["other"] if row[0] not in shown]
@@ -795,7 +784,7 @@ def report_sections(results: Mapping, figures: Mapping[str, str] | None = None,
               if k not in shown and k not in {row[0] for row in other}]
     if other:
         level = (r.get(BOOTSTRAP) or {}).get(LEVEL_KEY, DEFAULTS.level)
-        sections.append(Section("other", "Other estimands", (EstimandTable(tuple(other), level, ungated),),
+        sections.append(Section("other", "Other estimands", (EstimandTable(tuple(other), level, readers),),
                                 summary=f"{len(other)} estimands"))
     sections += [_permutation(r), _spread(r), _counts(r), _run(r)]
     if config_yaml:

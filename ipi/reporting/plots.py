@@ -179,12 +179,13 @@ def short_reason(reason: str) -> str:
     """A reportability reason shortened for a figure label (the report tables keep the long one)."""
     import re
 
-    out = re.sub(r"only (\d+) test trajector(?:y contributes|ies contribute) \(< (\d+)\)",
+    out = re.sub(r"only (\d+) test trajector(?:y contributes|ies contribute) \(< min_clusters (\d+)\)",
                  r"\1 contributing trajectories < \2", reason)
-    out = re.sub(r"only ([\d.]+) effective test trajectories \(Kish[^)]*\) \(< ([\d.]+)\)",
+    out = re.sub(r"only ([\d.]+) effective test trajectories \(Kish[^)]*\) \(< min_clusters ([\d.]+)\)",
                  r"\1 effective trajectories < \2", out)
     out = re.sub(r"only (\d+) of (\d+) bootstrap replicates usable \(< [^)]*\)", r"\1/\2 replicates", out)
-    return out.replace("degenerate interval (every replicate gave the same value)", "degenerate interval")
+    return re.sub(r"degenerate interval \[[^\]]*\] \(every replicate gave the same value\)", "degenerate interval",
+                  out)
 
 
 def _forest_panel(ax, rows, ref: float, xlim):

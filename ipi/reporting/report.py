@@ -36,7 +36,6 @@ from ipi.reporting.layout import (
     Section,
     Side,
     Text,
-    UNGATED_NOTE,
     interval_text,
     report_sections,
     split_columns,
@@ -126,20 +125,22 @@ def _md_blocks(blocks, out: list[str]) -> None:
             out += [f"- {x}" for x in b.items] + [""]
         elif isinstance(b, CheckLine):
             out.append(f"- [{b.status}] {b.id}. {b.name}: {b.detail}")
+            if b.rule:
+                out.append(f"  - rule: {b.rule}")
             if b.numbers:
                 out.append("  - numbers: " + "; ".join(f"{k} {v}" for k, v in b.numbers))
             if i + 1 == len(blocks) or not isinstance(blocks[i + 1], CheckLine):
                 out.append("")  # the checks are one list
         elif isinstance(b, EstimandTable):
-            out += [f"| estimand | estimate | {b.level:.0%} CI | replicates used | reportable |",
-                    "|---|---|---|---|---|"]
-            for _key, label, iv, why in b.rows:
+            out += [f"| estimand | estimate | {b.level:.0%} CI | replicates used | reportable | decides |",
+                    "|---|---|---|---|---|---|"]
+            for key, label, iv, why in b.rows:
                 iv = iv if isinstance(iv, Mapping) else {}
                 parts = interval_text(iv).split(" ", 1)
                 est, ci = (parts[0], parts[1]) if len(parts) == 2 else ("n/a", "n/a")
                 label = _md_escape(label) if why is None else f"~~{_md_escape(label)}~~"
-                mark = (UNGATED_NOTE if _key in b.ungated else "yes") if why is None else f"**no**: {_md_escape(why)}"
-                out.append(f"| {label} | {est} | {ci} | {iv.get('n_boot_used', '')} | {mark} |")
+                mark = "yes" if why is None else f"**no**: {_md_escape(why)}"
+                out.append(f"| {label} | {est} | {ci} | {iv.get('n_boot_used', '')} | {mark} | {b.decides(key)} |")
             out.append("")
         elif isinstance(b, Grid):
             parts = split_columns(b)
@@ -323,21 +324,23 @@ class _HtmlBlocks:
         out.append(f'<details class="check"><summary><span class="status {_h(status_cls)}">{_h(b.status)}</span>'
                    f'<span class="cname">{_h(b.id)}. {_h(b.name)}</span><span class="lead">{_h(b.detail)}</span>'
                    "</summary>")
+        if b.rule:
+            out.append(f'<p class="muted"><b>Rule.</b> {_h(b.rule)}</p>')
         self.render(b.tables, out)
         out.append("</details>")
 
     def _estimandtable(self, b: EstimandTable, out):
         out.append(f"<table><tr><th>estimand</th><th>estimate</th><th>{b.level:.0%} CI</th>"
-                   "<th>replicates used</th><th>reportable</th></tr>")
+                   "<th>replicates used</th><th>reportable</th><th>decides</th></tr>")
         for key, label, iv, why in b.rows:
             iv = iv if isinstance(iv, Mapping) else {}
             parts = interval_text(iv).split(" ", 1)
             est, ci = (parts[0], parts[1]) if len(parts) == 2 else ("n/a", "n/a")
             cls = "" if why is None else ' class="unreportable"'
-            mark = (UNGATED_NOTE if key in b.ungated else "yes") if why is None else f"no: {_h(why)}"
+            mark = "yes" if why is None else f"no: {_h(why)}"
             out.append(f'<tr{cls}><td>{_h(label)}</td><td class="num est" data-key="{_h(key)}">{_h(est)}</td>'
                        f'<td class="num est">{_h(ci)}</td><td class="num">{_h(iv.get("n_boot_used", ""))}</td>'
-                       f'<td class="why">{mark}</td></tr>')
+                       f'<td class="why">{mark}</td><td>{_h(b.decides(key))}</td></tr>')
         out.append("</table>")
 
     def _grid(self, b: Grid, out):

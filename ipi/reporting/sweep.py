@@ -37,13 +37,15 @@ step-down procedure over the ``N`` cells (``claim_familywise``; :func:`familywis
   cells at α = 0.025); the report says whether the sweep's ``B`` clears it (:func:`family_sentence`).
 * ``p_separates`` = the one-sided bootstrap p-value of ``E1 <= 0.5`` over the steps having both
   (``results.json`` ``p_values.e1_paired``, check 1's estimand; ``p_values.e1`` for older
-  files), when the cell's check 1 passed; 1 otherwise.
+  files), when the cell's check 1 passed; 1 otherwise. Under K-fold check 1 also needs the exact
+  permutation test, so ``p_separates`` is the larger of the two p-values there (its floor
+  ``1/(M+1)`` must clear Holm's threshold too: :func:`family_sentence` says when it cannot).
 * ``p_detects`` = the largest of the bootstrap p-values of the claim's tests — E1 over the steps
   having both (check 1), every paired ``E3[c] − C1 E3[c] <= 0`` (check 2), every ``E3[c] <= 0.5``
   (check 3), and with random-weight twins every paired ``E3[c] − mean_s E3_s[c] <= 0`` (check 6's
   interval) — when the cell's own verdict licenses "detects malicious content"; 1 otherwise. The claim holds only if every
   test rejects (an intersection-union test), so the largest p is a valid p-value for it
-  (Berger 1982). The other conditions (C1 E1 below 0.95, check 4's permutation test with its
+  (Berger 1982). The other conditions (C1 E3[c] below 0.95, check 4's permutation test with its
   null centred on 0.5, check 5, the cluster gate) must hold in the cell's own verdict at their
   nominal levels: they guard against a broken pipeline and generic collapse rather than against
   chance separation, and with M = 199 refits a permutation p cannot fall below 1/200, above any
@@ -137,11 +139,16 @@ def _preregistered(job: Path) -> str | None:
     return None if v in (None, "") else str(v)
 
 
-def _check_status(res: dict, cid: int) -> str | None:
+def _check(res: dict, cid: int) -> dict | None:
     for c in (res.get(VERDICT) or {}).get(CHECKS) or []:
         if c.get("id") == cid:
-            return c.get("status")
+            return c
     return None
+
+
+def _check_status(res: dict, cid: int) -> str | None:
+    c = _check(res, cid)
+    return None if c is None else c.get("status")
 
 
 def _permutation_p(res: dict) -> float | None:
@@ -169,6 +176,9 @@ def claim_p_values(res: dict) -> tuple[float, float]:
 
     p_e1 = pv.get(E1_PAIRED) if pv.get(E1_PAIRED) is not None else pv.get(E1)
     p_sep = num(p_e1) if _check_status(res, 1) == "PASS" else 1.0
+    one = _check(res, 1) or {}
+    if (one.get("numbers") or {}).get("split") == "kfold":  # check 1's K-fold rule: the permutation test too
+        p_sep = max(p_sep, num((one.get("numbers") or {}).get("permutation_p")))
     if claim != CLAIM_DETECTS:
         return p_sep, 1.0
     controls = list(res.get(E3) or {})
@@ -230,9 +240,11 @@ def familywise_rank(e3_by_network) -> dict:
             "margin": margins[0].tolist(), "twin_best": twin_best, "level": 1.0 / n_net}
 
 
-def family_sentence(n_cells: int, alpha: float, n_boot: int | None, n_twins: int | None) -> str:
-    """What the sweep's S and B let a claim survive (memo §5): N, α, B, the p floor 1/(B+1) against
-    Holm's first threshold α/N, and the rank test's family level 1/(S+1)."""
+def family_sentence(n_cells: int, alpha: float, n_boot: int | None, n_twins: int | None,
+                    kfold_m: int | None = None) -> str:
+    """What the sweep's S, B and M let a claim survive: N, α, B, the p floor 1/(B+1) against Holm's
+    first threshold α/N; under K-fold the permutation test's floor 1/(M+1) likewise (check 1 needs
+    it there); and the rank test's family level 1/(S+1)."""
     parts = []
     if n_boot:
         floor = 1.0 / (n_boot + 1)
@@ -243,6 +255,13 @@ def family_sentence(n_cells: int, alpha: float, n_boot: int | None, n_twins: int
                         "survive" if ok else
                         f"above Holm's first threshold alpha/N = {alpha / n_cells:.5f}: no cell's claim can survive "
                         f"Holm here; evaluation.n_boot >= {need} is needed for {n_cells} cells"))
+    if kfold_m:
+        floor = 1.0 / (kfold_m + 1)
+        parts.append(f"K-fold cells: \"separates\" also needs the exact permutation test, whose smallest p-value "
+                     f"is 1/(M+1) = {floor:.5f} with M = {kfold_m} refits, "
+                     + ("at or below alpha/N, so it can survive Holm" if floor <= alpha / n_cells else
+                        f"above alpha/N = {alpha / n_cells:.5f}: no K-fold cell's \"separates\" can survive Holm here; "
+                        f"evaluation.permutation.m >= {math.ceil(n_cells / alpha - 1)} is needed"))
     if n_twins:
         lvl = 1.0 / (n_twins + 1)
         parts.append(f"check 6's rank part over the family (max over cells, the same {n_twins} twin seeds in every "
@@ -383,6 +402,8 @@ def collect(sweep: str | Path) -> pd.DataFrame:
         row["n_boot"] = (res.get(BOOTSTRAP) or {}).get(N_BOOT_KEY)
         row["_twin_e3"] = twin_e3_networks(res)
         row["p_permutation"] = _permutation_p(res)
+        row["_kfold_m"] = ((res.get(PERMUTATION) or {}).get("m")
+                           if ((_check(res, 1) or {}).get("numbers") or {}).get("split") == "kfold" else None)
         ivs = {E1: res.get(E1), E2: res.get(E2)}
         ivs.update({dotted(E3, c): iv for c, iv in (res.get(E3) or {}).items()})
         op = res.get(OPERATING_POINT) or {}
@@ -469,7 +490,9 @@ def write_sweep_report(sweep: str | Path) -> dict[str, Path]:
     twins = [t for t in df["_twin_e3"] if t is not None]
     n_twins = len(twins[0][0]) if twins else None
     n_boot = int(min(df["n_boot"].dropna())) if df["n_boot"].notna().any() else None
-    df = familywise(df, alpha, prereg, n_failed=len(failed)).drop(columns=["preregistered_spec", "_twin_e3"])
+    kfold_m = int(min(df["_kfold_m"].dropna())) if df["_kfold_m"].notna().any() else None
+    df = familywise(df, alpha, prereg, n_failed=len(failed)).drop(columns=["preregistered_spec", "_twin_e3",
+                                                                           "_kfold_m"])
     n_cells = len(df) + len(failed)
     family = (f"Family: {n_cells} cells (every job of this sweep"
               + (f", {len(failed)} of them failed: p = 1" if len(failed) else "") + "). A claim is licensed under Holm's "
@@ -477,7 +500,8 @@ def write_sweep_report(sweep: str | Path) -> dict[str, Path]:
               f"(column claim_familywise); the column claim is each cell's own verdict at the nominal level"
               + (f". Pre-registered cell: {prereg} (keeps its nominal claim)." if prereg else
                  "; no cell was pre-registered (evaluation.preregistered).")
-              + (" " + family_sentence(n_cells, alpha, n_boot, n_twins) + "." if (n_boot or n_twins) else ""))
+              + (" " + family_sentence(n_cells, alpha, n_boot, n_twins, kfold_m) + "."
+                 if (n_boot or n_twins or kfold_m) else ""))
     out: dict[str, Path] = {}
     csv = df.to_csv(index=False)
     out["csv"] = atomic_write_text(sweep / "sweep.csv", csv)

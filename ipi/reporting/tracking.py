@@ -6,11 +6,14 @@ and uploaded later with ``wandb sync <run dir>/wandb/offline-run-*``. ``WANDB_MO
 ``logger.wandb.mode=online``) logs live; ``disabled`` turns W&B off.
 
 At the end of a run :func:`log_run` logs, into that run: the resolved config, every estimand
-with its CI (``test/e1``, ``test/e1_ci_low`` … as metrics, and the ``estimands`` table), the
-verdict (``verdict`` table, ``verdict/claim``), the data counts, and the figures (``plots/roc``,
-``plots/forest``). Each estimate carries its reportability (:mod:`ipi.evaluation.reportable`):
-the ``estimands`` table has ``reportable`` and ``not_reportable_because`` columns and the run
-summary a ``reportable/<estimand key>`` flag. The render gallery (``gallery``) shows a real screenshot, which can hold
+with its CI in the ``estimands`` table (the headline estimands and every estimand a check reads
+are also metrics, ``test/e1``, ``test/e1_ci_low`` …: :func:`ipi.evaluation.callbacks.flat_metrics`),
+the verdict (``verdict`` table with each check's rule and detail, ``verdict/claim``), the data
+counts, and the figures (``plots/roc``, ``plots/forest``). Each estimate carries its
+reportability (:mod:`ipi.evaluation.reportable`) and the checks that read it
+(:func:`ipi.evaluation.verdict.read_keys`): the ``estimands`` table has ``reportable``,
+``not_reportable_because`` and ``read_by_checks`` columns and the run summary a
+``reportable/<estimand key>`` flag. The render gallery (``gallery``) shows a real screenshot, which can hold
 personal data; it is uploaded only with ``logger.wandb.upload_screenshots=true``.
 
 :func:`task_wrapper` wraps a task function so that ``wandb.finish()`` runs in a ``finally``:
@@ -31,6 +34,7 @@ from lightning.pytorch.loggers import WandbLogger
 from omegaconf import DictConfig
 
 from ipi.evaluation.reportable import estimand_entries, reportability_of
+from ipi.evaluation.verdict import read_keys
 from ipi.metrics.keys import CHECKS, CLAIM, COUNTS, VERDICT
 
 log = logging.getLogger(__name__)
@@ -162,19 +166,22 @@ def log_run(logger: WandbLogger, results: Mapping, figures: Mapping[str, str | P
         logger.log_hyperparams(dict(config))
         keys.append("config")
     marks = reportability_of(results)
+    readers = read_keys(results)
     data = []
     for key, label, iv in estimand_entries(results):
         iv = iv or {}
         why = marks.get(key)
         data.append([label, iv.get("estimate"), iv.get("ci_low"), iv.get("ci_high"), iv.get("n_boot_used"),
-                     why is None, why or ""])
+                     why is None, why or "", ", ".join(map(str, readers.get(key, [])))])
     payload: dict = {"estimands": wandb.Table(
-        columns=["estimand", "estimate", "ci_low", "ci_high", "n_boot_used", "reportable", "not_reportable_because"],
+        columns=["estimand", "estimate", "ci_low", "ci_high", "n_boot_used", "reportable", "not_reportable_because",
+                 "read_by_checks"],
         data=data)}
     verdict = results.get(VERDICT)
     if verdict:
-        payload[VERDICT] = wandb.Table(columns=["id", "check", "status", "detail"],
-                                         data=[[c["id"], c["name"], c["status"], c["detail"]] for c in verdict[CHECKS]])
+        payload[VERDICT] = wandb.Table(columns=["id", "check", "rule", "status", "detail"],
+                                         data=[[c["id"], c["name"], c.get("rule", ""), c["status"], c["detail"]]
+                                               for c in verdict[CHECKS]])
     allow = bool(getattr(logger, "upload_screenshots", False))
     for name, path in figures.items():
         if name == "gallery" and not allow:

@@ -453,6 +453,9 @@ class EvaluateConf:
     paths: PathsConf = field(default_factory=PathsConf)
     evaluation: EvaluationConf = field(default_factory=EvaluationConf)
     report: ReportConf = field(default_factory=ReportConf)
+    # the split design that produced the scores (split=kfold for out-of-fold scores: verdict check 1
+    # then needs check 4's permutation test, which a score table cannot give)
+    split: SplitConf = field(default_factory=SplitConf)
 
 
 def register_configs() -> None:

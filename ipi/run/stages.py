@@ -396,7 +396,7 @@ def twin_score_tables(cfg: DictConfig, det, meta: pd.DataFrame, x_twin: dict, fo
     """The run's detector (same configuration, seed and ``l2``) on each twin's features, same folds.
 
     Cross-fitted by :func:`ipi.run.detection.fit_detector` without baselines and without the
-    permutation test: the twins enter only check 6 (E3 − max over twin seeds).
+    permutation test: the twins enter only check 6 (the rank rule and E3 − mean twin E3).
 
     Returns:
         ``{seed: score table}`` on the probe's out-of-fold rows (``trajectory_id, step, variant, score``).
@@ -448,18 +448,19 @@ def transfer_source(cfg: DictConfig, trajectories, surfaces: list[str], wording,
 
 def assess_settings(ev: DictConfig, pretrained: bool | None = None, *, constructed: bool = False,
                     required_controls: tuple[str, ...] | None = None,
-                    heldout_wording: bool | None = None) -> Settings:
+                    heldout_wording: bool | None = None, split: str | None = None) -> Settings:
     """The assessment settings of ``cfg.evaluation`` (PROTOCOL.md §5, §7): bootstrap, verdict
     thresholds, reportability gate, permutation level; ``pretrained`` is ``backbone.pretrained``
     (None for a score table of unknown origin), ``constructed`` ``backbone.constructed``,
     ``required_controls`` the surface's (check 3; None: a score table of unknown surface),
-    ``heldout_wording`` whether the test rows' wording was held out (check 3; None: a score table)."""
+    ``heldout_wording`` whether the test rows' wording was held out (check 3; None: a score table),
+    ``split`` the split design that produced the scores (``split.kind``; check 1)."""
     return Settings(n_boot=ev.n_boot, seed=ev.seed, level=ev.level, interval=_value(ev.interval),
                     collapse_ceiling=ev.collapse_ceiling, c1_max=ev.c1_max, min_clusters=ev.min_clusters,
                     min_boot_fraction=ev.min_boot_fraction, alpha=ev.permutation.alpha, pretrained=pretrained,
                     constructed=bool(constructed),
                     required_controls=None if required_controls is None else tuple(required_controls),
-                    heldout_wording=heldout_wording,
+                    heldout_wording=heldout_wording, split=None if split is None else str(split),
                     operating_fpr=ev.get("operating_fpr", 0.01))
 
 

@@ -143,7 +143,7 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
     settings = assess_settings(cfg.evaluation, pretrained=bool(cfg.backbone.pretrained),
                                constructed=bool(cfg.backbone.get("constructed", False)),
                                required_controls=run_surface(cfg).required_controls,
-                               heldout_wording=bool(cfg.evaluation.heldout_wording))
+                               heldout_wording=bool(cfg.evaluation.heldout_wording), split=_value(cfg.split.kind))
     est = EstimandsCallback(te_meta, fits.baselines, settings, permutation=fits.permutation_input(),
                             twins=twin_tables or None)
     test_ids = fold_sides(folds)[1]
@@ -192,7 +192,7 @@ def attack_source_record(cfg: DictConfig, pool, rows, meta, x, fits, det, plan) 
         m = meta[sel].reset_index(drop=True)
         return fit_detector(cfg, det, m, x[sel], [(train_ids, test_ids)], baselines=False).score_table(m)
 
-    settings = assess_settings(cfg.evaluation, pretrained=bool(cfg.backbone.pretrained))
+    settings = assess_settings(cfg.evaluation, pretrained=bool(cfg.backbone.pretrained), split=_value(cfg.split.kind))
     return attack_record(pool, rows_meta, fits.score_table(meta), settings, plan=plan, seed=cfg.split.seed,
                          fit_score=fit_score if getattr(det, "trainable", True) else None)
 
@@ -265,7 +265,8 @@ def evaluate(cfg: DictConfig) -> tuple[dict, dict]:
     """Evaluate a score table (CSV/Parquet) into ``results.json``, reports and figures."""
     results = evaluate_score_table(cfg.scores, twin=cfg.get("twin_scores"),
                                    settings=assess_settings(cfg.evaluation, pretrained=cfg.get("backbone_pretrained"),
-                                                            constructed=bool(cfg.get("backbone_constructed", False))))
+                                                            constructed=bool(cfg.get("backbone_constructed", False)),
+                                                            split=_value(cfg.split.kind)))
     write_run_report(results, Path(cfg.paths.output_dir), scores=read_score_table(cfg.scores),
                      config=to_container(cfg), plots=cfg.report.plots, html_report=cfg.report.html)
     return results, {}

@@ -37,8 +37,7 @@ class BannerSurface(Surface):
     def construction_note(self) -> str:
         return ("On i_vis the banner is drawn on the screenshot and leaves the prompt length "
                 "unchanged (Δprompt length 0), so C1's inputs are equal for the attack and clean rows "
-                "of a step (expected C1 E1 ≈ 0.5): check 2 is passed by construction and reduces to "
-                "the probe separating at all.")
+                "of a step (expected C1 E1 ≈ 0.5).")
 
     def make_variants(self, trajectory_id, step, controls, *, n_attacks=1, count_tokens=None, wording=None):
         """Clean, attack(s) and controls with the step's banner (see :meth:`Surface.make_variants`).

@@ -13,8 +13,8 @@ otherwise ask by comparing surface names:
 * ``untrusted_group``: the token group the injected content lands in (PROTOCOL.md §3; the
   attention-focus detector's untrusted span);
 * :meth:`Surface.make_variants`: the clean, attack and control variants of one step;
-* ``gallery_title`` and :meth:`Surface.construction_note` (why verdict check 2 is or is not
-  decided by construction on this surface) for the reports.
+* ``gallery_title`` and :meth:`Surface.construction_note` (what C1's E1 is expected to be on this
+  surface, and why) for the reports.
 
 :class:`TextSurface` is the shared machinery of surfaces whose injection is text in one recorded
 field of the prompt (the element list, the tool result): the subclass says where and how a text
@@ -216,11 +216,13 @@ class Surface(ABC):
 
     @abstractmethod
     def construction_note(self) -> str:
-        """Why verdict check 2 (C1, the metadata baseline) is or is not decided by construction here.
+        """What C1's E1 (the metadata baseline) is expected to be on this surface, and why.
 
         C1 reads step, horizon, prompt length and Δprompt length (PROTOCOL.md §5): a surface
-        whose injection lengthens the prompt gives C1 E1 = 1.000 by construction. One or two
-        sentences for report.md/html, after ``C1 (metadata baseline) E1 = x. ``.
+        whose injection lengthens the prompt gives C1 E1 = 1.000 by construction. C1's E1 is the
+        note on "separates" of verdict check 2; the check itself is judged on E3[c] − C1 E3[c] on
+        every surface (its rule: :data:`ipi.evaluation.verdict.CHECKS`). One or two sentences for
+        report.md/html, after ``C1 (metadata baseline) E1 = x. ``.
         """
 
     def check_args(self, controls: Sequence[str], n_attacks: int,
@@ -360,8 +362,9 @@ class TextSurface(Surface):
 
     def construction_note(self) -> str:
         return (f"On {self.name} the injected text lengthens the prompt, so Δprompt length alone "
-                "separates attack from clean rows by construction (expected C1 E1 = 1.000): check 2 "
-                "is decided by the design of this surface, not by the probe.")
+                "separates attack from clean rows by construction (expected C1 E1 = 1.000): an E1 form of "
+                "check 2 could never pass here, which is one reason it is judged on E3 against the "
+                "length-matched controls.")
 
     def check(self) -> None:
         super().check()

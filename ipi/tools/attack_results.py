@@ -4,7 +4,7 @@
 
 ``--sweep``: folders of ``train.py -m attack=...`` sweeps (one results.json per job folder): one
 row per job with E1, E3 per control (cluster-bootstrap intervals), C1's E3 (Δprompt length), TPR at
-the operating FPR vs clean, the six checks and the claim; then what the surface did with the
+the operating FPR vs clean, the checks 0–6 and the claim; then what the surface did with the
 source's texts (``run.attack.counts``). ``--loso``: the folder of one ``split.wording=source`` run:
 E1/E3 per held-out source, the source × source transfer table and E1/E3 by goal family.
 """

@@ -80,13 +80,14 @@ import pandas as pd
 from scipy.special import ndtr
 
 from ipi.evaluation.assess import DEFAULTS, ScoreTables, Settings, assess
-from ipi.evaluation.verdict import CLAIM_DETECTS, CLAIM_NONE
+from ipi.evaluation.verdict import CHECKS, CLAIM_DETECTS, CLAIM_NONE
 from ipi.io import atomic_write_text
 from ipi.metrics.compare import Estimates
+from ipi.metrics.twins import rank_correlations
 from ipi.detectors.crossfit import cross_fit
 from ipi.detectors.linear import LogisticDetector
 from ipi.probe.folds import make_folds
-from ipi.progress import quiet_lightning
+from ipi.progress import progress_bar, quiet_lightning
 from ipi.protocol import CONTROLS, VARIANTS
 from ipi.reporting.sweep import claim_p_values, familywise, twin_e3_networks
 from ipi.surfaces.bank import ATTACK_TEMPLATES, attack_text
@@ -111,10 +112,10 @@ TRUTHS = ("a", "b", "c", "twin_token", "twin_seed")
 ALL_TRUTHS = (*TRUTHS, "c_shared", "null")
 #: Split designs (``split.kind``): one trajectory holdout, or grouped K-fold cross-fitting.
 SPLITS = ("holdout", "kfold")
-#: Test-set sizes (trajectories, holdout) of the null "separates" table; K-fold is run at the
-#: size of the shared WebVoyager data (42 trajectories, every one tested).
+#: Test-set sizes (trajectories) of the "separates" table: holdout test sets, and K-fold designs
+#: over that many trajectories, every one tested (42: the shared WebVoyager data; 14: a small set).
 NULL_N_TEST = (14, 24)
-NULL_KFOLD_TRAJECTORIES = 42
+NULL_KFOLD_TRAJECTORIES = (14, 42)
 #: Truths whose control separation is token identity shared by the twins (no content, no wording).
 TWIN_TRUTHS = ("twin_token", "twin_seed")
 #: Test-set sizes (trajectories) of the interval-coverage table (docs/selftest.md).
@@ -398,19 +399,13 @@ _ESTIMAND_KEYS = ("e1", "e2", *(f"e3.{c}" for c in CONTROLS))
 
 
 def _flat(est: Estimates) -> dict[str, dict]:
-    """JSON-ready intervals by flat key: ``e1, e2, e3.<c>``; with twins ``twin.*`` (the envelope,
-    max over seeds), ``diff.e3.<c>`` (E3 − envelope) and ``diff1.e3.<c>`` (E3 − the first seed's E3)."""
+    """JSON-ready intervals by flat key: ``e1, e2, e3.<c>``; with twins ``diff.e3.<c>`` (E3 − mean
+    twin E3, check 6's paired interval)."""
     main = est.main
     flat = {"e1": main.e1.to_dict(), "e2": main.e2.to_dict()}
     flat.update({f"e3.{c}": iv.to_dict() for c, iv in main.e3.items()})
-    twin = est.random_twin
-    if twin is not None:
-        flat.update({"twin.e1": twin.e1.to_dict(), "twin.e2": twin.e2.to_dict()})
-        flat.update({f"twin.e3.{c}": iv.to_dict() for c, iv in twin.e3.items()})
-        d = est.differences.twin
-        flat.update({f"diff.e3.{c}": x.to_dict() for c, x in d.e3.items()})
-        first = d.e3_by_seed[twin.seeds[0]]
-        flat.update({f"diff1.e3.{c}": x.to_dict() for c, x in first.items()})
+    if est.random_twin is not None:
+        flat.update({f"diff.e3.{c}": x.to_dict() for c, x in est.differences.twin.e3_mean.items()})
     return flat
 
 
@@ -481,7 +476,7 @@ def run_dataset(p: SimParams, truth: str, index: int, seed: int, key: tuple | No
         twin_w.append(tf.fitted[0].probe_.effective_weights()[0].detach().numpy())
     assessed = assess(ScoreTables(main_table, fits.baselines, twin_tables or None, fits.permutation_input()),
                       Settings(n_boot=pt.n_boot, seed=boot_seed, pretrained=True if twin_tables else None,
-                               min_clusters=pt.min_clusters, heldout_wording=pt.heldout_wording))
+                               min_clusters=pt.min_clusters, heldout_wording=pt.heldout_wording, split=pt.split))
     v, perm = assessed.verdict, assessed.estimates.permutation
     w, _ = fits.fitted[0].probe_.effective_weights()
     p_trained = pt.twin(trained[1]) if trained is not None else pt
@@ -491,11 +486,8 @@ def run_dataset(p: SimParams, truth: str, index: int, seed: int, key: tuple | No
     if twin_tables and holdout:
         tv = [true_estimands(wt, pt.twin(float(g)), dt, test_templates)
               for wt, dt, g in zip(twin_w, dirs_twins, gains[1:])]
-        for k in tv[0]:
-            truth_vals[f"twin.{k}"] = max(t[k] for t in tv)
         for c in CONTROLS:
-            truth_vals[f"diff.e3.{c}"] = truth_vals[f"e3.{c}"] - truth_vals[f"twin.e3.{c}"]
-            truth_vals[f"diff1.e3.{c}"] = truth_vals[f"e3.{c}"] - tv[0][f"e3.{c}"]
+            truth_vals[f"diff.e3.{c}"] = truth_vals[f"e3.{c}"] - float(np.mean([t[f"e3.{c}"] for t in tv]))
         # Does the trained probe beat every twin in the population (the event exchangeability bounds)?
         beats_all = all(truth_vals[f"e3.{c}"] > max(t[f"e3.{c}"] for t in tv) for c in CONTROLS)
     else:
@@ -524,10 +516,20 @@ def run_dataset(p: SimParams, truth: str, index: int, seed: int, key: tuple | No
         "p_detects": p_det,
         "twin_e3": list(twin_e3) if twin_e3 is not None else None,
         "n_twins": len(twin_tables),
+        "twin_guards": list(assessed.estimates.random_twin.guards) if twin_tables else None,
+        "twin_rank_correlation_max": _max_twin_rank_correlation(twin_tables),
         "true_beats_every_twin": beats_all,
         "gains": [float(g) for g in gains] if truth == "twin_seed" else None,
         "seconds": time.perf_counter() - t0,
     }
+
+
+def _max_twin_rank_correlation(twin_tables: dict) -> float | None:
+    """The largest Spearman correlation between two twins' scores (what check 6's distinctness guard
+    reads; :func:`ipi.metrics.twins.rank_correlations`), or None with fewer than two twins."""
+    if len(twin_tables) < 2:
+        return None
+    return float(max(rank_correlations({k: t["score"].to_numpy() for k, t in twin_tables.items()}).values()))
 
 
 def trajectories_for_test_size(p: SimParams, n_test: int) -> int:
@@ -540,12 +542,14 @@ def trajectories_for_test_size(p: SimParams, n_test: int) -> int:
     return n
 
 
-def null_params(p: SimParams, split: str, n_test: int | None = None) -> SimParams:
-    """The null-"separates" design: ``split`` at ``n_test`` holdout test trajectories (K-fold:
-    :data:`NULL_KFOLD_TRAJECTORIES`, every one tested); no twins and no permutation refits
-    (check 1 alone decides "separates")."""
-    n = trajectories_for_test_size(p, n_test) if split == "holdout" else NULL_KFOLD_TRAJECTORIES
-    return replace(p, split=split, n_trajectories=n, n_twins=0, permutation_m=0)
+def null_params(p: SimParams, split: str, n_test: int) -> SimParams:
+    """The "separates" design: ``split`` at ``n_test`` test trajectories (holdout: the test half of
+    a larger set; K-fold: ``n_test`` trajectories, every one tested); no twins. Holdout runs no
+    permutation refits (check 1 reads the bootstrap alone); K-fold runs check 4's M refits, which
+    check 1 needs there (PROTOCOL.md §7.1)."""
+    n = trajectories_for_test_size(p, n_test) if split == "holdout" else int(n_test)
+    return replace(p, split=split, n_trajectories=n, n_twins=0,
+                   permutation_m=0 if split == "holdout" else p.permutation_m)
 
 
 def coverage_dataset(p: SimParams, n_test: int, index: int, seed: int,
@@ -629,10 +633,12 @@ def _init_worker() -> None:
 
 def _job(args) -> dict:
     kind, rest = args[0], args[1:]
-    if kind == "null":  # (p, split, n_test, index, seed)
-        p, split, n_test, index, seed = rest
-        key = (40, SPLITS.index(split), n_test or 0, index)
-        return {"kind": "null", **run_dataset(null_params(p, split, n_test), "null", index, seed, key=key)}
+    if kind == "null":  # (p, split, n_test, index, seed[, truth]): "separates" under the null or under (a)
+        p, split, n_test, index, seed, *truth = rest
+        truth = truth[0] if truth else "null"
+        key = (40 if truth == "null" else 41, SPLITS.index(split), n_test or 0, index)
+        rec = run_dataset(null_params(p, split, n_test), truth, index, seed, key=key)
+        return {"kind": "null", "design": "separates", **rec}
     if kind == "coverage":
         return {"kind": "coverage", **coverage_dataset(*rest)}
     if kind == "sweep":
@@ -654,7 +660,8 @@ def job_id(job: tuple) -> str:
     if kind == "coverage":
         return f"coverage/{job[2]}/{job[3]}/{job[4]}"
     if kind == "null":
-        return f"null/{job[2]}/{job[3]}/{job[4]}/{job[5]}"
+        truth = job[6] if len(job) > 6 else "null"
+        return f"{'null' if truth == 'null' else 'separates-' + truth}/{job[2]}/{job[3]}/{job[4]}/{job[5]}"
     return f"run/{job[1].split}/{job[2]}/{job[3]}/{job[4]}"
 
 
@@ -723,8 +730,51 @@ def summarise(records: list[dict]) -> dict:
         beats = [r["true_beats_every_twin"] for r in rec if r.get("true_beats_every_twin") is not None]
         if beats:  # population event: the trained probe's true E3 above every twin's, every control
             s["true_beats_every_twin"] = rate(sum(beats), len(beats))
+        if rec[0].get("n_twins"):
             s["n_twins"] = int(rec[0]["n_twins"])
+            s["candidates"] = {k: rate(sum(candidate_detects(r)[k] for r in rec), n) for k in CANDIDATES}
+            rho = [r["twin_rank_correlation_max"] for r in rec if r.get("twin_rank_correlation_max") is not None]
+            if rho:
+                s["twin_rank_correlation_max"] = float(max(rho))
+            s["twin_guards_fired"] = rate(sum(bool(r.get("twin_guards")) for r in rec), n)
         out[name] = s
+    return out
+
+
+#: Constructions of check 6 measured beside the rule (``summary[group]["candidates"]``): with
+#: fewer than 19 twins a distribution-free rank test cannot reach 0.05, so another construction
+#: would have to hold the level by simulation (PROTOCOL.md §7.6).
+CANDIDATES = {
+    "rank": "the rank rule at level 1/(S+1), whatever S",
+    "t_prediction": "a one-sided 95% Student-t prediction bound for a new twin (normal seed effects)",
+}
+
+
+def candidate_detects(record: dict) -> dict[str, bool]:
+    """Whether each construction of :data:`CANDIDATES`, in place of check 6, would have licensed
+    "detects" on one record: checks 0–5 PASS, the paired CI of E3[c] − mean twin E3[c] above 0 for
+    every control, and the construction's own part for every control (``rank``: E3[c] above every
+    twin's; ``t_prediction``: ``(E3[c] − mean) / (sd · sqrt(1 + 1/S)) > t_{S−1, 0.95}``)."""
+    from scipy.stats import t as student_t
+
+    no = dict.fromkeys(CANDIDATES, False)
+    twin = record.get("twin_e3")
+    if not twin or any(record["checks"].get(str(i)) != "PASS" for i in range(6)):
+        return no
+    by_c = twin[1]
+    if any((record["estimands"].get(f"diff.e3.{c}") or {}).get("ci_low") is None
+           or record["estimands"][f"diff.e3.{c}"]["ci_low"] <= 0.0 for c in by_c):
+        return no
+    out = {}
+    nets = {c: np.asarray(v, dtype=np.float64) for c, v in by_c.items()}
+    out["rank"] = all(v[0] > v[1:].max() for v in nets.values())
+    s = len(next(iter(nets.values()))) - 1
+    if s < 2:
+        out["t_prediction"] = False
+    else:
+        q = float(student_t.ppf(0.95, s - 1))
+        out["t_prediction"] = all(
+            (v[0] - v[1:].mean()) > q * float(np.std(v[1:], ddof=1)) * math.sqrt(1.0 + 1.0 / s) for v in nets.values())
     return out
 
 
@@ -734,6 +784,8 @@ def group_of(record: dict) -> str:
     truth, split = record["truth"], record.get("split", "holdout")
     if truth == "null":
         return f"null/{split}/{record['n_test_trajectories']}"
+    if record.get("design") == "separates":
+        return f"{truth}/separates-{split}/{record['n_test_trajectories']}"
     return truth if split == "holdout" else f"{truth}/{split}"
 
 
@@ -778,24 +830,24 @@ def format_table(summary: dict) -> str:
     row("coverage of the 95% CI of E1", lambda s: pct(s["coverage"]["e1"]))
     for k in ("e2", *(f"e3.{c}" for c in CONTROLS)):
         row(f"coverage of the 95% CI of {k.upper() if k == 'e2' else 'E3 ' + k[3:]}", lambda s, k=k: pct(s["coverage"][k]))
-    if any("twin.e1" in summary[t]["coverage"] for t in present):
-        row("coverage of the 95% CI of max twin E1", lambda s: pct(s["coverage"]["twin.e1"]))
+    if any("diff.e3.c_scrambled" in summary[t]["coverage"] for t in present):
         for c in CONTROLS:
-            row(f"coverage of the paired 95% CI of E3 − max twin E3 {c}",
+            row(f"coverage of the paired 95% CI of E3 − mean twin E3 {c}",
                 lambda s, c=c: pct(s["coverage"][f"diff.e3.{c}"]))
-        row("coverage of the paired 95% CI of E3 − twin seed 1 E3 c_scrambled",
-            lambda s: pct(s["coverage"]["diff1.e3.c_scrambled"]))
     if any("true_beats_every_twin" in summary[t] for t in present):
         row("trained beats every twin in truth (all controls)", lambda s: pct(s["true_beats_every_twin"]))
-    names = {"1": "separates", "2": "not a construction artifact", "3": "not surface statistics",
-             "4": "no memorisation", "5": "not generic collapse", "6": "selective vs random-weight twins"}
-    for cid, name in names.items():
-        row(f"check {cid} ({name}) PASS", lambda s, cid=cid: pct(s["check_pass"][cid]))
+    for rule in CHECKS:
+        row(f"check {rule.id} ({rule.name}) PASS", lambda s, cid=str(rule.id): pct(s["check_pass"][cid]))
+    if any("candidates" in summary[t] for t in present):
+        for name, what in CANDIDATES.items():
+            row(f"\"detects\" if check 6 were {what}", lambda s, name=name: pct(s["candidates"][name]))
+        row("largest Spearman correlation of two twins' scores (max over datasets)",
+            lambda s: f"{s['twin_rank_correlation_max']:.3f}")
     if any("permutation" in summary[t] for t in present):
         row("permutation null: mean of null means / max |null mean − 0.5|",
             lambda s: (f"{s['permutation']['mean_null_mean']:.3f} / {s['permutation']['max_abs_null_mean_off']:.3f}"
                        if "permutation" in s else "n/a"))
-    for k in ("e1", "e2", *(f"e3.{c}" for c in CONTROLS), "twin.e3.c_scrambled", "diff.e3.c_scrambled"):
+    for k in ("e1", "e2", *(f"e3.{c}" for c in CONTROLS), "diff.e3.c_scrambled"):
         row(f"mean true {k} / mean estimate", lambda s, k=k: f"{s['mean_true'][k]:.3f} / {s['mean_estimate'][k]:.3f}")
     row("seconds per dataset (one worker)", lambda s: f"{s['seconds_per_dataset']:.2f}")
     if not present:
@@ -850,8 +902,13 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--null-datasets", type=int, default=None,
                     help="datasets per size of the null-\"separates\" table (default: --n-datasets; 0: skip)")
     ap.add_argument("--null-sizes", default=",".join(map(str, NULL_N_TEST)),
-                    help="holdout test-set sizes of the null table (default %(default)s); with kfold in "
-                         f"--splits also K-fold over {NULL_KFOLD_TRAJECTORIES} trajectories")
+                    help="holdout test-set sizes of the null table (default %(default)s)")
+    ap.add_argument("--null-kfold-sizes", default=",".join(map(str, NULL_KFOLD_TRAJECTORIES)),
+                    help="with kfold in --splits: K-fold designs of the null table over this many trajectories, "
+                         "every one tested, with check 4's permutation refits (default %(default)s)")
+    ap.add_argument("--separates-power", type=int, default=None,
+                    help="truth-(a) datasets per design of the null table: the power of \"separates\" beside its "
+                         "false rate (default: --null-datasets; 0: skip)")
     ap.add_argument("--sweep-n-boot", type=int, default=1999,
                     help="bootstrap replicates of each sweep cell: p-values are (1 + k)/(B + 1), and Holm's "
                          "first threshold over 30 cells, 0.025/30, needs B >= 1200 (default %(default)s)")
@@ -886,8 +943,11 @@ def main(argv: list[str] | None = None) -> dict:
     jobs = [("sweep", replace(p, n_boot=args.sweep_n_boot), i, args.seed) for i in range(n_sweep)]
     jobs += [("run", replace(p, split=sp), t, i, args.seed) for sp in splits for t in truths
              for i in range(args.n_datasets)]
-    null_designs = [("holdout", n) for n in null_sizes] + ([("kfold", None)] if "kfold" in splits else [])
+    kfold_sizes = [int(v) for v in args.null_kfold_sizes.split(",") if v.strip()] if "kfold" in splits else []
+    null_designs = [("holdout", n) for n in null_sizes] + [("kfold", n) for n in kfold_sizes]
+    n_power = n_null if args.separates_power is None else args.separates_power
     jobs += [("null", p, sp, n, i, args.seed) for sp, n in null_designs for i in range(n_null)]
+    jobs += [("null", p, sp, n, i, args.seed, "a") for sp, n in null_designs for i in range(n_power)]
     jobs += [("coverage", p, n, i, args.seed) for n in sizes for i in range(n_cov)]
     # Resume: jobs already in --records (one JSON line per finished job) are read, not rerun.
     done: dict[str, dict] = {}
@@ -922,17 +982,21 @@ def main(argv: list[str] | None = None) -> dict:
             sink.flush()
 
     try:
-        if args.workers > 1 and todo:
-            import multiprocessing as mp
+        with progress_bar(f"simulate ({len(done)} resumed)", len(todo)) as bar:
+            if args.workers > 1 and todo:
+                import multiprocessing as mp
 
-            with ProcessPoolExecutor(args.workers, mp_context=mp.get_context("spawn"), initializer=_init_worker) as ex:
-                futures = {ex.submit(_job, j): j for j in todo}
-                for fut in as_completed(futures):
-                    keep(futures[fut], fut.result())
-        elif todo:
-            _init_worker()
-            for j in todo:
-                keep(j, _job(j))
+                with ProcessPoolExecutor(args.workers, mp_context=mp.get_context("spawn"),
+                                         initializer=_init_worker) as ex:
+                    futures = {ex.submit(_job, j): j for j in todo}
+                    for fut in as_completed(futures):
+                        keep(futures[fut], fut.result())
+                        bar.advance()
+            elif todo:
+                _init_worker()
+                for j in todo:
+                    keep(j, _job(j))
+                    bar.advance()
     finally:
         if sink is not None:
             sink.close()

@@ -295,7 +295,7 @@ def test_detector_sweep_feeds_estimands_and_forwards_nothing_after_extraction(tm
         assert perm["m"] == 5  # detector.permutation_m overrides evaluation.permutation.m
         assert perm["e1_refit"] == pytest.approx(res["e1"]["estimate"], abs=1e-6)
         checks = {c["id"]: c for c in res["verdict"]["checks"]}
-        assert sorted(checks) == [1, 2, 3, 4, 5, 6] and checks[6]["status"] != "PASS"  # twin off here
+        assert sorted(checks) == [0, 1, 2, 3, 4, 5, 6] and checks[6]["status"] != "PASS"  # twin off here
         assert "permuted" in res
     heads = results["attention_focus"][0]["run"]["detector"]["chosen_heads"]
     assert len(heads) == 1 and len(heads[0]) == 4 and all({"layer", "head", "train_auc"} <= set(h) for h in heads[0])
@@ -375,7 +375,7 @@ def test_twin_refits_the_runs_hidden_state_detector_and_skips_attention(tmp_path
     seed_res = by_seed["1"] if "1" in by_seed else by_seed[1]
     for c in res["e3"]:
         assert seed_res["e3"][c]["estimate"] == pytest.approx(want[c], abs=1e-12)
-    assert "e3_minus_twin_e3" in res["differences"]
+    assert "e3_minus_mean_twin_e3" in res["differences"]
 
     out = tmp_path / "att"
     res, _ = train(compose_train(tmp_path, [*ov, "detector=attention_focus", f"paths.output_dir={out}"]))

@@ -31,19 +31,20 @@ def test_reportability_rules_hand_worked():
     assert set(marks.values()) == {None}
     # Too few clusters: every estimate, with the count in words.
     few = reportability(_results(n_clusters=2))
-    assert set(few.values()) == {"only 2 test trajectories contribute (< 12)"}
+    assert set(few.values()) == {"only 2 test trajectories contribute (< min_clusters 12)"}
     assert reportability(_results(n_clusters=2), min_clusters=2)["e1"] is None
     # A degenerate interval and too few usable replicates, each only where it occurs.
     res = _results(e2=_iv(1.0, 1.0, 1.0), e1=_iv(0.8, 0.7, 0.9, used=89))
     marks = reportability(res, min_clusters=5)
-    assert marks["e2"] == "degenerate interval (every replicate gave the same value)"
+    assert marks["e2"] == "degenerate interval [1.000, 1.000] (every replicate gave the same value)"
     both = reportability({**res, "bootstrap": {**res["bootstrap"], "n_clusters": 3}}, min_clusters=5)
-    assert both["e2"] == "only 3 test trajectories contribute (< 5); degenerate interval (every replicate gave the same value)"
+    assert both["e2"] == ("only 3 test trajectories contribute (< min_clusters 5); degenerate interval [1.000, 1.000] "
+                          "(every replicate gave the same value)")
     assert marks["e1"] == "only 89 of 100 bootstrap replicates usable (< 90%)"
     assert reportability(res, min_clusters=5, min_boot_fraction=0.85)["e1"] is None
     # Equal up to float rounding is degenerate too (a paired difference of AUCs, seen in a real run).
     near = reportability(_results(e2=_iv(0.1389, 0.13888888888888884, 0.13888888888888895)), min_clusters=5)
-    assert near["e2"] == "degenerate interval (every replicate gave the same value)"
+    assert near["e2"] == "degenerate interval [0.139, 0.139] (every replicate gave the same value)"
     assert sum(v is not None for v in marks.values()) == 2
     # Undefined: no estimate, or no interval.
     marks = reportability(_results(e1=_iv(None, None, None, 0), e2=_iv(0.9, None, None, 0)))
@@ -57,13 +58,13 @@ def test_reportability_uses_per_estimand_cluster_counts_when_present():
     res["bootstrap"]["clusters_by_estimand"] = {"e3": {"c_scrambled": 3}, "e2": 4,
                                                 "differences.e1_minus_e3.c_scrambled": 3}
     marks = reportability(res, min_clusters=5)
-    assert marks["e3.c_scrambled"] == "only 3 test trajectories contribute (< 5)"
-    assert marks["e2"] == "only 4 test trajectories contribute (< 5)"
-    assert marks["differences.e1_minus_e3.c_scrambled"] == "only 3 test trajectories contribute (< 5)"
+    assert marks["e3.c_scrambled"] == "only 3 test trajectories contribute (< min_clusters 5)"
+    assert marks["e2"] == "only 4 test trajectories contribute (< min_clusters 5)"
+    assert marks["differences.e1_minus_e3.c_scrambled"] == "only 3 test trajectories contribute (< min_clusters 5)"
     # with Kish counts recorded, the gate reads them (here a 3-trajectory E1 whose weight sits on 1.5)
     res["bootstrap"]["effective_clusters_by_estimand"] = {"e1": 1.5}
     assert reportability(res, min_clusters=5)["e1"] == \
-        "only 1.5 effective test trajectories (Kish, from the weights it uses; 8 contribute) (< 5)"
+        "only 1.5 effective test trajectories (Kish, from the weights it uses; 8 contribute) (< min_clusters 5)"
     assert marks["e1"] is None and marks["e3.c_imperative"] is None  # not listed: the run's 8
 
 
@@ -104,8 +105,8 @@ def test_report_marks_every_estimate_of_a_two_trajectory_run(tmp_path):
     n = len(res["reportability"]["estimands"])
     md = (tmp_path / "report.md").read_text()
     assert md.count("| **no**: only 2.0 effective test trajectories (Kish, from the weights it uses; 2 contribute) "
-                    "(< 12)") == n
-    assert ("| **no**: only 2.0 effective test trajectories (Kish, from the weights it uses; 2 contribute) (< 12); "
+                    "(< min_clusters 12)") == n
+    assert ("| **no**: only 2.0 effective test trajectories (Kish, from the weights it uses; 2 contribute) (< min_clusters 12); "
             "degenerate interval") in md  # E2 1.000 [1.000, 1.000]
     assert f"{n} of {n} estimates are marked not reportable" in md
     html = (tmp_path / "report.html").read_text()

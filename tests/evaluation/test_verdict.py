@@ -20,10 +20,8 @@ from ipi.evaluation.verdict import (
     INCONCLUSIVE,
     NOT_RUN,
     PASS,
-    format_verdict,
-    reportability,
-    verdict,
 )
+from ipi.evaluation.reportable import cluster_count, reportability
 from ipi.metrics.auc import weighted_auc
 from ipi.metrics import estimands, evaluate_tables
 from ipi.metrics.permutation import null_tolerance, permutation_summary, permute_within
@@ -32,7 +30,7 @@ from ipi.detectors.linear import LogisticDetector
 from ipi.probe.folds import make_folds
 from ipi.probe.dual import ReducedDesign, fit_reduced
 from ipi.probe.fit import ProbeConfig, fit_probe, fit_sklearn_reference, score
-from tests.conftest import REPO
+from tests.conftest import REPO, check_of, run_verdict
 
 # ---------------------------------------------------------------------------------------------
 # Cheap refits equal scikit-learn's (item 3)
@@ -170,9 +168,9 @@ def test_permutation_null_is_centred_and_detects_signal():
     assert abs(perm["null_mean"] - 0.5) <= perm["tolerance"]
     assert perm["p_value"] == pytest.approx(0.01) and perm["e1"] > 0.8
     assert perm["e1_refit"] == pytest.approx(perm["e1"], abs=1e-4)
-    assert verdict(res)["checks"][3]["status"] == NOT_RUN  # 8 test trajectories: Kish < 12
-    v = verdict(res, min_clusters=5)
-    c4 = v["checks"][3]
+    assert check_of(run_verdict(res), 4)["status"] == NOT_RUN  # 8 test trajectories: Kish < 12
+    v = run_verdict(res, min_clusters=5)
+    c4 = check_of(v, 4)
     assert c4["status"] == PASS and "M=99" in c4["detail"] and "p = 0.010" in c4["detail"]
     assert c4["numbers"]["p_value"] == pytest.approx(0.01)
     json.dumps(res, allow_nan=False)
@@ -217,10 +215,11 @@ def test_clusters_by_estimand_counts_both_sides():
     eff = out["bootstrap"]["effective_clusters_by_estimand"]
     assert eff["e1"] == pytest.approx(min(6.0**2 / 18.0, 22.0**2 / 70.0)) == pytest.approx(2.0)
     rep = reportability(out, min_clusters=3)
-    assert rep["e1"]["clusters"] == 3 and rep["e1"]["reportable"] is False  # Kish 2.0: 3 trajectories, less evidence
-    assert rep["e3.c_scrambled"] == {"clusters": 1, "effective": 1.0, "reportable": False}
-    assert rep["c1.e3.c_scrambled"]["reportable"] is False
-    assert rep["differences.e1_minus_c1_e1"]["reportable"] is False  # the smaller Kish of its two E1s
+    assert cluster_count(out["bootstrap"], "e1") == (pytest.approx(2.0), 3)
+    assert "only 2.0 effective test trajectories" in rep["e1"]  # Kish 2.0: 3 trajectories, less evidence
+    assert cluster_count(out["bootstrap"], "e3.c_scrambled") == (1.0, 1) and rep["e3.c_scrambled"] is not None
+    assert rep["c1.e3.c_scrambled"] is not None
+    assert rep["differences.e1_minus_c1_e1"] is not None  # the smaller Kish of its two E1s
 
 
 def test_one_trajectory_table_through_evaluate_py(tmp_path):
@@ -240,7 +239,7 @@ def test_one_trajectory_table_through_evaluate_py(tmp_path):
     checks = {c["id"]: c for c in res["verdict"]["checks"]}
     assert checks[1]["status"] == NOT_RUN and "1.0 effective test trajectories" in checks[1]["detail"]
     assert checks[3]["status"] == NOT_RUN
-    assert "c_scrambled: E3: 1.0 effective test trajectories" in checks[3]["detail"]
+    assert "c_scrambled: E3: only 1.0 effective test trajectories" in checks[3]["detail"]
     assert "degenerate interval" in checks[3]["detail"]
     assert checks[4]["status"] == NOT_RUN and "score table alone cannot be permuted" in checks[4]["detail"]
     assert res["verdict"]["claim"] == "none"
@@ -301,18 +300,18 @@ def _st(v):
 
 
 def test_verdict_all_pass_with_numbers():
-    v = verdict(_results())
-    assert _st(v) == [PASS] * 6 and v["claim"] == CLAIM_DETECTS
-    assert v["checks"][3]["detail"].startswith("exact permutation test, M=199: E1 0.850 vs null mean 0.500")
-    assert v["checks"][4]["detail"].startswith(
+    v = run_verdict(_results())
+    assert _st(v) == [PASS] * 7 and v["claim"] == CLAIM_DETECTS
+    assert check_of(v, 4)["detail"].startswith("exact permutation test, M=199: E1 0.850 vs null mean 0.500")
+    assert check_of(v, 5)["detail"].startswith(
         "c_imperative: collapse-only E3 0.520 CI [0.450, 0.580] below ceiling 0.600; c_scrambled: ")
-    assert v["checks"][4]["detail"].endswith(
+    assert check_of(v, 5)["detail"].endswith(
         "note on \"separates\" (decides nothing): collapse-only E1 0.550 CI [0.500, 0.580]")
-    assert v["checks"][0]["detail"].startswith("E1 over the steps having attack and clean rows 0.850 CI")
-    assert "(rank test level 1/(S+1) = 0.050 with S = 19 twins)" in v["checks"][5]["detail"]
+    assert check_of(v, 1)["detail"].startswith("E1 over the steps having attack and clean rows 0.850 CI")
+    assert "(S = 19 twins: rank level 1/(S+1) = 0.050)" in check_of(v, 6)["detail"]
     assert "check 6 at rank level 0.050 (S = 19 twins)" in v["claim_note"]
-    assert v["checks"][2]["numbers"]["c_scrambled"]["clusters"] == 24
-    assert v["reportability"]["e3.c_scrambled"] == {"clusters": 24, "effective": 24.0, "reportable": True}
+    assert check_of(v, 3)["numbers"]["c_scrambled"]["e3"]["ci_low"] == 0.6
+    assert all(c["rule"] for c in v["checks"]) and "reportability" not in v
     json.dumps(v, allow_nan=False)
 
 
@@ -330,30 +329,32 @@ def test_verdict_gates_each_estimand_on_its_own_count(key, check):
     for k in key[:-1]:
         node = node[k]
     node[key[-1]] = 3
-    v = verdict(r, min_clusters=5)
+    v = run_verdict(r, min_clusters=5)
     for c in v["checks"]:
         if c["id"] in check:
             assert c["status"] == NOT_RUN, c
-            assert "3.0 effective test trajectories" in c["detail"] and "< min_clusters 5" in c["detail"]
+            assert "only 3 test trajectories contribute" in c["detail"] and "< min_clusters 5" in c["detail"]
+        elif c["id"] == 0:  # check 0 names what the gate refused (E1 alone is read by no interval)
+            assert c["status"] == (PASS if key == ("e1",) else FAIL), c
         else:
             assert c["status"] == PASS, c
     assert v["claim"] == (CLAIM_SEPARATES if 1 not in check else "none")
-    assert verdict(r, min_clusters=3)["claim"] == CLAIM_DETECTS
+    assert run_verdict(r, min_clusters=3)["claim"] == CLAIM_DETECTS
 
 
 def test_verdict_permutation_outcomes():
     r = _results()
     r["permutation"] = _perm(p=0.2)
-    c4 = verdict(r)["checks"][3]
+    c4 = check_of(run_verdict(r), 4)
     assert c4["status"] == FAIL and "p = 0.200 > 0.05" in c4["detail"]
     r["permutation"] = _perm(mean=0.56, sd=0.04)
-    c4 = verdict(r)["checks"][3]
+    c4 = check_of(run_verdict(r), 4)
     assert c4["status"] == FAIL and "leakage or a bug" in c4["detail"]
     r["permutation"] = _perm(mean=0.515, sd=0.04)  # within max(0.02, 3 SD/sqrt M)
-    assert verdict(r)["checks"][3]["status"] == PASS
+    assert check_of(run_verdict(r), 4)["status"] == PASS
     del r["permutation"]
     r["permuted"] = {"e1": _iv(0.49, 0.41, 0.57)}
-    c4 = verdict(r)["checks"][3]
+    c4 = check_of(run_verdict(r), 4)
     assert c4["status"] == NOT_RUN and "single permuted-label fit's E1 0.490" in c4["detail"]
 
 
@@ -363,24 +364,12 @@ def test_verdict_collapse_uses_its_interval(ci, status):
     r = _results()
     r["collapse_only"]["e3"]["c_scrambled"] = _iv(0.6, *ci) if status == INCONCLUSIVE else _iv(sum(ci) / 2, *ci)
     r["collapse_only"]["e1"] = _iv(0.7, 0.65, 0.75)  # the E1 form is only the note: it decides nothing
-    v = verdict(r)
-    assert v["checks"][4]["status"] == status
+    v = run_verdict(r)
+    assert check_of(v, 5)["status"] == status
     assert v["claim"] == (CLAIM_DETECTS if status == PASS else CLAIM_SEPARATES)
     if status == INCONCLUSIVE:
-        assert "straddles ceiling 0.600" in v["checks"][4]["detail"]
+        assert "straddles ceiling 0.600" in check_of(v, 5)["detail"]
         assert "check 5 INCONCLUSIVE" in v["claim_note"] and "straddles" in v["claim_note"]
-        assert "check 5 INCONCLUSIVE" in format_verdict(v).splitlines()[-1]
-
-
-def test_verdict_checklist_is_extendable():
-    def twin(ctx):
-        return {"status": FAIL, "detail": "twin E1 too high", "numbers": {"e1": 0.9}}
-
-    v = verdict(_results(), checks=[*CHECKS, (7, "selective", twin)])
-    assert [c["id"] for c in v["checks"]] == [1, 2, 3, 4, 5, 6, 7]
-    assert v["checks"][6] == {"id": 7, "name": "selective", "status": FAIL, "detail": "twin E1 too high",
-                              "numbers": {"e1": 0.9}}
-    assert v["claim"] == CLAIM_SEPARATES
 
 
 def test_config_permutation_schema_and_validation(tmp_path):
@@ -408,3 +397,44 @@ def test_lightning_probe_and_reduced_refit_agree():
     design = ReducedDesign.build(x[lab], x)
     theta = fit_reduced(design.phi, y, C=0.5)
     np.testing.assert_allclose(design.phi_test @ theta[:-1] + theta[-1], score(probe, x), atol=1e-4)
+
+
+def test_kfold_null_is_read_on_the_permuted_labels():
+    """Under K-fold every row also trains the other folds' refits, so a replicate's E1 is read on
+    the same permuted labels that trained it (the whole procedure on relabelled data); a holdout's
+    test rows keep their true labels."""
+    meta, x = _dataset()
+    kf = cross_fit(LogisticDetector(), meta, x, make_folds(meta.trajectory_id.unique(), "kfold", k=3, seed=1),
+                   permutation_m=4, permutation_seed=3)
+    te = meta.iloc[kf.test_index].reset_index(drop=True)
+    lab = meta.variant.isin(["clean", "attack"]).to_numpy()
+    lm = meta[lab]
+    groups, _ = pd.factorize(lm.trajectory_id.astype(str) + "\x00" + lm.step.astype(str))
+    rng = np.random.default_rng(3)
+    y_perm = np.stack([permute_within(groups, (lm.variant == "attack").to_numpy().astype(int), rng) for _ in range(4)])
+    expect = np.zeros((4, len(meta)), dtype=bool)
+    expect[:, lab] = y_perm.astype(bool)
+    np.testing.assert_array_equal(kf.permutation["null_attack"], expect[:, kf.test_index])
+    # the summary's null E1 of replicate 0 is the AUC of its scores on its own labels
+    s = permutation_summary(te, kf.null_scores, 0.7, null_attack=kf.permutation["null_attack"])
+    a = kf.permutation["null_attack"][0]
+    labelled = te.variant.isin(["clean", "attack"]).to_numpy()
+    assert s.null_e1[0] == pytest.approx(roc_auc_score(a[labelled], kf.null_scores[0][labelled]), abs=1e-12)
+    ho = cross_fit(LogisticDetector(), meta, x, make_folds(meta.trajectory_id.unique(), "holdout", test_fraction=0.4,
+                                                            seed=1), permutation_m=4, permutation_seed=3)
+    assert "null_attack" not in ho.permutation
+
+
+def test_kfold_separates_needs_the_permutation_test():
+    r = _results()
+    assert check_of(run_verdict(r, split="kfold"), 1)["status"] == PASS  # p = 0.005 <= 0.05
+    r["permutation"] = _perm(p=0.2)
+    c1 = check_of(run_verdict(r, split="kfold"), 1)
+    assert c1["status"] == FAIL and "K-fold: exact permutation p = 0.200 > 0.05" in c1["detail"]
+    assert check_of(run_verdict(r, split="holdout"), 1)["status"] == PASS  # a holdout reads the bootstrap
+    del r["permutation"]
+    c1 = check_of(run_verdict(r, split="kfold"), 1)
+    assert c1["status"] == NOT_RUN and "permutation test did not run" in c1["detail"]
+    v = run_verdict(r, split="kfold")
+    assert v["claim"] == "none"  # no "separates" without it
+    assert "split design not stated" in check_of(run_verdict(r), 1)["rule"]

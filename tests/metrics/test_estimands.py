@@ -12,8 +12,9 @@ import pandas as pd
 import pytest
 from sklearn.metrics import roc_auc_score
 
-from ipi.evaluation import evaluate_score_table, read_score_table, verdict
+from ipi.evaluation import evaluate_score_table, read_score_table
 from ipi.evaluation.verdict import CLAIM_DETECTS, CLAIM_NONE, CLAIM_SEPARATES
+from tests.conftest import check_of, run_verdict
 from ipi.metrics import (
     Draws,
     bootstrap_weighted_auc,
@@ -442,14 +443,14 @@ def _statuses(v):
 
 
 def test_verdict_all_pass():
-    v = verdict(_passing())
-    assert _statuses(v) == ["PASS"] * 6
-    assert [c["id"] for c in v["checks"]] == [1, 2, 3, 4, 5, 6]
+    v = run_verdict(_passing())
+    assert _statuses(v) == ["PASS"] * 7
+    assert [c["id"] for c in v["checks"]] == [0, 1, 2, 3, 4, 5, 6]
     assert v["claim"] == CLAIM_DETECTS
-    assert v["checks"][0]["detail"] == ("E1 over the steps having attack and clean rows 0.850 CI [0.710, 0.930]: "
+    assert check_of(v, 1)["detail"] == ("E1 over the steps having attack and clean rows 0.850 CI [0.710, 0.930]: "
                                         "CI low 0.710 > 0.5")
-    assert "c_imperative" in v["checks"][2]["detail"] and "c_scrambled" in v["checks"][2]["detail"]
-    assert "c_scrambled: collapse-only E3 0.520 CI [0.450, 0.580] below ceiling 0.600" in v["checks"][4]["detail"]
+    assert "c_imperative" in check_of(v, 3)["detail"] and "c_scrambled" in check_of(v, 3)["detail"]
+    assert "c_scrambled: collapse-only E3 0.520 CI [0.450, 0.580] below ceiling 0.600" in check_of(v, 5)["detail"]
 
 
 @pytest.mark.parametrize(("n_clusters", "gated"), [(1, True), (4, True), (5, False), (None, False)])
@@ -459,12 +460,13 @@ def test_verdict_needs_enough_test_trajectories(n_clusters, gated):
     r["bootstrap"] = {"n_boot": 1000, "seed": 0, "level": 0.95}  # no per-estimand counts: n_clusters gates
     if n_clusters is not None:
         r["bootstrap"]["n_clusters"] = n_clusters
-    v = verdict(r, min_clusters=5)
+    v = run_verdict(r, min_clusters=5)
     if gated:
-        assert _statuses(v) == ["NOT RUN"] * 6 and v["claim"] == CLAIM_NONE
-        assert f"{n_clusters:.1f} effective test trajectories" in v["checks"][0]["detail"]
+        assert _statuses(v) == ["FAIL"] + ["NOT RUN"] * 6 and v["claim"] == CLAIM_NONE
+        assert f"only {n_clusters} test trajector" in check_of(v, 1)["detail"]
+        assert "not evidence" in check_of(v, 0)["detail"]
     else:
-        assert _statuses(v) == ["PASS"] * 6 and v["claim"] == CLAIM_DETECTS
+        assert _statuses(v) == ["PASS"] * 7 and v["claim"] == CLAIM_DETECTS
 
 
 @pytest.mark.parametrize(
@@ -485,9 +487,9 @@ def test_verdict_needs_enough_test_trajectories(n_clusters, gated):
 def test_verdict_each_failing(check, mutate):
     r = _passing()
     mutate(r)
-    v = verdict(r)
-    expected = ["PASS"] * 6
-    expected[check - 1] = "FAIL"
+    v = run_verdict(r)
+    expected = ["PASS"] * 7
+    expected[check] = "FAIL"
     assert _statuses(v) == expected
     assert v["claim"] == (CLAIM_NONE if check == 1 else CLAIM_SEPARATES)
 
@@ -496,10 +498,10 @@ def test_verdict_failing_details_carry_numbers():
     r = _passing()
     r["e3"]["c_scrambled"] = _iv(0.489, 0.327, 0.647)
     r["collapse_only"]["e3"]["c_scrambled"] = _iv(0.634, 0.61, 0.69)
-    v = verdict(r)
-    assert "c_scrambled: E3 0.489, CI low 0.327 <= 0.5" in v["checks"][2]["detail"]
-    assert "c_imperative: E3 0.750, CI low 0.650 > 0.5" in v["checks"][2]["detail"]
-    assert "c_scrambled: collapse-only E3 0.634 CI [0.610, 0.690] above ceiling 0.600" in v["checks"][4]["detail"]
+    v = run_verdict(r)
+    assert "c_scrambled: E3 0.489 CI [0.327, 0.647]: CI low 0.327 <= 0.5" in check_of(v, 3)["detail"]
+    assert "c_imperative: E3 0.750 CI [0.650, 0.850]: CI low 0.650 > 0.5" in check_of(v, 3)["detail"]
+    assert "c_scrambled: collapse-only E3 0.634 CI [0.610, 0.690] above ceiling 0.600" in check_of(v, 5)["detail"]
 
 
 @pytest.mark.parametrize("missing", ["c1", "e3", "permutation", "collapse_only", "random_twin"])
@@ -510,29 +512,29 @@ def test_verdict_not_run(missing):
         del r["differences"]["e1_minus_c1_e1"], r["differences"]["e3_minus_c1_e3"]
     if missing == "random_twin":
         del r["differences"]["e3_minus_mean_twin_e3"]
-    v = verdict(r)
+    v = run_verdict(r)
     check = {"c1": 2, "e3": 3, "permutation": 4, "collapse_only": 5, "random_twin": 6}[missing]
-    assert v["checks"][check - 1]["status"] == "NOT RUN"
+    assert check_of(v, check)["status"] == "NOT RUN"
     assert v["claim"] == CLAIM_SEPARATES
 
 
 def test_verdict_empty_and_undefined_inputs():
-    v = verdict({})
-    assert _statuses(v) == ["NOT RUN"] * 6 and v["claim"] == CLAIM_NONE
+    v = run_verdict({})
+    assert _statuses(v) == ["PASS"] + ["NOT RUN"] * 6 and v["claim"] == CLAIM_NONE
     r = _passing()
     r["e3"]["c_occlusion"] = _iv(None, None, None)  # every replicate dropped
-    assert verdict(r)["checks"][2]["status"] == "NOT RUN"
+    assert check_of(run_verdict(r), 3)["status"] == "NOT RUN"
     r["e3"]["c_scrambled"] = _iv(0.45, 0.4, 0.5)  # a defined failure wins over NOT RUN
-    assert verdict(r)["checks"][2]["status"] == "FAIL"
+    assert check_of(run_verdict(r), 3)["status"] == "FAIL"
 
 
 def test_verdict_c2_alias_and_thresholds():
     r = _passing()
     r["c2"] = r.pop("collapse_only")
-    assert verdict(r)["checks"][4]["status"] == "PASS"
-    assert verdict(r, collapse_ceiling=0.44)["checks"][4]["status"] == "FAIL"
-    assert verdict(r, collapse_ceiling=0.55)["checks"][4]["status"] == "INCONCLUSIVE"
-    assert verdict(r, c1_max=0.45)["checks"][1]["status"] == "FAIL"  # C1 E3[c] 0.5 >= 0.45
+    assert check_of(run_verdict(r), 5)["status"] == "PASS"
+    assert check_of(run_verdict(r, collapse_ceiling=0.44), 5)["status"] == "FAIL"
+    assert check_of(run_verdict(r, collapse_ceiling=0.55), 5)["status"] == "INCONCLUSIVE"
+    assert check_of(run_verdict(r, c1_max=0.45), 2)["status"] == "FAIL"  # C1 E3[c] 0.5 >= 0.45
 
 
 def test_verdict_on_evaluate_tables_output():
@@ -547,10 +549,11 @@ def test_verdict_on_evaluate_tables_output():
         n_boot=200,
         twins={1: _random_table(4, shift=0.0), 2: _random_table(5, shift=0.0)},
     )
-    v = verdict(out)
-    assert v["checks"][0]["status"] == "PASS" and v["checks"][1]["status"] == "PASS"
-    assert v["checks"][3]["status"] == "NOT RUN"  # no refits: a score table cannot be permuted
-    assert all(c["status"] in ("PASS", "FAIL", "INCONCLUSIVE") for i, c in enumerate(v["checks"]) if i != 3)
+    v = run_verdict(out)
+    assert check_of(v, 1)["status"] == "PASS" and check_of(v, 2)["status"] == "PASS"
+    assert check_of(v, 4)["status"] == "NOT RUN"  # no refits: a score table cannot be permuted
+    assert all(c["status"] in ("PASS", "FAIL", "INCONCLUSIVE") for c in v["checks"] if c["id"] not in (4, 6))
+    assert check_of(v, 6)["status"] == "NOT RUN" and "needs at least 19 twins" in check_of(v, 6)["detail"]
     assert out["bootstrap"]["clusters_by_estimand"]["c1"]["e1"] == out["bootstrap"]["n_clusters"]
 
 

@@ -14,7 +14,6 @@ import pytest
 from ipi.evaluation.assess import ScoreTables, Settings, assess
 from ipi.reporting.layout import (
     MAX_COLUMNS,
-    UNGATED_NOTE,
     EstimandTable,
     Grid,
     Side,
@@ -108,10 +107,10 @@ def test_verdict_then_headline_first_and_the_headline_holds_e1_e2_e3():
     assert [row[0] for row in table.rows] == ["e1", "e1_paired", "e2", "e3.c_imperative", "e3.c_occlusion",
                                               "e3.c_scrambled"]
     assert table.rows[0][2] == r["e1"] and table.rows[5][2] == r["e3"]["c_scrambled"]
-    # HTML: the six checks and the headline table come before the first folded section.
+    # HTML: the seven checks (0-6) and the headline table come before the first folded section.
     html = render_html(r, config_yaml="seed: 0\n")
     first_fold = html.index("<section id=\"figures\"") if 'id="figures"' in html else html.index("<details><summary><h2>")
-    assert html.count('<details class="check">') == 6
+    assert html.count('<details class="check">') == 7
     assert html.rindex('<details class="check">') < html.index('data-key="e1"') < first_fold
     assert html.index('data-key="e3.c_scrambled"') < first_fold
     assert f'{r["e1"]["estimate"]:.3f}' in html[:first_fold]
@@ -124,7 +123,7 @@ def test_verdict_then_headline_first_and_the_headline_holds_e1_e2_e3():
 def test_every_interval_of_results_json_appears_in_the_html():
     r = _full()
     by_hand = _intervals_by_hand(r)
-    assert len(by_hand) > 60 and "collapse_only.e3.c_occlusion" in by_hand  # not a gated estimand
+    assert len(by_hand) > 40 and "collapse_only.e3.c_occlusion" in by_hand  # check 5's estimand
     assert sorted(interval_keys(r)) == sorted(by_hand)
     assert shown_keys(report_sections(r)) >= set(by_hand)
     html = render_html(r)
@@ -134,18 +133,23 @@ def test_every_interval_of_results_json_appears_in_the_html():
     # backbone's E1, E2, E3 (its first row) and the differences trained − twin.
     twice = {k for k in keys if keys.count(k) > 1}
     assert twice == {"e1", "e2", *(f"e3.{c}" for c in r["e3"]),
-                     *(k for k in by_hand if k.startswith("differences.e") and "twin" in k)}
+                     *(k for k in by_hand if k.startswith("differences.e3_minus_mean_twin_e3"))}
     assert max(keys.count(k) for k in keys) == 2
     # A cell shows its own interval: check one of each kind by hand.
     for key in ("e1", "c1.e3.c_scrambled", "random_twin.by_seed.2.e3.c_occlusion",
-                "differences.e3_minus_twin_e3_by_seed.3.c_imperative"):
+                "differences.e3_minus_mean_twin_e3.c_imperative"):
         iv = r
         for part in key.split("."):
             iv = iv[part]
         cell = re.search(rf'data-key="{re.escape(key)}">(.*?)</td>', html).group(1)
         assert f"{iv['estimate']:.3f}" in cell, key
-    # The baselines' E3 outside the gate say so instead of "yes".
-    assert re.search(r"C2 collapse-only E3 attack vs c_occlusion</td>.*?" + re.escape(UNGATED_NOTE), html)
+    # Every estimand is gated, and its row says which checks it decides: check 5 reads the
+    # collapse-only E3, check 2 C1's E3 (a point estimate) and E3 − C1 E3; E1 − E3 decides nothing.
+    assert re.search(r"C2 collapse-only E3 attack vs c_occlusion</td>.*?<td>check 5</td>", html)
+    assert re.search(r"C1 metadata baseline E3 attack vs c_scrambled</td>.*?<td>check 2</td>", html)
+    assert re.search(r"E3 attack vs c_scrambled</td>.*?<td>checks 3, 6</td>", html)
+    assert re.search(r"e1_minus_e3 c_scrambled\)</td>.*?<td>nothing</td>", html)
+    assert "not gated" not in html
 
 
 def test_an_unknown_kind_of_estimand_still_appears():
@@ -188,7 +192,7 @@ def test_verdict_renders_any_check_from_status_detail_and_numbers():
         "numbers": {"level": 0.05, "rank": 3, "per_control": {"c_a": {"rank": 1}, "c_b": {"rank": 2}}}})
     r["verdict"]["checks"].append({"id": 8, "name": "bare", "status": "PASS", "detail": "no numbers"})
     html = render_html(r)
-    assert html.count('<details class="check">') == 8
+    assert html.count('<details class="check">') == 9
     assert ('<span class="status NOTRUN">NOT RUN</span><span class="cname">7. a rule nobody wrote yet</span>'
             '<span class="lead">why it did not run: &lt;no input&gt;</span>') in html
     assert "<th>per_control.c_a.rank</th><td>1</td>" in html and "<th>level</th><td>0.05</td>" in html

@@ -66,7 +66,7 @@ def test_forest_rows_cover_every_estimand():
     res = _results(_table())
     aucs, diffs = forest_rows(res)
     labels = [a[0] for a in aucs]
-    assert labels == ["E1 attack vs clean", "E1 over steps having attack and clean (check 1)", "E2 paired step",
+    assert labels == ["E1 attack vs clean", "E1 over steps having attack and clean", "E2 paired step",
                       "E3 attack vs c_scrambled",
                       "C1 metadata baseline E1", "C1 metadata baseline E2",
                       "C1 metadata baseline E3 attack vs c_scrambled"]  # the same rows as the table

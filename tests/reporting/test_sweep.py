@@ -149,3 +149,19 @@ def test_familywise_rank_over_cells_holds_its_level():
         e3[:, :, 1] = e3[:, :, 0] + 0.01 * rng.normal(size=(s + 1, 1))
         hits += familywise_rank(e3)["cells"][0]
     assert abs(hits / n_sim - 1 / (s + 1)) < 0.03
+
+
+def test_kfold_cell_separates_family_wise_only_with_its_permutation_p():
+    """Under K-fold check 1 reads the bootstrap and the exact permutation test: a cell's p_separates
+    is the larger of the two, and the family sentence says when 1/(M+1) cannot clear Holm."""
+    from ipi.reporting.sweep import claim_p_values, family_sentence
+
+    def res(split, perm_p):
+        return {"p_values": {"e1_paired": 0.001}, "verdict": {"claim": "separates", "checks": [
+            {"id": 1, "status": "PASS", "numbers": {"split": split, "permutation_p": perm_p}}]}}
+
+    assert claim_p_values(res("holdout", None))[0] == 0.001
+    assert claim_p_values(res("kfold", 0.005))[0] == 0.005
+    assert claim_p_values(res("kfold", None))[0] == 1.0  # no permutation test: nothing licensed
+    text = family_sentence(30, 0.025, 1999, None, kfold_m=199)
+    assert "no K-fold cell's \"separates\" can survive Holm" in text and "permutation.m >= 1199" in text

@@ -65,12 +65,12 @@ def test_log_run_offline_holds_keys_and_gates_screenshots(tmp_path, offline, all
     (table_file,) = list(run_dir.glob("files/media/table/estimands_*.table.json"))
     table = json.loads(table_file.read_text())
     assert table["columns"] == ["estimand", "estimate", "ci_low", "ci_high", "n_boot_used", "reportable",
-                                "not_reportable_because"]
+                                "not_reportable_because", "read_by_checks"]
     by_name = {r[0]: r for r in table["data"]}
     # C1 scores every row 0: its E1 is 0.5 [0.5, 0.5], a degenerate interval, marked as such.
     assert by_name["C1 metadata baseline E1"][5:] == [
-        False, "degenerate interval (every replicate gave the same value)"]
-    assert by_name["E1 attack vs clean"][5:] == [True, ""]
+        False, "degenerate interval [0.500, 0.500] (every replicate gave the same value)", ""]
+    assert by_name["E1 attack vs clean"][5:] == [True, "", ""]  # the headline: it decides nothing
     assert s["summary"]["reportable/c1.e1"] is False and s["summary"]["reportable/e1"] is True
     assert by_name["E1 attack vs clean"][1:4] == pytest.approx(
         [res["e1"]["estimate"], res["e1"]["ci_low"], res["e1"]["ci_high"]])

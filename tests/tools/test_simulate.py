@@ -98,14 +98,14 @@ def test_analytic_truth_matches_a_large_monte_carlo_sample(truth):
 
 def test_verdict_licenses_the_claim_under_strong_signal_only():
     """Real pipeline on small datasets: strong content signal -> claim; surface only -> no claim."""
-    # three twins: with two, the Student-t factor of the seed-predictive interval (1 d.f.) is 15.6 SDs
+    # 19 twins: fewer leave check 6 NOT RUN (rank level 1/(S+1) above 0.05)
     # 12 test trajectories (Kish about 10): the gate is lowered to 5 to judge them here
-    p = SimParams(n_trajectories=40, n_features=64, content=2.0, n_boot=200, n_twins=3, min_clusters=5)
+    p = SimParams(n_trajectories=40, n_features=64, content=2.0, n_boot=200, n_twins=19, min_clusters=5)
     for i in range(2):
         ra = run_dataset(p, "a", i, seed=0)
         # 12 test trajectories: the collapse-only interval may straddle the 0.60 ceiling
         # (check 5 INCONCLUSIVE), which alone withholds the claim
-        assert [ra["checks"][k] for k in "1234"] == ["PASS"] * 4, ra["checks"]
+        assert [ra["checks"][k] for k in "01234"] == ["PASS"] * 5, ra["checks"]
         assert ra["checks"]["5"] in ("PASS", "INCONCLUSIVE")
         assert ra["checks"]["6"] == "PASS"  # content the twin lacks
         assert (ra["claim"] == "detects malicious content") == (ra["checks"]["5"] == "PASS"), ra["checks"]
@@ -130,13 +130,16 @@ def test_cli_writes_records_and_summary(tmp_path, capsys):
     data = json.loads(out.read_text())
     runs = [r for r in data["records"] if "truth" in r and r.get("kind") != "null"]
     nulls = [r for r in data["records"] if r.get("kind") == "null"]
-    # the null "separates" table: 2 datasets at each default holdout size (14, 24 test trajectories)
-    assert sorted(r["n_test_trajectories"] for r in nulls) == [14, 14, 24, 24]
+    # the "separates" table: 2 null datasets and 2 of truth (a) at each default holdout size (14, 24)
+    assert sorted(r["n_test_trajectories"] for r in nulls if r["truth"] == "null") == [14, 14, 24, 24]
+    assert sorted(r["n_test_trajectories"] for r in nulls if r["truth"] == "a") == [14, 14, 24, 24]
+    assert data["summary"]["a/separates-holdout/14"]["claim_separates_or_more"]["n"] == 2
     assert data["summary"]["null/holdout/24"]["claim_separates_or_more"]["n"] == 2
     assert len(runs) == 10 and {r["truth"] for r in runs} == {"a", "b", "c", "twin_token", "twin_seed"}
-    assert all(r["n_twins"] == 2 and r["checks"]["6"] in ("PASS", "FAIL", "NOT RUN") for r in runs)
+    assert all(r["n_twins"] == 2 and r["checks"]["6"] in ("NOT RUN", "FAIL") for r in runs)  # S = 2 < 19
     s = data["summary"]
-    assert s["twin_seed"]["true_beats_every_twin"]["n"] == 2 and "twin.e1" in s["a"]["coverage"]
+    assert s["twin_seed"]["true_beats_every_twin"]["n"] == 2 and "diff.e3.c_scrambled" in s["a"]["coverage"]
+    assert set(s["twin_seed"]["candidates"]) == {"rank", "t_prediction"}
     for truth in ("a", "b", "c", "twin_token", "twin_seed"):
         assert set(s[truth]["claim_detects"]) >= {"rate", "k", "n"}
         assert s[truth]["coverage"]["e1"]["n"] == 2
@@ -166,19 +169,20 @@ def test_token_identity_shared_by_the_twins_is_not_licensed():
 
     Check 3 passes (E3 > 0.5 by a wide margin), yet the trained E3 does not beat every twin with
     the paired E3 − mean twin E3 interval above 0, so check 6 fails and "detects" is withheld; the
-    envelope difference's true value is <= ~0. (12 test trajectories: the gate is lowered to 5.)
+    difference's true value is about 0. (12 test trajectories: the gate is lowered to 5.)
     """
-    p = SimParams(n_trajectories=40, n_features=64, lexical=2.0, n_boot=200, n_twins=2, min_clusters=5)
+    p = SimParams(n_trajectories=40, n_features=64, lexical=2.0, n_boot=200, n_twins=19, min_clusters=5)
     for i in range(2):
         r = run_dataset(p, "twin_token", i, seed=0)
         assert r["checks"]["3"] == "PASS" and r["estimands"]["e3.c_scrambled"]["estimate"] > 0.7
-        assert r["estimands"]["twin.e3.c_scrambled"]["estimate"] > 0.7
+        assert min(r["twin_e3"][1]["c_scrambled"][1:]) > 0.7  # every twin reads the token identity too
         assert r["checks"]["6"] == "FAIL" and r["claim"] != "detects malicious content"
-        assert r["estimands"]["diff.e3.c_scrambled"]["true"] < 0.02  # coverage is a rate: selftest.md
+        assert abs(r["estimands"]["diff.e3.c_scrambled"]["true"]) < 0.02  # coverage is a rate: selftest.md
+        assert r["twin_guards"] == [] and r["twin_rank_correlation_max"] < 0.99  # distinct networks
     # Truth (a) with the same twins: content the twins lack passes check 6.
-    ra = run_dataset(SimParams(n_trajectories=40, n_features=64, content=2.0, n_boot=200, n_twins=3, min_clusters=5),
-                     "a", 0, seed=0)
-    assert ra["checks"]["6"] == "PASS" and ra["estimands"]["twin.e3.c_scrambled"]["true"] == pytest.approx(0.5, abs=1e-9)
+    ra = run_dataset(SimParams(n_trajectories=40, n_features=64, content=2.0, n_boot=200, n_twins=19,
+                               min_clusters=5), "a", 0, seed=0)
+    assert ra["checks"]["6"] == "PASS" and ra["estimands"]["diff.e3.c_scrambled"]["true"] > 0.1
 
 
 def test_seed_variance_truth_trained_is_another_random_draw():
@@ -194,11 +198,8 @@ def test_seed_variance_truth_trained_is_another_random_draw():
     recs = [run_dataset(p, "twin_seed", i, seed=1) for i in range(3)]
     for r in recs:
         assert len(r["gains"]) == 3 and len(set(r["gains"])) == 3
-        assert r["checks"]["3"] == "PASS" and r["checks"]["6"] in ("PASS", "FAIL")
+        assert r["checks"]["3"] == "PASS" and r["checks"]["6"] == "NOT RUN"  # S = 2 < 19
         assert r["claim"] != "detects malicious content"
-        # The envelope's truth is the larger twin's; the recorded event matches it.
-        beats = all(r["estimands"][f"diff.e3.{c}"]["true"] > 0 for c in CONTROLS)
-        assert r["true_beats_every_twin"] == beats
 
 
 def test_twins_do_not_change_the_trained_features():
@@ -277,7 +278,10 @@ def test_kfold_and_null_designs_test_every_trajectory_and_carry_no_single_probe_
     assert r["estimands"]["e1"]["true"] is None and r["estimands"]["e1"]["covered"] is None
     pn = null_params(SimParams(n_features=8, n_boot=50), "holdout", 14)
     assert (pn.n_twins, pn.permutation_m, pn.split) == (0, 0, "holdout") and round(pn.test_fraction * pn.n_trajectories) == 14
-    assert null_params(SimParams(), "kfold").n_trajectories == NULL_KFOLD_TRAJECTORIES
+    # K-fold: every trajectory tested, and check 4's refits run (check 1 needs them under K-fold)
+    assert NULL_KFOLD_TRAJECTORIES == (14, 42)
+    pk = null_params(SimParams(), "kfold", 14)
+    assert (pk.n_trajectories, pk.permutation_m, pk.n_twins) == (14, 199, 0)
     rn = run_dataset(pn, "null", 0, seed=0, key=(40, 0, 14, 0))
     assert rn["n_test_trajectories"] == 14 and rn["estimands"]["e1"]["true"] == pytest.approx(0.5, abs=1e-12)
 
@@ -285,7 +289,8 @@ def test_kfold_and_null_designs_test_every_trajectory_and_carry_no_single_probe_
 def test_journal_resumes_without_rerunning(tmp_path, capsys):
     """Each finished job is appended to --records; a rerun reads them and gives the same summary."""
     args = ["--n-datasets", "1", "--truths", "b", "--splits", "holdout", "--null-datasets", "1", "--null-sizes", "6",
-            "--coverage-datasets", "0", "--sweep-datasets", "0", "--trajectories", "20", "--features", "8",
+            "--coverage-datasets", "0", "--sweep-datasets", "0", "--separates-power", "0", "--trajectories", "20",
+            "--features", "8",
             "--twins", "1", "--permutations", "0", "--n-boot", "50", "--workers", "1",
             "--records", str(tmp_path / "j.jsonl"), "--out", str(tmp_path / "s.json"), "--summary-only"]
     first = main(args)

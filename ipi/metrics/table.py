@@ -77,6 +77,53 @@ COPY_TOLERANCE = 0.01
 COPY_CHANCE = 1e-3
 
 
+#: A trajectory that shares at least this share of its distinct scores (same variant, exactly
+#: equal, and at least :data:`PARTIAL_COPY_MIN_VALUES` of them) with one other trajectory is a
+#: partial copy of it (:func:`check_copied_trajectories`, continuous scores only).
+PARTIAL_COPY_SHARE = 0.5
+PARTIAL_COPY_MIN_VALUES = 3
+#: Scores that all equal themselves rounded to this many decimals are treated as discrete: exact
+#: equality between two trajectories is then no evidence of a copy.
+DISCRETE_DECIMALS = 4
+
+
+def _partial_copies(table: pd.DataFrame, source: str) -> None:
+    """Refuse a trajectory whose exact continuous scores largely reappear in one other trajectory.
+
+    Catches what the same-rows test cannot: a copy with steps dropped or renumbered. Continuous
+    scores (not all representable with :data:`DISCRETE_DECIMALS` decimals) of two distinct
+    trajectories are never exactly equal, so sharing at least :data:`PARTIAL_COPY_MIN_VALUES`
+    distinct values, on at least two steps of each, and :data:`PARTIAL_COPY_SHARE` of the smaller
+    trajectory's distinct values is a copy (one shared step is one page two trajectories both
+    visited, scored alike by a detector that reads only the page). Only values found in exactly two trajectories count (a value in many trajectories is
+    a tie of the detector, not a copy).
+
+    Raises:
+        ValueError: One line naming the file, both ids and how many values they share.
+    """
+    s = table["score"].to_numpy(dtype=np.float64)
+    if np.array_equal(np.round(s, DISCRETE_DECIMALS), s):
+        return
+    v = table[["trajectory_id", "step", "variant", "score"]]
+    v = v.assign(trajectory_id=v["trajectory_id"].map(str))
+    n_distinct = v.drop_duplicates(["trajectory_id", "variant", "score"]).groupby("trajectory_id").size()
+    shared: dict[tuple[str, str], tuple[int, set, set]] = {}
+    owners = v.groupby(["variant", "score"])["trajectory_id"].transform("nunique")
+    for _, g in v[owners.to_numpy() == 2].groupby(["variant", "score"]):
+        ids = sorted(set(g["trajectory_id"]))
+        c, sa, sb = shared.get((ids[0], ids[1]), (0, set(), set()))
+        sa |= set(g.loc[g.trajectory_id == ids[0], "step"])
+        sb |= set(g.loc[g.trajectory_id == ids[1], "step"])
+        shared[(ids[0], ids[1])] = (c + 1, sa, sb)
+    for (a, b), (c, sa, sb) in sorted(shared.items()):
+        small = int(min(n_distinct[a], n_distinct[b]))
+        # one shared step is the same page scored by a page-only detector, not a copy
+        if c >= PARTIAL_COPY_MIN_VALUES and c >= PARTIAL_COPY_SHARE * small and min(len(sa), len(sb)) >= 2:
+            raise ValueError(f"{source}: trajectories {a!r} and {b!r} share {c} of {small} distinct scores exactly "
+                             "(continuous scores never coincide): one is a copy of the other with rows dropped or "
+                             "steps renumbered, and would count as a second cluster; keep one of them")
+
+
 def _trajectory_blocks(table: pd.DataFrame) -> dict[str, tuple[tuple, np.ndarray]]:
     """``{trajectory id: (signature, scores)}``: the sorted ``(step, variant, occurrence)`` keys of its
     rows and their scores in that order."""
@@ -106,7 +153,8 @@ def check_copied_trajectories(table: pd.DataFrame, source: str = "score table") 
     detector) two different trajectories of the same shape can agree by chance: the chance is
     the product over the rows of each row's value frequency among its variant's rows, times the
     pairs of that shape; a copy is refused when it is below :data:`COPY_CHANCE`, and returned as
-    a warning otherwise.
+    a warning otherwise. A copy with rows dropped or steps renumbered is caught by its exact
+    continuous scores (:func:`_partial_copies`).
 
     Args:
         table: A validated score table (:func:`validate_table`).
@@ -149,6 +197,7 @@ def check_copied_trajectories(table: pd.DataFrame, source: str = "score table") 
                                      "keep one of them")
                 warnings.append(f"{what}, with tied scores ({distinct} distinct value(s)): agreement by chance "
                                 f"about {chance:.2g}, so they are kept as two trajectories; if they are one, keep one")
+    _partial_copies(table, source)
     return warnings
 
 

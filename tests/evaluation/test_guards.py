@@ -238,3 +238,45 @@ def test_tied_scores_agree_by_chance_and_are_kept_with_a_warning():
                         columns=["trajectory_id", "step", "variant", "score"])
     with pytest.raises(ValueError, match="agreement by chance about"):
         check_copied_trajectories(_copies(long, 2), "binary.csv")
+
+
+# --- attacks on the copy guard: copies that are not row-for-row equal ------------------------------
+
+
+@pytest.mark.parametrize("how", ["drop_steps", "renumber_steps", "drop_a_variant"])
+def test_partial_copies_are_refused_naming_both_ids(how, tmp_path):
+    """A copy with steps dropped or renumbered has other rows than its source, so the same-rows test
+    never compares the two; its exact continuous scores give it away."""
+    from ipi.evaluation.scoretable import read_score_table
+
+    t = _table(np.random.default_rng(11), n_traj=8)
+    src = t[t.trajectory_id == "t03"].copy()
+    if how == "drop_steps":
+        src = src[src.step > src.step.min() + 1]
+    elif how == "renumber_steps":
+        src["step"] = src["step"] + 100
+    else:
+        src = src[src.variant != "c_imperative"]
+    path = tmp_path / "concatenated.csv"
+    pd.concat([t, src.assign(trajectory_id="renamed-07")], ignore_index=True).to_csv(path, index=False)
+    with pytest.raises(ValueError, match=r"concatenated.csv: trajectories 'renamed-07' and 't03' share \d+ of \d+ "
+                                         r"distinct scores exactly"):
+        read_score_table(path)
+
+
+def test_partial_copy_guard_leaves_distinct_and_discrete_tables_alone():
+    from ipi.metrics.table import check_copied_trajectories
+
+    rng = np.random.default_rng(12)
+    t = _table(rng, n_traj=30)
+    assert check_copied_trajectories(t) == []  # continuous, distinct: nothing shared
+    # a detector with 2-decimal scores: values recur across trajectories by chance, never a copy
+    coarse = t.assign(score=np.round(rng.random(len(t)), 2))
+    check_copied_trajectories(coarse.head(60))
+    check_copied_trajectories(coarse)
+    # two trajectories sharing two exact values (one shared page) stay below the minimum of three
+    t2 = t.copy()
+    a, b = t2.trajectory_id == "t00", t2.trajectory_id == "t01"
+    t2.loc[t2.index[b][:2], "score"] = t2.loc[t2.index[a][:2], "score"].to_numpy()
+    t2.loc[t2.index[b][:2], "variant"] = t2.loc[t2.index[a][:2], "variant"].to_numpy()
+    assert check_copied_trajectories(t2) == []

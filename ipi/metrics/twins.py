@@ -206,14 +206,15 @@ def twin_guards(main: pd.DataFrame, twins: Mapping[str, pd.DataFrame],
     main_key = "\x00main"
     rho = rank_correlations({main_key: a.to_numpy(dtype=np.float64), **aligned})
     for (s1, s2), r in rho.items():
-        if not r >= max_rank_correlation:  # nan (a constant main table) never flags
+        # a sign-flipped copy (|rho| near 1, negative) is the same network read backwards
+        if not abs(r) >= max_rank_correlation:  # nan (a constant main table) never flags
             continue
         if s1 == main_key:
-            reasons.append(f"twin seed {s2}: its scores agree with the trained backbone's (Spearman {r:.4f} >= "
+            reasons.append(f"twin seed {s2}: its scores agree with the trained backbone's (|Spearman| {abs(r):.4f} >= "
                            f"{max_rank_correlation:g}): not a random-weight twin")
         else:
             reasons.append(f"twin seeds {s1} and {s2}: their scores agree beyond what distinct random "
-                           f"initialisations give (Spearman {r:.4f} >= {max_rank_correlation:g}): one network "
+                           f"initialisations give (|Spearman| {abs(r):.4f} >= {max_rank_correlation:g}): one network "
                            "counted twice, so the rank level 1/(S+1) would be wrong")
     return reasons
 

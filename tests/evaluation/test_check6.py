@@ -178,7 +178,11 @@ def test_twin_guard_constant_twin_and_main_copy():
     twins["2"]["score"] = 0.25
     twins["3"] = main.copy()
     twins["4"] = main.assign(score=main.score * 2.0 + 1e-3 * rng.normal(0, 1, len(main)))  # rescaled, noisy copy
+    twins["5"] = twins["1"].assign(score=-twins["1"].score)  # a sign-flipped copy of seed 1
+    twins["6"] = main.assign(score=-main.score)  # the trained backbone read backwards
     reasons = twin_guards(main, twins)
+    assert any("seeds 1 and 5" in r and "counted twice" in r for r in reasons)
+    assert any("seed 6" in r and "agree with the trained backbone's" in r for r in reasons)
     assert any("seed 2" in r and "same score" in r for r in reasons)
     assert any("seed 3" in r and "agree with the trained backbone's" in r for r in reasons)
     assert any("seed 4" in r and "agree with the trained backbone's" in r for r in reasons)

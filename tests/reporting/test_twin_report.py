@@ -83,7 +83,7 @@ def test_twin_section_in_both_reports():
 def test_twin_guards_are_shown_in_the_twin_section():
     r = _two_seeds()
     r["random_twin"]["guards"] = ["twin seeds 1 and 2: their scores agree beyond what distinct random "
-                                  "initialisations give (Spearman 0.9990 >= 0.99)"]
+                                  "initialisations give (|Spearman| 0.9990 >= 0.99)"]
     r["verdict"] = run_verdict(r, pretrained=True)
     assert check_of(r["verdict"], 6)["status"] == "NOT RUN"
     md = render_report(r)

@@ -77,51 +77,108 @@ COPY_TOLERANCE = 0.01
 COPY_CHANCE = 1e-3
 
 
-#: A trajectory that shares at least this share of its distinct scores (same variant, exactly
-#: equal, and at least :data:`PARTIAL_COPY_MIN_VALUES` of them) with one other trajectory is a
+#: A trajectory that shares at least this share of its distinct scores (same variant, equal on the
+#: table's grid, and at least :data:`PARTIAL_COPY_MIN_VALUES` of them) with one other trajectory is a
 #: partial copy of it (:func:`check_copied_trajectories`, continuous scores only).
 PARTIAL_COPY_SHARE = 0.5
 PARTIAL_COPY_MIN_VALUES = 3
-#: Scores that all equal themselves rounded to this many decimals are treated as discrete: exact
-#: equality between two trajectories is then no evidence of a copy.
-DISCRETE_DECIMALS = 4
+#: A value found in more trajectories than this is a tie of the detector, not a copy.
+PARTIAL_COPY_MAX_OWNERS = 4
+#: Significant digits of the finest grid scores are compared on (float32 storage keeps about 7).
+COMPARE_SIGNIFICANT_DIGITS = 6
+#: Scores whose trajectories repeat values within themselves more than this (the median share of a
+#: trajectory's rows holding a value it already has) are discrete: equality is then no evidence.
+DISCRETE_REPEAT_SHARE = 0.5
+
+
+def _decimals(s: np.ndarray, finest: int) -> int:
+    """The fewest decimals (at most ``finest``) that write every value of ``s`` exactly."""
+    for d in range(finest):
+        if np.array_equal(np.round(s, d), s):
+            return d
+    return finest
+
+
+def comparison_grids(table: pd.DataFrame) -> dict[str, int]:
+    """Each trajectory's decimals: the grid on which its scores are compared for copies.
+
+    The finest grid keeps :data:`COMPARE_SIGNIFICANT_DIGITS` significant digits of the table's
+    largest score (so a float32 round trip does not hide a copy); a trajectory written with fewer
+    decimals (a CSV exported with ``%.4f``) has that coarser grid. Two trajectories are compared
+    on the coarser of their two grids: a rounded copy's values are its source's values rounded
+    to it, and one coarse trajectory leaves the other pairs' comparisons as fine as they were.
+
+    Args:
+        table: A score table with ``trajectory_id`` and ``score``.
+
+    Returns:
+        ``{trajectory id: decimals}`` (negative for scores in the thousands).
+    """
+    s = table["score"].to_numpy(dtype=np.float64)
+    scale = float(np.max(np.abs(s))) if len(s) else 0.0
+    finest = COMPARE_SIGNIFICANT_DIGITS - 1 - (int(np.floor(np.log10(scale))) if scale > 0 else 0)
+    per = table.groupby(table["trajectory_id"].map(str))["score"].agg(
+        lambda v: _decimals(v.to_numpy(dtype=np.float64), finest))
+    return {str(k): int(d) for k, d in per.items()}
+
+
+def _shared_values(v: pd.DataFrame, pairs_of: set[str] | None) -> dict[tuple[str, str], tuple[int, set, set]]:
+    """Per pair of trajectories (at least one in ``pairs_of``, or any when None): how many distinct
+    ``(variant, score)`` values they share, and the steps holding them on each side."""
+    shared: dict[tuple[str, str], tuple[int, set, set]] = {}
+    owners = v.groupby(["variant", "score"])["trajectory_id"].transform("nunique").to_numpy()
+    keep = (owners >= 2) & (owners <= PARTIAL_COPY_MAX_OWNERS)
+    for _, g in v[keep].groupby(["variant", "score"]):
+        ids = sorted(set(g["trajectory_id"]))
+        steps = {t: set(g.loc[g.trajectory_id == t, "step"]) for t in ids}
+        for i, a in enumerate(ids):
+            for b in ids[i + 1:]:
+                if pairs_of is not None and a not in pairs_of and b not in pairs_of:
+                    continue
+                c, sa, sb = shared.get((a, b), (0, set(), set()))
+                shared[(a, b)] = (c + 1, sa | steps[a], sb | steps[b])
+    return shared
 
 
 def _partial_copies(table: pd.DataFrame, source: str) -> None:
-    """Refuse a trajectory whose exact continuous scores largely reappear in one other trajectory.
+    """Refuse a trajectory whose continuous scores largely reappear in one other trajectory.
 
-    Catches what the same-rows test cannot: a copy with steps dropped or renumbered. Continuous
-    scores (not all representable with :data:`DISCRETE_DECIMALS` decimals) of two distinct
-    trajectories are never exactly equal, so sharing at least :data:`PARTIAL_COPY_MIN_VALUES`
-    distinct values, on at least two steps of each, and :data:`PARTIAL_COPY_SHARE` of the smaller
-    trajectory's distinct values is a copy (one shared step is one page two trajectories both
-    visited, scored alike by a detector that reads only the page). Only values found in exactly two trajectories count (a value in many trajectories is
-    a tie of the detector, not a copy).
+    Catches what the same-rows test cannot: a copy with steps dropped or renumbered, also when
+    either copy was rounded (a CSV written with fewer decimals) or stored as float32. Two
+    trajectories are compared on the coarser of their grids (:func:`comparison_grids`).
+    Continuous scores of two distinct trajectories never coincide there, so sharing at least
+    :data:`PARTIAL_COPY_MIN_VALUES` distinct values, on at least two steps of each, and
+    :data:`PARTIAL_COPY_SHARE` of the smaller trajectory's distinct values is a copy (one shared
+    step is one page two trajectories both visited, scored alike by a detector that reads only the
+    page). A value found in more than :data:`PARTIAL_COPY_MAX_OWNERS` trajectories is a tie of the
+    detector and counts for none. On a grid where the trajectories repeat values within themselves
+    (more than :data:`DISCRETE_REPEAT_SHARE` of their rows, median over trajectories: a discrete
+    detector) equality is no evidence, and copies are left to the same-rows test.
 
     Raises:
         ValueError: One line naming the file, both ids and how many values they share.
     """
-    s = table["score"].to_numpy(dtype=np.float64)
-    if np.array_equal(np.round(s, DISCRETE_DECIMALS), s):
-        return
     v = table[["trajectory_id", "step", "variant", "score"]]
     v = v.assign(trajectory_id=v["trajectory_id"].map(str))
-    n_distinct = v.drop_duplicates(["trajectory_id", "variant", "score"]).groupby("trajectory_id").size()
-    shared: dict[tuple[str, str], tuple[int, set, set]] = {}
-    owners = v.groupby(["variant", "score"])["trajectory_id"].transform("nunique")
-    for _, g in v[owners.to_numpy() == 2].groupby(["variant", "score"]):
-        ids = sorted(set(g["trajectory_id"]))
-        c, sa, sb = shared.get((ids[0], ids[1]), (0, set(), set()))
-        sa |= set(g.loc[g.trajectory_id == ids[0], "step"])
-        sb |= set(g.loc[g.trajectory_id == ids[1], "step"])
-        shared[(ids[0], ids[1])] = (c + 1, sa, sb)
-    for (a, b), (c, sa, sb) in sorted(shared.items()):
-        small = int(min(n_distinct[a], n_distinct[b]))
-        # one shared step is the same page scored by a page-only detector, not a copy
-        if c >= PARTIAL_COPY_MIN_VALUES and c >= PARTIAL_COPY_SHARE * small and min(len(sa), len(sb)) >= 2:
-            raise ValueError(f"{source}: trajectories {a!r} and {b!r} share {c} of {small} distinct scores exactly "
-                             "(continuous scores never coincide): one is a copy of the other with rows dropped or "
-                             "steps renumbered, and would count as a second cluster; keep one of them")
+    grids = comparison_grids(v)
+    raw = v["score"].to_numpy(dtype=np.float64)
+    for decimals in sorted(set(grids.values()), reverse=True):
+        # every trajectory at least this fine, on this grid; pairs with one trajectory exactly at it
+        members = v["trajectory_id"].map(grids).to_numpy() >= decimals
+        g = v[members].assign(score=np.round(raw[members], decimals))
+        rows = g.groupby("trajectory_id").size()
+        n_distinct = g.drop_duplicates(["trajectory_id", "variant", "score"]).groupby("trajectory_id").size()
+        if float(np.median(1.0 - n_distinct / rows)) > DISCRETE_REPEAT_SHARE:
+            continue
+        at = {t for t, d in grids.items() if d == decimals}
+        for (a, b), (c, sa, sb) in sorted(_shared_values(g, at).items()):
+            small = int(min(n_distinct[a], n_distinct[b]))
+            # one shared step is the same page scored by a page-only detector, not a copy
+            if c >= PARTIAL_COPY_MIN_VALUES and c >= PARTIAL_COPY_SHARE * small and min(len(sa), len(sb)) >= 2:
+                raise ValueError(f"{source}: trajectories {a!r} and {b!r} share {c} of {small} distinct scores "
+                                 f"(equal to {decimals} decimals; continuous scores never coincide): one is a copy "
+                                 "of the other with rows dropped or steps renumbered, and would count as a second "
+                                 "cluster; keep one of them")
 
 
 def _trajectory_blocks(table: pd.DataFrame) -> dict[str, tuple[tuple, np.ndarray]]:
@@ -153,8 +210,8 @@ def check_copied_trajectories(table: pd.DataFrame, source: str = "score table") 
     detector) two different trajectories of the same shape can agree by chance: the chance is
     the product over the rows of each row's value frequency among its variant's rows, times the
     pairs of that shape; a copy is refused when it is below :data:`COPY_CHANCE`, and returned as
-    a warning otherwise. A copy with rows dropped or steps renumbered is caught by its exact
-    continuous scores (:func:`_partial_copies`).
+    a warning otherwise. A copy with rows dropped or steps renumbered is caught by its
+    continuous scores (:func:`_partial_copies`), rounded or not.
 
     Args:
         table: A validated score table (:func:`validate_table`).

@@ -260,7 +260,7 @@ def test_partial_copies_are_refused_naming_both_ids(how, tmp_path):
     path = tmp_path / "concatenated.csv"
     pd.concat([t, src.assign(trajectory_id="renamed-07")], ignore_index=True).to_csv(path, index=False)
     with pytest.raises(ValueError, match=r"concatenated.csv: trajectories 'renamed-07' and 't03' share \d+ of \d+ "
-                                         r"distinct scores exactly"):
+                                         r"distinct scores \(equal to \d+ decimals"):
         read_score_table(path)
 
 
@@ -280,3 +280,52 @@ def test_partial_copy_guard_leaves_distinct_and_discrete_tables_alone():
     t2.loc[t2.index[b][:2], "score"] = t2.loc[t2.index[a][:2], "score"].to_numpy()
     t2.loc[t2.index[b][:2], "variant"] = t2.loc[t2.index[a][:2], "variant"].to_numpy()
     assert check_copied_trajectories(t2) == []
+
+
+def _partial(t: pd.DataFrame, tid: str, new: str) -> pd.DataFrame:
+    src = t[t.trajectory_id == tid]
+    return src[src.step > src.step.min() + 1].assign(trajectory_id=new)
+
+
+@pytest.mark.parametrize("how", ["both_rounded_4", "copy_rounded_4", "copy_rounded_6", "copy_float32",
+                                 "tripled_each_dropping_a_step", "beside_an_integer_scored_trajectory"])
+def test_partial_copies_rounded_or_float32_are_refused(how):
+    """Exact equality let a partial copy through when either export was rounded (a CSV written with
+    %.4f), stored as float32, or when one integer-scored trajectory coarsened the table's grid."""
+    from ipi.metrics.table import check_copied_trajectories
+
+    t = _table(np.random.default_rng(11), n_traj=8)
+    copy = _partial(t, "t03", "renamed")
+    if how == "both_rounded_4":
+        tab = pd.concat([t, copy]).round(4)
+    elif how == "copy_rounded_4":
+        tab = pd.concat([t, copy.round(4)])
+    elif how == "copy_rounded_6":
+        tab = pd.concat([t, copy.round(6)])
+    elif how == "copy_float32":
+        tab = pd.concat([t, copy.assign(score=copy.score.astype(np.float32).astype(np.float64))])
+    elif how == "tripled_each_dropping_a_step":
+        tab = pd.concat([t.assign(trajectory_id=t.trajectory_id + f"-x{k}")[t.step % 3 != k] for k in range(3)]).round(4)
+    else:
+        z = t[t.trajectory_id == "t00"]
+        z = z.assign(trajectory_id="integer", score=(z.score > z.score.median()).astype(float))
+        tab = pd.concat([t, copy, z])
+    with pytest.raises(ValueError, match=r"share \d+ of \d+ distinct scores \(equal to \d+ decimals"):
+        check_copied_trajectories(tab.reset_index(drop=True))
+
+
+@pytest.mark.parametrize("decimals", [None, 6, 4, 3, 2])
+def test_distinct_saturated_probe_scores_at_any_precision_are_kept(decimals):
+    """The input that should pass: 42 distinct trajectories of a confident probe (scores crowding 0
+    and 1, so rounded values recur across trajectories), at full precision and rounded."""
+    from scipy.special import expit
+
+    from ipi.metrics.table import check_copied_trajectories
+
+    for seed in range(8):
+        rng = np.random.default_rng(seed)
+        rows = [(f"t{k}", s, v, float(expit(rng.normal({"clean": -6, "attack": 6}.get(v, 2), 2.5))))
+                for k in range(42) for s in range(int(rng.integers(2, 13)))
+                for v in ("clean", "attack", "c_scrambled", "c_imperative", "c_occlusion")]
+        t = pd.DataFrame(rows, columns=["trajectory_id", "step", "variant", "score"])
+        assert check_copied_trajectories(t if decimals is None else t.round(decimals)) == []

@@ -479,7 +479,7 @@ def _describe_selectivity(s: Settings) -> str:
     return (f"for every control c: E3[c] strictly above every one of the S twins' E3[c] point estimates (a rank "
             f"test of level 1/(S+1) under exchangeability) and the paired {_pct(s.level)} CI of E3[c] − mean twin "
             f"E3[c] above 0; S >= {need} distinct twins for level {s.twin_level:g} (fewer: NOT RUN, never a pass at "
-            "a weaker level); twins whose scores agree beyond distinct random networks (Spearman >= "
+            "a weaker level); twins whose scores agree beyond distinct random networks (absolute Spearman >= "
             f"{DISTINCT_MAX_RANK_CORRELATION:g} between two twins, or with the trained backbone) are refused; a backbone "
             "whose own weights are random FAILs (at most \"separates\")")
 

@@ -7,7 +7,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
 from ipi.run.config import resolved_controls, validate
-from tests.conftest import compose_train
+from tests.conftest import REPO, compose_train
 
 
 def test_default_composition(tmp_path):
@@ -167,3 +167,19 @@ def test_importer_binds_exactly_the_settings_each_format_takes(tmp_path):
     assert taken["online_mind2web"]["unknown_action"] is None and taken["online_mind2web"]["limit"] == 3
     assert taken["multimodal_mind2web"]["limit"] == 3  # through data.options.limit
 
+
+
+def _multimodal(name: str) -> bool:
+    import yaml
+
+    return bool(yaml.safe_load((REPO / "conf" / "backbone" / f"{name}.yaml").read_text())["multimodal"])
+
+
+@pytest.mark.parametrize("backbone", sorted(p.stem for p in (REPO / "conf" / "backbone").glob("*.yaml")))
+def test_a_text_only_backbone_defaults_to_the_text_token_groups(tmp_path, backbone):
+    """A text-only backbone composes with the groups it has (no image group); a multimodal one keeps
+    the paper's five; a token group given on the command line still wins."""
+    cfg = compose_train(tmp_path, [f"backbone={backbone}", "surface=i_dom"], small=False)
+    assert cfg.token_group.name == ("five" if _multimodal(backbone) else "text")
+    assert compose_train(tmp_path, [f"backbone={backbone}", "surface=i_dom", "token_group=task"],
+                         small=False).token_group.name == "task"

@@ -107,21 +107,6 @@ def _field_values(parts: PromptParts) -> dict[str, str]:
             "element_text": parts.element_text, "gold": parts.gold}
 
 
-def build_messages(parts: PromptParts) -> tuple[list[dict], list[tuple[str, str]]]:
-    """Build chat messages and the ordered list of segments to locate.
-
-    Args:
-        parts: The prompt pieces.
-
-    Returns:
-        ``(messages, segments)`` where segments are ``(name, text)`` in template order; names
-        are ``task``, ``tool_result``, ``element_text``, ``gold``.
-    """
-    fields = _field_values(parts)
-    segments = [(n, fields[n]) for n in UNTRUSTED_FIELDS if n != "history"]
-    return _messages(parts, fields), segments
-
-
 @dataclass(frozen=True)
 class RenderedPrompt:
     """A chat-template rendering with the exact character span of every recorded field.

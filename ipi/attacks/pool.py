@@ -91,11 +91,6 @@ class AttackPool:
         """The attack source families of the templates, in order of first appearance."""
         return tuple(dict.fromkeys(t.source for t in self.templates))
 
-    @property
-    def benign_texts(self) -> tuple[str, ...]:
-        """The benign texts, pool order."""
-        return tuple(b.text for b in self.benign)
-
     def choose(self, trajectory_id: str, step: int, k: int, templates: Sequence[int] | None = None,
                goals: Sequence[int] | None = None, context: Mapping[str, str] | None = None) -> tuple[str, dict]:
         """The attack text of one ``(trajectory, step, k)`` and its row metadata.

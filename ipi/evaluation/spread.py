@@ -15,7 +15,7 @@ import numpy as np
 
 from ipi.metrics.keys import CLAIM, E1, E2, E3, ESTIMATE, VERDICT, dotted
 
-__all__ = ["split_spread", "spread_lines"]
+__all__ = ["split_spread"]
 
 CLAIMS = ("detects malicious content", "separates clean steps from this attack surface on this split", "none")
 
@@ -58,16 +58,3 @@ def split_spread(main: Mapping, repeats: Sequence[Mapping], seeds: Sequence[int]
     return {"seeds": [int(s) for s in seeds], "n_splits": len(allr), "preregistered_seed": int(seeds[0]),
             "estimands": est, "claims": counts, "claim_by_seed": dict(zip(map(str, seeds), claims))}
 
-
-def spread_lines(spread: Mapping) -> list[str]:
-    """Markdown lines of the split-spread section (report.md)."""
-    n = spread["n_splits"]
-    lines = [f"## Split spread ({n} splits: seeds {', '.join(map(str, spread['seeds']))}; "
-             f"pre-registered seed {spread['preregistered_seed']})", "",
-             "The verdict above is the pre-registered split's. Re-rolled splits:", "",
-             "| estimand | min | median | max |", "|---|---|---|---|"]
-    for k, d in spread["estimands"].items():
-        f = [("n/a" if d[x] is None else f"{d[x]:.3f}") for x in ("min", "median", "max")]
-        lines.append(f"| {k} | {f[0]} | {f[1]} | {f[2]} |")
-    lines += ["", *[f"- splits licensing \"{c}\": {k}/{n}" for c, k in spread["claims"].items()], ""]
-    return lines

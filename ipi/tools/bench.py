@@ -55,19 +55,14 @@ import tempfile
 import time
 from dataclasses import replace
 
-import numpy as np
 import torch
 
 from ipi.backbone import Backbone, find_decoder_layers
 from ipi.run.config import REPO_ROOT, register_configs
-from ipi.extraction.datamodule import ReplayDataset, StepGroupDataset, collate_steps
+from ipi.extraction.datamodule import StepGroupDataset, collate_steps
 from ipi.extraction.extractor import (
     HiddenStateExtractor,
-    base_model,
-    collapse_statistic,
-    pool_groups,
 )
-from ipi.tools.extraction_timing import _identity_final_norm
 from ipi.extraction.forward import ExtractSettings, extract_features, extraction_layers
 from ipi.run.settings import extract_settings
 from ipi.tools.bootstrap_timing import bench_bootstrap, bench_permutation
@@ -130,28 +125,6 @@ def subset_rows(overrides: list[str], n_steps: int, surfaces=SURFACES):
         scfg = compose([*overrides, f"surface={surface}"])
         rows += [r for r in make_rows(scfg, keep, surface) if (r.trajectory_id, r.step.step) in chosen]
     return cfg, rows
-
-
-def baseline_features(settings: ExtractSettings, rows, layers: list[int]) -> tuple[np.ndarray, np.ndarray, float]:
-    """The naive way (module docstring): full forward + ``output_hidden_states``, one row at a time.
-
-    Returns:
-        ``(features [N, L, G, H], collapse [N, L], seconds)``.
-    """
-    t0 = time.perf_counter()
-    bb = build_backbone(settings.backbone["loader"], with_lm_head=True)
-    ds = ReplayDataset(rows, bb.processor, settings.backbone["system_prompt"], bb.multimodal, bb.image_size,
-                       bb.image_token_id)
-    feats, coll = [], []
-    with torch.inference_mode(), _identity_final_norm(bb.model):
-        for i in range(len(ds)):
-            tok = ds[i]["tok"]
-            out = bb.model(**tok.inputs, output_hidden_states=True)
-            hs = out.hidden_states
-            feats.append(torch.stack([pool_groups(hs[k + 1][0], tok.groups, TOKEN_GROUPS) for k in layers]))
-            coll.append(torch.stack([collapse_statistic(hs[k + 1][0][: tok.prompt_len]) for k in layers]))
-    secs = time.perf_counter() - t0
-    return torch.stack(feats).numpy(), torch.stack(coll).numpy(), secs
 
 
 def project_features(settings: ExtractSettings, rows, layers: list[int], cache_dir: str):

@@ -59,7 +59,7 @@ def test_shared_image_tokenisation_equals_the_processor_call(small_backbone, tra
 
 def _naive(bb, tok, layers):
     """Full ForConditionalGeneration forward, output_hidden_states, final norm as identity."""
-    from ipi.tools.bench import _identity_final_norm
+    from ipi.tools.extraction_timing import _identity_final_norm
 
     with torch.inference_mode(), _identity_final_norm(bb.model):
         hs = bb.model(**tok.inputs, output_hidden_states=True).hidden_states

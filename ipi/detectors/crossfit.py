@@ -73,7 +73,7 @@ class CrossFit:
             which E1 does not use), or None when it did not run.
         permutation: Facts of the permutation refits (``refit_scores`` ``[n_test]``: the same
             refit procedure on the true labels; ``seed``, ``unit``, ``design``, ``seconds``),
-            the ``permutation=`` argument of :func:`ipi.metrics.evaluate_tables` together with
+            the ``permutation=`` argument of :func:`ipi.metrics.compare_tables` together with
             ``null_scores``; None when it did not run.
     """
 
@@ -88,7 +88,7 @@ class CrossFit:
     permutation: dict | None = None
 
     def permutation_input(self) -> dict | None:
-        """``permutation=`` of :func:`ipi.metrics.evaluate_tables` (None when not run)."""
+        """``permutation=`` of :func:`ipi.metrics.compare_tables` (None when not run)."""
         if self.null_scores is None:
             return None
         return {**self.permutation, "null_scores": self.null_scores}

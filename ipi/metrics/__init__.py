@@ -10,7 +10,7 @@ strings).
 
 Public API::
 
-    from ipi.metrics import weighted_auc, bootstrap_weighted_auc, estimands, compare_tables, evaluate_tables
+    from ipi.metrics import weighted_auc, bootstrap_weighted_auc, estimands, compare_tables
 """
 
 from ipi.metrics.auc import bootstrap_weighted_auc, grouped_weighted_auc, weighted_auc
@@ -18,7 +18,6 @@ from ipi.metrics.bootstrap import (
     Draws,
     Interval,
     bca_interval,
-    bootstrap_p,
     draw_multiplicities,
     expanded_percentile_interval,
     make_draws,
@@ -27,7 +26,7 @@ from ipi.metrics.bootstrap import (
     percentile_interval,
     plus_one_p,
 )
-from ipi.metrics.compare import Estimates, compare_tables, evaluate_tables
+from ipi.metrics.compare import Estimates, compare_tables
 from ipi.metrics.estimands import EstimandSet, estimands
 from ipi.metrics.table import is_control, step_weights, validate_table
 
@@ -37,12 +36,10 @@ __all__ = [
     "Estimates",
     "Interval",
     "bca_interval",
-    "bootstrap_p",
     "bootstrap_weighted_auc",
     "compare_tables",
     "draw_multiplicities",
     "estimands",
-    "evaluate_tables",
     "expanded_percentile_interval",
     "grouped_weighted_auc",
     "is_control",

@@ -32,7 +32,6 @@ __all__ = [
     "Draws",
     "Interval",
     "bca_interval",
-    "bootstrap_p",
     "check_level",
     "draw_multiplicities",
     "expanded_percentile_interval",
@@ -210,26 +209,6 @@ def bca_interval(estimate: float, replicates, jackknife, level: float = LEVEL) -
         qs.append(float(ndtr(z0 + (z0 + z) / (1.0 - a * (z0 + z)))))
     low, high = np.quantile(kept, qs)
     return Interval(float(estimate), float(low), float(high), int(kept.size))
-
-
-def bootstrap_p(replicates, null: float) -> float | None:
-    """One-sided bootstrap p-value of ``H0: θ <= null`` against ``θ > null``.
-
-    The achieved significance level of the percentile bootstrap (Efron & Tibshirani 1993,
-    §16.4): the fraction of kept replicates ``<= null``. A check "CI low > null" of a two-sided
-    percentile interval at ``level`` is (up to quantile interpolation) the test ``p < (1 −
-    level)/2``; ``ipi.reporting.sweep`` applies Holm's procedure to these p-values.
-
-    Args:
-        replicates: Bootstrap replicates ``[B]`` (``nan`` = dropped).
-        null: The null boundary (0.5 for an AUC, 0 for a difference).
-
-    Returns:
-        The p-value, or None when no replicate was kept.
-    """
-    reps = np.asarray(replicates, dtype=np.float64).reshape(-1)
-    kept = reps[np.isfinite(reps)]
-    return float(np.mean(kept <= null)) if kept.size else None
 
 
 def plus_one_p(replicates, null: float) -> float | None:

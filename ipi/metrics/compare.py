@@ -45,7 +45,7 @@ from ipi.metrics.permutation import ALPHA, PermutationSummary, permutation_summa
 from ipi.metrics.table import step_weights, validate_table
 from ipi.metrics.twins import Difference, RandomTwin, TwinDifferences, compare_twins, twin_tables
 
-__all__ = ["BootstrapInfo", "Differences", "Estimates", "PValues", "compare_tables", "evaluate_tables"]
+__all__ = ["BootstrapInfo", "Differences", "Estimates", "PValues", "compare_tables"]
 
 
 @dataclass(frozen=True)
@@ -337,11 +337,3 @@ def compare_tables(
         permutation=perm,
     )
 
-
-def evaluate_tables(main: pd.DataFrame, baselines: Mapping[str, pd.DataFrame] | None = None, **kwargs) -> dict:
-    """:func:`compare_tables`' JSON-ready dict (:meth:`Estimates.to_dict`): the numbers alone.
-
-    A run's results (numbers, verdict and reportability) come from
-    :func:`ipi.evaluation.assess.assess`; this is for code that wants the numbers only.
-    """
-    return compare_tables(main, baselines, **kwargs).to_dict()

@@ -19,7 +19,7 @@ from ipi.evaluation.reportable import mark, not_evidence, reportability
 from ipi.evaluation.results import ResultsView
 from ipi.evaluation.verdict import NOT_RUN
 from tests.conftest import check_of, run_verdict
-from ipi.metrics import evaluate_tables
+from ipi.metrics import compare_tables
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -64,8 +64,8 @@ def test_results_are_the_numbers_then_the_verdict_then_the_marks():
     assert list(d["bootstrap"]["clusters_by_estimand"]) == ["e1", "e1_paired", "e2", "e3", "c1", "collapse_only",
                                                             "random_twin", "differences"]
     # The numbers are the metrics layer's, on the settings' draws; the permutation level is the settings'.
-    numbers = evaluate_tables(tables.main, tables.baselines, n_boot=150, seed=3, permutation=tables.permutation,
-                              twins=tables.twins, alpha=0.1)
+    numbers = compare_tables(tables.main, tables.baselines, n_boot=150, seed=3, permutation=tables.permutation,
+                              twins=tables.twins, alpha=0.1).to_dict()
     assert {k: d[k] for k in numbers} == numbers
     assert d["permutation"]["alpha"] == 0.1 and d["permutation"]["unit"] == "unit text"
     # ... the verdict and the marks use every threshold of the settings.

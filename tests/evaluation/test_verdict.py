@@ -23,7 +23,7 @@ from ipi.evaluation.verdict import (
 )
 from ipi.evaluation.reportable import cluster_count, reportability
 from ipi.metrics.auc import weighted_auc
-from ipi.metrics import estimands, evaluate_tables
+from ipi.metrics import estimands, compare_tables
 from ipi.metrics.permutation import null_tolerance, permutation_summary, permute_within
 from ipi.detectors.crossfit import cross_fit
 from ipi.detectors.linear import LogisticDetector
@@ -161,7 +161,7 @@ def test_permutation_null_is_centred_and_detects_signal():
     folds = make_folds(meta.trajectory_id.unique(), "holdout", test_fraction=0.4, seed=0)
     fits = cross_fit(LogisticDetector(), meta, x, folds, permutation_m=99, permutation_seed=0)
     table = fits.score_table(meta)
-    res = evaluate_tables(table, n_boot=100, permutation=fits.permutation_input())
+    res = compare_tables(table, n_boot=100, permutation=fits.permutation_input()).to_dict()
     perm = res["permutation"]
     assert res["bootstrap"]["n_clusters"] == 8
     assert perm["m"] == 99 and len(perm["null_e1"]) == 99
@@ -203,7 +203,7 @@ def test_clusters_by_estimand_counts_both_sides():
     assert res.cluster_counts() == {"e1": 3, "e1_paired": 2, "e2": 2, "e3": {"c_scrambled": 1}}
     assert list(res.cluster_counts()) == list(res.effective_counts()) == ["e1", "e1_paired", "e2", "e3"]
     base = table.assign(score=-table.score)
-    out = evaluate_tables(table, {"c1": base}, n_boot=20)
+    out = compare_tables(table, {"c1": base}, n_boot=20).to_dict()
     cb = out["bootstrap"]["clusters_by_estimand"]
     assert cb["e1"] == 3 and cb["c1"] == {"e1": 3, "e1_paired": 2, "e2": 2, "e3": {"c_scrambled": 1}}
     assert cb["differences"] == {"e1_minus_c1_e1": 3, "e3_minus_c1_e3": {"c_scrambled": 1},

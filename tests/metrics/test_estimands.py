@@ -20,7 +20,7 @@ from ipi.metrics import (
     bootstrap_weighted_auc,
     draw_multiplicities,
     estimands,
-    evaluate_tables,
+    compare_tables,
     grouped_weighted_auc,
     make_draws,
     paired_difference,
@@ -363,7 +363,7 @@ def test_paired_differences_use_same_draws():
     main = _random_table(0)
     c1 = _random_table(1, shift=0.3)
     perm = _random_table(2, shift=0.0, n_traj=8)  # subset of trajectories
-    out = evaluate_tables(main, {"c1": c1, "permuted": perm}, n_boot=200, seed=9, interval="percentile")
+    out = compare_tables(main, {"c1": c1, "permuted": perm}, n_boot=200, seed=9, interval="percentile").to_dict()
     json.dumps(out, allow_nan=False)  # JSON-ready: no NaN, no numpy types
 
     draws = make_draws(set(main.trajectory_id) | set(c1.trajectory_id), n_boot=200, seed=9)
@@ -406,7 +406,7 @@ def test_paired_difference_drops_where_either_undefined():
 
 def test_evaluate_tables_rejects_reserved_baseline_name():
     with pytest.raises(ValueError, match="not allowed"):
-        evaluate_tables(HAND, {"e3": HAND}, n_boot=5)
+        compare_tables(HAND, {"e3": HAND}, n_boot=5).to_dict()
 
 
 def test_estimands_rejects_trajectory_outside_draws():
@@ -539,7 +539,7 @@ def test_verdict_c2_alias_and_thresholds():
 
 def test_verdict_on_evaluate_tables_output():
     main = _random_table(0, shift=2.0)
-    out = evaluate_tables(
+    out = compare_tables(
         main,
         {
             "c1": _random_table(1, shift=0.2),
@@ -548,7 +548,7 @@ def test_verdict_on_evaluate_tables_output():
         },
         n_boot=200,
         twins={1: _random_table(4, shift=0.0), 2: _random_table(5, shift=0.0)},
-    )
+    ).to_dict()
     v = run_verdict(out)
     assert check_of(v, 1)["status"] == "PASS" and check_of(v, 2)["status"] == "PASS"
     assert check_of(v, 4)["status"] == "NOT RUN"  # no refits: a score table cannot be permuted

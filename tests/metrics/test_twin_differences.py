@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 from sklearn.metrics import roc_auc_score
 
-from ipi.metrics import evaluate_tables, make_draws
+from ipi.metrics import compare_tables, make_draws
 
 # ---------------------------------------------------------------------------------------------
 # Estimands: the twin on the shared draws
@@ -41,7 +41,7 @@ def test_mean_twin_difference_is_paired_on_the_shared_draws():
     """E3 − mean twin E3 (check 6's paired interval): recomputed with scikit-learn on the
     documented draws, the seeds' replicates averaged per draw (paired with the trained probe's)."""
     main, twin, twin2 = _table(0, 1.5, 1.0), _table(1, 1.5, 0.3), _table(2, 1.5, 0.6)
-    out = evaluate_tables(main, {}, n_boot=300, seed=3, twins={7: twin, 9: twin2}, interval="percentile")
+    out = compare_tables(main, {}, n_boot=300, seed=3, twins={7: twin, 9: twin2}, interval="percentile").to_dict()
     draws = make_draws(main.trajectory_id, n_boot=300, seed=3)
 
     def auc(table, control):
@@ -59,17 +59,17 @@ def test_mean_twin_difference_is_paired_on_the_shared_draws():
         lo, hi = np.quantile(r_main - r_mean, [0.025, 0.975])
         assert iv["ci_low"] == pytest.approx(lo, abs=1e-9) and iv["ci_high"] == pytest.approx(hi, abs=1e-9)
     # Each twin's own estimands are those of its table alone on the same draws.
-    alone = evaluate_tables(twin, {}, n_boot=300, seed=3, interval="percentile")
+    alone = compare_tables(twin, {}, n_boot=300, seed=3, interval="percentile").to_dict()
     assert out["random_twin"]["by_seed"]["7"] == {k: alone[k] for k in ("e1", "e2", "e3")}
     # A twin whose scores equal the probe's: the paired difference is exactly 0, CI [0, 0], and the
     # guard refuses it.
-    same = evaluate_tables(main, {}, n_boot=100, twins={1: main.copy()})
+    same = compare_tables(main, {}, n_boot=100, twins={1: main.copy()}).to_dict()
     for iv in same["differences"]["e3_minus_mean_twin_e3"].values():
         assert (iv["estimate"], iv["ci_low"], iv["ci_high"]) == (0.0, 0.0, 0.0)
     assert "agree with the trained backbone's" in same["random_twin"]["guards"][0]
     # BCa: the mean's jackknife is the per-value mean; the intervals are defined.
-    bca = evaluate_tables(main, {}, n_boot=200, seed=3, interval="bca", twins={7: twin, 9: twin2})
+    bca = compare_tables(main, {}, n_boot=200, seed=3, interval="bca", twins={7: twin, 9: twin2}).to_dict()
     assert all(bca["differences"]["e3_minus_mean_twin_e3"][c]["ci_low"] is not None
                for c in ("c_scrambled", "c_imperative"))
     with pytest.raises(TypeError, match="one table per twin seed"):
-        evaluate_tables(main, {}, n_boot=10, twins=twin)
+        compare_tables(main, {}, n_boot=10, twins=twin).to_dict()

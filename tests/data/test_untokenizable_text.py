@@ -140,3 +140,58 @@ def test_attack_texts_meet_the_rule():
     bad = replace(pool.templates[0], text=pool.templates[0].text + LONE)
     with pytest.raises(AttackSourceError, match=rf"attack=project: {bad.id} \(.*\): 1 lone UTF-16 surrogate"):
         AttackPool(pool.name, (bad, *pool.templates[1:]), pool.goals, pool.benign, pool.benign_from)
+
+
+def test_online_mind2web_texts_meet_the_same_rule(tmp_path):
+    from ipi.data import load_trajectories
+    from tests.data.test_online_mind2web import A, _v1
+
+    bad_action = "<button> Go" + LONE + " -> CLICK"
+    folder = _v1(tmp_path, "t0", [A[0], bad_action, A[2]], thoughts=["type", "sub" + LONE + "mit", "open"],
+                 frames=[0, 1, 2])
+    (t,), _ = load_trajectories("online_mind2web", tmp_path)
+    fixed = bad_action.replace(LONE, REPLACEMENT)
+    assert (t.steps[1].thought, t.steps[1].action) == ("sub" + REPLACEMENT + "mit", fixed)
+    assert t.steps[2].tool_result == f"Action executed: {fixed}" and t.steps[2].history == (A[0], fixed)
+    assert t.meta["replaced_characters"] == [{"step": 1, "field": "thought", "count": 1},
+                                             {"step": 1, "field": "action", "count": 1},
+                                             {"step": 2, "field": "tool_result", "count": 1},
+                                             {"step": 2, "field": "history[1]", "count": 1}]
+    with pytest.raises(DataError, match=rf"^{json.dumps(str(folder / 'result.json'))[1:-1]}: step 1: thought: "
+                                        r"1 lone UTF-16 surrogate"):
+        load_trajectories("online_mind2web", tmp_path, on_bad_step="error")
+
+
+def test_browser_use_texts_meet_the_same_rule(tmp_path):
+    from ipi.data import load_trajectories
+    from tests.data.test_browser_use import _current_run
+
+    path = _current_run(tmp_path / "runs" / "socks")
+    data = json.loads(path.read_text())
+    data["history"][0]["model_output"]["thinking"] = "The page" + LONE + " has a search box."
+    data["history"][0]["result"][0]["extracted_content"] = LONE + "Input 'wool socks' into element 3."
+    path.write_text(json.dumps(data))
+    (t,), _ = load_trajectories("browser_use", tmp_path / "runs", image_dir=tmp_path / "img")
+    assert t.steps[0].thought.startswith("The page" + REPLACEMENT + " has a search box.")
+    assert REPLACEMENT + "Input 'wool socks'" in t.steps[1].tool_result
+    # the model output of history[0] made steps 0 and 1 (two actions): both carry its thought
+    assert t.steps[1].thought == t.steps[0].thought
+    assert t.meta["replaced_characters"] == [{"step": 0, "field": "thought", "count": 1},
+                                             {"step": 1, "field": "tool_result", "count": 1},
+                                             {"step": 1, "field": "thought", "count": 1}]
+    with pytest.raises(DataError, match=rf"^{json.dumps(str(path))[1:-1]}: step 0: thought: 1 lone"):
+        load_trajectories("browser_use", tmp_path / "runs", image_dir=tmp_path / "img2", on_bad_step="error")
+
+
+@pytest.mark.needs_shared
+def test_the_rule_is_what_the_tokenizer_refuses(processor):
+    from ipi.data.text import tokenizer_safe
+
+    tok = processor.tokenizer
+    for ok in ("\x00nul", "\x1besc", "\x7fdel", "\ufffe\uffff", "\U0010ffff", "\u200b\ufeff", "\ue000", "😀"):
+        assert tokenizer_safe(ok) == (ok, 0)
+        tok(ok)  # encodes
+    for bad in ("a\ud83db", "\udc00", "x\ud83d", "\ud83d\ude00"):
+        with pytest.raises(TypeError):
+            tok(bad)
+        assert tok(tokenizer_safe(bad)[0])["input_ids"]

@@ -11,7 +11,7 @@ private-use characters are encoded like any other.
 character it encodes (nothing is lost), and each lone surrogate becomes U+FFFD, counted.
 :func:`clean_trajectory` applies it to every text of a trajectory (task, element text, tool
 result, thought, action, history) as an importer builds it; ``data.on_bad_step`` decides whether a
-replacement is counted (``"skip"``: ``Trajectory.meta["replaced_characters"]``, summed in
+replacement is counted (``"skip"``: ``Trajectory.meta["replaced_characters"]``, listed in
 ``results.json`` ``counts.replaced_characters`` and the report's data counts) or an error naming
 the file and step (``"error"``). Attack sources refuse such a text by name
 (:func:`ipi.attacks.source.check_text`).

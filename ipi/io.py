@@ -48,6 +48,26 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     return Path(path)
 
 
+def text_lines(path: str | os.PathLike, errors: str = "strict") -> list[str]:
+    """The lines of a UTF-8 text file that ipi wrote, split at ``"\\n"`` only.
+
+    ``str.splitlines`` also splits at U+2028, U+2029, U+0085, ``\\v``, ``\\f`` and ``\\x1c``-``\\x1e``,
+    which a JSON string written with ``ensure_ascii=False`` may hold raw; the records ipi writes
+    (JSON Lines, journals, lock files) end each line with ``"\\n"`` and nothing else. A trailing
+    ``"\\r"`` (a file edited on Windows) is removed; a final empty line is not returned.
+
+    Args:
+        path: The file.
+        errors: Decoding error handler (``"strict"``, ``"replace"``).
+
+    Returns:
+        The lines, without their ``"\\n"``.
+    """
+    text = Path(path).read_bytes().decode("utf-8", errors)  # bytes: no universal-newline translation
+    lines = [x.removesuffix("\r") for x in text.split("\n")]
+    return lines[:-1] if lines and lines[-1] == "" else lines
+
+
 def stat_fingerprint(path: str | os.PathLike) -> tuple:
     """What changes whenever a file's content may have changed: ``(path, device, inode, size,
     mtime_ns, ctime_ns)``.

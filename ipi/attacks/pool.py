@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from ipi.attacks.slots import render, slot_pools
 from ipi.attacks.source import AttackSource, AttackSourceError, BenignText, Goal, Template, slots_of
 from ipi.surfaces.bank import stable_int
+from ipi.data.text import text_problem
 
 __all__ = ["AttackPool", "attack_key", "project_pool"]
 
@@ -62,6 +63,9 @@ class AttackPool:
         if not self.benign:
             raise AttackSourceError(f"attack={self.name}: no benign text for c_imperative; set attack.benign "
                                     "to a source that has some (notinject)")
+        for it in (*self.templates, *self.goals, *self.benign):  # what every prompt text meets (ipi.data.text)
+            if (problem := text_problem(it.text)) is not None:
+                raise AttackSourceError(f"attack={self.name}: {it.id} ({it.origin}): {problem}")
 
     @classmethod
     def from_source(cls, source: AttackSource, benign_fallback: AttackSource | None = None) -> AttackPool:

@@ -32,6 +32,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import yaml
 
+from ipi.data.text import text_problem
+
 __all__ = [
     "GOAL_FAMILIES",
     "MAX_TEXT_CHARS",
@@ -121,6 +123,8 @@ def check_text(text: str, *, what: str) -> None:
         raise AttackSourceError(f"{what}: empty text")
     if len(text) > MAX_TEXT_CHARS:
         raise AttackSourceError(f"{what}: {len(text)} characters > {MAX_TEXT_CHARS}")
+    if (problem := text_problem(text)) is not None:
+        raise AttackSourceError(f"{what}: {problem}")
     for c in text:
         if not (c.isprintable() or c in "\n\t"):
             raise AttackSourceError(

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -36,8 +37,10 @@ from typing import Any, Protocol
 
 import torch
 
-from ipi.io import atomic_write_text
+from ipi.io import atomic_path, atomic_write_text
 from ipi.replay import PromptParts, generation_prompt, render_prompt
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "GENERATION_VERSION",
@@ -186,12 +189,19 @@ def generation_key(identity: Mapping, request: GenerationRequest, settings: Gene
 class GenerationCache:
     """Generations by content key, in one JSON-Lines file written atomically.
 
-    Each line is ``{"key", "row_id", "text", "n_tokens", "stopped"}``. :meth:`put` (called by
-    :func:`generate` after every batch, so an interrupted run keeps what it generated) re-reads the
-    file, adds the new entries and writes the whole file under a temporary name, then renames it
-    (:func:`ipi.io.atomic_write_text`): a reader never sees half a file, and a killed run leaves the
-    previous file. Two processes writing at once can lose one's new entries (the later rename
-    wins), never corrupt the file; the lost entries are generated again next time.
+    Each line is ``{"key", "row_id", "text", "n_tokens", "stopped"}``, written as ASCII JSON (every
+    non-ASCII character escaped, so no line separator of any kind is ever raw inside a line) and
+    read back split at ``"\\n"`` only (a file of an older version, with raw U+2028 in a text, reads
+    back too). :meth:`put` (called by :func:`generate` after every batch, so an interrupted run
+    keeps what it generated) re-reads the file, adds the new entries and writes the whole file
+    under a temporary name, then renames it (:func:`ipi.io.atomic_write_text`): a reader never sees
+    half a file, and a killed run leaves the previous file. Two processes writing at once can lose
+    one's new entries (the later rename wins), never corrupt the file; the lost entries are
+    generated again next time.
+
+    A line that is not an entry (cut short, edited, not UTF-8) never stops a run: it is moved,
+    as it was, to ``<file>.corrupt-<n>`` (the first free ``n``), the file is rewritten without it
+    and a warning names both files; its generation is made again when asked for.
 
     Args:
         path: The ``.jsonl`` file (created on the first :meth:`put`).
@@ -201,24 +211,50 @@ class GenerationCache:
         self.path = Path(path)
         self._entries: dict[str, dict] = self._read()
 
+    @staticmethod
+    def _entry(raw: bytes) -> dict | None:
+        """The entry a line holds, or None when it holds none."""
+        try:
+            e = json.loads(raw.decode("utf-8"))
+        except ValueError:  # not UTF-8 (UnicodeDecodeError) or not JSON
+            return None
+        ok = (isinstance(e, dict) and isinstance(e.get("key"), str) and isinstance(e.get("text"), str)
+              and isinstance(e.get("n_tokens"), int) and isinstance(e.get("stopped"), bool))
+        return e if ok else None
+
     def _read(self) -> dict[str, dict]:
         if not self.path.exists():
             return {}
         out: dict[str, dict] = {}
-        for i, line in enumerate(self.path.read_text(encoding="utf-8").splitlines(), 1):
-            if not line.strip():
+        bad: list[tuple[int, bytes]] = []
+        for i, raw in enumerate(self.path.read_bytes().split(b"\n"), 1):
+            if not raw.strip():
                 continue
-            try:
-                e = json.loads(line)
-                ok = (isinstance(e, dict) and isinstance(e.get("key"), str) and isinstance(e.get("text"), str)
-                      and isinstance(e.get("n_tokens"), int) and isinstance(e.get("stopped"), bool))
-            except ValueError:
-                ok = False
-            if not ok:
-                raise ValueError(f"{self.path}: line {i} is not a generation cache entry "
-                                 "(key, row_id, text, n_tokens, stopped); delete the file to regenerate")
-            out[e["key"]] = e
+            e = self._entry(raw.removesuffix(b"\r"))
+            if e is None:
+                bad.append((i, raw))
+            else:
+                out[e["key"]] = e
+        if bad:
+            self._set_aside(bad, out)
         return out
+
+    def _set_aside(self, bad: list[tuple[int, bytes]], good: Mapping[str, dict]) -> Path:
+        """Move unreadable lines to ``<file>.corrupt-<n>``, rewrite the file without them, warn."""
+        n = 1
+        while (aside := self.path.with_name(f"{self.path.name}.corrupt-{n}")).exists():
+            n += 1
+        with atomic_path(aside) as tmp:
+            tmp.write_bytes(b"".join(raw + b"\n" for _, raw in bad))
+        self._write(good)
+        lines = ", ".join(str(i) for i, _ in bad[:10]) + (f" and {len(bad) - 10} more" if len(bad) > 10 else "")
+        log.warning("%s: %d line(s) are not generation cache entries (line %s); set aside in %s, the rest "
+                    "kept; those generations are made again", self.path, len(bad), lines, aside)
+        return aside
+
+    def _write(self, entries: Mapping[str, dict]) -> None:
+        atomic_write_text(self.path, "".join(json.dumps(e, ensure_ascii=True, sort_keys=True) + "\n"
+                                             for e in entries.values()))
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -236,8 +272,7 @@ class GenerationCache:
         for e in entries:
             merged[e["key"]] = {k: e[k] for k in ("key", "row_id", "text", "n_tokens", "stopped")}
         self._entries = merged
-        atomic_write_text(self.path, "".join(json.dumps(e, ensure_ascii=False, sort_keys=True) + "\n"
-                                             for e in merged.values()))
+        self._write(merged)
 
 
 # ----------------------------------------------------------------------------------- prompts

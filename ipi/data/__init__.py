@@ -17,6 +17,7 @@ from ipi.data.images import DEFAULT_LIMITS, ImageLimits, screenshot_problem
 from ipi.data.multimodal_mind2web import import_multimodal_mind2web_report
 from ipi.data.online_mind2web import import_online_mind2web_report
 from ipi.data.schema import DataError, Skip, Step, Trajectory, iter_native, read_native, write_native
+from ipi.data.text import clean_trajectory
 from ipi.data.webvoyager import (
     UNKNOWN_ACTION_POLICIES,
     import_webvoyager,
@@ -90,7 +91,8 @@ def load_native(
             skipped.append({"path": str(path), "reason": f"trajectory {t.trajectory_id}: no usable step"})
             continue
         skips.sort(key=lambda k: k.step)
-        trajectories.append(replace(t, steps=tuple(steps), skipped=tuple(skips)))
+        trajectories.append(clean_trajectory(replace(t, steps=tuple(steps), skipped=tuple(skips)),
+                                             f"{path}: trajectory {t.trajectory_id}", on_bad_step))
     return trajectories, skipped
 
 

@@ -57,6 +57,7 @@ from pathlib import Path
 from ipi.data.discover import walk
 from ipi.data.images import DEFAULT_LIMITS, ImageLimits, root_image_dir, screenshot_problem, write_image_bytes
 from ipi.data.schema import DataError, Skip, Step, Trajectory
+from ipi.data.text import clean_trajectory
 from ipi.progress import track
 
 __all__ = ["SOURCE", "browser_use_action", "browser_use_action_type", "import_browser_use_report"]
@@ -211,7 +212,8 @@ def _import_file(file: Path, trajectory_id: str, image_dir: Path, on_bad_step: s
     if k == 0:
         raise _Problem(file, "no action in the history (every step lacks model output)")
     meta = {"file": file.name}
-    return Trajectory(trajectory_id, task.strip(), SOURCE, k, tuple(steps), tuple(skipped), meta)
+    return clean_trajectory(Trajectory(trajectory_id, task.strip(), SOURCE, k, tuple(steps), tuple(skipped), meta),
+                            str(file), on_bad_step)
 
 
 def import_browser_use_report(

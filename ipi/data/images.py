@@ -30,7 +30,7 @@ from PIL import Image
 
 from ipi.data.discover import is_lfs_pointer
 from ipi.data.schema import DataError
-from ipi.io import content_digest
+from ipi.io import content_digest, text_lines
 
 __all__ = [
     "DEFAULT_LIMITS",
@@ -197,7 +197,7 @@ def _known_decoded(digest: str) -> bool:
     if memo is not None and memo not in _READ:
         _READ.add(memo)
         try:
-            _DECODED.update(line.strip() for line in memo.read_text(encoding="ascii", errors="replace").splitlines()
+            _DECODED.update(line.strip() for line in text_lines(memo, errors="replace")
                             if len(line.strip()) == 64)
         except OSError:  # no memo yet
             pass

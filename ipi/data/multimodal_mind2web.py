@@ -57,6 +57,7 @@ from PIL import Image
 from ipi.data.images import DEFAULT_LIMITS, ImageLimits, root_image_dir, screenshot_problem, write_image_bytes
 from ipi.data.online_mind2web import NO_PREVIOUS_ACTION, mind2web_action_type
 from ipi.data.schema import DataError, Skip, Step, Trajectory
+from ipi.data.text import clean_trajectory
 from ipi.progress import track
 
 __all__ = ["COLUMNS", "SOURCE", "html_to_element_text", "import_multimodal_mind2web_report"]
@@ -332,5 +333,6 @@ def import_multimodal_mind2web_report(
             left_out.append({"path": f"{root} (annotation_id={aid})",
                              "reason": f"no usable step: all {horizon} step(s) skipped ({'; '.join(reasons)})"})
             continue
-        trajectories.append(Trajectory(aid, task.strip(), SOURCE, horizon, tuple(steps), tuple(skipped)))
+        trajectories.append(clean_trajectory(Trajectory(aid, task.strip(), SOURCE, horizon, tuple(steps),
+                                                        tuple(skipped)), f"{root} (annotation_id={aid})", on_bad_step))
     return trajectories, left_out

@@ -49,6 +49,7 @@ from pathlib import Path
 from ipi.data.discover import walk
 from ipi.data.images import DEFAULT_LIMITS, ImageLimits, screenshot_problem
 from ipi.data.schema import DataError, Skip, Step, Trajectory
+from ipi.data.text import clean_trajectory
 from ipi.progress import track
 
 __all__ = ["FRAME_LAYOUTS", "RESULT_NAME", "SOURCE", "import_online_mind2web_report", "mind2web_action_type"]
@@ -217,7 +218,8 @@ def _import_task(folder: Path, rel: str, on_bad_step: str, frames: str, batches:
             history=tuple(a.strip() for a in actions[:k]),
         ))
     meta = {"task_id": None if task_id is None else str(task_id), "folder": rel, "layout": layout}
-    return Trajectory(trajectory_id, task.strip(), SOURCE, len(actions), tuple(steps), tuple(skipped), meta)
+    return clean_trajectory(Trajectory(trajectory_id, task.strip(), SOURCE, len(actions), tuple(steps),
+                                       tuple(skipped), meta), str(res_path), on_bad_step)
 
 
 def import_online_mind2web_report(

@@ -41,6 +41,7 @@ from ipi.data.images import (
     screenshot_problem,
 )
 from ipi.data.schema import DataError, Skip, Step, Trajectory
+from ipi.data.text import clean_trajectory
 from ipi.progress import track
 
 __all__ = [
@@ -344,14 +345,14 @@ def _import_task(
                 )
             )
         history.append(action)
-    return Trajectory(
+    return clean_trajectory(Trajectory(
         trajectory_id=trajectory_id,
         task=task,
         source=SOURCE,
         horizon=len(turns),
         steps=tuple(steps),
         skipped=tuple(skipped),
-    )
+    ), str(log), on_bad_step)
 
 
 def _screenshot_index(folder: Path) -> dict[int, Path]:

@@ -2,15 +2,20 @@
 
 A score table file is CSV (``.csv``) or Parquet (``.parquet``/``.pq``) with the columns
 ``trajectory_id, step, variant, score`` and optionally ``weight`` (see
-:mod:`ipi.metrics.table`). :func:`evaluate_score_table` turns one into the JSON-ready report
-through :func:`ipi.evaluation.assess.assess`: estimands with paired cluster-bootstrap intervals,
-counts, the §7 verdict and the reportability marks.
+:mod:`ipi.metrics.table`). A folder of part files of one format, as pandas
+``to_parquet(partition_cols=...)``, Spark and Dask write them (hive ``key=value`` sub-folders,
+``_SUCCESS`` markers), is read as one table (:func:`read_score_folder`).
+:func:`evaluate_score_table` turns one into the JSON-ready report through
+:func:`ipi.evaluation.assess.assess`: estimands with paired cluster-bootstrap intervals, counts,
+the §7 verdict and the reportability marks.
 """
 
 from __future__ import annotations
 
+import bisect
 import difflib
 import logging
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -25,7 +30,7 @@ from ipi.protocol import CONTROLS
 log = logging.getLogger(__name__)
 
 __all__ = ["CSV_SUFFIXES", "PARQUET_SUFFIXES", "TWIN_SEED_COLUMN", "check_score_rows", "evaluate_score_table",
-           "read_score_table", "split_twin_table", "twin_score_table"]
+           "read_score_folder", "read_score_table", "split_twin_table", "twin_score_table"]
 
 #: Column of ``scores_twin.csv`` naming each row's random-twin seed (one file, every seed).
 TWIN_SEED_COLUMN = "twin_seed"
@@ -39,8 +44,16 @@ def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
+def _read_part(p: Path, suffix: str) -> pd.DataFrame:
+    """One CSV or Parquet file, read as a score table (CSV ids and variants as literal strings)."""
+    if suffix in CSV_SUFFIXES:
+        return pd.read_csv(p, dtype={"trajectory_id": str, "variant": str}, keep_default_na=False,
+                           na_values={c: _NA_STRINGS for c in ("step", "score", "weight")})
+    return pd.read_parquet(p)
+
+
 def read_score_table(path) -> pd.DataFrame:
-    """Read and validate a score table from CSV or Parquet (chosen by suffix).
+    """Read and validate a score table from CSV or Parquet (chosen by suffix), or a folder of parts.
 
     Validation (PROTOCOL.md §5, §9): the columns ``trajectory_id, step, variant, score`` exist
     (``weight`` optional, extra columns kept); ``step`` is a non-negative integer; ``score``
@@ -50,7 +63,8 @@ def read_score_table(path) -> pd.DataFrame:
     stays ``"NA"``).
 
     Args:
-        path: ``.csv``, ``.parquet`` or ``.pq`` file.
+        path: ``.csv``, ``.parquet`` or ``.pq`` file, or a folder of such parts
+            (:func:`read_score_folder`; its name's suffix does not matter).
 
     Returns:
         The normalised table (see :func:`ipi.metrics.table.validate_table`).
@@ -61,6 +75,8 @@ def read_score_table(path) -> pd.DataFrame:
             an unknown suffix or an unparsable file.
     """
     p = Path(path)
+    if p.is_dir():
+        return read_score_folder(p)
     suffix = p.suffix.lower()
     if suffix not in CSV_SUFFIXES + PARQUET_SUFFIXES:
         raise ValueError(
@@ -70,15 +86,7 @@ def read_score_table(path) -> pd.DataFrame:
     if not p.is_file():
         raise ValueError(f"{p}: no such file")
     try:
-        if suffix in CSV_SUFFIXES:
-            table = pd.read_csv(
-                p,
-                dtype={"trajectory_id": str, "variant": str},
-                keep_default_na=False,
-                na_values={c: _NA_STRINGS for c in ("step", "score", "weight")},
-            )
-        else:
-            table = pd.read_parquet(p)
+        table = _read_part(p, suffix)
     except Exception as err:  # noqa: BLE001 - any reader failure becomes one ValueError
         raise ValueError(f"{p}: cannot read score table: {_one_line(err)}") from err
 
@@ -93,6 +101,88 @@ def read_score_table(path) -> pd.DataFrame:
             return f"row {i}"
 
     return check_score_rows(validate_table(table, str(p), row_name=row_name), str(p), row_name)
+
+
+#: Value Hive, Spark and pyarrow write for a missing partition value.
+HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
+
+
+def _part_files(folder: Path) -> list[Path]:
+    """Data files under ``folder``, sorted; names starting ``_`` or ``.`` (``_SUCCESS``, ``.crc``,
+    ``_metadata``) are bookkeeping, as pyarrow and Spark treat them, and are left out."""
+    return sorted(f for f in folder.rglob("*")
+                  if f.is_file() and not any(x.startswith(("_", ".")) for x in f.relative_to(folder).parts))
+
+
+def _partition_values(folder: Path, f: Path) -> dict[str, str | None]:
+    """``{key: value}`` of the hive ``key=value`` folders between ``folder`` and ``f`` (URI-decoded)."""
+    out = {}
+    for part in f.relative_to(folder).parts[:-1]:
+        if "=" not in part:
+            raise ValueError(f"{folder}: sub-folder {part!r} (of {f}) is not a hive partition 'column=value'")
+        key, value = (urllib.parse.unquote(x) for x in part.split("=", 1))
+        out[key] = None if value == HIVE_NULL else value
+    return out
+
+
+def read_score_folder(folder) -> pd.DataFrame:
+    """Read and validate a score table written as a folder of parts.
+
+    The folder holds part files of one format (``.csv`` or ``.parquet``/``.pq``), directly or in
+    hive ``column=value`` sub-folders (``df.to_parquet(path, partition_cols=[...])``, Spark's
+    ``partitionBy``). Names starting ``_`` or ``.`` are skipped. Every CSV part has its own header
+    row and is read like a ``.csv`` score table. A partition value becomes a column: ``step`` as
+    an integer, ``score``/``weight`` as numbers, any other column as text exactly as written in the
+    folder name (never a categorical, never re-typed: an id ``007`` stays ``007``). Parts are
+    concatenated in sorted path order; the estimands do not depend on row order.
+
+    Args:
+        folder: The folder.
+
+    Returns:
+        The normalised table, as :func:`read_score_table` returns it.
+
+    Raises:
+        ValueError: One line naming the folder, and the part file where one is at fault: no part
+            file, parts of two formats or of another format, a sub-folder that is not
+            ``column=value``, an unreadable part, or an invalid row (named by part and row).
+    """
+    folder = Path(folder)
+    files = _part_files(folder)
+    kinds = {f.suffix.lower() for f in files}
+    known = CSV_SUFFIXES + PARQUET_SUFFIXES
+    if not files:
+        raise ValueError(f"{folder}: a folder with no part file (.csv, .parquet or .pq); give a score-table "
+                         "file or a folder of parts")
+    if not kinds <= set(known) or (kinds & set(CSV_SUFFIXES) and kinds & set(PARQUET_SUFFIXES)):
+        odd = next((f for f in files if f.suffix.lower() not in known), files[0])
+        raise ValueError(f"{folder}: a score-table folder holds part files of one format (.csv, or "
+                         f".parquet/.pq), found {', '.join(sorted(kinds))} (e.g. {odd})")
+    parts, starts = [], []
+    n = 0
+    for f in files:
+        values = _partition_values(folder, f)
+        try:
+            part = _read_part(f, f.suffix.lower())
+            for key, value in values.items():
+                if key in part.columns:
+                    raise ValueError(f"column {key!r} is both a partition folder and a column of the file")
+                part[key] = (pd.to_numeric(pd.Series([value] * len(part), dtype=object))
+                             if key in ("step", "score", "weight") else pd.Series([value] * len(part), dtype=object))
+        except Exception as err:  # noqa: BLE001 - any reader failure becomes one ValueError
+            raise ValueError(f"{f}: cannot read score-table part: {_one_line(err)}") from err
+        parts.append(part)
+        starts.append(n)
+        n += len(part)
+    table = pd.concat(parts, ignore_index=True)
+    csv = kinds <= set(CSV_SUFFIXES)
+
+    def row_name(i: int) -> str:
+        k = bisect.bisect_right(starts, i) - 1
+        j = i - starts[k]
+        return f"row {i} ({files[k].relative_to(folder)} row {j}" + (f", line {j + 2})" if csv else ")")
+
+    return check_score_rows(validate_table(table, str(folder), row_name=row_name), str(folder), row_name)
 
 
 def check_score_rows(table: pd.DataFrame, source: str, row_name=None) -> pd.DataFrame:
@@ -210,7 +300,7 @@ def evaluate_score_table(
     """Estimands, counts, verdict and reportability of a score-table file (PROTOCOL.md §5, §7).
 
     Args:
-        path: The probe's score table (``.csv``/``.parquet``).
+        path: The probe's score table (``.csv``/``.parquet``, or a folder of parts).
         baselines: Optional named baseline tables (paths or DataFrames) scored on the same
             test trajectories, e.g. ``{"c1": ..., "collapse_only": ..., "permuted": ...}``;
             they share the bootstrap draws with the main table.

@@ -41,7 +41,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from ipi.io import atomic_path, atomic_write_text  # noqa: F401  (re-exported)
+from ipi.io import atomic_path, atomic_write_text, text_lines  # noqa: F401  (re-exported)
 from ipi.io import (  # noqa: F401  (re-exported: content digests live in ipi.io, below the backbone)
     WHOLE_FILE_BYTES,
     content_addressed,
@@ -149,7 +149,7 @@ class ActivationCache:
     def lock_holder(self) -> str | None:
         """``"pid N on host H"`` of the run holding the lock, or None (free or unreadable)."""
         try:
-            lines = self.lock_path.read_text(encoding="utf-8", errors="replace").splitlines()
+            lines = text_lines(self.lock_path, errors="replace")
         except OSError:
             return None
         return f"pid {lines[0]} on host {lines[1]}" if len(lines) >= 2 else "a run that recorded no pid"

@@ -720,6 +720,10 @@ def _counts(r: Mapping) -> Section | None:
                         if isinstance(c.get(k), (int, float)))
     skipped = [f"{len(c[k])} {k.replace('_', ' ')}" for k in ("skipped_steps", "skipped_trajectories")
                if isinstance(c.get(k), list)]
+    replaced = sum(int(r.get("count", 0)) for r in c.get("replaced_characters") or () if isinstance(r, Mapping))
+    if replaced:
+        skipped.append(f"{replaced} character(s) no tokenizer takes replaced by U+FFFD "
+                       f"(counts.replaced_characters)")
     return Section("counts", "Data counts", tuple(blocks), summary="; ".join(x for x in (summary, ", ".join(skipped))
                                                                              if x))
 

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Mapping
@@ -36,7 +37,27 @@ __all__ = ["forest_rows", "plot_forest", "plot_heatmap", "plot_roc", "roc_curves
 
 DPI = 110
 
+#: Every string in a figure is drawn as given: labels, ids, data-root and source names come from
+#: users and datasets, so ``$``, ``_``, ``^`` and ``\\`` are characters, never mathtext or TeX.
+PLAIN_TEXT = {"text.parse_math": False, "text.usetex": False}
 
+
+def plain_text(draw):
+    """Run a figure function with :data:`PLAIN_TEXT` in force, from its first artist to the saved PNG.
+
+    Tick labels and legend entries are made while the figure is drawn (at save time), so the
+    settings must hold until :func:`save_figure` returns; wrapping the whole function does that.
+    """
+
+    @functools.wraps(draw)
+    def wrapped(*args, **kwargs):
+        with plt.rc_context(PLAIN_TEXT):
+            return draw(*args, **kwargs)
+
+    return wrapped
+
+
+@plain_text
 def save_figure(fig, path: str | os.PathLike) -> Path:
     """Save a figure as PNG atomically and close it.
 
@@ -97,6 +118,7 @@ def roc_curves(scores: pd.DataFrame) -> dict[str, dict]:
     return out
 
 
+@plain_text
 def plot_roc(scores: pd.DataFrame, path: str | os.PathLike, title: str = "") -> Path:
     """Write the ROC figure of a score table (see :func:`roc_curves`).
 
@@ -219,6 +241,7 @@ def _forest_panel(ax, rows, ref: float, xlim):
     ax.grid(axis="x", alpha=0.3)
 
 
+@plain_text
 def plot_forest(results: Mapping, path: str | os.PathLike, title: str = "") -> Path:
     """Write the forest plot of every estimand with its CI (PROTOCOL.md §5–§6).
 
@@ -266,6 +289,7 @@ def plot_forest(results: Mapping, path: str | os.PathLike, title: str = "") -> P
     return save_figure(fig, path)
 
 
+@plain_text
 def plot_heatmap(grid: pd.DataFrame, path: str | os.PathLike, title: str,
                  low: pd.DataFrame | None = None, high: pd.DataFrame | None = None) -> Path:
     """Write a heatmap of one estimand over layers (rows) × token groups (columns).

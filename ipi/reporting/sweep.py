@@ -70,8 +70,10 @@ step-down procedure over the ``N`` cells (``claim_familywise``; :func:`familywis
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -455,6 +457,19 @@ def _grid(df: pd.DataFrame, col: str) -> pd.DataFrame:
     return g[sorted(g.columns)].astype(float)
 
 
+def file_part(name) -> str:
+    """A user-given name (detector label, attack, surface) as a safe part of a file name.
+
+    Spaces become ``_`` and parentheses are dropped; a name holding any other character outside
+    ``[A-Za-z0-9._-]`` (``/``, ``$``, ``:``...) has those replaced by ``_`` and gains 8 hex digits
+    of its SHA-256, so two names never share a file.
+    """
+    name = str(name)
+    plain = name.replace(" ", "_").replace("(", "").replace(")", "")
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", plain)
+    return safe if safe == plain else f"{safe}-{hashlib.sha256(name.encode('utf-8', 'surrogatepass')).hexdigest()[:8]}"
+
+
 def write_sweep_report(sweep: str | Path) -> dict[str, Path]:
     """Write ``sweep.csv``, the heatmaps and ``sweep_report.md``/``.html`` into the sweep folder.
 
@@ -512,11 +527,11 @@ def write_sweep_report(sweep: str | Path) -> dict[str, Path]:
     for (surface, backbone, detector, attack, root), part in df.groupby(
             ["surface", "backbone", "detector", "attack", "data_root"], dropna=False, sort=True):
         multi = df[["surface", "backbone", "detector"]].drop_duplicates().shape[0] > 1
-        suffix = f"_{surface}_{backbone}" if multi else ""
+        suffix = f"_{file_part(surface)}_{file_part(backbone)}" if multi else ""
         if df["attack"].nunique() > 1:
-            suffix += f"_{attack}"
+            suffix += f"_{file_part(attack)}"
         if df["detector"].nunique() > 1:
-            suffix += f"_{detector}".replace(" ", "_").replace("(", "").replace(")", "")
+            suffix += f"_{file_part(detector)}"
         if len(roots) > 1:  # a sweep over data roots: one heatmap per root
             suffix += f"_root{roots.index(str(root)) if str(root) in roots else 'NA'}"
             detector = f"{detector} · data.root={root}"

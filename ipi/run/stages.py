@@ -29,6 +29,7 @@ from ipi.run.config import resolved_controls, run_surface, to_container, validat
 from ipi.run.detection import fit_detector
 from ipi.run.settings import extract_settings
 from ipi.data import DataError
+from ipi.data.text import REPLACED
 from ipi.data.discover import summarise_skips
 from ipi.data.images import decode_memo, image_limits_for
 from ipi.detectors.crossfit import CrossFit, DetectorScores
@@ -158,8 +159,10 @@ def load_data(cfg: DictConfig):
     if not trajs:
         found = "nothing that looks like a task folder was found" if not traj_skips else exclusion_report(traj_skips)
         raise DataError(f"{where}: no usable trajectory; {found}")
-    log.info("data: %d trajectories, %d steps (%d steps skipped) from %s%s", len(trajs),
-             sum(len(t.steps) for t in trajs), len(step_skips), where,
+    replaced = sum(r["count"] for r in replaced_characters(trajs))
+    log.info("data: %d trajectories, %d steps (%d steps skipped%s) from %s%s", len(trajs),
+             sum(len(t.steps) for t in trajs), len(step_skips),
+             f"; {replaced} lone UTF-16 surrogate(s) replaced by U+FFFD" if replaced else "", where,
              "" if not traj_skips else "; " + exclusion_report(traj_skips))
     return trajs, traj_skips, step_skips
 
@@ -493,6 +496,12 @@ def fold_sides(folds) -> tuple[set | None, set]:
     return folds[0] if len(folds) == 1 else (None, {t for _, f in folds for t in f})
 
 
+def replaced_characters(trajectories) -> list[dict]:
+    """``{"trajectory_id", "step", "field", "count"}`` per imported text whose lone UTF-16 surrogates
+    were replaced by U+FFFD (:mod:`ipi.data.text`; ``step`` None for the task)."""
+    return [{"trajectory_id": t.trajectory_id, **r} for t in trajectories for r in t.meta.get(REPLACED, ())]
+
+
 def run_counts(trajectories, meta: pd.DataFrame, rows, fits, folds, step_skips, traj_skips) -> dict:
     """``counts`` of results.json: trajectories, steps, rows per side and variant, skips (docs/outputs.md)."""
     train_ids, test_ids = fold_sides(folds)
@@ -514,6 +523,7 @@ def run_counts(trajectories, meta: pd.DataFrame, rows, fits, folds, step_skips, 
                                         and (r.variant.meta or {}).get("token_delta", 0) != 0),
         "skipped_steps": step_skips,
         "skipped_trajectories": traj_skips,
+        "replaced_characters": replaced_characters(trajectories),
     }
 
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ipi.extraction.activation_cache import ActivationCache, CacheError, file_sha256
+from ipi.io import text_lines
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 _ENTRY = re.compile(r"[0-9a-f]{24}")
@@ -104,7 +105,7 @@ def scan(cache_dir: str | os.PathLike, verify: bool = False) -> list[Entry]:
             lock = root / f"{path.name}.lock"
             status = "incomplete"
             if lock.exists():  # a run is writing it (or crashed holding the lock: docs/extraction.md)
-                lines = lock.read_text(encoding="utf-8", errors="replace").splitlines()
+                lines = text_lines(lock, errors="replace")
                 status = f"writing (lock: pid {lines[0]} on {lines[1]})" if len(lines) >= 2 else "writing (locked)"
             out.append(Entry(path, status, None, size, None, None, newest))
             continue

@@ -81,7 +81,7 @@ from scipy.special import ndtr
 
 from ipi.evaluation.assess import DEFAULTS, ScoreTables, Settings, assess
 from ipi.evaluation.verdict import CHECKS, CLAIM_DETECTS, CLAIM_NONE
-from ipi.io import atomic_write_text
+from ipi.io import atomic_write_text, text_lines
 from ipi.metrics.compare import Estimates
 from ipi.metrics.twins import rank_correlations
 from ipi.detectors.crossfit import cross_fit
@@ -953,7 +953,7 @@ def main(argv: list[str] | None = None) -> dict:
     done: dict[str, dict] = {}
     journal = Path(args.records) if args.records else None
     if journal is not None and journal.exists():
-        lines = journal.read_text().splitlines()
+        lines = text_lines(journal)
         for n, line in enumerate(lines, start=1):
             if line.strip():
                 try:

@@ -120,11 +120,66 @@ def test_cache_by_content(text_backbone, dom_rows, tmp_path, monkeypatch):
     assert len(GenerationCache(path)) == 6 and not any(g.cached for g in more)
 
 
-def test_cache_refuses_a_corrupt_file(tmp_path):
+#: Every character ``str.splitlines`` splits at besides "\\n", and a lone surrogate.
+LINE_BREAKERS = ["\u2028", "\u2029", "\x85", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\r", "\r\n", "\ud83d"]
+
+
+def _entry(key: str, text: str) -> dict:
+    return {"key": key, "row_id": f"r{key}", "text": text, "n_tokens": len(text), "stopped": True}
+
+
+def test_cache_round_trips_texts_holding_line_separators(tmp_path):
     path = tmp_path / "g.jsonl"
-    path.write_text('{"key": "a", "row_id": "r", "text": "x", "n_tokens": 1, "stopped": true}\n{"key": 3}\n')
-    with pytest.raises(ValueError, match=r"g\.jsonl: line 2"):
-        GenerationCache(path)
+    texts = {f"k{i}": f"Thought: a{c}b.{c}\nAction: Click [1]" for i, c in enumerate(LINE_BREAKERS)}
+    cache = GenerationCache(path)
+    for k, t in texts.items():  # one put per entry: each re-reads the file the previous one wrote
+        cache.put([_entry(k, t)])
+    again = GenerationCache(path)
+    assert {k: again.get(k)["text"] for k in texts} == texts
+    raw = path.read_bytes()
+    assert raw.isascii() and raw.count(b"\n") == len(texts)  # ASCII JSON: one line per entry
+    assert not list(tmp_path.glob("*.corrupt-*"))
+    # a file of an older version, raw U+2028 inside a JSON string, reads back whole
+    old = tmp_path / "old.jsonl"
+    old.write_text("".join(json.dumps(_entry(k, t), ensure_ascii=False) + "\n"
+                           for k, t in texts.items() if "\ud83d" not in t), encoding="utf-8")
+    assert len(GenerationCache(old)) == len(texts) - 1 and not list(tmp_path.glob("old.jsonl.corrupt-*"))
+
+
+def test_cache_sets_a_bad_line_aside_and_keeps_the_rest(tmp_path, caplog):
+    path = tmp_path / "g.jsonl"
+    good = [json.dumps(_entry(k, f"text {k}")).encode() for k in ("a", "b", "c")]
+    bad = [b'{"key": 3}', good[1][:20], b'{"key": "d", "text": "\xff\xfe"}', b"not json"]
+    path.write_bytes(b"\n".join([good[0], bad[0], bad[1], good[1], bad[2], bad[3], good[2]]) + b"\n")
+    with caplog.at_level("WARNING", logger="ipi.behaviour.generate"):
+        cache = GenerationCache(path)
+    assert len(cache) == 3 and cache.get("b")["text"] == "text b"
+    aside = tmp_path / "g.jsonl.corrupt-1"
+    assert aside.read_bytes() == b"".join(x + b"\n" for x in bad)  # kept as they were
+    # the file holds the good entries only
+    assert [json.loads(x) for x in path.read_bytes().splitlines()] == [json.loads(x) for x in good]
+    assert "g.jsonl: 4 line(s) are not generation cache entries (line 2, 3, 5, 6); set aside in" in caplog.text
+    # a second bad file never overwrites the first one set aside
+    path.write_bytes(path.read_bytes() + b"{cut\n")
+    cache = GenerationCache(path)
+    assert len(cache) == 3 and (tmp_path / "g.jsonl.corrupt-2").read_bytes() == b"{cut\n"
+    cache.put([_entry("e", "text e")])
+    assert len(GenerationCache(path)) == 4
+
+
+def test_generate_redoes_an_entry_set_aside(text_backbone, dom_rows, tmp_path, caplog):
+    reqs = requests_of_rows(text_backbone, dom_rows, SYSTEM)[:3]
+    path = tmp_path / "g.jsonl"
+    first = generate(text_backbone, reqs, SHORT, cache=GenerationCache(path))
+    lines = path.read_bytes().split(b"\n")
+    cut = json.loads(lines[1])["key"]
+    path.write_bytes(b"\n".join([lines[0], lines[1][: len(lines[1]) // 2], *lines[2:]]))  # a line cut short
+    with caplog.at_level("WARNING", logger="ipi.behaviour.generate"):
+        again = generate(text_backbone, reqs, SHORT, cache=GenerationCache(path))
+    assert "set aside in" in caplog.text
+    assert [g.text for g in again] == [g.text for g in first]
+    assert [g.cached for g in again] == [g.key != cut for g in first]
+    assert len(GenerationCache(path)) == 3
 
 
 def test_refusals(small_backbone, text_backbone, dom_rows):

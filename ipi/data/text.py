@@ -1,0 +1,101 @@
+"""The rule every imported text meets: a tokenizer can take it.
+
+A Python ``str`` can hold what no tokenizer takes: a lone UTF-16 surrogate (U+D800–U+DFFF).
+JSON allows one as an escape (``"\\ud83d"``, left by a JavaScript logger that cut an emoji in
+half), so a valid JSON file in valid UTF-8 yields one, and ``tokenizers`` then refuses the whole
+prompt (``TypeError: TextInputSequence must be str``). Surrogates are the only code points the
+Rust ``tokenizers`` encoders refuse; NUL, other control characters, noncharacters (U+FFFE) and
+private-use characters are encoded like any other.
+
+:func:`tokenizer_safe` is the one place the rule lives: a well-formed surrogate pair becomes the
+character it encodes (nothing is lost), and each lone surrogate becomes U+FFFD, counted.
+:func:`clean_trajectory` applies it to every text of a trajectory (task, element text, tool
+result, thought, action, history) as an importer builds it; ``data.on_bad_step`` decides whether a
+replacement is counted (``"skip"``: ``Trajectory.meta["replaced_characters"]``, listed in
+``results.json`` ``counts.replaced_characters`` and the report's data counts) or an error naming
+the file and step (``"error"``). Attack sources refuse such a text by name
+(:func:`ipi.attacks.source.check_text`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+from ipi.data.schema import DataError, Trajectory
+
+__all__ = ["REPLACEMENT", "REPLACED", "clean_trajectory", "text_problem", "tokenizer_safe"]
+
+#: What a lone surrogate becomes.
+REPLACEMENT = "\ufffd"
+#: Key of ``Trajectory.meta``: ``[{"step", "field", "count"}]`` per text that had replacements
+#: (``step`` None for the task).
+REPLACED = "replaced_characters"
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def tokenizer_safe(text: str) -> tuple[str, int]:
+    """``text`` as a tokenizer takes it, and how many characters were replaced.
+
+    Args:
+        text: Any string.
+
+    Returns:
+        ``(text, n)``: each well-formed surrogate pair joined into its character (not counted),
+        each lone surrogate replaced by U+FFFD (``n`` of them); ``text`` itself when it has no
+        surrogate.
+    """
+    if not _SURROGATE.search(text):
+        return text, 0
+    fixed = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+    return fixed, fixed.count(REPLACEMENT) - text.count(REPLACEMENT)
+
+
+def text_problem(text: str) -> str | None:
+    """What in ``text`` a tokenizer refuses, in words (first code point and position), or None."""
+    n = tokenizer_safe(text)[1]
+    if not n:
+        return None
+    m = _SURROGATE.search(text)
+    return (f"{n} lone UTF-16 surrogate(s) (first U+{ord(m.group()):04X} at character {m.start()}), "
+            "which no tokenizer takes")
+
+
+def clean_trajectory(t: Trajectory, where: str, on_bad_step: str) -> Trajectory:
+    """Apply :func:`tokenizer_safe` to every text of a trajectory an importer built.
+
+    Args:
+        t: The trajectory as read.
+        where: The file (and, where one file holds many, the trajectory) for messages.
+        on_bad_step: ``"skip"``: replace and count (``t.meta["replaced_characters"]``, added to
+            what it holds); ``"error"``: raise.
+
+    Returns:
+        ``t`` itself when nothing needed replacing, else a copy with the texts replaced.
+
+    Raises:
+        DataError: Under ``on_bad_step="error"``, one line naming ``where``, the step (or the
+            task) and the field.
+    """
+    found: list[dict] = []
+
+    def fix(text: str, step: int | None, field: str) -> str:
+        new, n = tokenizer_safe(text)
+        if n:
+            if on_bad_step == "error":
+                at = "task" if step is None else f"step {step}: {field}"
+                raise DataError(f"{where}: {at}: {text_problem(text)} (data.on_bad_step=skip replaces each "
+                                "by U+FFFD and counts it)")
+            found.append({"step": step, "field": field, "count": n})
+        return new
+
+    task = fix(t.task, None, "task")
+    steps = tuple(replace(s, element_text=fix(s.element_text, s.step, "element_text"),
+                          tool_result=fix(s.tool_result, s.step, "tool_result"),
+                          thought=fix(s.thought, s.step, "thought"), action=fix(s.action, s.step, "action"),
+                          history=tuple(fix(h, s.step, f"history[{i}]") for i, h in enumerate(s.history)))
+                  for s in t.steps)
+    if not found:
+        return t
+    return replace(t, task=task, steps=steps, meta={**t.meta, REPLACED: [*t.meta.get(REPLACED, ()), *found]})

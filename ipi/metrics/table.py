@@ -301,87 +301,12 @@ def validate_table(
     if len(table) == 0:
         raise ValueError(f"{source}: the table has no rows")
     out = table.reset_index(drop=True).copy()
-
-    def first_bad(mask: np.ndarray) -> int:
-        return int(np.flatnonzero(mask)[0])
-
-    # trajectory_id: present, non-empty; compared as strings.
-    tid = out["trajectory_id"]
-    bad = tid.isna().to_numpy()
-    if bad.any():
-        raise ValueError(f"{source}: column 'trajectory_id' {name(first_bad(bad))}: missing value")
-    tid = tid.map(str)
-    bad = (tid.str.len() == 0).to_numpy()
-    if bad.any():
-        raise ValueError(f"{source}: column 'trajectory_id' {name(first_bad(bad))}: empty string")
-    out["trajectory_id"] = tid.astype(object)
-    check_id_collisions(tid, source)
-
-    # step: integer-valued, non-negative.
-    step = out["step"]
-    if not (pd.api.types.is_integer_dtype(step) or pd.api.types.is_float_dtype(step)):
-        num = pd.to_numeric(step, errors="coerce")
-        bad = num.isna().to_numpy()
-        if bad.any():
-            i = first_bad(bad)
-            raise ValueError(
-                f"{source}: column 'step' {name(i)}: not an integer ({_short(step.iloc[i])})"
-            )
-        step = num
-    vals = step.to_numpy(dtype=np.float64, na_value=np.nan)
-    bad = ~np.isfinite(vals) | (vals != np.round(vals)) | (vals < 0)
-    if bad.any():
-        i = first_bad(bad)
-        raise ValueError(
-            f"{source}: column 'step' {name(i)}: expected a non-negative integer, "
-            f"got {_short(step.iloc[i])}"
-        )
-    out["step"] = vals.astype(np.int64)
-
-    # variant: clean | attack | c_<name>.
-    var = out["variant"]
-    ok = np.array(
-        [isinstance(v, str) and (v in (CLEAN, ATTACK) or is_control(v)) for v in var], dtype=bool
-    )
-    if not ok.all():
-        i = first_bad(~ok)
-        raise ValueError(
-            f"{source}: column 'variant' {name(i)}: unknown variant {_short(var.iloc[i])} "
-            f"(expected 'clean', 'attack' or 'c_<name>')"
-        )
-    out["variant"] = var.astype(object)
-
-    # score (and weight): numeric and finite.
+    out["trajectory_id"] = _trajectory_ids(out["trajectory_id"], source, name)
+    out["step"] = _steps(out["step"], source, name)
+    out["variant"] = _variants(out["variant"], source, name)
     for col, allow_negative in (("score", True), ("weight", False)):
-        if col not in out.columns:
-            continue
-        s = out[col]
-        if pd.api.types.is_bool_dtype(s):
-            raise ValueError(f"{source}: column {col!r}: booleans, expected numbers")
-        if not pd.api.types.is_numeric_dtype(s):
-            num = pd.to_numeric(s, errors="coerce")
-            bad = (num.isna() & s.notna()).to_numpy()
-            if bad.any():
-                i = first_bad(bad)
-                raise ValueError(
-                    f"{source}: column {col!r} {name(i)}: not a number ({_short(s.iloc[i])})"
-                )
-            s = num
-        vals = s.to_numpy(dtype=np.float64, na_value=np.nan)
-        bad = np.isnan(vals)
-        if bad.any():
-            raise ValueError(f"{source}: column {col!r} {name(first_bad(bad))}: NaN {col}")
-        bad = ~np.isfinite(vals)
-        if bad.any():
-            i = first_bad(bad)
-            raise ValueError(f"{source}: column {col!r} {name(i)}: infinite {col} ({vals[i]})")
-        if not allow_negative:
-            bad = vals < 0
-            if bad.any():
-                i = first_bad(bad)
-                raise ValueError(f"{source}: column {col!r} {name(i)}: negative {col} ({vals[i]})")
-        out[col] = vals
-
+        if col in out.columns:
+            out[col] = _finite_numbers(out[col], col, allow_negative, source, name)
     variants = set(out["variant"])
     for needed in (ATTACK, CLEAN):
         if needed not in variants:
@@ -389,6 +314,89 @@ def validate_table(
                 f"{source}: column 'variant': no {needed!r} rows (found {sorted(variants)})"
             )
     return out
+
+
+def _first_bad(mask: np.ndarray) -> int:
+    return int(np.flatnonzero(mask)[0])
+
+
+def _trajectory_ids(tid: pd.Series, source: str, name: Callable[[int], str]) -> pd.Series:
+    """trajectory_id: present, non-empty, compared as strings, no two equal after normalisation."""
+    bad = tid.isna().to_numpy()
+    if bad.any():
+        raise ValueError(f"{source}: column 'trajectory_id' {name(_first_bad(bad))}: missing value")
+    tid = tid.map(str)
+    bad = (tid.str.len() == 0).to_numpy()
+    if bad.any():
+        raise ValueError(f"{source}: column 'trajectory_id' {name(_first_bad(bad))}: empty string")
+    check_id_collisions(tid, source)
+    return tid.astype(object)
+
+
+def _steps(step: pd.Series, source: str, name: Callable[[int], str]) -> np.ndarray:
+    """step: integer-valued and non-negative, as int64."""
+    if not (pd.api.types.is_integer_dtype(step) or pd.api.types.is_float_dtype(step)):
+        num = pd.to_numeric(step, errors="coerce")
+        bad = num.isna().to_numpy()
+        if bad.any():
+            i = _first_bad(bad)
+            raise ValueError(
+                f"{source}: column 'step' {name(i)}: not an integer ({_short(step.iloc[i])})"
+            )
+        step = num
+    vals = step.to_numpy(dtype=np.float64, na_value=np.nan)
+    bad = ~np.isfinite(vals) | (vals != np.round(vals)) | (vals < 0)
+    if bad.any():
+        i = _first_bad(bad)
+        raise ValueError(
+            f"{source}: column 'step' {name(i)}: expected a non-negative integer, "
+            f"got {_short(step.iloc[i])}"
+        )
+    return vals.astype(np.int64)
+
+
+def _variants(var: pd.Series, source: str, name: Callable[[int], str]) -> pd.Series:
+    """variant: clean | attack | c_<name>."""
+    ok = np.array(
+        [isinstance(v, str) and (v in (CLEAN, ATTACK) or is_control(v)) for v in var], dtype=bool
+    )
+    if not ok.all():
+        i = _first_bad(~ok)
+        raise ValueError(
+            f"{source}: column 'variant' {name(i)}: unknown variant {_short(var.iloc[i])} "
+            f"(expected 'clean', 'attack' or 'c_<name>')"
+        )
+    return var.astype(object)
+
+
+def _finite_numbers(s: pd.Series, col: str, allow_negative: bool, source: str,
+                    name: Callable[[int], str]) -> np.ndarray:
+    """score / weight: numeric (not boolean) and finite (weight also non-negative), as float64."""
+    if pd.api.types.is_bool_dtype(s):
+        raise ValueError(f"{source}: column {col!r}: booleans, expected numbers")
+    if not pd.api.types.is_numeric_dtype(s):
+        num = pd.to_numeric(s, errors="coerce")
+        bad = (num.isna() & s.notna()).to_numpy()
+        if bad.any():
+            i = _first_bad(bad)
+            raise ValueError(
+                f"{source}: column {col!r} {name(i)}: not a number ({_short(s.iloc[i])})"
+            )
+        s = num
+    vals = s.to_numpy(dtype=np.float64, na_value=np.nan)
+    bad = np.isnan(vals)
+    if bad.any():
+        raise ValueError(f"{source}: column {col!r} {name(_first_bad(bad))}: NaN {col}")
+    bad = ~np.isfinite(vals)
+    if bad.any():
+        i = _first_bad(bad)
+        raise ValueError(f"{source}: column {col!r} {name(i)}: infinite {col} ({vals[i]})")
+    if not allow_negative:
+        bad = vals < 0
+        if bad.any():
+            i = _first_bad(bad)
+            raise ValueError(f"{source}: column {col!r} {name(i)}: negative {col} ({vals[i]})")
+    return vals
 
 
 def step_weights(table: pd.DataFrame) -> np.ndarray:

@@ -159,7 +159,8 @@ def run_behaviour(cfg: DictConfig, rows, fits, x: np.ndarray, layers: list[int],
              gen.max_new_tokens)
     reqs = requests_of_rows(backbone, sel_rows, system_prompt)
     tasks = label_tasks(sel_rows, _goal_of(pool))
-    gens = generate(backbone, reqs, gen, cache=cache)
+    gens = generate(backbone, reqs, gen, cache=cache,
+                    description=f"free run: generating {len(reqs)} test rows (rows)")
     stopped = {g.row_id: g.stopped for g in gens}
     n_cached = sum(g.cached for g in gens)
     labels = label_generations(tasks, {g.row_id: g.text for g in gens})
@@ -209,7 +210,8 @@ def run_behaviour(cfg: DictConfig, rows, fits, x: np.ndarray, layers: list[int],
             arms = {"none": None, "probe": ProjectOut(dirs, f"probe[fold {f}]"),
                     "random": ProjectOut(random_directions(dirs, seed), f"random[{seed}]")}
             for arm, inter in arms.items():
-                for g in generate(backbone, [reqs[j] for j in idx], gen, cache=cache, intervention=inter):
+                for g in generate(backbone, [reqs[j] for j in idx], gen, cache=cache, intervention=inter,
+                                  description=f"ablation: fold {f}, arm {arm} (attack rows)"):
                     texts[arm][g.row_id] = g.text
         att_tasks = [tasks[j] for j in att]
         arm_labels = {a: label_generations(att_tasks, texts[a]) for a in texts}

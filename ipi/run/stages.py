@@ -35,6 +35,7 @@ from ipi.detectors.crossfit import CrossFit, DetectorScores
 from ipi.evaluation.results import Settings
 from ipi.extraction.rows import build_rows
 from ipi.extraction.forward import extract_features, transfer_rows
+from ipi.extraction.extractor import empty_group_counts, empty_group_warnings, empty_groups
 from ipi.io import tree_fingerprint
 from ipi.extraction.twin_pass import extract_twin_features
 from ipi.probe.folds import TransferSource, make_folds
@@ -300,6 +301,26 @@ def row_table(rows, features) -> pd.DataFrame:
     key = pd.MultiIndex.from_frame(df[["trajectory_id", "step", "surface"]])
     df["delta_prompt_len"] = df["prompt_len"].to_numpy() - clean.reindex(key).to_numpy()
     return df
+
+
+def empty_group_record(rows, features, read: list[str]) -> tuple[dict, list[str]]:
+    """Rows whose token groups are empty, by variant, and the warnings they raise (logged here).
+
+    Args:
+        rows: The replay rows, in ``features`` order.
+        features: Their :class:`~ipi.extraction.activation_cache.FeatureSet`.
+        read: The token groups the detector reads ([] when it reads no pooled features).
+
+    Returns:
+        ``(counts.empty_token_groups, warnings)`` (:func:`ipi.extraction.extractor.empty_group_counts`,
+        :func:`ipi.extraction.extractor.empty_group_warnings`).
+    """
+    counts = empty_group_counts(empty_groups(features.features), [r.variant.variant for r in rows],
+                                features.token_groups)
+    warnings = empty_group_warnings(counts, read)
+    for w in warnings:
+        log.warning("%s", w)
+    return counts, warnings
 
 
 def select_features(features, layers: list[int], groups: list[str]) -> np.ndarray:

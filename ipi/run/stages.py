@@ -234,7 +234,64 @@ def attack_pool(cfg: DictConfig):
     return pool_from_config(cfg.attack) if "attack" in cfg else project_pool()
 
 
-def make_rows(cfg: DictConfig, trajectories, surface: str, controls: list[str] | None = None, wording=None):
+def replay_processor(backbone: DictConfig):
+    """The processor replay renders and tokenises with, loaded without the model: the multimodal
+    backbone's processor, or a text-only backbone's tokenizer as a chat processor."""
+    from ipi.backbone import load_processor
+    from ipi.backbone_text import TextChatProcessor
+
+    if backbone.multimodal:
+        return load_processor(str(backbone.tokenizer_path))
+    return TextChatProcessor(load_tokenizer(backbone.tokenizer_path,
+                                            **to_container(backbone.get("tokenizer_kwargs") or {})))
+
+
+def check_context(cfg: DictConfig, rows, surface: str) -> tuple[list, dict, list[dict]]:
+    """Compare every row's token count with the backbone's context before any forward pass.
+
+    The context is ``max_position_embeddings`` of the backbone's model config (its text config
+    for Qwen2.5-VL; :func:`ipi.backbone.model_config`, no weights); a row's count is its whole
+    replayed sequence, image tokens included (:func:`ipi.extraction.rows.sequence_lengths`).
+    ``extract.over_context`` says what happens to a step whose longest row does not fit:
+    ``skip`` leaves the step out (every variant; counted with the other step skips), ``error``
+    stops the run.
+
+    Returns:
+        ``(rows kept, record, skipped steps)``; the record is ``counts.context`` of results.json:
+        ``{"positions", "longest_row_tokens", "rows_over_context", "steps_over_context", "action"}``.
+
+    Raises:
+        ValueError: ``extract.over_context=error`` and a row does not fit (one line naming the
+            trajectory, step, surface, both counts and what to change).
+    """
+    from ipi.backbone import context_positions, model_config
+    from ipi.extraction.rows import over_context, sequence_lengths
+
+    b = cfg.backbone
+    positions = context_positions(model_config(b.loader))
+    lengths = sequence_lengths(rows, replay_processor(b), str(b.system_prompt), bool(b.multimodal),
+                               to_container(b.get("image_size")))
+    kept, skips = over_context(rows, lengths, positions)
+    action = _value(cfg.extract.get("over_context", "skip"))
+    record = {"positions": positions, "longest_row_tokens": max((n for n, _ in lengths), default=0),
+              "rows_over_context": sum(n > positions for n, _ in lengths), "steps_over_context": len(skips),
+              "action": action}
+    if skips and action == "error":
+        first = skips[0]
+        raise ValueError(f"data.root={cfg.data.root}: trajectory {first['trajectory_id']} step {first['step']} "
+                         f"(surface={surface}): {first['reason']} of backbone={b.name} "
+                         f"(max_position_embeddings of its model config); {len(skips)} step(s) do not fit; "
+                         "set extract.over_context=skip to leave them out (counted), or shorten the element "
+                         "lists (data.max_element_chars)")
+    if skips:
+        log.warning("surface=%s: %d step(s) left out, their prompts over backbone=%s's context of %d positions "
+                    "(longest row %d tokens; extract.over_context=skip; results.json counts.skipped_steps)",
+                    surface, len(skips), b.name, positions, record["longest_row_tokens"])
+    return kept, record, skips
+
+
+def make_rows(cfg: DictConfig, trajectories, surface: str, controls: list[str] | None = None, wording=None,
+              context: dict | None = None):
     """Replay rows of one surface.
 
     The run's own surface gets the configured controls; any other surface (the transfer
@@ -243,9 +300,12 @@ def make_rows(cfg: DictConfig, trajectories, surface: str, controls: list[str] |
     ``extract.py`` run before it fills each entry once. ``controls`` overrides both.
     ``wording`` is the held-out wording plan of the split (:func:`split_folds`), or None.
 
+    Every row's token count is checked against the backbone's context (:func:`check_context`);
+    ``context``, when given, receives its record and the steps it left out (``skipped_steps``).
+
     In a ``-m`` sweep the rows of an earlier job with the same trajectories (the same objects:
-    :func:`load_data` reuses its import), surface, controls, attacks, tokenizer and wording plan
-    are reused (:func:`sweep_memo`); rows are frozen dataclasses, never changed after building.
+    :func:`load_data` reuses its import), surface, controls, attacks, tokenizer, backbone loader and
+    wording plan are reused (:func:`sweep_memo`); rows are frozen dataclasses, never changed after building.
     """
     if controls is None:
         controls = (resolved_controls(cfg) if _value(cfg.surface.name) == surface
@@ -260,12 +320,45 @@ def make_rows(cfg: DictConfig, trajectories, surface: str, controls: list[str] |
         rows = build_rows(track(trajectories, f"rendering {surface} variants"), surface, controls,
                           n_attacks=cfg.surface.n_attacks, count_tokens=count_tokens, wording=wording,
                           pool=pool)
-        return trajectories, rows  # the trajectories stay referenced: their ids in the key stay theirs
+        rows, record, skips = check_context(cfg, rows, surface)
+        return trajectories, rows, record, skips  # the trajectories stay referenced: their ids in the key stay theirs
 
     pool = attack_pool(cfg)
     key = ("make_rows", tuple(map(id, trajectories)), surface, tuple(controls), int(cfg.surface.n_attacks),
-           tokenizer if token_matched else None, repr(wording), repr(pool))
-    return list(sweep_memo(key, build, f"rows of {surface}")[1])
+           tokenizer, _config_key(cfg.backbone.loader), _value(cfg.extract.get("over_context", "skip")),
+           repr(wording), repr(pool))
+    _, rows, record, skips = sweep_memo(key, build, f"rows of {surface}")
+    if context is not None:
+        context.update(record, skipped_steps=[dict(s) for s in skips])
+    return list(rows)
+
+
+def drop_rowless(cfg: DictConfig, trajectories, folds, rows) -> tuple[list, list]:
+    """Trajectories and folds without the trajectories whose every step was left out at row building.
+
+    The other trajectories keep their sides (a fold loses the dropped ids only); each side of
+    each fold must still hold ``split.min_per_side`` trajectories.
+
+    Returns:
+        ``(trajectories, folds)``.
+
+    Raises:
+        ValueError: Too few trajectories left on a side of a fold.
+    """
+    have = {r.trajectory_id for r in rows}
+    gone = {t.trajectory_id for t in trajectories} - have
+    if not gone:
+        return list(trajectories), folds
+    log.warning("%d trajector%s left out: every step over the backbone's context (%s)", len(gone),
+                "y" if len(gone) == 1 else "ies", ", ".join(sorted(gone)[:5]))
+    kept = [t for t in trajectories if t.trajectory_id not in gone]
+    folds = [(set(tr) - gone, set(te) - gone) for tr, te in folds]
+    for i, (tr, te) in enumerate(folds):
+        need = cfg.split.get("min_per_side", 2)
+        if min(len(tr), len(te)) < need:
+            raise ValueError(f"after leaving out the steps over the backbone's context, fold {i} has {len(tr)} training "
+                             f"and {len(te)} test trajectories; each side needs >= {need} (split.min_per_side)")
+    return kept, folds
 
 
 def write_gallery(cfg: DictConfig, trajectory, out_dir: Path) -> Path | None:

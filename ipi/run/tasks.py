@@ -44,6 +44,7 @@ from ipi.run.stages import (
     assess_settings,
     attack_pool,
     check_split_feasible,
+    drop_rowless,
     empty_group_record,
     extraction_surfaces,
     fit_folds,
@@ -94,7 +95,10 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
     # Trajectory-disjoint folds (PROTOCOL.md §4) first: with held-out wording a trajectory's
     # attack and imperative texts come from the wording family of the fold it is tested in.
     folds, plan = split_folds(cfg, trajs)
-    rows = make_rows(cfg, trajs, surface, wording=plan)
+    context: dict = {}  # prompts against the backbone's context: steps over it are counted skips
+    rows = make_rows(cfg, trajs, surface, wording=plan, context=context)
+    step_skips = step_skips + context.pop("skipped_steps")
+    trajs, folds = drop_rowless(cfg, trajs, folds, rows)
     features, info = extract_features(extract_settings(cfg), rows, layers, list(TOKEN_GROUPS))
     if features is None:  # a non-zero DDP rank: rank 0 evaluates
         return {}, {"extraction": info}
@@ -127,7 +131,7 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
     twin_tables = twin_score_tables(cfg, det, meta, x_twin, folds, fits.test_index, default_root_dir=out_dir)
     transfer = {"train_surfaces": sources, "test_surface": surface} if transfer_src is not None else None
     extra = {"counts": {**run_counts(trajs, meta, rows, fits, folds, step_skips, traj_skips),
-                        "empty_token_groups": empty},
+                        "empty_token_groups": empty, "context": context},
              WARNINGS: warnings,
              "run": {**run_record(cfg, layers, groups, int(x.shape[1]), folds, transfer,
                                   wording_record(rows, folds, plan, attack_pool(cfg)), infos),

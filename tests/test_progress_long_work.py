@@ -88,3 +88,18 @@ def test_bench_entry_timings_report_each_subprocess(capsys, monkeypatch, tmp_pat
     assert (0, "4") in _lines(err, "entry scripts: extract.py")
     assert (3, "4") in _lines(err, "entry scripts: train.py -m (30 jobs)")
     assert _lines(err, "entry scripts")[-1] == (4, "4")
+
+
+def test_known_answers_reports_groups_done(capsys, monkeypatch, tmp_path):
+    import ipi.tools.known_answers as ka
+
+    def fake_group(cells, seeds, out, extra, python, collect=False):
+        return [{"cell": c.name, "claim_kind": "separates", "stopped_by": ["6 FAIL"]} for c in cells for _ in seeds], 1.0
+
+    monkeypatch.setattr(ka, "run_group", fake_group)
+    ka.main(["--repeats", "1", "--cells", "semantic:i_dom,lexical:i_tool", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert (0, "2") in _lines(err, "known answers")
+    assert _lines(err, "known answers")[-1] == (2, "2")
+    assert any(what.startswith("known answers: i_tool:") for what in
+               (LINE.match(line)["what"] for line in err.splitlines() if LINE.match(line)))

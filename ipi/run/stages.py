@@ -272,7 +272,7 @@ def check_context(cfg: DictConfig, rows, surface: str) -> tuple[list, dict, list
     lengths = sequence_lengths(rows, replay_processor(b), str(b.system_prompt), bool(b.multimodal),
                                to_container(b.get("image_size")))
     kept, skips = over_context(rows, lengths, positions)
-    action = _value(cfg.extract.get("over_context", "skip"))
+    action = extract_settings(cfg).over_context
     record = {"positions": positions, "longest_row_tokens": max((n for n, _ in lengths), default=0),
               "rows_over_context": sum(n > positions for n, _ in lengths), "steps_over_context": len(skips),
               "action": action}
@@ -325,7 +325,7 @@ def make_rows(cfg: DictConfig, trajectories, surface: str, controls: list[str] |
 
     pool = attack_pool(cfg)
     key = ("make_rows", tuple(map(id, trajectories)), surface, tuple(controls), int(cfg.surface.n_attacks),
-           tokenizer, _config_key(cfg.backbone.loader), _value(cfg.extract.get("over_context", "skip")),
+           tokenizer, _config_key(cfg.backbone.loader), extract_settings(cfg).over_context,
            repr(wording), repr(pool))
     _, rows, record, skips = sweep_memo(key, build, f"rows of {surface}")
     if context is not None:

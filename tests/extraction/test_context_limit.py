@@ -134,3 +134,31 @@ def test_image_tokens_count_toward_the_prompt(tmp_path):
     kept = stages.make_rows(short, trajs[:1], "i_vis", context=record)
     assert kept == [] and record["steps_over_context"] == len(trajs[0].steps)
     assert all("image tokens" in s["reason"] for s in record["skipped_steps"])
+
+
+def test_every_shipped_backbone_names_its_config_reader():
+    """The context is read before any model is built: every loader of conf/backbone has a reader."""
+    from hydra.utils import get_method
+    from omegaconf import OmegaConf
+
+    from tests.conftest import REPO
+
+    for path in sorted((REPO / "conf" / "backbone").glob("*.yaml")):
+        loader = OmegaConf.load(path).loader
+        assert callable(getattr(get_method(loader._target_), "model_config", None)), path.name
+
+
+def test_pretrained_qwen2_5_vl_context_is_its_text_config_read_without_weights(tmp_path):
+    """A checkpoint folder holding only config.json: the context is its text config's
+    max_position_embeddings (what a Qwen2.5-VL checkpoint declares), read offline."""
+    from transformers import Qwen2_5_VLConfig
+
+    from ipi.backbone import context_positions, model_config
+
+    Qwen2_5_VLConfig(text_config={"max_position_embeddings": 4321, "num_hidden_layers": 2},
+                     vision_config={"depth": 1}).save_pretrained(tmp_path)
+    loader = {"_target_": "ipi.backbone.build_pretrained_qwen2_5_vl", "_convert_": "all", "name": "x",
+              "model_id": str(tmp_path), "revision": None, "dtype": "bfloat16", "device_map": None,
+              "trust_remote_code": False, "quantization": "none", "attn_implementation": "auto"}
+    assert context_positions(model_config(loader)) == 4321
+    assert not any(p.suffix in (".safetensors", ".bin") for p in tmp_path.iterdir())  # nothing but the config

@@ -103,6 +103,24 @@ def _counts(labels: pd.DataFrame, stopped: dict[str, bool]) -> dict:
             "cut_by_max_new_tokens": int(sum(1 for r in labels["row_id"] if not stopped[r]))}
 
 
+def _context_record(backbone, reqs, max_new_tokens: int) -> dict:
+    """Free-run prompts whose generation can run past the backbone's context (logged as a warning).
+
+    Returns:
+        ``{"positions", "rows_over_context"}``: the model config's ``max_position_embeddings``
+        (:func:`ipi.backbone.context_positions`) and the requests whose prompt tokens plus
+        ``max_new_tokens`` exceed it (generated as asked; a RoPE model does not stop there).
+    """
+    from ipi.backbone import context_positions
+
+    positions = context_positions(backbone.model.config)
+    over = sum(int(r.input_ids.numel()) + int(max_new_tokens) > positions for r in reqs)
+    if over:
+        log.warning("behaviour: %d free-run prompt(s) plus max_new_tokens=%d exceed backbone %s's context of %d "
+                    "positions (results.json behaviour.context)", over, max_new_tokens, backbone.name, positions)
+    return {"positions": positions, "rows_over_context": over}
+
+
 def _ablation_texts(backbone, reqs, fold: np.ndarray, fits, layers, groups, at, seed: int, gen, cache):
     """Generations of the attack rows ``reqs`` under each ablation arm (``none``, ``probe``, ``random``).
 
@@ -198,6 +216,7 @@ def run_behaviour(cfg: DictConfig, rows, fits, x: np.ndarray, layers: list[int],
     log.info("behaviour: free run of %d test rows (%s), max_new_tokens=%d", len(sel_rows), ", ".join(variants),
              gen.max_new_tokens)
     reqs = requests_of_rows(backbone, sel_rows, system_prompt)
+    context = _context_record(backbone, reqs, gen.max_new_tokens)
     tasks = label_tasks(sel_rows, _goal_of(pool))
     gens = generate(backbone, reqs, gen, cache=cache,
                     description=f"free run: generating {len(reqs)} test rows (rows)")
@@ -222,6 +241,7 @@ def run_behaviour(cfg: DictConfig, rows, fits, x: np.ndarray, layers: list[int],
         "settings": {"max_new_tokens": gen.max_new_tokens, "variants": variants, "decoding": "greedy",
                      "system_prompt_chars": len(system_prompt)},
         "counts": _counts(labels, stopped),
+        "context": context,
         "rates": _rates_record(rates),
         "e4": e4_res.to_dict(),
     }

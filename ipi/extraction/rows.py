@@ -146,7 +146,7 @@ def image_tokens(processor, path: str, image_size: dict | None) -> int:
 
 
 def sequence_lengths(rows: Sequence[ReplayRow], processor, system_prompt: str, multimodal: bool,
-                     image_size: dict | None = None) -> list[tuple[int, int]]:
+                     image_size: dict | None = None, *, show: bool = True) -> list[tuple[int, int]]:
     """Tokens each row puts through the backbone (prompt and gold action), image tokens included.
 
     The same rendering and tokenisation as the extraction's (:func:`ipi.replay.render_prompt`,
@@ -158,6 +158,7 @@ def sequence_lengths(rows: Sequence[ReplayRow], processor, system_prompt: str, m
         system_prompt: The agent's system prompt.
         multimodal: Whether the screenshot is part of the prompt.
         image_size: The backbone's pixel limits.
+        show: Show a progress bar (off for the few rows of one step).
 
     Returns:
         ``(tokens, image tokens)`` per row, in order.
@@ -167,7 +168,7 @@ def sequence_lengths(rows: Sequence[ReplayRow], processor, system_prompt: str, m
 
     tok = getattr(processor, "tokenizer", processor)
     out, memo, shots, last = [], {}, {}, None
-    for r in track(rows, "prompt lengths (rows)"):
+    for r in (track(rows, "prompt lengths (rows)") if show else rows):
         key = (r.trajectory_id, r.step.step)
         if key != last:
             memo, shots, last = {}, {}, key

@@ -246,19 +246,29 @@ def replay_processor(backbone: DictConfig):
                                             **to_container(backbone.get("tokenizer_kwargs") or {})))
 
 
-def check_context(cfg: DictConfig, rows, surface: str) -> tuple[list, dict, list[dict]]:
+def check_context(cfg: DictConfig, rows, surface: str, rebuild=None) -> tuple[list, dict, list[dict]]:
     """Compare every row's token count with the backbone's context before any forward pass.
 
     The context is ``max_position_embeddings`` of the backbone's model config (its text config
     for Qwen2.5-VL; :func:`ipi.backbone.model_config`, no weights); a row's count is its whole
     replayed sequence, image tokens included (:func:`ipi.extraction.rows.sequence_lengths`).
     ``extract.over_context`` says what happens to a step whose longest row does not fit:
-    ``skip`` leaves the step out (every variant; counted with the other step skips), ``error``
-    stops the run.
+    ``skip`` leaves the step out (every variant; counted with the other step skips);
+    ``truncate`` cuts the step's recorded page text (``element_text``) from its end to the longest
+    length at which every variant, rebuilt from the cut text, fits (a step that does not fit even
+    without page text is skipped); ``error`` stops the run.
+
+    Args:
+        cfg: The run config.
+        rows: The surface's rows, in :func:`ipi.extraction.rows.build_rows` order.
+        surface: Their surface (for messages).
+        rebuild: ``rebuild(row, step) -> rows``: the rows of ``row``'s step built from ``step`` (a
+            copy with cut page text); needed by ``truncate``.
 
     Returns:
         ``(rows kept, record, skipped steps)``; the record is ``counts.context`` of results.json:
-        ``{"positions", "longest_row_tokens", "rows_over_context", "steps_over_context", "action"}``.
+        ``{"positions", "longest_row_tokens", "rows_over_context", "steps_over_context", "action",
+        "steps_truncated"}`` (each truncated step: trajectory, step, page-text characters before and after).
 
     Raises:
         ValueError: ``extract.over_context=error`` and a row does not fit (one line naming the
@@ -269,25 +279,72 @@ def check_context(cfg: DictConfig, rows, surface: str) -> tuple[list, dict, list
 
     b = cfg.backbone
     positions = context_positions(model_config(b.loader))
-    lengths = sequence_lengths(rows, replay_processor(b), str(b.system_prompt), bool(b.multimodal),
-                               to_container(b.get("image_size")))
+    proc, image_size = replay_processor(b), to_container(b.get("image_size"))
+    lengths = sequence_lengths(rows, proc, str(b.system_prompt), bool(b.multimodal), image_size)
     kept, skips = over_context(rows, lengths, positions)
     action = extract_settings(cfg).over_context
     record = {"positions": positions, "longest_row_tokens": max((n for n, _ in lengths), default=0),
               "rows_over_context": sum(n > positions for n, _ in lengths), "steps_over_context": len(skips),
-              "action": action}
+              "action": action, "steps_truncated": []}
     if skips and action == "error":
         first = skips[0]
         raise ValueError(f"data.root={cfg.data.root}: trajectory {first['trajectory_id']} step {first['step']} "
                          f"(surface={surface}): {first['reason']} of backbone={b.name} "
                          f"(max_position_embeddings of its model config); {len(skips)} step(s) do not fit; "
-                         "set extract.over_context=skip to leave them out (counted), or shorten the element "
-                         "lists (data.max_element_chars)")
+                         "set extract.over_context=skip to leave them out (counted) or truncate to cut their "
+                         "page text, or shorten the element lists (data.max_element_chars)")
+    if skips and action == "truncate":
+        fits = lambda rs: max(n for n, _ in sequence_lengths(rs, proc, str(b.system_prompt), bool(b.multimodal),  # noqa: E731
+                                                              image_size, show=False)) <= positions
+        kept, skips, record["steps_truncated"] = _truncate_steps(rows, skips, rebuild, fits)
     if skips:
         log.warning("surface=%s: %d step(s) left out, their prompts over backbone=%s's context of %d positions "
-                    "(longest row %d tokens; extract.over_context=skip; results.json counts.skipped_steps)",
-                    surface, len(skips), b.name, positions, record["longest_row_tokens"])
+                    "(longest row %d tokens; extract.over_context=%s; results.json counts.skipped_steps)",
+                    surface, len(skips), b.name, positions, record["longest_row_tokens"], action)
+    if record["steps_truncated"]:
+        log.warning("surface=%s: the page text of %d step(s) cut to fit backbone=%s's context of %d positions "
+                    "(results.json counts.context.steps_truncated)", surface, len(record["steps_truncated"]),
+                    b.name, positions)
     return kept, record, skips
+
+
+def _truncate_steps(rows, skips: list[dict], rebuild, fits) -> tuple[list, list[dict], list[dict]]:
+    """``extract.over_context=truncate`` (:func:`check_context`): each step of ``skips`` rebuilt
+    from the longest prefix of its page text at which ``fits`` (binary search over characters).
+
+    Returns:
+        ``(rows, steps still skipped, steps truncated)``; rows keep :func:`build_rows` order.
+    """
+    from dataclasses import replace
+
+    first = {}
+    for r in rows:
+        first.setdefault((r.trajectory_id, r.step.step), r)
+    cut, still = {}, []
+    for sk in skips:
+        row = first[(sk["trajectory_id"], sk["step"])]
+        text = row.step.element_text
+        at = lambda n: rebuild(row, replace(row.step, element_text=text[:n]))  # noqa: E731
+        if not fits(at(0)):
+            still.append({**sk, "reason": sk["reason"] + ", even without page text"})
+            continue
+        lo, hi = 0, len(text)
+        while lo < hi:  # the longest prefix that fits
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if fits(at(mid)) else (lo, mid - 1)
+        cut[(sk["trajectory_id"], sk["step"])] = (at(lo), len(text), lo)
+    gone = {(s["trajectory_id"], s["step"]) for s in still}
+    out, done = [], set()
+    for r in rows:
+        key = (r.trajectory_id, r.step.step)
+        if key in cut:
+            if key not in done:
+                out.extend(cut[key][0])
+                done.add(key)
+        elif key not in gone:
+            out.append(r)
+    truncated = [{"trajectory_id": k[0], "step": k[1], "element_chars": [n, m]} for k, (_, n, m) in cut.items()]
+    return out, still, truncated
 
 
 def make_rows(cfg: DictConfig, trajectories, surface: str, controls: list[str] | None = None, wording=None,
@@ -320,7 +377,15 @@ def make_rows(cfg: DictConfig, trajectories, surface: str, controls: list[str] |
         rows = build_rows(track(trajectories, f"rendering {surface} variants"), surface, controls,
                           n_attacks=cfg.surface.n_attacks, count_tokens=count_tokens, wording=wording,
                           pool=pool)
-        rows, record, skips = check_context(cfg, rows, surface)
+        by_id = {t.trajectory_id: t for t in trajectories}
+
+        def rebuild(row, step):  # one step's rows from a copy of the step (cut page text)
+            from dataclasses import replace
+
+            return build_rows([replace(by_id[row.trajectory_id], steps=(step,))], surface, controls,
+                              n_attacks=cfg.surface.n_attacks, count_tokens=count_tokens, wording=wording, pool=pool)
+
+        rows, record, skips = check_context(cfg, rows, surface, rebuild)
         return trajectories, rows, record, skips  # the trajectories stay referenced: their ids in the key stay theirs
 
     pool = attack_pool(cfg)

@@ -79,7 +79,7 @@ def test_a_step_over_the_context_is_a_counted_skip_in_results_and_report(tmp_pat
     c = results["counts"]
     assert c["context"] == {"positions": CONTEXT, "longest_row_tokens": max(lengths.values()),
                             "rows_over_context": sum(n > CONTEXT for n in lengths.values()),
-                            "steps_over_context": 1, "action": "skip"}
+                            "steps_over_context": 1, "action": "skip", "steps_truncated": []}
     (skip,) = [s for s in c["skipped_steps"] if s["trajectory_id"] == "t3"]
     assert skip["step"] == 0 and "over the backbone's context" in skip["reason"] and f"{CONTEXT} positions" in skip["reason"]
     assert c["rows"] == len(lengths) - sum(rid.startswith("t3|") for rid in lengths)  # the whole step left out
@@ -162,3 +162,26 @@ def test_pretrained_qwen2_5_vl_context_is_its_text_config_read_without_weights(t
               "trust_remote_code": False, "quantization": "none", "attn_implementation": "auto"}
     assert context_positions(model_config(loader)) == 4321
     assert not any(p.suffix in (".safetensors", ".bin") for p in tmp_path.iterdir())  # nothing but the config
+
+
+def test_truncate_cuts_the_page_text_until_every_variant_fits(tmp_path):
+    from ipi.backbone import load_processor
+    from ipi.backbone_text import TextChatProcessor
+    from ipi.replay import tokenise
+    from ipi.run import stages
+
+    cfg = _cfg(tmp_path, _root(tmp_path, long_at=3), "extract.over_context=truncate")
+    trajs = stages.load_data(cfg)[0]
+    record: dict = {}
+    rows = stages.make_rows(cfg, trajs, "i_dom", context=record)
+    per_step = 2 + len(stages.resolved_controls(cfg))
+    assert len(rows) == N_TRAJ * per_step and record["skipped_steps"] == []  # nothing left out
+    (cut,) = record["steps_truncated"]
+    assert cut["trajectory_id"] == "t3" and cut["element_chars"][0] == len(LONG) and 0 < cut["element_chars"][1] < len(LONG)
+    proc = TextChatProcessor(load_processor(str(PROCESSOR)).tokenizer)
+    t3 = [r for r in rows if r.trajectory_id == "t3"]
+    assert len(t3) == per_step and {r.step.element_text for r in t3} == {LONG[:cut["element_chars"][1]]}
+    lengths = [tokenise(proc, r.parts(str(cfg.backbone.system_prompt), False)).seq_len for r in rows]
+    assert max(lengths) <= CONTEXT
+    # the rows keep their order: each step's variants together, trajectories in order
+    assert [r.trajectory_id for r in rows] == [f"t{i}" for i in range(N_TRAJ) for _ in range(per_step)]

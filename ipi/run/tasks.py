@@ -218,6 +218,7 @@ def evaluate_split(cfg: DictConfig, trajs, seed: int, layers, groups, settings) 
     """
     folds, plan = split_folds(cfg, trajs, seed)
     rows = make_rows(cfg, trajs, _value(cfg.surface.name), wording=plan)
+    trajs, folds = drop_rowless(cfg, trajs, folds, rows)  # steps over the backbone's context left out
     features, _ = extract_features(extract_settings(cfg), rows, layers, list(TOKEN_GROUPS))
     meta, x = row_table(rows, features), select_features(features, layers, groups)
     det = build_detector(cfg)

@@ -255,6 +255,22 @@ def _quantised_device_map(device_map):
     return device_map if device_map is not None else "auto"
 
 
+def _tiny_qwen2_5_vl_config(processor_path: str, *, text: dict, vision: dict, **_):
+    """The ``Qwen2_5_VLConfig`` :func:`build_tiny_qwen2_5_vl` builds its model from (no weights)."""
+    from transformers import Qwen2_5_VLConfig
+
+    tok = load_processor(processor_path).tokenizer
+    text = dict(text)
+    text.setdefault("vocab_size", len(tok))
+    ids = {
+        "image_token_id": tok.convert_tokens_to_ids("<|image_pad|>"),
+        "video_token_id": tok.convert_tokens_to_ids("<|video_pad|>"),
+        "vision_start_token_id": tok.convert_tokens_to_ids("<|vision_start|>"),
+        "vision_end_token_id": tok.convert_tokens_to_ids("<|vision_end|>"),
+    }
+    return Qwen2_5_VLConfig(text_config=text, vision_config=dict(vision), **ids)
+
+
 def build_tiny_qwen2_5_vl(
     processor_path: str,
     *,
@@ -301,7 +317,7 @@ def build_tiny_qwen2_5_vl(
     Raises:
         ValueError: ``quantization`` is not ``none``, or ``random_init_seed == seed``.
     """
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2_5_VLModel
+    from transformers import Qwen2_5_VLForConditionalGeneration, Qwen2_5_VLModel
 
     twin_of = None
     if random_init_seed is not None:
@@ -315,16 +331,8 @@ def build_tiny_qwen2_5_vl(
                          "(backbone=qwen2_5_vl_7b or qwen2_5_vl_3b); the tiny backbone is fp32 only")
 
     processor = load_processor(processor_path)
-    tok = processor.tokenizer
-    text = dict(text)
-    text.setdefault("vocab_size", len(tok))
-    ids = {
-        "image_token_id": tok.convert_tokens_to_ids("<|image_pad|>"),
-        "video_token_id": tok.convert_tokens_to_ids("<|video_pad|>"),
-        "vision_start_token_id": tok.convert_tokens_to_ids("<|vision_start|>"),
-        "vision_end_token_id": tok.convert_tokens_to_ids("<|vision_end|>"),
-    }
-    config = Qwen2_5_VLConfig(text_config=text, vision_config=dict(vision), **ids)
+    config = _tiny_qwen2_5_vl_config(processor_path, text=text, vision=vision)
+    text = {**dict(text), "vocab_size": config.text_config.vocab_size}
     model_cls = Qwen2_5_VLForConditionalGeneration if with_lm_head else Qwen2_5_VLModel
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -338,7 +346,7 @@ def build_tiny_qwen2_5_vl(
         layers=layers,
         hidden_size=int(config.text_config.hidden_size),
         multimodal=True,
-        image_token_id=ids["image_token_id"],
+        image_token_id=int(config.image_token_id),
         identity={
             "kind": "tiny_qwen2_5_vl",
             "text": text,
@@ -367,6 +375,21 @@ def resolve_attn_implementation(attn_implementation: str | None, dtype: str = "b
             and dtype in ("bfloat16", "float16")):
         return "flash_attention_2"
     return "sdpa"
+
+
+def _pretrained_config_kwargs(revision=None, trust_remote_code=False, local_files_only=None) -> dict:
+    if local_files_only is None:
+        local_files_only = os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false")
+    return dict(revision=revision, trust_remote_code=trust_remote_code, local_files_only=local_files_only)
+
+
+def _pretrained_qwen2_5_vl_config(model_id: str, *, revision: str | None = None, trust_remote_code: bool = False,
+                                  local_files_only: bool | None = None, **_):
+    """The checkpoint's config (``config.json`` only, no weights) of :func:`build_pretrained_qwen2_5_vl`."""
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(model_id, **_pretrained_config_kwargs(revision, trust_remote_code,
+                                                                            local_files_only))
 
 
 def build_pretrained_qwen2_5_vl(
@@ -432,9 +455,7 @@ def build_pretrained_qwen2_5_vl(
     """
     from transformers import AutoConfig, Qwen2_5_VLForConditionalGeneration, Qwen2_5_VLModel
 
-    if local_files_only is None:
-        local_files_only = os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false")
-    kw = dict(revision=revision, trust_remote_code=trust_remote_code, local_files_only=local_files_only)
+    kw = _pretrained_config_kwargs(revision, trust_remote_code, local_files_only)
     processor = load_processor(processor_path or model_id, **kw)
     attn = resolve_attn_implementation(attn_implementation, dtype)
     if attn is not None:
@@ -483,6 +504,51 @@ def build_pretrained_qwen2_5_vl(
         image_size=image_size,
         depth=depth,
     )
+
+
+build_tiny_qwen2_5_vl.model_config = _tiny_qwen2_5_vl_config
+build_pretrained_qwen2_5_vl.model_config = _pretrained_qwen2_5_vl_config
+
+
+def model_config(loader):
+    """The transformers config a ``backbone.loader`` node builds its model from, without any weights.
+
+    The loader's builder names its config reader as ``<builder>.model_config`` (called with the
+    node's own arguments); a builder that wraps another (:func:`ipi.backbone_planted.build_planted`)
+    reads its ``base`` node's.
+
+    Args:
+        loader: The ``backbone.loader`` node (``_target_`` and the builder's arguments), resolved.
+
+    Returns:
+        A ``transformers.PretrainedConfig``.
+
+    Raises:
+        ValueError: The builder has no config reader (one line naming it).
+    """
+    from hydra.utils import get_method
+    from omegaconf import DictConfig, OmegaConf
+
+    node = OmegaConf.to_container(loader, resolve=True) if isinstance(loader, DictConfig) else dict(loader)
+    target = node.get("_target_")
+    reader = getattr(get_method(target), "model_config", None) if target else None
+    if reader is None:
+        raise ValueError(f"backbone.loader._target_={target}: the builder names no model_config reader, so the "
+                         "backbone's context length cannot be read before building it")
+    return reader(**{k: v for k, v in node.items() if not k.startswith("_")})
+
+
+def context_positions(config) -> int:
+    """Token positions a model was built for: ``max_position_embeddings`` of its (text) config.
+
+    Args:
+        config: A transformers config; a vision-language one's ``text_config`` is read.
+
+    Returns:
+        The number of positions (RoPE models run past it without an error, on positions never trained).
+    """
+    text = getattr(config, "text_config", None) or config
+    return int(text.max_position_embeddings)
 
 
 def _shorten_text_config(text_config, n_keep: int) -> None:

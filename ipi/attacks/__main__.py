@@ -14,7 +14,7 @@ from __future__ import annotations
 import statistics
 import sys
 
-from ipi.attacks import available_sources, render, validate_source
+from ipi.attacks import AttackSourceError, available_sources, render, validate_source
 
 __all__ = ["main", "surface_fit"]
 
@@ -38,8 +38,25 @@ def surface_fit(src) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Print the tables (module docstring); exit 0."""
-    sources = {name: cls() for name, cls in available_sources().items()}
+    """Print the tables (module docstring).
+
+    A source that cannot be read (a missing or other-version package: :class:`AttackSourceError`)
+    is left out of the tables with its one-line reason on stderr.
+
+    Returns:
+        0 when every source was read, 1 when one or more were left out.
+    """
+    sources, failed = {}, 0
+    for name, cls in available_sources().items():
+        try:
+            src = cls()
+            validate_source(src)
+            src.provenance()
+        except AttackSourceError as e:
+            sys.stderr.write(f"python -m ipi.attacks: source {name} left out: {e}\n")
+            failed += 1
+            continue
+        sources[name] = src
     out = sys.stdout
     out.write("| source | templates | goals | benign | goals per family | license |\n|---|---|---|---|---|---|\n")
     for name, src in sources.items():
@@ -56,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         f = surface_fit(src)
         out.write(f"| {name} | {f['pairs']} | {f['quote']} | {f['newline']} | {f['min']} / {f['median']} / "
                   f"{f['max']} | {f['benign_quote']} | {f['benign_max']} |\n")
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import hashlib
 import re
 from importlib import metadata
 from pathlib import Path
@@ -48,11 +49,22 @@ from ipi.attacks.targets import extract_targets, merge_targets
 __all__ = ["AgentDojoSource", "package_root"]
 
 _CONFIG = "agentdojo.yaml"
-_INSTALL = "pip install --no-deps 'agentdojo==0.1.35' (the `attacks` extra: docs/attacks.md)"
+
+
+def tested_version() -> str:
+    """The agentdojo release ipi's texts were read and checked from (``package.tested`` of ``data/agentdojo.yaml``)."""
+    return str(load_data(_CONFIG)["package"]["tested"])
+
+
+def install_command(version: str | None = None) -> str:
+    """The pip command that installs the tested agentdojo release (``version``: default :func:`tested_version`)."""
+    return f"pip install --no-deps 'agentdojo=={version or tested_version()}' (the `attacks` extra: docs/attacks.md)"
 
 
 def package_root() -> tuple[Path, str]:
     """The installed agentdojo package folder and its version, without importing it.
+
+    The version is read with :func:`importlib.metadata.version`.
 
     Returns:
         ``(folder holding agentdojo/__init__.py, version)``.
@@ -61,13 +73,29 @@ def package_root() -> tuple[Path, str]:
         AttackSourceError: agentdojo is not installed (says how to install it).
     """
     try:
+        version = metadata.version("agentdojo")
         dist = metadata.distribution("agentdojo")
     except metadata.PackageNotFoundError:
-        raise AttackSourceError(f"attack source agentdojo: the package is not installed; {_INSTALL}") from None
+        raise AttackSourceError(f"attack source agentdojo: the package is not installed; {install_command()}") from None
     root = Path(str(dist.locate_file("agentdojo")))
     if not (root / "attacks").is_dir():
-        raise AttackSourceError(f"attack source agentdojo: {root}/attacks not found (agentdojo {dist.version})")
-    return root, dist.version
+        raise AttackSourceError(f"attack source agentdojo: {root}/attacks not found (agentdojo {version} installed); "
+                                f"{install_command()}")
+    return root, version
+
+
+def texts_digest(templates, goals, benign) -> str:
+    """SHA-256 (16 hex digits) of every text's id, text, family and targets, in order.
+
+    Two agentdojo releases with the same digest give a run the same rows (the digest the
+    tested release gives is ``package.texts_digest`` of ``data/agentdojo.yaml``).
+    """
+    h = hashlib.sha256()
+    for it in (*templates, *goals, *benign):
+        extra = (getattr(it, "family", ""), sorted((k, tuple(v)) for k, v in dict(getattr(it, "target", {})).items()),
+                 sorted(dict(getattr(it, "slots", {})).items()))
+        h.update(f"{it.id}\x1f{it.text}\x1f{extra!r}\x1e".encode())
+    return h.hexdigest()[:16]
 
 
 def _parse(path: Path) -> ast.Module:
@@ -200,13 +228,48 @@ class AgentDojoSource:
         self._cfg = load_data(_CONFIG)
         self.benchmark_version = benchmark_version or self._cfg["benchmark_version"]
         self._target = _version(self.benchmark_version)
+        #: Set when an installed release other than the tested one is accepted (same texts): says which.
+        self.accepted: str | None = None
 
     @functools.cached_property
     def _root(self) -> tuple[Path, str]:
         return package_root()
 
     @functools.cached_property
-    def _templates(self) -> tuple[Template, ...]:
+    def _texts(self) -> tuple[tuple[Template, ...], tuple[Goal, ...], tuple[BenignText, ...]]:
+        """Templates, goals and benign texts of the installed release, checked against the tested one.
+
+        The tested release (``package.tested``) is read as it is. Another release is read the
+        same way and accepted only when it gives the tested release's texts (the same
+        :func:`texts_digest` at the default benchmark version); :attr:`accepted` then says so.
+
+        Raises:
+            AttackSourceError: Another release that cannot be read like the tested one, or whose
+                texts differ: one line naming the installed and the needed release and the pip
+                command.
+        """
+        _, version = self._root
+        package = self._cfg["package"]
+        tested = str(package["tested"])
+        read = lambda: (self._read_templates(), self._read_goals(), self._read_benign())  # noqa: E731
+        if version == tested:
+            return read()
+        head = f"attack source agentdojo: agentdojo {version} is installed, ipi needs agentdojo {tested}"
+        try:
+            texts = read()
+        except AttackSourceError as e:
+            why = str(e) if len(str(e)) <= 160 else str(e)[:157] + "..."
+            raise AttackSourceError(f"{head} ({version} cannot be read as {tested}: {why}); "
+                                    f"{install_command(tested)}") from None
+        digest = texts_digest(*texts)
+        if self.benchmark_version != self._cfg["benchmark_version"] or digest != package["texts_digest"]:
+            raise AttackSourceError(f"{head} ({version} gives other texts: digest {digest}, {tested} gives "
+                                    f"{package['texts_digest']}); {install_command(tested)}")
+        self.accepted = f"agentdojo {version} installed: its texts are identical to the tested {tested}'s " \
+                        f"(digest {digest})"
+        return texts
+
+    def _read_templates(self) -> tuple[Template, ...]:
         root, version = self._root
         found = _attack_classes(root)
         out = []
@@ -222,8 +285,7 @@ class AgentDojoSource:
                                 origin=origin, goal_slots=("tools",) if "{tools}" in text else ()))
         return tuple(out)
 
-    @functools.cached_property
-    def _goals(self) -> tuple[Goal, ...]:
+    def _read_goals(self) -> tuple[Goal, ...]:
         root, version = self._root
         fams: dict = self._cfg["families"]
         const_kinds: dict = self._cfg["constant_targets"]
@@ -268,8 +330,7 @@ class AgentDojoSource:
         order = sorted(latest, key=lambda k: (k.split("/")[0], int(k.rsplit("_", 1)[1])))
         return tuple(latest[k][1] for k in order)
 
-    @functools.cached_property
-    def _benign(self) -> tuple[BenignText, ...]:
+    def _read_benign(self) -> tuple[BenignText, ...]:
         root, _ = self._root
         out = []
         for vec in self._cfg["benign_vectors"]:
@@ -285,16 +346,17 @@ class AgentDojoSource:
         return tuple(out)
 
     def templates(self) -> tuple[Template, ...]:
-        return self._templates
+        return self._texts[0]
 
     def goals(self) -> tuple[Goal, ...]:
-        return self._goals
+        return self._texts[1]
 
     def benign(self) -> tuple[BenignText, ...]:
-        return self._benign
+        return self._texts[2]
 
     def provenance(self) -> tuple[Provenance, ...]:
         _, version = self._root
+        self._texts  # noqa: B018 - checks the installed release (sets self.accepted)
         return (Provenance(
             source=self.family, origin=f"agentdojo=={version} (PyPI; github.com/ethz-spylab/agentdojo)",
             version=version,
@@ -304,4 +366,5 @@ class AgentDojoSource:
             license="MIT",
             notice="Copyright (c) 2024 Edoardo Debenedetti, Jie Zhang, Mislav Balunovic, "
                    "Luca Beurer-Kellner, Marc Fischer, and Florian Tramèr",
-            note=f"read from the installed package, never imported; benchmark {self.benchmark_version}"),)
+            note=f"read from the installed package, never imported; benchmark {self.benchmark_version}"
+                 + (f"; {self.accepted}" if self.accepted else "")),)

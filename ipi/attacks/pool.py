@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ipi.attacks.slots import render, slot_pools
-from ipi.attacks.source import AttackSource, AttackSourceError, BenignText, Goal, Template, slots_of
+from ipi.attacks.source import AttackSource, AttackSourceError, BenignText, Goal, Provenance, Template, slots_of
 from ipi.surfaces.bank import stable_int
 from ipi.data.text import text_problem
 
@@ -48,6 +48,8 @@ class AttackPool:
         goals: Attacker goals, source order.
         benign: Benign texts for ``c_imperative``.
         benign_from: The families the benign texts come from (the source's own, or the fallback).
+        provenance: Where the texts were read (each source's :class:`~ipi.attacks.source.Provenance`:
+            the repository commit or the installed package version read).
     """
 
     name: str
@@ -55,6 +57,7 @@ class AttackPool:
     goals: tuple[Goal, ...]
     benign: tuple[BenignText, ...]
     benign_from: tuple[str, ...]
+    provenance: tuple[Provenance, ...] = ()
 
     def __post_init__(self):
         if not self.templates or not self.goals:
@@ -76,8 +79,10 @@ class AttackPool:
         """
         own = tuple(source.benign())
         benign = own or (tuple(benign_fallback.benign()) if benign_fallback is not None else ())
+        provenance = tuple(source.provenance()) + (tuple(benign_fallback.provenance())
+                                                   if benign and not own else ())
         return cls(source.family, tuple(source.templates()), tuple(source.goals()), benign,
-                   tuple(dict.fromkeys(b.source for b in benign)))
+                   tuple(dict.fromkeys(b.source for b in benign)), provenance)
 
     @functools.cached_property
     def digest(self) -> str:

@@ -38,6 +38,7 @@ from typing import Any, Protocol
 import torch
 
 from ipi.io import atomic_path, atomic_write_text
+from ipi.progress import progress_bar, track
 from ipi.replay import PromptParts, generation_prompt, render_prompt
 
 log = logging.getLogger(__name__)
@@ -307,11 +308,14 @@ def request_of_row(backbone, row, system_prompt: str, *, memo: dict | None = Non
 
 
 def requests_of_rows(backbone, rows: Sequence, system_prompt: str) -> list[GenerationRequest]:
-    """:func:`request_of_row` for every row (each step's screenshot decoded once, text shared per step)."""
+    """:func:`request_of_row` for every row (each step's screenshot decoded once, text shared per step).
+
+    A progress bar (rows, elapsed, ETA; :func:`ipi.progress.track`) shows the tokenising.
+    """
     from ipi.data.images import load_rgb
 
     out, memo, shots, last = [], {}, {}, None
-    for r in rows:
+    for r in track(rows, "free run: tokenising prompts (rows)"):
         key = (r.trajectory_id, r.step.step)
         if key != last:
             memo, shots, last = {}, {}, key
@@ -406,8 +410,11 @@ def _decode(tok, new_ids: list[int], stop_ids: set[int]) -> tuple[str, int, bool
 
 def generate(backbone, requests: Sequence[GenerationRequest], settings: GenerationSettings = GenerationSettings(),
              *, cache: GenerationCache | None = None, intervention: Intervention | None = None,
-             progress=None) -> list[Generation]:
+             progress=None, description: str = "free run: generating (rows)") -> list[Generation]:
     """Generate the next turn of every request (module docstring), reusing cached generations.
+
+    The rows to generate are counted on a progress bar (rows done / to generate, elapsed, ETA;
+    :func:`ipi.progress.progress_bar`), advanced after each batch; cached rows are not counted.
 
     Args:
         backbone: A :class:`~ipi.backbone.Backbone` with its LM head and all decoder blocks.
@@ -416,6 +423,7 @@ def generate(backbone, requests: Sequence[GenerationRequest], settings: Generati
         cache: Where generations are kept by content key; None: generate everything, keep nothing.
         intervention: Forward hooks active while generating (an ablation), part of the key.
         progress: Optional callable ``progress(done, total)`` after each batch.
+        description: What the progress bar says it is doing.
 
     Returns:
         One :class:`Generation` per request, in order.
@@ -448,7 +456,7 @@ def generate(backbone, requests: Sequence[GenerationRequest], settings: Generati
         order = sorted(todo, key=lambda i: -requests[i].input_ids.numel())  # stable: ties keep row order
         device = _device(backbone.model)
         ctx = intervention.applied(backbone) if intervention is not None else contextlib.nullcontext()
-        with ctx, torch.inference_mode():
+        with ctx, torch.inference_mode(), progress_bar(description, len(order)) as bar:
             for s in range(0, len(order), settings.batch_size):
                 chunk = order[s:s + settings.batch_size]
                 batch = _batch([requests[i] for i in chunk], int(pad), device)
@@ -462,6 +470,7 @@ def generate(backbone, requests: Sequence[GenerationRequest], settings: Generati
                                         "n_tokens": n_tok, "stopped": stopped})
                 if cache is not None:  # after every batch: an interrupted run keeps what it generated
                     cache.put(new_entries)
+                bar.advance(len(chunk))
                 if progress is not None:
                     progress(min(s + settings.batch_size, len(order)), len(order))
     return list(out)  # type: ignore[arg-type]

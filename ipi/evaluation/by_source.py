@@ -190,6 +190,9 @@ def attack_record(pool, rows_meta: Sequence[Mapping], table: pd.DataFrame, setti
     rec: dict = {
         "name": pool.name, "digest": pool.digest, "sources": list(pool.sources),
         "benign_from": list(pool.benign_from),
+        # what was read: each source's repository commit or installed package version
+        "provenance": [{"source": p.source, "origin": p.origin, "version": p.version, "note": p.note}
+                       for p in pool.provenance],
         "pool": {"templates": len(pool.templates), "goals": len(pool.goals), "benign": len(pool.benign)},
         "counts": row_counts(rows_meta),
         "by_source": estimands_by(table, _source_labels(rows_meta, plan), settings),

@@ -117,6 +117,74 @@ def pool_groups(h: torch.Tensor, groups: dict[str, torch.Tensor], names: Sequenc
     return out
 
 
+def empty_groups(features: torch.Tensor) -> torch.Tensor:
+    """Which rows' token groups were empty, read from their pooled features.
+
+    A group with no tokens pools to zeros at every layer (:func:`pool_groups`, the collate's
+    pooling matrix); a group with tokens never gives an exactly zero mean of hidden states at
+    every layer.
+
+    Args:
+        features: ``[N, L, G, H]`` pooled features.
+
+    Returns:
+        ``[N, G]`` bool: True where row ``n``'s group ``g`` had no token.
+    """
+    return ~features.ne(0).any(dim=-1).any(dim=1)
+
+
+def empty_group_counts(empty: torch.Tensor, variants: Sequence[str], token_groups: Sequence[str]) -> dict:
+    """Rows and rows with an empty token group, per variant.
+
+    Args:
+        empty: ``[N, G]`` bool (:func:`empty_groups`).
+        variants: Each row's variant (length N).
+        token_groups: Group names (length G).
+
+    Returns:
+        ``{variant: {"rows": n, "<group>": rows whose group is empty}}`` in sorted variant order.
+    """
+    out: dict = {}
+    var = list(variants)
+    for v in sorted(set(var)):
+        sel = torch.tensor([x == v for x in var], dtype=torch.bool)
+        counts = empty[sel].sum(dim=0).tolist()
+        out[v] = {"rows": int(sel.sum()), **{g: int(c) for g, c in zip(token_groups, counts)}}
+    return out
+
+
+def empty_group_warnings(counts: dict, read: Sequence[str]) -> list[str]:
+    """One warning per token group the detector reads whose empty share differs between attack rows
+    and the rows an estimand compares them with.
+
+    An empty group pools to zeros, one constant feature shared by every empty row: a share that
+    differs between the two sides of an estimand lets it rest on empty against non-empty. Clean
+    against attack drives E1 and E2; a control ``c`` against attack drives E3[c].
+
+    Args:
+        counts: :func:`empty_group_counts`.
+        read: The token groups the detector reads.
+
+    Returns:
+        Sentences naming the group, both shares and the estimands each difference can drive
+        (empty when no share differs or there are no attack rows).
+    """
+    if "attack" not in counts or not counts["attack"]["rows"]:
+        return []
+    out = []
+    for g in read:
+        share = {v: c[g] / c["rows"] for v, c in counts.items() if c["rows"] and g in c}
+        driven = [(v, "E1, E2" if v == "clean" else f"E3[{v}]") for v in share
+                  if v != "attack" and share[v] != share["attack"]]
+        if driven:
+            sides = "; ".join(f"{v} {share[v]:.1%} vs attack {share['attack']:.1%} (can drive {est})"
+                              for v, est in driven)
+            out.append(f"token group {g} is empty (pooled to zeros) on different shares of rows by variant: "
+                       f"{sides}; a detector can separate empty from non-empty rather than read the content "
+                       "(counts.empty_token_groups)")
+    return out
+
+
 def keeps_own_placement(model: torch.nn.Module) -> bool:
     """Whether ``model`` was placed by ``from_pretrained(device_map=...)`` or is quantised.
 

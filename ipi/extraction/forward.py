@@ -61,6 +61,9 @@ class ExtractSettings:
         quiet: Hide the progress bars (else: auto, shown on a terminal).
         twins_per_pass: ``extract.twins_per_pass``: random-weight twins forwarded on one data
             pass (:func:`ipi.extraction.twin_pass.twins_per_pass`).
+        over_context: ``extract.over_context``: ``skip`` | ``error`` for a step whose prompt is
+            longer than the backbone's context (checked when rows are built, before any forward:
+            :func:`ipi.run.stages.check_context`).
     """
 
     backbone: Mapping[str, Any]
@@ -75,6 +78,7 @@ class ExtractSettings:
     precision: str
     prefix_reuse: Any
     quiet: bool
+    over_context: str
     twins_per_pass: Any = "auto"
 
 

@@ -117,3 +117,100 @@ def build_rows(
     if len(set(ids)) != len(ids):
         raise ValueError("build_rows: duplicate row ids (duplicate trajectory ids in the data?)")
     return rows
+
+
+def image_tokens(processor, path: str, image_size: dict | None) -> int:
+    """Image tokens a screenshot adds to a Qwen2.5-VL prompt, from its size alone (no decoding).
+
+    The count the image processor gives (``grid_t · grid_h · grid_w / merge_size²`` after
+    ``smart_resize`` within the pixel limits), read with its ``get_number_of_image_patches``; a
+    variant's banner is drawn inside the screenshot, so every variant of a step has its count.
+
+    Args:
+        processor: A Qwen2.5-VL processor (``image_processor`` with ``merge_size``).
+        path: The screenshot file (its header is read; an EXIF rotation by 90° swaps the sides).
+        image_size: Pixel limits ``{"shortest_edge", "longest_edge"}`` (total pixels), or None.
+
+    Returns:
+        The number of image tokens.
+    """
+    from PIL import Image
+
+    with Image.open(path) as im:
+        width, height = im.size
+        if im.getexif().get(0x0112) in (5, 6, 7, 8):  # rotated by 90 or 270 degrees when shown
+            width, height = height, width
+    ip = processor.image_processor
+    patches = ip.get_number_of_image_patches(height, width, {"size": image_size} if image_size else None)
+    return int(patches) // int(getattr(ip, "merge_size", 2)) ** 2
+
+
+def sequence_lengths(rows: Sequence[ReplayRow], processor, system_prompt: str, multimodal: bool,
+                     image_size: dict | None = None, *, show: bool = True) -> list[tuple[int, int]]:
+    """Tokens each row puts through the backbone (prompt and gold action), image tokens included.
+
+    The same rendering and tokenisation as the extraction's (:func:`ipi.replay.render_prompt`,
+    :func:`ipi.replay.encode_prompt`), without the forward pass and without decoding any image.
+
+    Args:
+        rows: Replay rows.
+        processor: The backbone's processor (multimodal) or chat processor (text-only).
+        system_prompt: The agent's system prompt.
+        multimodal: Whether the screenshot is part of the prompt.
+        image_size: The backbone's pixel limits.
+        show: Show a progress bar (off for the few rows of one step).
+
+    Returns:
+        ``(tokens, image tokens)`` per row, in order.
+    """
+    from ipi.progress import track
+    from ipi.replay import encode_prompt, render_prompt
+
+    tok = getattr(processor, "tokenizer", processor)
+    out, memo, shots, last = [], {}, {}, None
+    for r in (track(rows, "prompt lengths (rows)") if show else rows):
+        key = (r.trajectory_id, r.step.step)
+        if key != last:
+            memo, shots, last = {}, {}, key
+        n_image = 0
+        if multimodal:
+            if r.step.screenshot not in shots:
+                shots[r.step.screenshot] = image_tokens(processor, r.step.screenshot, image_size)
+            n_image = shots[r.step.screenshot]
+        rendered = render_prompt(processor, r.parts(system_prompt, multimodal))
+        _, ids, _, _ = encode_prompt(tok, rendered, image_pad="<|image_pad|>" if multimodal else None,
+                                     n_image_tokens=n_image, memo=memo)
+        out.append((int(ids.numel()), n_image))
+    return out
+
+
+def over_context(rows: Sequence[ReplayRow], lengths: Sequence[tuple[int, int]], positions: int,
+                 ) -> tuple[list[ReplayRow], list[dict]]:
+    """Leave out every step whose longest row needs more positions than the backbone has.
+
+    A whole step goes (all its variants on the surface), so the variants a step keeps stay
+    matched: an attack row is never kept without its clean row for being shorter.
+
+    Args:
+        rows: Replay rows.
+        lengths: :func:`sequence_lengths` of ``rows``.
+        positions: The backbone's context (:func:`ipi.backbone.context_positions`).
+
+    Returns:
+        ``(rows kept, skipped steps)``; each skip is ``{"trajectory_id", "step", "reason", "path"}``
+        as the importers' step skips, its reason giving the longest row's tokens (image tokens
+        among them) and the context.
+    """
+    longest: dict[tuple, tuple[int, int, str]] = {}
+    for r, (n, n_image) in zip(rows, lengths):
+        key = (r.trajectory_id, r.step.step)
+        if key not in longest or n > longest[key][0]:
+            longest[key] = (n, n_image, r.variant.variant)
+    over = {k: v for k, v in longest.items() if v[0] > positions}
+    kept = [r for r in rows if (r.trajectory_id, r.step.step) not in over]
+    paths = {(r.trajectory_id, r.step.step): r.step.screenshot for r in rows}
+    skips = [{"trajectory_id": k[0], "step": k[1], "path": paths[k],
+              "reason": (f"prompt over the backbone's context: the {var} row has {n} tokens"
+                         f"{f' ({n_image} of them image tokens)' if n_image else ''}, the context {positions} positions")}
+             for k, (n, n_image, var) in over.items()]
+    return kept, skips

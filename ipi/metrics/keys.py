@@ -13,7 +13,7 @@ Layout (``{...}`` an interval ``{"estimate", "ci_low", "ci_high", "n_boot_used"}
     p_values: {e1, e1_paired, e3, e1_minus_<baseline>_e1, e3_minus_<baseline>_e3, e3_minus_mean_twin_e3}
     permutation: {...}       bootstrap: {n_boot, seed, level, n_clusters, interval, clusters_by_estimand,
                                          effective_clusters_by_estimand}
-    source, source_twin, counts, verdict, reportability, run, split_spread
+    source, source_twin, counts, verdict, reportability, run, split_spread, warnings: [str]
     behaviour: {labels_file, backbone_weights, settings, counts, rates: {surface: {variant: {...}}},
                 e4: {e4, c1_e4, e4_minus_c1_e4, n_clusters, counts, reportable},
                 ablation: {rates, changes, probe_minus_random, ...} | null,
@@ -58,6 +58,8 @@ REPORTABILITY = "reportability"
 RUN = "run"
 SPLIT_SPREAD = "split_spread"
 SPLIT_REPEATS = "split_repeats"  # handed from the pipeline to the report, never written
+#: Sentences a reader must see beside the numbers (an input that can drive an estimand), in the report too
+WARNINGS = "warnings"
 
 # random_twin.*
 SEEDS = "seeds"
@@ -111,7 +113,7 @@ CHECKS = "checks"
 #: Keys of the results a baseline name may not take (they would collide with a section).
 RESERVED_KEYS = frozenset(
     {E1, E2, E3, DIFFERENCES, BOOTSTRAP, COUNTS, VERDICT, SOURCE, "baselines", PERMUTATION, P_VALUES, RANDOM_TWIN,
-     OPERATING_POINT, BEHAVIOUR}
+     OPERATING_POINT, BEHAVIOUR, WARNINGS}
 )
 
 

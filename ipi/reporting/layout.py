@@ -7,7 +7,8 @@ order:
 
 1. **Verdict** (PROTOCOL.md §7): the licensed claim and one line per check — status, name and
    its detail; the numbers behind a check unfold under its line. Rendered from each check's
-   ``status``, ``detail`` and ``numbers`` alone, whatever the check is.
+   ``status``, ``detail`` and ``numbers`` alone, whatever the check is. Then the run's
+   **warnings** (open; only when it has any).
 2. **Estimands E1, E2, E3** (PROTOCOL.md §5): the headline estimands with their intervals and
    "not reportable" marks, beside the ROC figure.
 3. Folded sections (``<details>`` in the HTML), each with a one-line summary: figures (forest,
@@ -70,6 +71,7 @@ from ipi.metrics.keys import (
     SEEDS,
     SPLIT_SPREAD,
     VERDICT,
+    WARNINGS,
     dotted,
     e1_minus_baseline_e1,
     e3_minus_baseline_e3,
@@ -728,6 +730,15 @@ def _counts(r: Mapping) -> Section | None:
                                                                              if x))
 
 
+def _warnings(r: Mapping) -> Section | None:
+    """``warnings`` of the results (inputs that can drive an estimand), open under the verdict."""
+    ws = r.get(WARNINGS)
+    if not isinstance(ws, (list, tuple)) or not ws:
+        return None
+    return Section("warnings", "Warnings", tuple(Text(str(w), "warn") for w in ws), folded=False,
+                   summary=f"{len(ws)} warning{'s' if len(ws) != 1 else ''}")
+
+
 def _run(r: Mapping) -> Section | None:
     run = r.get(RUN)
     if not isinstance(run, Mapping) or not run:
@@ -778,7 +789,7 @@ def report_sections(results: Mapping, figures: Mapping[str, str] | None = None,
     order = list(BASELINE_LABELS)
     groups["baselines"].sort(key=lambda row: order.index(row[0].split(".")[0]))  # stable: per baseline
     readers = read_keys(r)
-    sections = [_verdict(r), _headline(r, groups["headline"], marks, figures, readers), _figures(figures),
+    sections = [_verdict(r), _warnings(r), _headline(r, groups["headline"], marks, figures, readers), _figures(figures),
                 _baselines(r, groups["baselines"], readers), _twins(r, marks, labels),
                 _differences(r, groups["differences"], readers)]
     # Whatever no section shows yet (a new kind of estimand) is listed, so every interval appears.

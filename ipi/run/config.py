@@ -103,6 +103,14 @@ class UnknownAction(str, Enum):
     error = "error"
 
 
+class OverContext(str, Enum):
+    """What a run does with a step whose prompt is longer than the backbone's context (docs/reliability.md)."""
+
+    skip = "skip"  # leave the step out (every variant), counted in results.json counts.skipped_steps
+    truncate = "truncate"  # cut the step's page text from its end until every variant fits (counted)
+    error = "error"  # stop before any forward pass, naming the trajectory, step and both counts
+
+
 @dataclass
 class SurfaceConf:
     """Where the injection lands: ``conf/surface/<name>.yaml`` (docs/surfaces.md)."""
@@ -394,6 +402,10 @@ class ExtractConf:
     # Random-weight twins forwarded on each prepared batch (one data pass for all; docs/extraction.md):
     # "auto" = all on a CPU, as many as fit in 70 % of the free memory on a GPU; or a positive integer
     twins_per_pass: Any = "auto"
+    # A step whose replayed sequence (image tokens included) is longer than the backbone's context
+    # (max_position_embeddings of its model config): skip (counted) | truncate (the step's page
+    # text cut from its end until every variant fits; counted) | error; checked before any forward
+    over_context: OverContext = OverContext.skip
 
 
 @dataclass

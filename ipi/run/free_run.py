@@ -103,6 +103,65 @@ def _counts(labels: pd.DataFrame, stopped: dict[str, bool]) -> dict:
             "cut_by_max_new_tokens": int(sum(1 for r in labels["row_id"] if not stopped[r]))}
 
 
+def _context_record(backbone, reqs, max_new_tokens: int) -> dict:
+    """Free-run prompts whose generation can run past the backbone's context (logged as a warning).
+
+    Returns:
+        ``{"positions", "rows_over_context"}``: the model config's ``max_position_embeddings``
+        (:func:`ipi.backbone.context_positions`) and the requests whose prompt tokens plus
+        ``max_new_tokens`` exceed it (generated as asked; a RoPE model does not stop there).
+    """
+    from ipi.backbone import context_positions
+
+    positions = context_positions(backbone.model.config)
+    over = sum(int(r.input_ids.numel()) + int(max_new_tokens) > positions for r in reqs)
+    if over:
+        log.warning("behaviour: %d free-run prompt(s) plus max_new_tokens=%d exceed backbone %s's context of %d "
+                    "positions (results.json behaviour.context)", over, max_new_tokens, backbone.name, positions)
+    return {"positions": positions, "rows_over_context": over}
+
+
+def _ablation_texts(backbone, reqs, fold: np.ndarray, fits, layers, groups, at, seed: int, gen, cache):
+    """Generations of the attack rows ``reqs`` under each ablation arm (``none``, ``probe``, ``random``).
+
+    Each row is ablated with the direction of the probe of its own fold (``fold``, per row), and
+    with a random direction of the same norms; each (fold, arm) is one progress bar.
+
+    Returns:
+        ``({arm: {row_id: text}}, {fold: {layer: direction norm}})``.
+    """
+    from ipi.behaviour.ablation import ProjectOut, probe_directions, random_directions, raw_weights
+    from ipi.behaviour.generate import generate
+
+    texts: dict[str, dict[str, str]] = {"none": {}, "probe": {}, "random": {}}
+    norms = {}
+    for f in sorted(set(fold.tolist())):  # each attack row ablated with the direction of the probe that scored it
+        idx = np.flatnonzero(fold == f)
+        fitted = fits.fitted[f]  # a linear detector's weights (the logistic probe's LinearProbe)
+        dirs = probe_directions(raw_weights(getattr(fitted, "probe_", fitted)), layers, groups,
+                                backbone.hidden_size, at=at)
+        norms[str(f)] = {str(k): float(np.linalg.norm(v)) for k, v in dirs.items()}
+        arms = {"none": None, "probe": ProjectOut(dirs, f"probe[fold {f}]"),
+                "random": ProjectOut(random_directions(dirs, seed), f"random[{seed}]")}
+        for arm, inter in arms.items():
+            for g in generate(backbone, [reqs[k] for k in idx], gen, cache=cache, intervention=inter,
+                              description=f"ablation: fold {f}, arm {arm} (attack rows)"):
+                texts[arm][g.row_id] = g.text
+    return texts, norms
+
+
+def _arm_tables(arm_labels: dict, attack_labels: pd.DataFrame) -> list[pd.DataFrame]:
+    """The probe and random arms' label tables with the attack rows' scores (the labels file's rows)."""
+    out = []
+    for a in ("probe", "random"):
+        t = arm_labels[a].copy()
+        t["score"] = attack_labels["score"].to_numpy()
+        if "c1" in attack_labels.columns:
+            t["c1"] = attack_labels["c1"].to_numpy()
+        out.append(t.assign(arm=a))
+    return out
+
+
 def run_behaviour(cfg: DictConfig, rows, fits, x: np.ndarray, layers: list[int], groups: list[str], det, pool,
                   out_dir: Path) -> tuple[dict, dict]:
     """The behaviour stage (module docstring).
@@ -123,7 +182,6 @@ def run_behaviour(cfg: DictConfig, rows, fits, x: np.ndarray, layers: list[int],
         ``(results.json's behaviour block, run_info entries: seconds and cache use)``.
     """
     from ipi.backbone import build_backbone
-    from ipi.behaviour.ablation import ProjectOut, probe_directions, random_directions, raw_weights
     from ipi.behaviour.generate import GenerationCache, GenerationSettings, generate, requests_of_rows
     from ipi.behaviour.labels import label_generations, label_tasks
     from ipi.evaluation.hijack import ablation_effects, e4, join_scores, label_rates, predicts_hijack, \
@@ -158,8 +216,10 @@ def run_behaviour(cfg: DictConfig, rows, fits, x: np.ndarray, layers: list[int],
     log.info("behaviour: free run of %d test rows (%s), max_new_tokens=%d", len(sel_rows), ", ".join(variants),
              gen.max_new_tokens)
     reqs = requests_of_rows(backbone, sel_rows, system_prompt)
+    context = _context_record(backbone, reqs, gen.max_new_tokens)
     tasks = label_tasks(sel_rows, _goal_of(pool))
-    gens = generate(backbone, reqs, gen, cache=cache)
+    gens = generate(backbone, reqs, gen, cache=cache,
+                    description=f"free run: generating {len(reqs)} test rows (rows)")
     stopped = {g.row_id: g.stopped for g in gens}
     n_cached = sum(g.cached for g in gens)
     labels = label_generations(tasks, {g.row_id: g.text for g in gens})
@@ -181,6 +241,7 @@ def run_behaviour(cfg: DictConfig, rows, fits, x: np.ndarray, layers: list[int],
         "settings": {"max_new_tokens": gen.max_new_tokens, "variants": variants, "decoding": "greedy",
                      "system_prompt_chars": len(system_prompt)},
         "counts": _counts(labels, stopped),
+        "context": context,
         "rates": _rates_record(rates),
         "e4": e4_res.to_dict(),
     }
@@ -197,32 +258,14 @@ def run_behaviour(cfg: DictConfig, rows, fits, x: np.ndarray, layers: list[int],
               if b.ablation.layers is not None else list(layers))
         seed = int(b.ablation.seed)
         att = [j for j, r in enumerate(sel_rows) if r.variant.variant == "attack"]
-        fold = fits.fold_of_row[[sel[j] for j in att]]
-        texts: dict[str, dict[str, str]] = {"none": {}, "probe": {}, "random": {}}
-        norms = {}
-        for f in sorted(set(fold.tolist())):  # each attack row ablated with the direction of the probe that scored it
-            idx = [att[k] for k in np.flatnonzero(fold == f)]
-            fitted = fits.fitted[f]  # a linear detector's weights (the logistic probe's LinearProbe)
-            dirs = probe_directions(raw_weights(getattr(fitted, "probe_", fitted)), layers, groups,
-                                    backbone.hidden_size, at=at)
-            norms[str(f)] = {str(k): float(np.linalg.norm(v)) for k, v in dirs.items()}
-            arms = {"none": None, "probe": ProjectOut(dirs, f"probe[fold {f}]"),
-                    "random": ProjectOut(random_directions(dirs, seed), f"random[{seed}]")}
-            for arm, inter in arms.items():
-                for g in generate(backbone, [reqs[j] for j in idx], gen, cache=cache, intervention=inter):
-                    texts[arm][g.row_id] = g.text
+        texts, norms = _ablation_texts(backbone, [reqs[j] for j in att], fits.fold_of_row[[sel[j] for j in att]],
+                                       fits, layers, groups, at, seed, gen, cache)
         att_tasks = [tasks[j] for j in att]
         arm_labels = {a: label_generations(att_tasks, texts[a]) for a in texts}
         effects = ablation_effects(arm_labels, draws=draws, level=level)
         block["ablation"] = {**effects.to_dict(), "layers": at, "random_seed": seed, "direction_norms": norms}
         claims["uses_direction"] = _claim(uses_direction(effects, **gate))
-        sub = labels.iloc[att].reset_index(drop=True)
-        for a in ("probe", "random"):
-            t = arm_labels[a].copy()
-            t["score"] = sub["score"].to_numpy()
-            if "c1" in sub.columns:
-                t["c1"] = sub["c1"].to_numpy()
-            table.append(t.assign(arm=a))
+        table += _arm_tables(arm_labels, labels.iloc[att].reset_index(drop=True))
     else:
         block["ablation"] = None
         claims["uses_direction"] = {"status": "NOT RUN", "detail": "behaviour.ablation.enabled=false"}

@@ -28,7 +28,8 @@ def extract_settings(cfg: DictConfig) -> ExtractSettings:
         force=bool(ex.force), num_workers=to_container(ex.num_workers), shard_rows=int(ex.shard_rows),
         accelerator=str(ex.accelerator), devices=to_container(ex.devices), strategy=str(ex.strategy),
         precision=str(ex.precision), prefix_reuse=to_container(ex.get("prefix_reuse", "auto")), quiet=bool(cfg.quiet),
-        twins_per_pass=to_container(ex.get("twins_per_pass", "auto")))
+        twins_per_pass=to_container(ex.get("twins_per_pass", "auto")),
+        over_context=enum_value(ex.over_context))
 
 
 def probe_settings(probe: DictConfig, seed: int) -> tuple[ProbeConfig, list[float] | None]:

@@ -36,6 +36,7 @@ from ipi.detectors.crossfit import CrossFit, DetectorScores
 from ipi.evaluation.results import Settings
 from ipi.extraction.rows import build_rows
 from ipi.extraction.forward import extract_features, transfer_rows
+from ipi.extraction.extractor import empty_group_counts, empty_group_warnings, empty_groups
 from ipi.io import tree_fingerprint
 from ipi.extraction.twin_pass import extract_twin_features
 from ipi.probe.folds import TransferSource, make_folds
@@ -236,7 +237,121 @@ def attack_pool(cfg: DictConfig):
     return pool_from_config(cfg.attack) if "attack" in cfg else project_pool()
 
 
-def make_rows(cfg: DictConfig, trajectories, surface: str, controls: list[str] | None = None, wording=None):
+def replay_processor(backbone: DictConfig):
+    """The processor replay renders and tokenises with, loaded without the model: the multimodal
+    backbone's processor, or a text-only backbone's tokenizer as a chat processor."""
+    from ipi.backbone import load_processor
+    from ipi.backbone_text import TextChatProcessor
+
+    if backbone.multimodal:
+        return load_processor(str(backbone.tokenizer_path))
+    return TextChatProcessor(load_tokenizer(backbone.tokenizer_path,
+                                            **to_container(backbone.get("tokenizer_kwargs") or {})))
+
+
+def check_context(cfg: DictConfig, rows, surface: str, rebuild=None) -> tuple[list, dict, list[dict]]:
+    """Compare every row's token count with the backbone's context before any forward pass.
+
+    The context is ``max_position_embeddings`` of the backbone's model config (its text config
+    for Qwen2.5-VL; :func:`ipi.backbone.model_config`, no weights); a row's count is its whole
+    replayed sequence, image tokens included (:func:`ipi.extraction.rows.sequence_lengths`).
+    ``extract.over_context`` says what happens to a step whose longest row does not fit:
+    ``skip`` leaves the step out (every variant; counted with the other step skips);
+    ``truncate`` cuts the step's recorded page text (``element_text``) from its end to the longest
+    length at which every variant, rebuilt from the cut text, fits (a step that does not fit even
+    without page text is skipped); ``error`` stops the run.
+
+    Args:
+        cfg: The run config.
+        rows: The surface's rows, in :func:`ipi.extraction.rows.build_rows` order.
+        surface: Their surface (for messages).
+        rebuild: ``rebuild(row, step) -> rows``: the rows of ``row``'s step built from ``step`` (a
+            copy with cut page text); needed by ``truncate``.
+
+    Returns:
+        ``(rows kept, record, skipped steps)``; the record is ``counts.context`` of results.json:
+        ``{"positions", "longest_row_tokens", "rows_over_context", "steps_over_context", "action",
+        "steps_truncated"}`` (each truncated step: trajectory, step, page-text characters before and after).
+
+    Raises:
+        ValueError: ``extract.over_context=error`` and a row does not fit (one line naming the
+            trajectory, step, surface, both counts and what to change).
+    """
+    from ipi.backbone import context_positions, model_config
+    from ipi.extraction.rows import over_context, sequence_lengths
+
+    b = cfg.backbone
+    positions = context_positions(model_config(b.loader))
+    proc, image_size = replay_processor(b), to_container(b.get("image_size"))
+    lengths = sequence_lengths(rows, proc, str(b.system_prompt), bool(b.multimodal), image_size)
+    kept, skips = over_context(rows, lengths, positions)
+    action = extract_settings(cfg).over_context
+    record = {"positions": positions, "longest_row_tokens": max((n for n, _ in lengths), default=0),
+              "rows_over_context": sum(n > positions for n, _ in lengths), "steps_over_context": len(skips),
+              "action": action, "steps_truncated": []}
+    if skips and action == "error":
+        first = skips[0]
+        raise ValueError(f"data.root={cfg.data.root}: trajectory {first['trajectory_id']} step {first['step']} "
+                         f"(surface={surface}): {first['reason']} of backbone={b.name} "
+                         f"(max_position_embeddings of its model config); {len(skips)} step(s) do not fit; "
+                         "set extract.over_context=skip to leave them out (counted) or truncate to cut their "
+                         "page text, or shorten the element lists (data.max_element_chars)")
+    if skips and action == "truncate":
+        fits = lambda rs: max(n for n, _ in sequence_lengths(rs, proc, str(b.system_prompt), bool(b.multimodal),  # noqa: E731
+                                                              image_size, show=False)) <= positions
+        kept, skips, record["steps_truncated"] = _truncate_steps(rows, skips, rebuild, fits)
+    if skips:
+        log.warning("surface=%s: %d step(s) left out, their prompts over backbone=%s's context of %d positions "
+                    "(longest row %d tokens; extract.over_context=%s; results.json counts.skipped_steps)",
+                    surface, len(skips), b.name, positions, record["longest_row_tokens"], action)
+    if record["steps_truncated"]:
+        log.warning("surface=%s: the page text of %d step(s) cut to fit backbone=%s's context of %d positions "
+                    "(results.json counts.context.steps_truncated)", surface, len(record["steps_truncated"]),
+                    b.name, positions)
+    return kept, record, skips
+
+
+def _truncate_steps(rows, skips: list[dict], rebuild, fits) -> tuple[list, list[dict], list[dict]]:
+    """``extract.over_context=truncate`` (:func:`check_context`): each step of ``skips`` rebuilt
+    from the longest prefix of its page text at which ``fits`` (binary search over characters).
+
+    Returns:
+        ``(rows, steps still skipped, steps truncated)``; rows keep :func:`build_rows` order.
+    """
+    from dataclasses import replace
+
+    first = {}
+    for r in rows:
+        first.setdefault((r.trajectory_id, r.step.step), r)
+    cut, still = {}, []
+    for sk in skips:
+        row = first[(sk["trajectory_id"], sk["step"])]
+        text = row.step.element_text
+        at = lambda n: rebuild(row, replace(row.step, element_text=text[:n]))  # noqa: E731
+        if not fits(at(0)):
+            still.append({**sk, "reason": sk["reason"] + ", even without page text"})
+            continue
+        lo, hi = 0, len(text)
+        while lo < hi:  # the longest prefix that fits
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if fits(at(mid)) else (lo, mid - 1)
+        cut[(sk["trajectory_id"], sk["step"])] = (at(lo), len(text), lo)
+    gone = {(s["trajectory_id"], s["step"]) for s in still}
+    out, done = [], set()
+    for r in rows:
+        key = (r.trajectory_id, r.step.step)
+        if key in cut:
+            if key not in done:
+                out.extend(cut[key][0])
+                done.add(key)
+        elif key not in gone:
+            out.append(r)
+    truncated = [{"trajectory_id": k[0], "step": k[1], "element_chars": [n, m]} for k, (_, n, m) in cut.items()]
+    return out, still, truncated
+
+
+def make_rows(cfg: DictConfig, trajectories, surface: str, controls: list[str] | None = None, wording=None,
+              context: dict | None = None):
     """Replay rows of one surface.
 
     The run's own surface gets the configured controls; any other surface (the transfer
@@ -245,9 +360,12 @@ def make_rows(cfg: DictConfig, trajectories, surface: str, controls: list[str] |
     ``extract.py`` run before it fills each entry once. ``controls`` overrides both.
     ``wording`` is the held-out wording plan of the split (:func:`split_folds`), or None.
 
+    Every row's token count is checked against the backbone's context (:func:`check_context`);
+    ``context``, when given, receives its record and the steps it left out (``skipped_steps``).
+
     In a ``-m`` sweep the rows of an earlier job with the same trajectories (the same objects:
-    :func:`load_data` reuses its import), surface, controls, attacks, tokenizer and wording plan
-    are reused (:func:`sweep_memo`); rows are frozen dataclasses, never changed after building.
+    :func:`load_data` reuses its import), surface, controls, attacks, tokenizer, backbone loader and
+    wording plan are reused (:func:`sweep_memo`); rows are frozen dataclasses, never changed after building.
     """
     if controls is None:
         controls = (resolved_controls(cfg) if _value(cfg.surface.name) == surface
@@ -262,12 +380,53 @@ def make_rows(cfg: DictConfig, trajectories, surface: str, controls: list[str] |
         rows = build_rows(track(trajectories, f"rendering {surface} variants"), surface, controls,
                           n_attacks=cfg.surface.n_attacks, count_tokens=count_tokens, wording=wording,
                           pool=pool)
-        return trajectories, rows  # the trajectories stay referenced: their ids in the key stay theirs
+        by_id = {t.trajectory_id: t for t in trajectories}
+
+        def rebuild(row, step):  # one step's rows from a copy of the step (cut page text)
+            from dataclasses import replace
+
+            return build_rows([replace(by_id[row.trajectory_id], steps=(step,))], surface, controls,
+                              n_attacks=cfg.surface.n_attacks, count_tokens=count_tokens, wording=wording, pool=pool)
+
+        rows, record, skips = check_context(cfg, rows, surface, rebuild)
+        return trajectories, rows, record, skips  # the trajectories stay referenced: their ids in the key stay theirs
 
     pool = attack_pool(cfg)
     key = ("make_rows", tuple(map(id, trajectories)), surface, tuple(controls), int(cfg.surface.n_attacks),
-           tokenizer if token_matched else None, repr(wording), repr(pool))
-    return list(sweep_memo(key, build, f"rows of {surface}")[1])
+           tokenizer, _config_key(cfg.backbone.loader), extract_settings(cfg).over_context,
+           repr(wording), repr(pool))
+    _, rows, record, skips = sweep_memo(key, build, f"rows of {surface}")
+    if context is not None:
+        context.update(record, skipped_steps=[dict(s) for s in skips])
+    return list(rows)
+
+
+def drop_rowless(cfg: DictConfig, trajectories, folds, rows) -> tuple[list, list]:
+    """Trajectories and folds without the trajectories whose every step was left out at row building.
+
+    The other trajectories keep their sides (a fold loses the dropped ids only); each side of
+    each fold must still hold ``split.min_per_side`` trajectories.
+
+    Returns:
+        ``(trajectories, folds)``.
+
+    Raises:
+        ValueError: Too few trajectories left on a side of a fold.
+    """
+    have = {r.trajectory_id for r in rows}
+    gone = {t.trajectory_id for t in trajectories} - have
+    if not gone:
+        return list(trajectories), folds
+    log.warning("%d trajector%s left out: every step over the backbone's context (%s)", len(gone),
+                "y" if len(gone) == 1 else "ies", ", ".join(sorted(gone)[:5]))
+    kept = [t for t in trajectories if t.trajectory_id not in gone]
+    folds = [(set(tr) - gone, set(te) - gone) for tr, te in folds]
+    for i, (tr, te) in enumerate(folds):
+        need = cfg.split.get("min_per_side", 2)
+        if min(len(tr), len(te)) < need:
+            raise ValueError(f"after leaving out the steps over the backbone's context, fold {i} has {len(tr)} training "
+                             f"and {len(te)} test trajectories; each side needs >= {need} (split.min_per_side)")
+    return kept, folds
 
 
 def write_gallery(cfg: DictConfig, trajectory, out_dir: Path) -> Path | None:
@@ -303,6 +462,26 @@ def row_table(rows, features) -> pd.DataFrame:
     key = pd.MultiIndex.from_frame(df[["trajectory_id", "step", "surface"]])
     df["delta_prompt_len"] = df["prompt_len"].to_numpy() - clean.reindex(key).to_numpy()
     return df
+
+
+def empty_group_record(rows, features, read: list[str]) -> tuple[dict, list[str]]:
+    """Rows whose token groups are empty, by variant, and the warnings they raise (logged here).
+
+    Args:
+        rows: The replay rows, in ``features`` order.
+        features: Their :class:`~ipi.extraction.activation_cache.FeatureSet`.
+        read: The token groups the detector reads ([] when it reads no pooled features).
+
+    Returns:
+        ``(counts.empty_token_groups, warnings)`` (:func:`ipi.extraction.extractor.empty_group_counts`,
+        :func:`ipi.extraction.extractor.empty_group_warnings`).
+    """
+    counts = empty_group_counts(empty_groups(features.features), [r.variant.variant for r in rows],
+                                features.token_groups)
+    warnings = empty_group_warnings(counts, read)
+    for w in warnings:
+        log.warning("%s", w)
+    return counts, warnings
 
 
 def select_features(features, layers: list[int], groups: list[str]) -> np.ndarray:

@@ -32,7 +32,7 @@ from ipi.evaluation.scoretable import evaluate_score_table, read_score_table, tw
 from ipi.extraction.forward import extract_features, transfer_rows
 from ipi.extraction.twin_pass import extract_twin_features
 from ipi.io import atomic_write_text
-from ipi.metrics.keys import BEHAVIOUR, RANDOM_TWIN, SPLIT_REPEATS
+from ipi.metrics.keys import BEHAVIOUR, RANDOM_TWIN, SPLIT_REPEATS, WARNINGS
 from ipi.progress import track
 from ipi.protocol import TOKEN_GROUPS
 from ipi.reporting.report import write_run_report
@@ -44,6 +44,8 @@ from ipi.run.stages import (
     assess_settings,
     attack_pool,
     check_split_feasible,
+    drop_rowless,
+    empty_group_record,
     extraction_surfaces,
     fit_folds,
     fold_sides,
@@ -93,12 +95,18 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
     # Trajectory-disjoint folds (PROTOCOL.md §4) first: with held-out wording a trajectory's
     # attack and imperative texts come from the wording family of the fold it is tested in.
     folds, plan = split_folds(cfg, trajs)
-    rows = make_rows(cfg, trajs, surface, wording=plan)
+    context: dict = {}  # prompts against the backbone's context: steps over it are counted skips
+    rows = make_rows(cfg, trajs, surface, wording=plan, context=context)
+    step_skips = step_skips + context.pop("skipped_steps")
+    trajs, folds = drop_rowless(cfg, trajs, folds, rows)
     features, info = extract_features(extract_settings(cfg), rows, layers, list(TOKEN_GROUPS))
     if features is None:  # a non-zero DDP rank: rank 0 evaluates
         return {}, {"extraction": info}
     meta, x = row_table(rows, features), select_features(features, layers, groups)
     det, x_det, infos_att = build_detector(cfg), x, {}
+    # Rows whose token groups pooled to zeros (empty), by variant; a share that differs between
+    # the sides of an estimand is a warning when the detector reads that group.
+    empty, warnings = empty_group_record(rows, features, groups if det.input == "hidden" else [])
     if det.input == "attention":  # the detector's own cached extraction (docs/detectors.md)
         x_det, infos_att[surface], det = attention_matrix(cfg, det, rows, layers)
     # The random-weight twins (verdict check 6; ipi.run.twin): the same rows through the same
@@ -122,7 +130,9 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
                      logger=loggers[0] if loggers else None, default_root_dir=out_dir)
     twin_tables = twin_score_tables(cfg, det, meta, x_twin, folds, fits.test_index, default_root_dir=out_dir)
     transfer = {"train_surfaces": sources, "test_surface": surface} if transfer_src is not None else None
-    extra = {"counts": run_counts(trajs, meta, rows, fits, folds, step_skips, traj_skips),
+    extra = {"counts": {**run_counts(trajs, meta, rows, fits, folds, step_skips, traj_skips),
+                        "empty_token_groups": empty, "context": context},
+             WARNINGS: warnings,
              "run": {**run_record(cfg, layers, groups, int(x.shape[1]), folds, transfer,
                                   wording_record(rows, folds, plan, attack_pool(cfg)), infos),
                      RANDOM_TWIN: twin_record(cfg, twin_infos)}}
@@ -208,6 +218,7 @@ def evaluate_split(cfg: DictConfig, trajs, seed: int, layers, groups, settings) 
     """
     folds, plan = split_folds(cfg, trajs, seed)
     rows = make_rows(cfg, trajs, _value(cfg.surface.name), wording=plan)
+    trajs, folds = drop_rowless(cfg, trajs, folds, rows)  # steps over the backbone's context left out
     features, _ = extract_features(extract_settings(cfg), rows, layers, list(TOKEN_GROUPS))
     meta, x = row_table(rows, features), select_features(features, layers, groups)
     det = build_detector(cfg)

@@ -66,7 +66,7 @@ from ipi.extraction.extractor import (
 from ipi.extraction.forward import ExtractSettings, extract_features, extraction_layers
 from ipi.run.settings import extract_settings
 from ipi.tools.bootstrap_timing import bench_bootstrap, bench_permutation
-from ipi.progress import quiet_lightning
+from ipi.progress import quiet_lightning, run_stages
 from ipi.protocol import SURFACES, TOKEN_GROUPS
 from ipi.run.stages import layer_indices, load_data, make_rows
 from ipi.backbone import build_backbone
@@ -362,6 +362,12 @@ def twin_benchmark(n_steps: int = 6, n_twins: int = 3, overrides: list[str] = ()
     return out
 
 
+def _entry_timings(sweep: bool) -> dict:
+    """:func:`ipi.tools.extraction_timing.entry_timings` with its run folders in a temporary folder."""
+    with tempfile.TemporaryDirectory() as tmp:
+        return entry_timings(REPO_ROOT, tmp, sweep=sweep)
+
+
 def _sig(x: float, digits: int = 4) -> float:
     return float(f"{x:.{digits}g}")
 
@@ -396,26 +402,25 @@ def main(argv: list[str] | None = None) -> None:
     if a.gpu_7b_shapes:
         print(json.dumps(shapes_benchmark(a.steps, a.override, a.peak_tflops)))
         return
-    out: dict = {}
+    stages: list[tuple[str, object]] = []
     if a.only in ("extraction", "all"):
         rss = tuple(int(x) for x in a.rss_steps.split(",") if x.strip())
         if rss and len(rss) != 2:
             p.error("--rss-steps takes two sizes, e.g. 4,16")
-        out["extraction"] = extraction_benchmark(a.steps, rss, a.shard_rows, a.override, a.reps)
+        stages.append(("extraction", lambda: extraction_benchmark(a.steps, rss, a.shard_rows, a.override, a.reps)))
     if a.only in ("timings", "all") or (a.only == "extraction" and not a.no_timings):
-        with tempfile.TemporaryDirectory() as tmp:
-            timings = entry_timings(REPO_ROOT, tmp, sweep=not a.no_sweep)
-        if a.only == "extraction":
-            out["extraction"].update(timings)
-        else:
-            out["timings"] = timings
+        stages.append(("timings", lambda: _entry_timings(not a.no_sweep)))
     if a.only in ("twins", "all"):
-        out["twins"] = twin_benchmark(a.steps, a.twins, a.override)
+        stages.append(("twins", lambda: twin_benchmark(a.steps, a.twins, a.override)))
     if a.only in ("bootstrap", "all"):
-        out["bootstrap"] = bench_bootstrap(n_rows=a.boot_rows, n_boot=a.n_boot)
+        stages.append(("bootstrap", lambda: bench_bootstrap(n_rows=a.boot_rows, n_boot=a.n_boot)))
     if a.only in ("permutation", "all"):
-        out["permutation"] = bench_permutation(n_train=a.perm_train, n_features=a.perm_features, m=a.perm_m,
-                                               sklearn_fits=a.perm_sklearn_fits)
+        stages.append(("permutation", lambda: bench_permutation(n_train=a.perm_train, n_features=a.perm_features,
+                                                                m=a.perm_m, sklearn_fits=a.perm_sklearn_fits)))
+    # each stage on one bar (stages done, elapsed, ETA; the running one named), its own bars below
+    out = run_stages(stages, "bench")
+    if a.only == "extraction" and "timings" in out:
+        out["extraction"].update(out.pop("timings"))
     print(json.dumps(out if len(out) != 1 else next(iter(out.values()))))
 
 

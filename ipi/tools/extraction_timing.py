@@ -44,6 +44,7 @@ from ipi.backbone import _processor
 from ipi.extraction.datamodule import ReplayDataset, StepGroupDataset, collate_rows, collate_steps, step_groups
 from ipi.extraction.extractor import base_model, collapse_statistic, planned_prefix_len, pool_groups
 from ipi.extraction.forward import ExtractSettings, extract_features
+from ipi.progress import progress_bar
 from ipi.protocol import TOKEN_GROUPS
 
 __all__ = ["matmul_peak_flops", "measurement_warnings", "speed_benchmark", "count_flops"]
@@ -213,6 +214,61 @@ def _rel_err(a: np.ndarray, ref: np.ndarray) -> float:
 METHODS = ("tasktracker", "elk", "ours")
 
 
+def _time_surface(si: int, surface: str, rows: list, runners: dict, reps: int, wall: dict, totals: dict,
+                  peak: float, ours_bb, settings: ExtractSettings, bar) -> dict:
+    """One surface of :func:`speed_benchmark`: each way's untimed pass, then ``reps`` timed ones.
+
+    Fills ``wall[way][si]`` and adds to ``totals[way]``; advances ``bar`` once per way.
+
+    Returns:
+        The surface's entry of ``per_surface``.
+    """
+    res: dict = {"rows": len(rows)}
+    ref = None
+    for m in METHODS:
+        bar.describe(f"speed: {surface}, {m} ({len(rows)} rows x {reps + 1} passes)")
+        flops = count_flops(lambda: runners[m](rows))  # untimed pass (also warms caches)
+        secs, cpus, out = [], [], None
+        for r in range(reps):
+            t0, c0 = time.perf_counter(), _cpu_s()
+            out = runners[m](rows)
+            secs.append(time.perf_counter() - t0)
+            cpus.append(_cpu_s() - c0)
+            wall[m][si][r] = secs[-1]
+        if m == "ours":
+            prep, out["tokens"], reused = ours_prep(ours_bb, settings, rows)
+            res["prefix_reuse"] = {"mode": str(settings.prefix_reuse),
+                                   "step_groups_reused": int(reused),
+                                   "step_groups": len({(r.trajectory_id, r.step.step) for r in rows})}
+        else:
+            prep = out["prep_s"]
+        med = statistics.median(secs)
+        entry = {
+            "steady_s": _stats(secs), "cpu_s": _stats(cpus), "rows_per_s": round(len(rows) / med, 3),
+            "tokens_per_row": round(out["tokens"] / len(rows), 1),
+            "gflop_per_row": round(flops / len(rows) / 1e9, 4),
+            "achieved_gflop_s": round(flops / med / 1e9, 3),
+            "fraction_of_matmul_peak": round(flops / med / peak, 4),
+            "prep_share": round(prep / med, 3),
+        }
+        if m == "tasktracker":
+            ref = out
+        else:
+            entry["rel_feature_error"] = _rel_err(out["features"], ref["features"])
+            entry["rel_collapse_error"] = _rel_err(out["collapse"], ref["collapse"])
+        res[m] = entry
+        t = totals[m]
+        t["rows"] += len(rows)
+        t["tokens"] += out["tokens"]
+        t["flops"] += flops
+        t["cpu"] += statistics.median(cpus)
+        t["prep"] += prep
+        bar.advance()
+    res["speedup"] = round(res["tasktracker"]["steady_s"]["median"] / res["ours"]["steady_s"]["median"], 3)
+    res["speedup_vs_elk_style"] = round(res["elk"]["steady_s"]["median"] / res["ours"]["steady_s"]["median"], 3)
+    return res
+
+
 def speed_benchmark(settings: ExtractSettings, rows_by_surface: dict[str, list], layers: Sequence[int], *, reps: int = 3,
                     build_backbone: Callable[[], object], build_ours: Callable[[], object] | None = None) -> dict:
     """Time the three ways (module docstring) on each surface's rows; ``reps`` repetitions.
@@ -254,49 +310,10 @@ def speed_benchmark(settings: ExtractSettings, rows_by_surface: dict[str, list],
     per_surface: dict = {}
     wall = {m: [[0.0] * reps for _ in rows_by_surface] for m in METHODS}
     totals = {m: {"rows": 0, "tokens": 0, "flops": 0.0, "cpu": 0.0, "prep": 0.0} for m in METHODS}
-    for si, (surface, rows) in enumerate(rows_by_surface.items()):
-        res: dict = {"rows": len(rows)}
-        ref = None
-        for m in METHODS:
-            flops = count_flops(lambda: runners[m](rows))  # untimed pass (also warms caches)
-            secs, cpus, out = [], [], None
-            for r in range(reps):
-                t0, c0 = time.perf_counter(), _cpu_s()
-                out = runners[m](rows)
-                secs.append(time.perf_counter() - t0)
-                cpus.append(_cpu_s() - c0)
-                wall[m][si][r] = secs[-1]
-            if m == "ours":
-                prep, out["tokens"], reused = ours_prep(ours_bb, settings, rows)
-                res["prefix_reuse"] = {"mode": str(settings.prefix_reuse),
-                                       "step_groups_reused": int(reused),
-                                       "step_groups": len({(r.trajectory_id, r.step.step) for r in rows})}
-            else:
-                prep = out["prep_s"]
-            med = statistics.median(secs)
-            entry = {
-                "steady_s": _stats(secs), "cpu_s": _stats(cpus), "rows_per_s": round(len(rows) / med, 3),
-                "tokens_per_row": round(out["tokens"] / len(rows), 1),
-                "gflop_per_row": round(flops / len(rows) / 1e9, 4),
-                "achieved_gflop_s": round(flops / med / 1e9, 3),
-                "fraction_of_matmul_peak": round(flops / med / peak, 4),
-                "prep_share": round(prep / med, 3),
-            }
-            if m == "tasktracker":
-                ref = out
-            else:
-                entry["rel_feature_error"] = _rel_err(out["features"], ref["features"])
-                entry["rel_collapse_error"] = _rel_err(out["collapse"], ref["collapse"])
-            res[m] = entry
-            t = totals[m]
-            t["rows"] += len(rows)
-            t["tokens"] += out["tokens"]
-            t["flops"] += flops
-            t["cpu"] += statistics.median(cpus)
-            t["prep"] += prep
-        res["speedup"] = round(res["tasktracker"]["steady_s"]["median"] / res["ours"]["steady_s"]["median"], 3)
-        res["speedup_vs_elk_style"] = round(res["elk"]["steady_s"]["median"] / res["ours"]["steady_s"]["median"], 3)
-        per_surface[surface] = res
+    with progress_bar("speed", len(rows_by_surface) * len(METHODS)) as bar:  # (surface, way) pairs, elapsed, ETA
+        for si, (surface, rows) in enumerate(rows_by_surface.items()):
+            per_surface[surface] = _time_surface(si, surface, rows, runners, reps, wall, totals, peak, ours_bb,
+                                                 settings, bar)
     mixed: dict = {"rows": totals["ours"]["rows"]}
     for m in METHODS:
         per_rep = [sum(wall[m][si][r] for si in range(len(rows_by_surface))) for r in range(reps)]
@@ -411,19 +428,29 @@ def entry_timings(repo_root, out_dir, *, sweep: bool = True, python: str | None 
     env = {**os.environ, "IPI_QUIET": "1", "TOKENIZERS_PARALLELISM": "false"}
     extra = list(extra)
     res: dict = {}
-    ext = _timed_run([py, "extract.py", "surface=i_vis", "quiet=true", f"hydra.run.dir={out_dir}/extract", *extra],
-                     repo_root, env)
-    res["extract_s"] = ext
-    imp = _timed_run([py, "-c", "import train, ipi.run.tasks, ipi.run.cli"], repo_root, env)
-    warm = _timed_run([py, "train.py", "surface=i_vis", "layers=six", "quiet=true", f"hydra.run.dir={out_dir}/warm",
-                       *extra], repo_root, env)
-    res.update({"warm_run_s": warm["wall_s"], "warm_run_cpu_s": warm["cpu_s"], "warm_run": warm,
-                "imports_s": imp["wall_s"], "imports_cpu_s": imp["cpu_s"],
-                "warm_run_cpu_beyond_imports_s": round(warm["cpu_s"] - imp["cpu_s"], 2)})
+    with progress_bar("entry scripts", 4 if sweep else 3) as bar:  # subprocesses run, elapsed, ETA
+        bar.describe("entry scripts: extract.py surface=i_vis")
+        ext = _timed_run([py, "extract.py", "surface=i_vis", "quiet=true", f"hydra.run.dir={out_dir}/extract",
+                          *extra], repo_root, env)
+        bar.advance()
+        res["extract_s"] = ext
+        bar.describe("entry scripts: imports")
+        imp = _timed_run([py, "-c", "import train, ipi.run.tasks, ipi.run.cli"], repo_root, env)
+        bar.advance()
+        bar.describe("entry scripts: train.py surface=i_vis layers=six (warm cache)")
+        warm = _timed_run([py, "train.py", "surface=i_vis", "layers=six", "quiet=true",
+                           f"hydra.run.dir={out_dir}/warm", *extra], repo_root, env)
+        bar.advance()
+        res.update({"warm_run_s": warm["wall_s"], "warm_run_cpu_s": warm["cpu_s"], "warm_run": warm,
+                    "imports_s": imp["wall_s"], "imports_cpu_s": imp["cpu_s"],
+                    "warm_run_cpu_beyond_imports_s": round(warm["cpu_s"] - imp["cpu_s"], 2)})
+        if sweep:
+            bar.describe(f"entry scripts: train.py -m ({len(SWEEP_LAYERS) * len(SWEEP_GROUPS)} jobs)")
+            sw = _timed_run([py, "train.py", "-m", "surface=i_vis", "layers=" + ",".join(SWEEP_LAYERS),
+                             "token_group=" + ",".join(SWEEP_GROUPS), "quiet=true",
+                             f"hydra.sweep.dir={out_dir}/sweep", *extra], repo_root, env)
+            bar.advance()
     if sweep:
-        sw = _timed_run([py, "train.py", "-m", "surface=i_vis", "layers=" + ",".join(SWEEP_LAYERS),
-                         "token_group=" + ",".join(SWEEP_GROUPS), "quiet=true", f"hydra.sweep.dir={out_dir}/sweep",
-                         *extra], repo_root, env)
         n_jobs = sum(1 for p in __import__("pathlib").Path(out_dir, "sweep").rglob("results.json"))
         res.update({"sweep30_s": sw["wall_s"], "sweep30_cpu_s": sw["cpu_s"], "sweep30": {**sw, "jobs": n_jobs}})
     return res

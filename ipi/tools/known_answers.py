@@ -52,6 +52,7 @@ from pathlib import Path
 
 from ipi.run.config import REPO_ROOT
 from ipi.io import atomic_write_text
+from ipi.progress import progress_bar
 
 __all__ = ["CELLS", "Cell", "TOOL_KEYS", "chains", "claim_kind", "main", "merge", "parse_cells", "run_record",
            "stopping_checks", "summarise"]
@@ -516,9 +517,10 @@ def main(argv: list[str] | None = None) -> dict:
         atomic_write_text(out / "known_answers.json", json.dumps(result, indent=2))
         atomic_write_text(out / "known_answers.md", markdown(summary, meta))
 
-    def run_chain(chain: list[tuple[str, bool]]) -> None:
+    def run_chain(chain: list[tuple[str, bool]], bar) -> None:
         for surface, heldout in chain:
             tag = f"{surface}:{'heldout' if heldout else 'shared'}"
+            bar.describe(f"known answers: {tag} running (groups of {len(seeds)} seeds x their cells)")
             recs, wall = run_group(groups[(surface, heldout)], seeds, out, args.overrides, args.python,
                                    collect=args.collect)
             with lock:
@@ -527,10 +529,13 @@ def main(argv: list[str] | None = None) -> dict:
                 print(f"known answers: {surface} (held-out wording {'on' if heldout else 'off'}): {len(recs)} runs, "
                       f"{_secs(wall)}", file=sys.stderr)
                 write_table()
+                bar.advance()
 
     errors = []
-    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        for fut in [pool.submit(run_chain, ch) for ch in chains(list(groups))]:
+    # groups done / all, elapsed, ETA (each group is one train.py multirun, minutes)
+    with progress_bar("known answers (groups)", len(groups)) as bar, \
+            ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        for fut in [pool.submit(run_chain, ch, bar) for ch in chains(list(groups))]:
             try:
                 fut.result()
             except (RuntimeError, ValueError) as e:  # one failed chain does not stop the others; named at the end

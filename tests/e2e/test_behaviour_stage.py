@@ -72,8 +72,10 @@ def test_behaviour_block_e4_equals_sklearn_and_the_rest_is_unchanged(tmp_path, s
     assert {k: v for k, v in on.items() if k != "behaviour"} == off
 
     b = on["behaviour"]
-    assert set(b) == {"labels_file", "backbone_weights", "note", "settings", "counts", "rates", "e4", "ablation",
-                      "claims"}
+    assert set(b) == {"labels_file", "backbone_weights", "note", "settings", "counts", "context", "rates", "e4",
+                      "ablation", "claims"}
+    # the tiny model's 32768 positions hold every prompt and its 6 new tokens
+    assert b["context"] == {"positions": 32768, "rows_over_context": 0}
     assert b["backbone_weights"] == "random" and "meaningless" in b["note"]
     variants = ["attack", "clean", *on["run"]["controls"]]
     assert sorted(variants) == ["attack", "c_imperative", "c_scrambled", "clean"]

@@ -72,8 +72,9 @@ def test_behaviour_block_e4_equals_sklearn_and_the_rest_is_unchanged(tmp_path, s
     assert {k: v for k, v in on.items() if k != "behaviour"} == off
 
     b = on["behaviour"]
-    assert set(b) == {"labels_file", "backbone_weights", "note", "settings", "counts", "rates", "e4", "ablation",
-                      "claims"}
+    assert set(b) == {"measure", "labels_file", "backbone_weights", "note", "settings", "counts", "rates", "e4",
+                      "ablation", "claims", "likelihood"}
+    assert b["measure"] == "both" and set(b["likelihood"]["claims"]) == {"predicts_hijack", "lowers_shift"}
     assert b["backbone_weights"] == "random" and "meaningless" in b["note"]
     variants = ["attack", "clean", *on["run"]["controls"]]
     assert sorted(variants) == ["attack", "c_imperative", "c_scrambled", "clean"]

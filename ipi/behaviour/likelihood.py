@@ -2,7 +2,7 @@
 
 Free-run labels (:mod:`ipi.behaviour.labels`) need a backbone that writes WebVoyager actions; this
 measure needs only its next-token logits, so every backbone with an LM head yields it and no
-token is generated (docs/behaviour.md §6, PROTOCOL.md §8).
+token is generated (docs/behaviour.md §6; the prompt is PROTOCOL.md §1–3's teacher-forced replay).
 
 For one replay row, under the row's own prompt (the teacher-forced row of
 :func:`ipi.replay.tokenise`, recorded and injected text as plain characters), two actions are

@@ -2,7 +2,8 @@
 
 Inputs are **propensity tables** (:func:`ipi.behaviour.likelihood.likelihood_table`: one row per
 attack and clean replay row of the test split, ``shift`` in nats on the attack rows), joined with
-the probe's scores (:func:`ipi.evaluation.hijack.join_scores`). docs/behaviour.md §6; PROTOCOL.md §8.
+the probe's scores (:func:`ipi.evaluation.hijack.join_scores`). docs/behaviour.md §6; the weighted AUC and
+the cluster bootstrap are PROTOCOL.md §5's, the gate §7's.
 
 * **E4 (likelihood)** ``= AUC(probe score | attack rows with shift > 0 vs attack rows with shift
   ≤ 0)``: :func:`ipi.evaluation.hijack.e4` itself, on the attack rows relabelled ``hijacked``

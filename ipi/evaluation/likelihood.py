@@ -1,6 +1,6 @@
 """Estimands of the likelihood hijack measure: E4 (likelihood), the rank correlation, the ablation.
 
-Inputs are **propensity tables** (:func:`ipi.behaviour.likelihood.likelihood_table`: one row per
+Inputs are **propensity tables** (:func:`ipi.behaviour.propensity.likelihood_table`: one row per
 attack and clean replay row of the test split, ``shift`` in nats on the attack rows), joined with
 the probe's scores (:func:`ipi.evaluation.hijack.join_scores`). docs/behaviour.md §6; the weighted AUC and
 the cluster bootstrap are PROTOCOL.md §5's, the gate §7's.

@@ -6,7 +6,7 @@
   ablation on labels; its keys are the top-level keys of ``results.json``'s ``behaviour`` block;
 * ``likelihood`` — :func:`run_likelihood`: each attack and clean test row's hijack propensity
   ``log p(goal action) − log p(gold action)`` under teacher forcing
-  (:mod:`ipi.behaviour.likelihood`), its shift against the clean row of the step, E4
+  (:mod:`ipi.behaviour.propensity`), its shift against the clean row of the step, E4
   (likelihood), ρ(score, shift) and the ablation read on the shift
   (:mod:`ipi.evaluation.likelihood`); the block's ``likelihood`` key;
 * ``both``.
@@ -101,7 +101,7 @@ def _ablation_arms(cfg, backbone, sel_rows, sel_index, fits, layers, groups, goa
     """The ``probe`` and ``random`` arms' tables: each fold's test rows under that fold's probe
     direction and under a random direction of equal norm; rows in ``none``'s order."""
     from ipi.behaviour.ablation import ProjectOut, probe_directions, random_directions, raw_weights
-    from ipi.behaviour.likelihood import likelihood_table
+    from ipi.behaviour.propensity import likelihood_table
     from ipi.protocol import resolve_layers
 
     b = cfg.behaviour
@@ -143,7 +143,7 @@ def run_likelihood(cfg: DictConfig, rows, fits, layers: list[int], groups: list[
         ``(the block's likelihood entry, run_info entries: rows scored, seconds)``.
     """
     from ipi.backbone import build_backbone
-    from ipi.behaviour.likelihood import likelihood_table
+    from ipi.behaviour.propensity import likelihood_table
     from ipi.evaluation.hijack import join_scores
     from ipi.evaluation.likelihood import likelihood_ablation, likelihood_e4, lowers_shift, predicts_hijack_likelihood
     from ipi.io import atomic_path

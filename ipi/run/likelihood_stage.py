@@ -94,7 +94,8 @@ def _scores(rows, fits) -> tuple[dict, dict | None]:
 def _counts(table: pd.DataFrame) -> dict:
     att = table[table["variant"] == "attack"]
     has = att["goal_action"] != ""
-    return {"rows": int(len(table)), "attack_rows": int(len(att)), "trajectories": int(table["trajectory_id"].nunique()),
+    return {"rows": int(len(table)), "attack_rows": int(len(att)),
+            "trajectories": int(table["trajectory_id"].nunique()),
             "with_goal_action": int(has.sum()), "no_goal_action": int((~has).sum()),
             "no_goal_action_by_family": {str(k): int(v) for k, v in att[~has]["goal_family"].value_counts().items()},
             "mean_tokens": {"gold": float(att["n_tokens_gold"].mean()) if len(att) else None,

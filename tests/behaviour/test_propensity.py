@@ -107,8 +107,11 @@ def test_likelihood_table_shift_is_attack_minus_clean_with_the_same_goal_action(
         row_c = next(r for r in dom_rows if r.row_id == c["row_id"])
         row_a = next(r for r in dom_rows if r.row_id == a["row_id"])
         # recomputed independently: four full forwards
-        pa = _full_logp(text_backbone, row_a, a["goal_action"])[0] - _full_logp(text_backbone, row_a, a["gold_action"])[0]
-        pc = _full_logp(text_backbone, row_c, a["goal_action"])[0] - _full_logp(text_backbone, row_c, a["gold_action"])[0]
+        def prop(row):
+            return (_full_logp(text_backbone, row, a["goal_action"])[0]
+                    - _full_logp(text_backbone, row, a["gold_action"])[0])
+
+        pa, pc = prop(row_a), prop(row_c)
         assert a["propensity"] == pytest.approx(pa, abs=5e-4)
         assert a["clean_propensity"] == pytest.approx(pc, abs=5e-4)
         assert a["shift"] == pytest.approx(pa - pc, abs=1e-3)

@@ -26,7 +26,8 @@ INTERVAL_KEYS = {"estimate", "ci_low", "ci_high", "n_boot_used"}
 def _ov(*extra):
     return ["data.max_trajectories=2", "data.max_element_chars=500", "evaluation.n_boot=100", "logger=none",
             "evaluation.transfer=false", "evaluation.random_twin=false", "evaluation.permutation.m=0",
-            "report.plots=false", "report.gallery=false", "surface=i_dom", "split.test_fraction=0.5", "split.min_per_side=1",
+            "report.plots=false", "report.gallery=false", "surface=i_dom", "split.test_fraction=0.5",
+            "split.min_per_side=1",
             "behaviour.enabled=true", "behaviour.measure=likelihood", *extra]
 
 

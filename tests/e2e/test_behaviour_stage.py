@@ -136,6 +136,17 @@ def test_behaviour_block_e4_equals_sklearn_and_the_rest_is_unchanged(tmp_path, s
     off_md = (tmp_path / "off" / "run" / "report.md").read_text()
     assert "behaviour" not in off_md.split("## Resolved config")[0].lower()
 
+    # measure=both: the likelihood block beside the free run's, read from its own table
+    lik = b["likelihood"]
+    lt = pd.read_parquet(tmp_path / "on" / "run" / lik["table_file"])
+    lnone = lt[lt["arm"] == "none"]
+    assert len(lnone) == int(none["variant"].isin(["attack", "clean"]).sum()) == lik["counts"]["rows"]
+    lat = lnone[lnone["variant"] == "attack"]
+    assert lik["e4"]["counts"] == {"shift_positive": int((lat["shift"] > 0).sum()),
+                                   "shift_not_positive": int((lat["shift"] <= 0).sum()),
+                                   "no_goal_action": int(lat["shift"].isna().sum())}
+    assert "## Behaviour (likelihood)" in md and "] E4 (likelihood). predicts hijack" in verdict
+
     # the generations are cached: a second run generates nothing and gives the same block
     again, objs = train(compose_train(tmp_path / "on", _ov(syn_root, *BEHAVIOUR_ON), small=False))
     info = json.loads((tmp_path / "on" / "run" / "run_info.json").read_text())["behaviour"]

@@ -265,7 +265,7 @@ if(f){big.setAttribute('src',f.getAttribute('src'));lb.style.display='block';}})
 _NAV = {"verdict": "Verdict", "estimands": "E1 · E2 · E3", "figures": "Figures", "baselines": "Baselines",
         "twins": "Random-weight twins", "differences": "Paired differences", "other": "Other estimands",
         "permutation": "Permutation test", "spread": "Split spread", "counts": "Data counts", "run": "Run",
-        "behaviour": "Behaviour (free run)",
+        "behaviour": "Behaviour (free run)", "behaviour_likelihood": "Behaviour (likelihood)",
         "config": "Config"}
 
 

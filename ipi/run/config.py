@@ -88,6 +88,14 @@ class Quantization(str, Enum):
     nf4 = "nf4"
 
 
+class BehaviourMeasure(str, Enum):
+    """Which hijack measure the behaviour stage computes (``behaviour.measure``; docs/behaviour.md §6)."""
+
+    likelihood = "likelihood"  # teacher-forced log p(goal action) - log p(gold action): no generation
+    free_run = "free_run"  # greedy generation labelled hijacked / resisted / other
+    both = "both"
+
+
 class OnBadStep(str, Enum):
     """What the importer does with an unusable step: a counted skip, or an error."""
 
@@ -370,6 +378,9 @@ class BehaviourConf:
     """
 
     enabled: bool = False
+    # likelihood: the teacher-forced hijack propensity (every backbone with an LM head, no generation);
+    # free_run: generation and labels; both (the default: a free-run block as before, the likelihood beside it)
+    measure: BehaviourMeasure = BehaviourMeasure.both
     max_new_tokens: int = 96  # bound on generated tokens per row (a WebVoyager turn is ~30-80)
     batch_size: int = 4  # rows per generate call (left-padded; not part of the generation cache key)
     # variants generated and labelled: null = every variant of the run (attack, clean, its controls);

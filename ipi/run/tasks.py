@@ -24,7 +24,8 @@ from ipi.run.detection import (
     detector_record,
     fit_detector,
 )
-from ipi.run.free_run import behaviour_enabled, run_behaviour
+from ipi.run.free_run import behaviour_enabled
+from ipi.run.likelihood_stage import run_behaviour_stage
 from ipi.evaluation.assess import ScoreTables, assess
 from ipi.evaluation.by_source import attack_record
 from ipi.evaluation.callbacks import EstimandsCallback
@@ -145,8 +146,9 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
     if infos_att:
         extra["run"]["attention_cache_keys"] = {s: i["cache_key"] for s, i in infos_att.items()}
     behaviour_info = None
-    if behaviour_enabled(cfg):  # free run on the test rows: E4, hijack rates, ablation (docs/behaviour.md)
-        extra[BEHAVIOUR], behaviour_info = run_behaviour(cfg, rows, fits, x, layers, groups, det, pool, out_dir)
+    if behaviour_enabled(cfg):  # behaviour.measure on the test rows: free run and/or likelihood (docs/behaviour.md)
+        extra[BEHAVIOUR], behaviour_info = run_behaviour_stage(cfg, rows, fits, x, layers, groups, det, pool,
+                                                               out_dir)
 
     # Score the test rows with the probe through Lightning; the callbacks compute and write.
     te_meta = meta.iloc[fits.test_index].reset_index(drop=True)

@@ -72,10 +72,11 @@ def test_behaviour_block_e4_equals_sklearn_and_the_rest_is_unchanged(tmp_path, s
     assert {k: v for k, v in on.items() if k != "behaviour"} == off
 
     b = on["behaviour"]
-    assert set(b) == {"labels_file", "backbone_weights", "note", "settings", "counts", "context", "rates", "e4",
-                      "ablation", "claims"}
+    assert set(b) == {"measure", "labels_file", "backbone_weights", "note", "settings", "counts", "context", "rates",
+                      "e4", "ablation", "claims", "likelihood"}
     # the tiny model's 32768 positions hold every prompt and its 6 new tokens
     assert b["context"] == {"positions": 32768, "rows_over_context": 0}
+    assert b["measure"] == "both" and set(b["likelihood"]["claims"]) == {"predicts_hijack", "lowers_shift"}
     assert b["backbone_weights"] == "random" and "meaningless" in b["note"]
     variants = ["attack", "clean", *on["run"]["controls"]]
     assert sorted(variants) == ["attack", "c_imperative", "c_scrambled", "clean"]
@@ -136,6 +137,17 @@ def test_behaviour_block_e4_equals_sklearn_and_the_rest_is_unchanged(tmp_path, s
     assert "Behaviour (free run)" in (tmp_path / "on" / "run" / "report.html").read_text()
     off_md = (tmp_path / "off" / "run" / "report.md").read_text()
     assert "behaviour" not in off_md.split("## Resolved config")[0].lower()
+
+    # measure=both: the likelihood block beside the free run's, read from its own table
+    lik = b["likelihood"]
+    lt = pd.read_parquet(tmp_path / "on" / "run" / lik["table_file"])
+    lnone = lt[lt["arm"] == "none"]
+    assert len(lnone) == int(none["variant"].isin(["attack", "clean"]).sum()) == lik["counts"]["rows"]
+    lat = lnone[lnone["variant"] == "attack"]
+    assert lik["e4"]["counts"] == {"shift_positive": int((lat["shift"] > 0).sum()),
+                                   "shift_not_positive": int((lat["shift"] <= 0).sum()),
+                                   "no_goal_action": int(lat["shift"].isna().sum())}
+    assert "## Behaviour (likelihood)" in md and "] E4 (likelihood). predicts hijack" in verdict
 
     # the generations are cached: a second run generates nothing and gives the same block
     again, objs = train(compose_train(tmp_path / "on", _ov(syn_root, *BEHAVIOUR_ON), small=False))

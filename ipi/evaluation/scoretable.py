@@ -23,14 +23,14 @@ from pathlib import Path
 import pandas as pd
 
 from ipi.evaluation.assess import ScoreTables, assess
-from ipi.evaluation.results import DEFAULTS, Settings
+from ipi.evaluation.results import DEFAULTS, KFOLD, Settings
 from ipi.metrics.table import CONTROL_PREFIX, check_copied_trajectories, validate_table
 from ipi.protocol import CONTROLS
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CSV_SUFFIXES", "PARQUET_SUFFIXES", "TWIN_SEED_COLUMN", "check_score_rows", "evaluate_score_table",
-           "read_score_folder", "read_score_table", "split_twin_table", "twin_score_table"]
+__all__ = ["CSV_SUFFIXES", "FOLD", "PARQUET_SUFFIXES", "TWIN_SEED_COLUMN", "check_score_rows", "design_of_table",
+           "evaluate_score_table", "read_score_folder", "read_score_table", "split_twin_table", "twin_score_table"]
 
 #: Column of ``scores_twin.csv`` naming each row's random-twin seed (one file, every seed).
 TWIN_SEED_COLUMN = "twin_seed"
@@ -289,6 +289,39 @@ def split_twin_table(table: pd.DataFrame, source: str = "random-twin score table
     return out
 
 
+#: The score table's column naming the fold that scored each row (``train.py`` writes it under
+#: K-fold cross-fitting).
+FOLD = "fold"
+
+
+def design_of_table(table: pd.DataFrame, settings: Settings, source: str) -> Settings:
+    """The split design the table itself shows: out-of-fold scores of several folds are K-fold.
+
+    A table with a ``fold`` column holding more than one fold (``train.py split=kfold`` writes
+    it) is judged as K-fold whatever ``settings.split`` says: under K-fold the bootstrap of
+    out-of-fold E1 alone is anti-conservative, so verdict check 1 also needs the exact
+    permutation test (PROTOCOL.md §7.1), which a score table cannot run; judging such a table as a
+    holdout would state check 1 at a level it does not hold.
+
+    Args:
+        table: The validated score table.
+        settings: The settings given (``split`` from the command line or config).
+        source: The table's name, for the warning.
+
+    Returns:
+        ``settings``, with ``split="kfold"`` when the table shows several folds.
+    """
+    if FOLD not in table.columns or settings.split == KFOLD:
+        return settings
+    folds = table[FOLD].dropna().unique()
+    if len(folds) <= 1:
+        return settings
+    log.warning("%s: column %r holds %d folds: out-of-fold K-fold scores, judged as split=%s (check 1 then "
+                "needs the exact permutation test, which a score table cannot run)", source, FOLD, len(folds),
+                KFOLD)
+    return replace(settings, split=KFOLD)
+
+
 def evaluate_score_table(
     path,
     *,
@@ -324,6 +357,7 @@ def evaluate_score_table(
     """
     settings = replace(settings, **overrides)
     main = read_score_table(path)
+    settings = design_of_table(main, settings, str(path))
     loaded = {}
     for name, item in (baselines or {}).items():
         loaded[name] = (

@@ -329,3 +329,40 @@ def test_distinct_saturated_probe_scores_at_any_precision_are_kept(decimals):
                 for v in ("clean", "attack", "c_scrambled", "c_imperative", "c_occlusion")]
         t = pd.DataFrame(rows, columns=["trajectory_id", "step", "variant", "score"])
         assert check_copied_trajectories(t if decimals is None else t.round(decimals)) == []
+
+
+# --- out-of-fold K-fold scores given to evaluate.py as if from a holdout -----------------------
+
+
+def _separating_table(n_traj: int = 30, n_steps: int = 4, seed: int = 0) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    rows = [{"trajectory_id": f"t{t}", "step": s, "variant": v, "score": rng.normal(1.5 if v == "attack" else 0.0, 1.0)}
+            for t in range(n_traj) for s in range(n_steps) for v in ("clean", "attack")]
+    return pd.DataFrame(rows)
+
+
+def test_kfold_scores_are_judged_as_kfold_whatever_the_split_given(tmp_path, caplog):
+    """A table whose fold column shows several folds (train.py split=kfold writes it) is
+    out-of-fold K-fold scores: given as a holdout (evaluate.py's default split), check 1 would
+    pass on the bootstrap alone, which is anti-conservative under K-fold (PROTOCOL.md §7.1)."""
+    from ipi.evaluation.scoretable import evaluate_score_table
+
+    table = _separating_table()
+    flat = tmp_path / "holdout.csv"
+    table.to_csv(flat, index=False)
+    # the input that should pass: one probe's scores (no fold column, or a single fold)
+    for path in (flat,):
+        r = evaluate_score_table(path, n_boot=200, split="holdout")
+        assert check_of(r["verdict"], 1)["status"] == PASS and r["verdict"]["claim"].startswith("separates")
+    one = tmp_path / "one_fold.csv"
+    table.assign(fold=0).to_csv(one, index=False)
+    assert check_of(evaluate_score_table(one, n_boot=200, split="holdout")["verdict"], 1)["status"] == PASS
+    # the input that would pass wrongly: five folds' out-of-fold scores, split left at holdout
+    kfold = tmp_path / "kfold.csv"
+    table.assign(fold=table.trajectory_id.str[1:].astype(int) % 5).to_csv(kfold, index=False)
+    with caplog.at_level("WARNING"):
+        r = evaluate_score_table(kfold, n_boot=200, split="holdout")
+    one_ = check_of(r["verdict"], 1)
+    assert one_["status"] == NOT_RUN and "K-fold" in one_["detail"] and "permutation" in one_["detail"]
+    assert "permutation p <=" in one_["rule"] and r["verdict"]["claim"] == "none"
+    assert "holds 5 folds" in caplog.text and "kfold.csv" in caplog.text

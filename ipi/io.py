@@ -42,9 +42,14 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` (UTF-8) to ``path`` atomically and return ``path``."""
+    """Write ``text`` (UTF-8) to ``path`` atomically and return ``path``.
+
+    A character UTF-8 cannot encode (a lone surrogate: a file name that is not UTF-8, read back with
+    surrogate escapes) is written as its backslash escape (``\\udcff``), never an error that
+    loses a finished run's files.
+    """
     with atomic_path(path) as tmp:
-        tmp.write_text(text, encoding="utf-8")
+        tmp.write_text(text, encoding="utf-8", errors="backslashreplace")
     return Path(path)
 
 

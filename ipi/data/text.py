@@ -90,6 +90,20 @@ def clean_trajectory(t: Trajectory, where: str, on_bad_step: str) -> Trajectory:
             found.append({"step": step, "field": field, "count": n})
         return new
 
+    tid = t.trajectory_id
+    if _SURROGATE.search(tid):
+        # an id is not tokenised but is written to every table and file of the run (UTF-8): a folder
+        # name that is not UTF-8 (read back with surrogate escapes) or a JSON id holding a lone
+        # surrogate is written with each such character as its backslash escape, which keeps ids
+        # distinct and stable (U+FFFD could make two ids one)
+        if on_bad_step == "error":
+            m = _SURROGATE.search(tid)
+            raise DataError(f"{where}: trajectory id {ascii(tid)}: a character that is not text (first U+{ord(m.group()):04X} "
+                            f"at character {m.start()}: a folder name that is not UTF-8, or a lone UTF-16 surrogate); "
+                            "data.on_bad_step=skip writes each such character as its backslash escape and counts it")
+        fixed = tid.encode("utf-8", "backslashreplace").decode("utf-8")
+        found.append({"step": None, "field": "trajectory_id", "count": len(_SURROGATE.findall(tid))})
+        tid = fixed
     task = fix(t.task, None, "task")
     steps = tuple(replace(s, element_text=fix(s.element_text, s.step, "element_text"),
                           tool_result=fix(s.tool_result, s.step, "tool_result"),
@@ -98,4 +112,5 @@ def clean_trajectory(t: Trajectory, where: str, on_bad_step: str) -> Trajectory:
                   for s in t.steps)
     if not found:
         return t
-    return replace(t, task=task, steps=steps, meta={**t.meta, REPLACED: [*t.meta.get(REPLACED, ()), *found]})
+    return replace(t, trajectory_id=tid, task=task, steps=steps,
+                   meta={**t.meta, REPLACED: [*t.meta.get(REPLACED, ()), *found]})

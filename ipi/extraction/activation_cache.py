@@ -76,7 +76,10 @@ def _nonfinite_shard(path: Path) -> str | None:
 
 def stable_hash(obj) -> str:
     """SHA-256 hex digest of a JSON-serialisable object (sorted keys)."""
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, ensure_ascii=False, default=str).encode()).hexdigest()
+    # surrogatepass: the same bytes as before for every valid string; a path that is not UTF-8 (read
+    # back with surrogate escapes) hashes instead of raising
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, ensure_ascii=False, default=str)
+                          .encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def file_sha256(path: str | os.PathLike, chunk: int = 1 << 20) -> str:

@@ -195,3 +195,33 @@ def test_the_rule_is_what_the_tokenizer_refuses(processor):
         with pytest.raises(TypeError):
             tok(bad)
         assert tok(tokenizer_safe(bad)[0])["input_ids"]
+
+
+@pytest.mark.needs_shared
+def test_a_task_folder_name_that_is_not_utf8_gives_an_id_every_file_can_hold(tmp_path):
+    """A folder name with a byte that is not UTF-8 (an archive made on another system) is read
+    back with a surrogate escape in the trajectory id; the id is written to every table and file
+    of the run, so it is escaped (\\udcff) and counted, or refused under on_bad_step=error."""
+    import os
+
+    from ipi.evaluation.scoretable import read_score_table
+    from ipi.extraction.activation_cache import stable_hash
+    from ipi.io import atomic_write_text
+
+    root = tmp_path / "root"
+    shutil.copytree(WEBVOYAGER / TASK, root / "examples" / "taskAmazon--0")
+    os.rename(os.fsencode(root / "examples" / "taskAmazon--0"), os.fsencode(root / "examples") + b"/task\xffAmazon")
+    (t,), skipped = import_webvoyager_report(root)
+    assert skipped == [] and t.trajectory_id == "examples/task\\udcffAmazon" and t.trajectory_id.isascii()
+    assert t.meta["replaced_characters"] == [{"step": None, "field": "trajectory_id", "count": 1}]
+    # the native file, a score table and a cache key hold it (each raised UnicodeEncodeError before)
+    write_native([t], tmp_path / "t.jsonl")
+    assert load_native(tmp_path / "t.jsonl")[0][0].trajectory_id == t.trajectory_id
+    scores = tmp_path / "scores.csv"
+    atomic_write_text(scores, "trajectory_id,step,variant,score\n" + "".join(
+        f"{t.trajectory_id},0,{v},{x}\n" for v, x in (("clean", 0.1), ("attack", 0.9))))
+    assert read_score_table(scores).trajectory_id.tolist() == [t.trajectory_id] * 2
+    assert len(stable_hash({"path": t.steps[0].screenshot})) == 64  # the screenshot path keeps its escape
+    with pytest.raises(DataError, match=r"task\\udcffAmazon.*not text.*not UTF-8") as e:
+        import_webvoyager_report(root, on_bad_step="error")
+    assert "interact_messages.json" in str(e.value) and "\n" not in str(e.value)

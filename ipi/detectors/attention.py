@@ -227,7 +227,7 @@ class AttentionFocusDetector:
             ``layers.spec``); None = the run's ``layers``.
     """
 
-    top_k: int = 4
+    top_k: int
     layers: list | None = None
     name: str = "attention_focus"
     permutation_m: int | None = None  # check 4's refits M; None: evaluation.permutation.m

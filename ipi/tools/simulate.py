@@ -89,6 +89,7 @@ from ipi.detectors.linear import LogisticDetector
 from ipi.probe.folds import make_folds
 from ipi.progress import progress_bar, quiet_lightning
 from ipi.protocol import CONTROLS, VARIANTS
+from ipi.run.config import ProbeConf
 from ipi.reporting.sweep import claim_p_values, familywise, twin_e3_networks
 from ipi.surfaces.bank import ATTACK_TEMPLATES, attack_text
 from ipi.attacks.wording import wording_plan
@@ -178,6 +179,12 @@ class SimParams:
     def sigma(self) -> float:
         """SD of the Gaussian part of one row along any unit direction (traj + step + row)."""
         return math.sqrt(self.sigma_traj**2 + self.sigma_step**2 + self.sigma_row**2)
+
+
+def _probe(l2: float) -> LogisticDetector:
+    """The logistic probe at ``C = l2`` with the other ``probe.*`` settings at the schema's defaults, seed 0."""
+    p = ProbeConf()
+    return LogisticDetector(l2=l2, max_iter=p.max_iter, tol=p.tol, solver=p.solver.value, seed=0)
 
 
 def _directions(rng: np.random.Generator, d: int) -> dict[str, np.ndarray]:
@@ -462,7 +469,7 @@ def run_dataset(p: SimParams, truth: str, index: int, seed: int, key: tuple | No
     perm_seed, boot_seed = (int(v) for v in rng.integers(0, 2**31 - 1, size=2))
     null_seed = int(rng.integers(0, 2**31 - 1))
     md = meta[["step", "horizon", "prompt_len", "delta_prompt_len"]].to_numpy(dtype=np.float64)
-    probe = LogisticDetector(l2=pt.l2, seed=0)
+    probe = _probe(pt.l2)
     fits = cross_fit(probe, meta, x, folds, metadata=md, collapse=collapse, permuted=True, permute_seed=perm_seed,
                      l2=pt.l2, permutation_m=pt.permutation_m, permutation_seed=null_seed)
     main_table = fits.score_table(meta)
@@ -571,7 +578,7 @@ def coverage_dataset(p: SimParams, n_test: int, index: int, seed: int,
     folds, plan, template_of, test_templates = _split_and_templates(pt, rng, n)
     meta, x, _, dirs = simulate_dataset(pt, rng, template_of=template_of)
     boot_seed = int(rng.integers(0, 2**31 - 1))
-    fits = cross_fit(LogisticDetector(l2=pt.l2, seed=0), meta, x, folds, l2=pt.l2)
+    fits = cross_fit(_probe(pt.l2), meta, x, folds, l2=pt.l2)
     table = fits.score_table(meta)
     w, _ = fits.fitted[0].probe_.effective_weights()
     truth_vals = true_estimands(w.detach().numpy(), pt, dirs, test_templates)

@@ -633,14 +633,15 @@ CHECKS: tuple[Rule, ...] = (
 )
 
 
-def read_keys(results: Mapping) -> dict[str, list[int]]:
-    """``{estimand key: [ids of the checks reading it]}``: intervals (gated) and point estimates
-    read on purpose, as :data:`CHECKS` declares them; an estimand absent decides nothing."""
+def read_keys(results: Mapping, *, points: bool = True) -> dict[str, list[int]]:
+    """``{estimand key: [ids of the checks reading it]}``: intervals (gated) and, with ``points``,
+    point estimates read on purpose, as :data:`CHECKS` declares them; an estimand absent decides
+    nothing. The one declaration the report, the plots, the logged metrics and the sweep read."""
     view = ResultsView(results)
     out: dict[str, list[int]] = {}
     for rule in CHECKS:
-        intervals, points = rule.reads(view)
-        for key in (*intervals, *points):
+        intervals, point_keys = rule.reads(view)
+        for key in (*intervals, *(point_keys if points else ())):
             ids = out.setdefault(key, [])
             if rule.id not in ids:
                 ids.append(rule.id)

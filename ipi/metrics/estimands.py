@@ -211,6 +211,31 @@ def replicate_frame(table: pd.DataFrame, *, n_boot: int, seed: int, draws: Draws
                           step_weights(t), t["variant"].to_numpy(dtype=object))
 
 
+def _e2_replicates(step_key: np.ndarray, f: np.ndarray, w: np.ndarray, col: np.ndarray, is_attack: np.ndarray,
+                   sel: np.ndarray, m: np.ndarray, n_t: int) -> tuple[float, np.ndarray, np.ndarray]:
+    """E2 and its replicates: the within-step AUCs of the rows ``sel`` (fixed under the cluster
+    bootstrap), averaged per replicate with the trajectories' multiplicities ``m`` as weights.
+
+    Returns:
+        ``(estimate, replicate values [rows of m], defined steps per trajectory [n_t])``.
+    """
+    step_auc = grouped_weighted_auc(step_key[sel], f[sel], is_attack[sel], w[sel])
+    n_keys = int(step_key.max()) + 1
+    step_auc = np.concatenate([step_auc, np.full(n_keys - step_auc.size, np.nan)])
+    step_col = np.zeros(n_keys, dtype=np.int64)
+    step_col[step_key] = col
+    defined = np.isfinite(step_auc)
+    estimate = float(np.mean(step_auc[defined])) if defined.any() else math.nan
+    auc_sum = np.bincount(step_col[defined], weights=step_auc[defined], minlength=n_t)
+    n_steps = np.bincount(step_col[defined], minlength=n_t).astype(np.float64)
+    numer = m @ auc_sum
+    denom = m @ n_steps
+    reps = np.full(m.shape[0], np.nan)
+    ok = denom > 0
+    reps[ok] = numer[ok] / denom[ok]
+    return estimate, reps, n_steps
+
+
 def estimands(
     table: pd.DataFrame,
     *,
@@ -306,20 +331,7 @@ def estimands(
     # E2: within-step AUCs (fixed under the cluster bootstrap), averaged per replicate with the
     # trajectories' multiplicities as weights.
     sel = (is_attack | is_clean) & both_ac
-    step_auc = grouped_weighted_auc(step_key[sel], f[sel], is_attack[sel], w[sel])
-    n_keys = int(step_key.max()) + 1
-    step_auc = np.concatenate([step_auc, np.full(n_keys - step_auc.size, np.nan)])
-    step_col = np.zeros(n_keys, dtype=np.int64)
-    step_col[step_key] = col
-    defined = np.isfinite(step_auc)
-    e2_estimate = float(np.mean(step_auc[defined])) if defined.any() else math.nan
-    auc_sum = np.bincount(step_col[defined], weights=step_auc[defined], minlength=n_t)
-    n_steps = np.bincount(step_col[defined], minlength=n_t).astype(np.float64)
-    numer = m @ auc_sum
-    denom = m @ n_steps
-    e2_reps = np.full(m.shape[0], np.nan)
-    ok = denom > 0
-    e2_reps[ok] = numer[ok] / denom[ok]
+    e2_estimate, e2_reps, n_steps = _e2_replicates(step_key, f, w, col, is_attack, sel, m, n_t)
     replicates[E2], jackknife[E2] = e2_reps[:nb], (e2_reps[nb:] if interval == BCA else None)
     contributors[E2] = having_both(is_attack & sel, is_clean & sel)
     eff[E2] = kish(n_steps)

@@ -78,7 +78,7 @@ class Settings:
         pretrained: ``backbone.pretrained`` (False fails check 6: at most "separates ..."), or
             None when unknown (a score table).
         constructed: ``backbone.constructed``: a planted-truth backbone whose weights were
-            built, not trained (issue 23): not capped (check 6 runs with its twins), and the
+            built, not trained: not capped (check 6 runs with its twins), and the
             verdict says it is constructed (planted truth, not a model of any agent).
         required_controls: The controls check 3 cannot do without (the surface's
             ``required_controls``), or None for a score table of unknown surface (then

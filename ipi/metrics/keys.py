@@ -101,7 +101,7 @@ P_VALUE = "p_value"
 NULL_MEAN = "null_mean"
 
 OPERATING_POINT = "operating_point"  # TPR at a fixed FPR (ipi.metrics.operating_point)
-#: Free-run behaviour (issue 26; docs/behaviour.md): written only by a run with behaviour.enabled
+#: Free-run behaviour (docs/behaviour.md): written only by a run with behaviour.enabled
 BEHAVIOUR = "behaviour"
 
 # verdict.*

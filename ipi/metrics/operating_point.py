@@ -1,7 +1,7 @@
 """The operating point a defender deploys at: TPR at a fixed FPR, with cluster-bootstrap intervals.
 
 AUC (E1, E3) summarises every threshold at once; a deployed detector runs at one, chosen so that
-benign traffic is flagged at most ``fpr`` of the time (issue 25). For a negative class ``N``
+benign traffic is flagged at most ``fpr`` of the time. For a negative class ``N``
 (clean rows, or one control's rows) and the positive class ``P`` (attack rows), with the step
 weights of PROTOCOL.md §5 (:func:`ipi.metrics.table.step_weights`):
 

@@ -1,4 +1,4 @@
-"""The report's free-run behaviour (issue 26; docs/behaviour.md): its verdict lines and its section.
+"""The report's free-run behaviour (docs/behaviour.md): its verdict lines and its section.
 
 Read from ``results.json``'s ``behaviour`` block (a run with ``behaviour.enabled``); a run
 without it gets nothing from here, so its report is unchanged.

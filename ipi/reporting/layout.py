@@ -404,7 +404,7 @@ def _verdict(r: Mapping) -> Section | None:
     return Section("verdict", "Verdict (PROTOCOL.md §7)", tuple(blocks), folded=False)
 
 
-#: Said beside the verdict of a run on a constructed backbone (issue 23; ``run.backbone_weights``).
+#: Said beside the verdict of a run on a constructed backbone (``run.backbone_weights``).
 CONSTRUCTED_NOTE = ("Constructed backbone (backbone.constructed=true): its weights were built to plant a known "
                     "truth; it is not a model of any agent, and a claim here is about the planted truth only.")
 

@@ -28,7 +28,8 @@ replicates on a 5,000-row table, vectorised vs a plain ``roc_auc_score`` loop, o
 199 refits as ``train.py`` runs them (Gram matrix once, then all 199 Newton solves on ≤ n
 coefficients in one batched call, ``fit_reduced_batch`` in ``ipi/probe/dual.py``; single sequential
 refits timed beside it for the batching gain) against 20 scikit-learn fits, at paper width (107,520 features, 1,000 training rows) unless
-``--perm-features``/``--perm-train`` scale it down; ``ratio`` ≤ 1 is issue 10's requirement.
+``--perm-features``/``--perm-train`` scale it down; ``ratio`` ≤ 1 is the requirement (the refits
+cost no more than 20 scikit-learn fits).
 
 ``--gpu-7b-shapes`` (needs a CUDA GPU) builds the real Qwen2.5-VL architecture at 7B shapes with
 random bf16 weights and reports rows/s of the project path and the model FLOP utilisation.
@@ -299,7 +300,7 @@ def shapes_benchmark(n_steps: int, overrides: list[str], peak_tflops: float | No
 
 def twin_benchmark(n_steps: int = 6, n_twins: int = 3, overrides: list[str] = (), probe_layers=("six", "six_1"),
                    surface: str = "i_vis") -> dict:
-    """Cost of the random-weight twins per seed as a fraction of the main pass (issue 22 item 4).
+    """Cost of the random-weight twins per seed as a fraction of the main pass.
 
     In one process, on the first ``n_steps`` steps of ``surface`` (all its variants) and cold cache
     entries in a temporary folder: the main pass (:func:`ipi.extraction.forward.extract_features`, the

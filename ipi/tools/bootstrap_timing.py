@@ -251,7 +251,7 @@ def bench_permutation(n_train: int = 1000, n_test: int = 600, n_features: int = 
         JSON-ready dict with the shapes, ``ours_s`` (design + batched refits), ``design_s``,
         ``refits_s`` (the batched refits), ``sequential_refit_s`` (mean of one) and
         ``sequential_refits_s`` (× ``m``), ``batch_speedup``, ``sklearn_fit_s`` (mean),
-        ``sklearn_20_fits_s``, ``ratio`` (ours / 20 scikit-learn fits; ≤ 1 meets issue 10's
+        ``sklearn_20_fits_s``, ``ratio`` (ours / 20 scikit-learn fits; ≤ 1 is the
         requirement), ``max_auc_diff``, ``threads`` (CPU cores), ``torch_threads``.
     """
     import torch

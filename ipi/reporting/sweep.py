@@ -84,6 +84,7 @@ from ipi.evaluation.verdict import CLAIM_DETECTS, CLAIM_SEPARATES, read_keys
 from ipi.io import atomic_write_text
 from ipi.sweep_records import cell_name, job_overrides, sweep_failures
 from ipi.metrics.keys import (
+    at,
     BOOTSTRAP,
     CHECKS,
     CLAIM,
@@ -193,10 +194,7 @@ def _has_p(key: str) -> bool:
 
 def _p_of(pv: Mapping, key: str):
     """The p-value of the interval ``key`` in ``p_values`` (its path without ``differences.``), or None."""
-    cur = pv
-    for part in key.split(".")[1 if key.startswith(DIFFERENCES + ".") else 0:]:
-        cur = cur.get(part) if isinstance(cur, Mapping) else None
-    return cur
+    return at(pv, key.removeprefix(DIFFERENCES + "."))
 
 
 def twin_e3_networks(res: dict) -> tuple[list[str], dict[str, list[float]]] | None:

@@ -8,7 +8,7 @@ on the same synthetic score table and the same draws, and must agree.
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import numpy as np
 import pandas as pd
@@ -153,7 +153,7 @@ def bootstrap_benchmark(
     """
     table = synthetic_score_table(n_rows, seed)
     draws = make_draws(table["trajectory_id"], n_boot=n_boot, seed=seed)
-    with _single_core() if single_core else _nullcontext():
+    with _single_core() if single_core else nullcontext():
         vec_s, res = best_of(lambda: estimands(table, draws=draws), 3)
         loop_s, loop = best_of(lambda: _loop_replicates(table, draws), 1)
 
@@ -180,12 +180,7 @@ def bootstrap_benchmark(
     }
 
 
-@contextmanager
-def _nullcontext():
-    yield
-
-
-#: The issue's target: all estimands × 1000 replicates on 5,000 rows in under this many seconds
+#: The target: all estimands × 1000 replicates on 5,000 rows in under this many seconds
 #: on one core.
 TARGET_S = 2.0
 

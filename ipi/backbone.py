@@ -208,6 +208,21 @@ def random_init_from_config(model_cls, config, seed: int, dtype: torch.dtype | N
         return model_cls._from_config(config, **kwargs)
 
 
+def weight_seed(name: str, seed: int, random_init_seed: int | None) -> tuple[int, int | None]:
+    """``(seed the weights are drawn with, seed of the backbone it is a twin of or None)``: a random
+    twin (``random_init_seed``) draws its own weights.
+
+    Raises:
+        ValueError: ``random_init_seed == seed`` (the twin would be the backbone itself).
+    """
+    if random_init_seed is None:
+        return seed, None
+    if int(random_init_seed) == int(seed):
+        raise ValueError(f"backbone={name}: the random twin's seed ({random_init_seed}) equals the backbone's "
+                         "weight seed; choose other evaluation.random_twin_seeds")
+    return int(random_init_seed), int(seed)
+
+
 def _freeze(model: nn.Module) -> nn.Module:
     model.eval()
     model.requires_grad_(False)
@@ -319,12 +334,7 @@ def build_tiny_qwen2_5_vl(
     """
     from transformers import Qwen2_5_VLForConditionalGeneration, Qwen2_5_VLModel
 
-    twin_of = None
-    if random_init_seed is not None:
-        if int(random_init_seed) == int(seed):
-            raise ValueError(f"backbone={name}: the random twin's seed ({random_init_seed}) equals the backbone's "
-                             "weight seed; choose other evaluation.random_twin_seeds")
-        twin_of, seed = int(seed), int(random_init_seed)
+    seed, twin_of = weight_seed(name, seed, random_init_seed)
     quantization = getattr(quantization, "value", quantization)
     if quantization != "none":
         raise ValueError(f"backbone={name}: quantization={quantization} needs a pretrained checkpoint "

@@ -1,4 +1,4 @@
-"""Constructed backbones with a planted, known answer (issue 23; docs/selftest.md, "Known answers").
+"""Constructed backbones with a planted, known answer (docs/selftest.md, "Known answers").
 
 A constructed backbone is the tiny Qwen2.5-VL architecture (:func:`ipi.backbone.build_tiny_qwen2_5_vl`,
 random weights from a seed) with a *plant* written into its weights, so that what its hidden

@@ -280,14 +280,9 @@ def build_tiny_qwen2_text(
     """
     from transformers import Qwen2ForCausalLM, Qwen2Model
 
-    from ipi.backbone import load_processor
+    from ipi.backbone import load_processor, weight_seed
 
-    twin_of = None
-    if random_init_seed is not None:
-        if int(random_init_seed) == int(seed):
-            raise ValueError(f"backbone={name}: the random twin's seed ({random_init_seed}) equals the backbone's "
-                             "weight seed; choose other evaluation.random_twin_seeds")
-        twin_of, seed = int(seed), int(random_init_seed)
+    seed, twin_of = weight_seed(name, seed, random_init_seed)
     tok = load_processor(processor_path).tokenizer
     config = _tiny_qwen2_text_config(processor_path, text=text)
     text = {**dict(text), "vocab_size": config.vocab_size}

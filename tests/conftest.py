@@ -193,3 +193,38 @@ def run_verdict(results, **settings) -> dict:
 def check_of(verdict: dict, cid: int) -> dict:
     """Check ``cid`` of a verdict dict (checks are numbered 0–6, PROTOCOL.md §7)."""
     return next(c for c in verdict["checks"] if c["id"] == cid)
+
+
+# ------------------------------------------------- library objects at the schema's defaults
+
+
+def probe_config(**overrides):
+    """The probe's settings as a run builds them from the ``probe.*`` schema defaults
+    (:func:`ipi.run.settings.probe_settings`), with ``overrides``."""
+    import dataclasses
+
+    from omegaconf import OmegaConf
+
+    from ipi.run.config import ProbeConf
+    from ipi.run.settings import probe_settings
+
+    return dataclasses.replace(probe_settings(OmegaConf.structured(ProbeConf), 0)[0], **overrides)
+
+
+def logistic_detector(**overrides):
+    """The logistic probe detector with the ``probe.*`` schema defaults, then ``overrides``."""
+    from ipi.detectors import LogisticDetector
+
+    p = probe_config()
+    return LogisticDetector(**{"l2": p.l2, "max_iter": p.max_iter, "tol": p.tol, "solver": p.solver, **overrides})
+
+
+def mlp_detector(**overrides):
+    """The MLP detector at the ``detector=mlp`` schema defaults, then ``overrides``."""
+    import dataclasses
+
+    from ipi.detectors import MLPDetector
+    from ipi.run.config import MLPDetectorConf
+
+    defaults = {f.name: f.default for f in dataclasses.fields(MLPDetectorConf) if f.name != "_target_"}
+    return MLPDetector(**{**defaults, **overrides})

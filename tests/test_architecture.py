@@ -113,3 +113,39 @@ def test_cfg_parameters_are_found(tmp_path):
     (tmp_path / "run" / "tasks.py").write_text("def train(cfg): pass\n")
     (tmp_path / "metrics.py").write_text("def f(cfg): pass\n")
     assert cfg_functions_outside_run(tmp_path) == ["metrics.py:f"]
+
+
+# ----------------------------------------------------------------------------- function length
+
+#: The longest a function may be (its ``def`` to its last line, docstring included).
+MAX_FUNCTION_LINES = 120
+#: The longest ``train`` may be: a straight list of stages (ipi/run/tasks.py).
+MAX_TRAIN_LINES = 60
+
+
+def function_lengths(package: Path) -> dict[str, int]:
+    """``{"path::name": lines}`` of every function and method under ``package`` (AST line spans)."""
+    out = {}
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                key = f"{path.relative_to(package.parent)}::{node.name}"
+                out[key] = max(out.get(key, 0), node.end_lineno - node.lineno + 1)
+    return out
+
+
+def test_no_function_is_over_120_lines():
+    lengths = function_lengths(ROOT / "ipi")
+    too_long = {k: n for k, n in lengths.items() if n > MAX_FUNCTION_LINES}
+    assert too_long == {}, too_long
+
+
+def test_train_is_a_short_list_of_stages():
+    assert function_lengths(ROOT / "ipi")["ipi/run/tasks.py::train"] <= MAX_TRAIN_LINES
+
+
+def test_function_lengths_are_line_spans(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    body = "\n".join(f"    x{i} = {i}" for i in range(130))
+    (tmp_path / "pkg" / "m.py").write_text(f"def long():\n{body}\n\n\ndef short():\n    return 1\n")
+    assert function_lengths(tmp_path / "pkg") == {"pkg/m.py::long": 131, "pkg/m.py::short": 2}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
@@ -183,3 +185,147 @@ def test_a_text_only_backbone_defaults_to_the_text_token_groups(tmp_path, backbo
     assert cfg.token_group.name == ("five" if _multimodal(backbone) else "text")
     assert compose_train(tmp_path, [f"backbone={backbone}", "surface=i_dom", "token_group=task"],
                          small=False).token_group.name == "task"
+
+
+# ---------------------------------------------------------------- each default written once
+
+import ast  # noqa: E402
+import dataclasses  # noqa: E402
+from enum import Enum  # noqa: E402
+
+import yaml  # noqa: E402
+from omegaconf import MISSING  # noqa: E402
+
+from ipi.run import config as schemas  # noqa: E402
+
+#: conf/<group>/<option>.yaml -> the schema its values default to (a detector option: its own schema).
+GROUP_SCHEMAS = {"probe": schemas.ProbeConf, "split": schemas.SplitConf, "evaluation": schemas.EvaluationConf,
+                 "extract": schemas.ExtractConf, "report": schemas.ReportConf, "behaviour": schemas.BehaviourConf,
+                 **{f"detector/{n}": s for n, s in schemas.DETECTOR_SCHEMAS.items()}}
+#: The library files the run layer passes each schema's values to: none may write a literal default for them.
+FED_BY = {
+    schemas.SplitConf: ("ipi/probe/split.py", "ipi/probe/folds.py"),
+    schemas.ProbeConf: ("ipi/probe/fit.py", "ipi/detectors/linear.py"),
+    schemas.MLPDetectorConf: ("ipi/detectors/mlp.py",),
+    schemas.AttentionFocusDetectorConf: ("ipi/detectors/attention.py",),
+    schemas.EvaluationConf: ("ipi/evaluation/results.py", "ipi/metrics/bootstrap.py", "ipi/metrics/compare.py",
+                             "ipi/metrics/twins.py", "ipi/metrics/operating_point.py", "ipi/metrics/permutation.py",
+                             "ipi/metrics/estimands.py"),
+    schemas.PermutationConf: ("ipi/evaluation/results.py", "ipi/metrics/permutation.py", "ipi/metrics/compare.py"),
+}
+#: Keys that name a thing (the option, its class, its kind) rather than set a value.
+NOT_DEFAULTS = {"_target_", "name", "kind"}
+
+
+def _plain(value):
+    return value.value if isinstance(value, Enum) else value
+
+
+def schema_defaults(schema) -> dict:
+    """``{field: default}`` of a schema dataclass (nested schemas as dicts; MISSING fields left out)."""
+    out = {}
+    for f in dataclasses.fields(schema):
+        if f.default is not dataclasses.MISSING:
+            value = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()
+        else:
+            continue
+        if dataclasses.is_dataclass(value):
+            value = schema_defaults(type(value))
+        elif isinstance(value, list):
+            value = [_plain(v) for v in value]
+        if value is not MISSING:
+            out[f.name] = _plain(value)
+    return out
+
+
+def yaml_mismatches(conf_dir: Path) -> list[str]:
+    """Values of conf/<group>/*.yaml that differ from their schema's default (a schema default of
+    None or MISSING is the option's to set; interpolations read another key and are not defaults)."""
+    bad = []
+    for group, schema in GROUP_SCHEMAS.items():
+        group_dir, _, option = group.partition("/")
+        for path in sorted((conf_dir / group_dir).glob(f"{option or '*'}.yaml")):
+            values = yaml.safe_load(path.read_text()) or {}
+            values.pop("defaults", None)
+            bad += _compare(f"{path.relative_to(conf_dir)}", values, schema_defaults(schema))
+    return bad
+
+
+def _compare(where: str, values: dict, defaults: dict) -> list[str]:
+    bad = []
+    for key, value in values.items():
+        if key in NOT_DEFAULTS or key not in defaults or defaults[key] is None:
+            continue
+        if isinstance(value, str) and "${" in value:
+            continue
+        if isinstance(value, dict) and isinstance(defaults[key], dict):
+            bad += _compare(f"{where}:{key}", value, defaults[key])
+        elif value != defaults[key]:
+            bad.append(f"{where}: {key}={value!r}, schema default {defaults[key]!r}")
+    return bad
+
+
+def _literal(node: ast.expr | None) -> bool:
+    """A default written as a value (a number, string, bool or a list/tuple of them); None, a named
+    constant and a factory are not literals."""
+    if node is None or (isinstance(node, ast.Constant) and node.value is None):
+        return False
+    if isinstance(node, ast.Constant):
+        return True
+    if isinstance(node, ast.UnaryOp):
+        return _literal(node.operand)
+    if isinstance(node, (ast.List, ast.Tuple)):
+        return bool(node.elts) and all(_literal(e) for e in node.elts)
+    return False
+
+
+def literal_defaults(source: str, keys: set[str]) -> list[str]:
+    """``function(key=value)`` and ``Class.key = value`` in ``source`` with ``key`` in ``keys`` and a
+    literal value: a configured default written a second time."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = node.args
+            pairs = list(zip(a.args[len(a.args) - len(a.defaults):], a.defaults)) + list(zip(a.kwonlyargs, a.kw_defaults))
+            out += [f"{node.name}({arg.arg}=...)" for arg, d in pairs if arg.arg in keys and _literal(d)]
+        elif isinstance(node, ast.ClassDef):
+            out += [f"{node.name}.{s.target.id}" for s in node.body
+                    if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name) and s.target.id in keys
+                    and _literal(s.value)]
+    return out
+
+
+def test_each_yaml_default_equals_its_schema_default():
+    assert yaml_mismatches(REPO / "conf") == []
+
+
+def test_a_yaml_default_that_drifts_from_its_schema_is_caught(tmp_path):
+    shutil.copytree(REPO / "conf", tmp_path / "conf")
+    path = tmp_path / "conf" / "evaluation" / "default.yaml"
+    path.write_text(path.read_text().replace("min_clusters: 12", "min_clusters: 11"))
+    mlp = tmp_path / "conf" / "detector" / "mlp.yaml"
+    mlp.write_text(mlp.read_text().replace("patience: 10", "patience: 9"))
+    assert sorted(yaml_mismatches(tmp_path / "conf")) == [
+        "detector/mlp.yaml: patience=9, schema default 10",
+        "evaluation/default.yaml: min_clusters=11, schema default 12"]
+
+
+def test_the_library_writes_no_literal_default_for_a_configured_key():
+    found = {}
+    for schema, files in FED_BY.items():
+        keys = {f.name for f in dataclasses.fields(schema)} - NOT_DEFAULTS
+        for rel in files:
+            hits = literal_defaults((REPO / rel).read_text(), keys)
+            if hits:
+                found.setdefault(rel, set()).update(hits)
+    assert found == {}
+
+
+def test_a_literal_library_default_is_found():
+    source = ("from dataclasses import dataclass\n"
+              "def holdout_split(ids, test_fraction: float = 0.3, seed=SEED, k=None): ...\n"
+              "@dataclass\nclass P:\n    l2: float = 1.0\n    tol: float = TOL\n    grid: list = (0.1, -1.0)\n")
+    assert literal_defaults(source, {"test_fraction", "seed", "k", "l2", "tol", "grid"}) == [
+        "holdout_split(test_fraction=...)", "P.l2", "P.grid"]

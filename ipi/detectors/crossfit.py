@@ -177,14 +177,12 @@ def cross_fit(
     check_folds(folds, tid, kind)
     variant = meta["variant"].to_numpy()
     labelled = np.isin(variant, LABELLED)
-    n = len(meta)
-    x = np.asarray(x)
+    n, x = len(meta), np.asarray(x)
     fold_of_row = np.full(n, -1, dtype=np.int64)
     names = [k for k, on in (("c1", metadata is not None), ("collapse_only", collapse is not None),
                              ("permuted", permuted), ("transfer", transfer is not None)) if on]
     base_scores = {k: np.full(n, np.nan) for k in names}
-    main = np.full(n, np.nan)
-    rng = np.random.default_rng(permute_seed)
+    main, rng = np.full(n, np.nan), np.random.default_rng(permute_seed)
     tuned, fitted, per_fold = [], [], []
     for k, (train_ids, test_ids) in enumerate(folds):
         is_tr = np.isin(tid, list(train_ids))
@@ -193,34 +191,18 @@ def cross_fit(
         assert_rows_disjoint(tid[fit], tid[is_te])
         fold_of_row[is_te] = k
         y = (variant[fit] == "attack").astype(np.int64)
-        det, chosen = detector.tune(x[fit], y, tid[fit], k) if hasattr(detector, "tune") else (detector, {})
+        det, chosen, model = _fit_fold(detector, x[fit], y, tid[fit], k, logger=logger if kind == "holdout" else None,
+                                       default_root_dir=default_root_dir)
         tuned.append(det)
-        if hasattr(det, "fit_logged"):
-            model = det.fit_logged(x[fit], y, tid[fit], logger=logger if kind == "holdout" else None,
-                                   default_root_dir=default_root_dir)
-        else:
-            model = det.fit(x[fit], y, tid[fit])
         fitted.append(model)
         main[is_te] = model.score(x[is_te])
-        if metadata is not None:
-            m = fit_sklearn_reference(metadata[fit], y, l2=l2)
-            base_scores["c1"][is_te] = m.decision_function(metadata[is_te])
-        if collapse is not None:
-            m = fit_sklearn_reference(collapse[fit], y, l2=l2)
-            base_scores["collapse_only"][is_te] = m.decision_function(collapse[is_te])
-        if permuted:
-            base_scores["permuted"][is_te] = det.fit(x[fit], rng.permutation(y), tid[fit]).score(x[is_te])
         info = {"fold": k, "trajectories_train": len(train_ids), "trajectories_test": len(test_ids),
                 "rows_train_labelled": int(fit.sum()), "rows_test": int(is_te.sum()), **chosen}
         for key, val in (getattr(model, "fit_info_", None) or {}).items():
             info[f"detector_{key}"] = val
-        if transfer is not None:
-            src = np.isin(transfer.trajectory_id, list(train_ids))
-            assert_rows_disjoint(transfer.trajectory_id[src], tid[is_te])
-            sel = is_te & labelled
-            base_scores["transfer"][sel] = det.fit(transfer.x[src], transfer.y[src],
-                                                   transfer.trajectory_id[src]).score(x[sel])
-            info["rows_transfer_train"] = int(src.sum())
+        info.update(_score_baselines(base_scores, det, x, y, tid, fit, is_te & labelled, is_te, l2=l2,
+                                     metadata=metadata, collapse=collapse, rng=rng if permuted else None,
+                                     transfer=transfer, train_ids=train_ids))
         per_fold.append(info)
     test_index = np.flatnonzero(fold_of_row >= 0)
     if kind == "kfold" and len(test_index) != n:
@@ -229,18 +211,64 @@ def cross_fit(
     if int(permutation_m) > 0:
         null_scores, permutation = _null_refits(tuned, meta, x, folds, labelled, test_index, main,
                                                 int(permutation_m), int(permutation_seed))
-    baselines = {}
-    for name, s in base_scores.items():
-        idx = test_index[labelled[test_index]] if name == "transfer" else test_index
-        if not np.isfinite(s[idx]).all():
-            raise RuntimeError(f"cross_fit: baseline {name!r} left rows unscored")
-        baselines[name] = score_table(meta, idx, s[idx])
+    baselines = _baseline_tables(meta, base_scores, test_index, labelled)
     if not np.isfinite(main[test_index]).all():
         raise RuntimeError(f"detector={detector.name}: non-finite scores on "
                            f"{int((~np.isfinite(main[test_index])).sum())} test rows")
     return CrossFit(folds=folds, fold_of_row=fold_of_row, fitted=fitted, test_index=test_index,
                     test_scores=main[test_index], baselines=baselines, per_fold=per_fold,
                     null_scores=null_scores, permutation=permutation)
+
+
+def _fit_fold(detector, x: np.ndarray, y: np.ndarray, groups: np.ndarray, fold: int, *, logger,
+              default_root_dir):
+    """``(tuned detector, its chosen settings, fitted model)`` of one fold's training rows:
+    ``tune`` when the detector has it, then ``fit_logged`` (with ``logger``) when it has it, else ``fit``."""
+    det, chosen = detector.tune(x, y, groups, fold) if hasattr(detector, "tune") else (detector, {})
+    if hasattr(det, "fit_logged"):
+        return det, chosen, det.fit_logged(x, y, groups, logger=logger, default_root_dir=default_root_dir)
+    return det, chosen, det.fit(x, y, groups)
+
+
+def _score_baselines(scores: dict[str, np.ndarray], det, x: np.ndarray, y: np.ndarray, tid: np.ndarray,
+                     fit: np.ndarray, test_labelled: np.ndarray, is_te: np.ndarray, *, l2: float,
+                     metadata: np.ndarray | None, collapse: np.ndarray | None, rng: np.random.Generator | None,
+                     transfer: TransferSource | None, train_ids: set[str]) -> dict:
+    """One fold's baselines, written into ``scores`` at its test rows: C1 on ``metadata`` and
+    collapse-only on ``collapse`` (scikit-learn reference, ``C = l2``), the detector refitted on
+    labels permuted by ``rng``, and the detector fitted on ``transfer``'s rows of the training
+    trajectories (scored on the labelled test rows). Returns the fold's extra record."""
+    if metadata is not None:
+        m = fit_sklearn_reference(metadata[fit], y, l2=l2)
+        scores["c1"][is_te] = m.decision_function(metadata[is_te])
+    if collapse is not None:
+        m = fit_sklearn_reference(collapse[fit], y, l2=l2)
+        scores["collapse_only"][is_te] = m.decision_function(collapse[is_te])
+    if rng is not None:
+        scores["permuted"][is_te] = det.fit(x[fit], rng.permutation(y), tid[fit]).score(x[is_te])
+    if transfer is None:
+        return {}
+    src = np.isin(transfer.trajectory_id, list(train_ids))
+    assert_rows_disjoint(transfer.trajectory_id[src], tid[is_te])
+    scores["transfer"][test_labelled] = det.fit(transfer.x[src], transfer.y[src],
+                                                transfer.trajectory_id[src]).score(x[test_labelled])
+    return {"rows_transfer_train": int(src.sum())}
+
+
+def _baseline_tables(meta: pd.DataFrame, scores: dict[str, np.ndarray], test_index: np.ndarray,
+                     labelled: np.ndarray) -> dict[str, pd.DataFrame]:
+    """Each baseline's score table on the test rows (``transfer``: the labelled ones only).
+
+    Raises:
+        RuntimeError: A baseline left one of those rows unscored.
+    """
+    tables = {}
+    for name, s in scores.items():
+        idx = test_index[labelled[test_index]] if name == "transfer" else test_index
+        if not np.isfinite(s[idx]).all():
+            raise RuntimeError(f"cross_fit: baseline {name!r} left rows unscored")
+        tables[name] = score_table(meta, idx, s[idx])
+    return tables
 
 
 def _null_refits(tuned: Sequence, meta: pd.DataFrame, x: np.ndarray, folds, labelled: np.ndarray,

@@ -29,16 +29,17 @@ class LogisticDetector:
     fold probes as one Lightning module for ``Trainer.predict``.
 
     Args:
-        l2, max_iter, tol, seed, solver: :class:`ipi.probe.fit.ProbeConfig`.
+        l2, max_iter, tol, seed, solver: :class:`ipi.probe.fit.ProbeConfig`; None until :meth:`with_probe`
+            sets them from ``probe.*``.
         l2_grid: ``probe.l2=auto``: candidate ``C`` values (:meth:`tune`); None: ``l2`` everywhere.
         fit_fn: The probe fitter (:func:`ipi.probe.fit.fit_probe`); injectable for tests.
     """
 
-    l2: float = 1.0
-    max_iter: int = 500
-    tol: float = 1e-8
+    l2: float | None = None
+    max_iter: int | None = None
+    tol: float | None = None
     seed: int = 0
-    solver: str = "newton"
+    solver: str | None = None
     l2_grid: tuple[float, ...] | None = None
     name: str = "logistic"
     permutation_m: int | None = None  # check 4's refits M; None: evaluation.permutation.m

@@ -30,6 +30,8 @@ class MLPDetector:
     model is the one fitted on the inner training trajectories (no refit on all of them). Score:
     the output logit (pre-sigmoid, float64, so no ties from a saturated probability).
 
+    The settings are ``detector.*`` (conf/detector/mlp.yaml), passed in.
+
     Args:
         hidden: Hidden units.
         alpha: L2 penalty (scikit-learn's ``alpha``).
@@ -41,14 +43,14 @@ class MLPDetector:
         seed: Seeds the split, the initialisation and the minibatch order.
     """
 
-    hidden: int = 64
-    alpha: float = 1e-3
-    learning_rate: float = 1e-3
-    batch_size: int = 64
-    max_epochs: int = 200
-    patience: int = 10
-    val_fraction: float = 0.2
-    seed: int = 0
+    hidden: int
+    alpha: float
+    learning_rate: float
+    batch_size: int
+    max_epochs: int
+    patience: int
+    val_fraction: float
+    seed: int
     name: str = "mlp"
     permutation_m: int | None = None  # check 4's refits M; None: evaluation.permutation.m
     input: str = "hidden"

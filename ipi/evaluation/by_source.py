@@ -1,4 +1,4 @@
-"""Estimands by attack source and by goal family, and the source × source transfer table (issue 25).
+"""Estimands by attack source and by goal family, and the source × source transfer table.
 
 A run whose attack pool is a published source or a mix (``attack=...``, :mod:`ipi.attacks.pool`)
 reports, beside the pooled estimands:

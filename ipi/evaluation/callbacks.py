@@ -19,6 +19,7 @@ from ipi.evaluation.assess import ScoreTables, assess
 from ipi.evaluation.results import DEFAULTS, Results, Settings
 from ipi.evaluation.verdict import read_keys
 from ipi.metrics.keys import (
+    at,
     C1,
     COLLAPSE_ONLY,
     E1,
@@ -37,14 +38,6 @@ from ipi.progress import progress_bar
 __all__ = ["EstimandsCallback", "flat_metrics"]
 
 
-def _at(results: Mapping, key: str):
-    cur = results
-    for part in key.split("."):
-        if not isinstance(cur, Mapping) or part not in cur:
-            return None
-        cur = cur[part]
-    return cur
-
 
 #: Baselines whose E1 the paper reports (PROTOCOL.md §8): logged beside the headline estimands.
 PAPER_BASELINES = (C1, COLLAPSE_ONLY, PERMUTED, TRANSFER)
@@ -60,7 +53,7 @@ def flat_metrics(results: Mapping, prefix: str = "test") -> dict[str, float]:
     keys += [dotted(b, E1) for b in PAPER_BASELINES if isinstance(results.get(b), Mapping)]
     keys += [k for k in read_keys(results) if k not in keys]
     for key in keys:
-        v = _at(results, key)
+        v = at(results, key)
         name = f"{prefix}/{key.replace('.', '_')}"
         if isinstance(v, Mapping) and v.get("estimate") is not None:
             out[name] = float(v["estimate"])

@@ -1,6 +1,6 @@
 """Behaviour estimands: E4 (does the probe predict a hijack?), hijack rates, the ablation effect.
 
-Issue 26; docs/behaviour.md. The inputs are **label tables**
+docs/behaviour.md. The inputs are **label tables**
 (:func:`ipi.behaviour.labels.label_generations`: one row per replay row of the test split with
 ``trajectory_id, step, variant, label``), joined with the probe's scores (:func:`join_scores`).
 

@@ -48,6 +48,14 @@ __all__ = ["CONSTRUCTED", "DEFAULTS", "HOLDOUT", "KFOLD", "PRETRAINED", "RANDOM"
            "Reportability", "Results", "ResultsView", "Settings", "Verdict"]
 
 
+#: Verdict thresholds and the reportability gate: the defaults of ``evaluation.*`` (the schema
+#: ``ipi.run.config.EvaluationConf`` reads them, with the bootstrap's from :mod:`ipi.metrics.bootstrap`).
+COLLAPSE_CEILING = 0.60
+C1_MAX = 0.95
+MIN_CLUSTERS = 12
+MIN_BOOT_FRACTION = 0.9
+
+
 @dataclass(frozen=True)
 class Settings:
     """How a run's score tables are assessed (``cfg.evaluation``; PROTOCOL.md §5, §7).
@@ -70,7 +78,7 @@ class Settings:
         pretrained: ``backbone.pretrained`` (False fails check 6: at most "separates ..."), or
             None when unknown (a score table).
         constructed: ``backbone.constructed``: a planted-truth backbone whose weights were
-            built, not trained (issue 23): not capped (check 6 runs with its twins), and the
+            built, not trained: not capped (check 6 runs with its twins), and the
             verdict says it is constructed (planted truth, not a model of any agent).
         required_controls: The controls check 3 cannot do without (the surface's
             ``required_controls``), or None for a score table of unknown surface (then
@@ -92,10 +100,10 @@ class Settings:
     seed: int = SEED
     level: float = LEVEL
     interval: str = INTERVAL
-    collapse_ceiling: float = 0.60
-    c1_max: float = 0.95
-    min_clusters: int = 12
-    min_boot_fraction: float = 0.9
+    collapse_ceiling: float = COLLAPSE_CEILING
+    c1_max: float = C1_MAX
+    min_clusters: int = MIN_CLUSTERS
+    min_boot_fraction: float = MIN_BOOT_FRACTION
     alpha: float = ALPHA
     pretrained: bool | None = None
     constructed: bool = False

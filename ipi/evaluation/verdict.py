@@ -33,6 +33,7 @@ from ipi.evaluation.results import (
 )
 from ipi.metrics.twins import DISTINCT_MAX_RANK_CORRELATION
 from ipi.metrics.keys import (
+    at,
     BY_SEED,
     C1,
     C2,
@@ -592,9 +593,9 @@ def _check_clusters(ctx: _Context) -> dict:
         if rule.id == 0:
             continue
         for key in rule.reads(ctx.view)[0]:
-            if _at(ctx.results, key) is None:
+            if at(ctx.results, key) is None:
                 continue
-            why = not_evidence(ctx.results, key, _interval(_at(ctx.results, key)),
+            why = not_evidence(ctx.results, key, _interval(at(ctx.results, key)),
                                min_clusters=ctx.settings.min_clusters,
                                min_boot_fraction=ctx.settings.min_boot_fraction)
             if why:
@@ -611,14 +612,6 @@ def _reads_clusters(view: ResultsView):
     return (), ()
 
 
-def _at(results: Mapping, key: str):
-    cur = results
-    for part in key.split("."):
-        if not isinstance(cur, Mapping) or part not in cur:
-            return None
-        cur = cur[part]
-    return cur
-
 
 #: The checklist of PROTOCOL.md §7, in order. Appending a :class:`Rule` adds a check; its
 #: description and the estimands it reads travel with it to every report.
@@ -633,14 +626,15 @@ CHECKS: tuple[Rule, ...] = (
 )
 
 
-def read_keys(results: Mapping) -> dict[str, list[int]]:
-    """``{estimand key: [ids of the checks reading it]}``: intervals (gated) and point estimates
-    read on purpose, as :data:`CHECKS` declares them; an estimand absent decides nothing."""
+def read_keys(results: Mapping, *, points: bool = True) -> dict[str, list[int]]:
+    """``{estimand key: [ids of the checks reading it]}``: intervals (gated) and, with ``points``,
+    point estimates read on purpose, as :data:`CHECKS` declares them; an estimand absent decides
+    nothing. The one declaration the report, the plots, the logged metrics and the sweep read."""
     view = ResultsView(results)
     out: dict[str, list[int]] = {}
     for rule in CHECKS:
-        intervals, points = rule.reads(view)
-        for key in (*intervals, *points):
+        intervals, point_keys = rule.reads(view)
+        for key in (*intervals, *(point_keys if points else ())):
             ids = out.setdefault(key, [])
             if rule.id not in ids:
                 ids.append(rule.id)

@@ -351,6 +351,36 @@ def extract_features(settings: ExtractSettings, rows: Sequence[ReplayRow], layer
     return features, info
 
 
+def predict_rows(settings: ExtractSettings, backbone, rows: Sequence[ReplayRow], module: L.LightningModule,
+                 writer: ShardWriter, *, devices, strategy: str) -> L.Trainer:
+    """Forward ``rows`` through ``module`` (a predict-step extractor over ``backbone``) into ``writer``.
+
+    The rows are replayed in step groups (:class:`StepGroupDataset`), batched so that about
+    ``backbone.batch_size`` rows go through one forward, and predicted by one ``Trainer`` with the
+    writer and the progress bars (rows, elapsed, ETA) as callbacks.
+
+    Returns:
+        The trainer (its ``world_size`` and ``global_rank`` tell a DDP caller which rank it is).
+    """
+    b = settings.backbone
+    dataset = StepGroupDataset(rows, backbone.processor, b["system_prompt"],
+                               backbone.multimodal, backbone.image_size, backbone.image_token_id)
+    tok = backbone.tokenizer
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    per_step = max(len(g) for g in dataset.groups)
+    dm = ReplayDataModule(dataset, pad, batch_size=max(1, b["batch_size"] // per_step),
+                          num_workers=resolve_num_workers(settings.num_workers, settings.accelerator))
+    bars = extraction_callbacks(True if settings.quiet else None, total_rows=len(rows))
+    trainer = L.Trainer(
+        accelerator=settings.accelerator, devices=devices, strategy=strategy,
+        precision=resolve_precision(settings.precision, settings.accelerator),
+        callbacks=[writer, *bars], logger=False, enable_checkpointing=False,
+        enable_model_summary=False, enable_progress_bar=False,
+    )
+    trainer.predict(module, datamodule=dm, return_predictions=False)
+    return trainer
+
+
 def _forward_missing(settings: ExtractSettings, cache: ActivationCache, rows: Sequence[ReplayRow], layers: list[int],
                      token_groups: Sequence[str], backbone=None) -> int | dict:
     """Forward the rows that finished shards lack; return how many (a dict on a non-zero DDP rank)."""
@@ -370,26 +400,12 @@ def _forward_missing(settings: ExtractSettings, cache: ActivationCache, rows: Se
             f"backbone={b['name']}: model has {backbone.n_layers} decoder layers, "
             f"config says n_layers={b['n_layers']}"
         )
-    dataset = StepGroupDataset(todo, backbone.processor, b["system_prompt"],
-                               backbone.multimodal, backbone.image_size, backbone.image_token_id)
-    tok = backbone.tokenizer
-    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    per_step = max(len(g) for g in dataset.groups)
-    dm = ReplayDataModule(dataset, pad, batch_size=max(1, b["batch_size"] // per_step),
-                          num_workers=resolve_num_workers(settings.num_workers, settings.accelerator))
     writer = ShardWriter(cache, shard_rows=settings.shard_rows, dtype=b["cache_dtype"],
                          layers=list(layers), token_groups=list(token_groups))
-    bars = extraction_callbacks(True if settings.quiet else None, total_rows=len(todo))  # rows, elapsed, ETA
-    trainer = L.Trainer(
-        accelerator=settings.accelerator, devices=settings.devices,
-        strategy=settings.strategy,
-        precision=resolve_precision(settings.precision, settings.accelerator),
-        callbacks=[writer, *bars], logger=False, enable_checkpointing=False,
-        enable_model_summary=False, enable_progress_bar=False,
-    )
     module = HiddenStateExtractor(backbone, layers, token_groups, max_rows=b["batch_size"],
                                   prefix_reuse=settings.prefix_reuse)
-    trainer.predict(module, datamodule=dm, return_predictions=False)
+    trainer = predict_rows(settings, backbone, todo, module, writer, devices=settings.devices,
+                           strategy=settings.strategy)
     forwarded = writer.rows_written
     if trainer.world_size > 1:
         # All ranks passed the writer's barrier: every shard is on disk. Leave the process

@@ -1,4 +1,4 @@
-"""The random-weight twins' features in one data pass (verdict check 6; issue 22 item 4).
+"""The random-weight twins' features in one data pass (verdict check 6).
 
 Check 6 forwards the run's own rows through S twins (:mod:`ipi.run.twin`). Done one twin at a time,
 every twin repeats the whole data side of an extraction: reading the screenshots, drawing the

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+import numpy as np
 import pandas as pd
 
 from ipi.metrics.bootstrap import INTERVAL, LEVEL, N_BOOT, SEED, check_level, make_draws, paired_difference, plus_one_p
@@ -212,6 +213,26 @@ class Estimates:
         return out
 
 
+def _part(s: EstimandSet, key: str, control: str | None = None) -> tuple:
+    """``(estimate, replicates, jackknife values, contributing trajectories, Kish effective count)``
+    of the estimand ``key`` of ``s`` (E3 of ``control`` when given)."""
+    if control is None:
+        return (getattr(s, key).estimate, s.replicates[key], (s.jackknife or {}).get(key),
+                s.contributors[key], s.effective.get(key))
+    return (s.e3[control].estimate, s.replicates[E3][control], ((s.jackknife or {}).get(E3) or {}).get(control),
+            s.contributors[E3][control], s.effective.get(E3, {}).get(control))
+
+
+def _paired(a: tuple, b: tuple, level: float, interval: str) -> tuple[Difference, np.ndarray]:
+    """The paired difference A − B of two estimands (:func:`_part`) on the shared draws, with its
+    counts, and its replicate values."""
+    ea, ra, ja, ca, ka = a
+    eb, rb, jb, cb, kb = b
+    iv, d = paired_difference(ea, ra, eb, rb, level=level, interval=interval, jackknife_a=ja, jackknife_b=jb,
+                              n_clusters=min(len(ca), len(cb)))
+    return Difference(iv, len(ca & cb), None if ka is None or kb is None else min(ka, kb)), d
+
+
 def compare_tables(
     main: pd.DataFrame,
     baselines: Mapping[str, pd.DataFrame] | None = None,
@@ -271,47 +292,23 @@ def compare_tables(
     draws = make_draws(ids, n_boot=n_boot, seed=seed)
 
     res = estimands(main_v, level=level, draws=draws, interval=interval)
-    jk = res.jackknife or {E1: None, E3: {}}
     sets: dict[str, EstimandSet] = {}
     by_baseline: dict[str, Difference] = {}
     by_baseline_e3: dict[str, dict[str, Difference]] = {}
     p_baselines: dict[str, float | None] = {}
     p_baselines_e3: dict[str, dict[str, float | None]] = {}
 
-    def diff_of(a: EstimandSet, a_key, b: EstimandSet, b_key, control=None):
-        # paired difference A − B of one estimand on the shared draws, with its counts
-        def parts(s: EstimandSet, key):
-            if control is None:
-                return (getattr(s, key).estimate, s.replicates[key], (s.jackknife or {}).get(key),
-                        s.contributors[key], s.effective.get(key))
-            return (s.e3[control].estimate, s.replicates[E3][control], ((s.jackknife or {}).get(E3) or {}).get(control),
-                    s.contributors[E3][control], s.effective.get(E3, {}).get(control))
-
-        ea, ra, ja, ca, ka = parts(a, a_key)
-        eb, rb, jb, cb, kb = parts(b, b_key)
-        n = len(ca & cb)
-        iv, d = paired_difference(ea, ra, eb, rb, level=level, interval=interval, jackknife_a=ja, jackknife_b=jb,
-                                  n_clusters=min(len(ca), len(cb)))
-        eff = None if ka is None or kb is None else min(ka, kb)
-        return Difference(iv, n, eff), d
-
     for name, tbl in base_v.items():
         b = sets[name] = estimands(tbl, level=level, draws=draws, interval=interval)
-        by_baseline[name], diff = diff_of(res, E1, b, E1)
+        by_baseline[name], diff = _paired(_part(res, E1), _part(b, E1), level, interval)
         p_baselines[name] = plus_one_p(diff, 0.0)
         by_baseline_e3[name], p_baselines_e3[name] = {}, {}
         for control in res.e3:
             if control in b.e3:
-                by_baseline_e3[name][control], diff = diff_of(res, E3, b, E3, control)
+                by_baseline_e3[name][control], diff = _paired(_part(res, E3, control), _part(b, E3, control),
+                                                              level, interval)
                 p_baselines_e3[name][control] = plus_one_p(diff, 0.0)
-    e1_minus_e3 = {}
-    for control, e3 in res.e3.items():
-        iv, _ = paired_difference(res.e1.estimate, res.replicates[E1], e3.estimate, res.replicates[E3][control],
-                                  level=level, interval=interval, jackknife_a=jk[E1],
-                                  jackknife_b=jk[E3].get(control),
-                                  n_clusters=min(len(res.contributors[E1]), len(res.contributors[E3][control])))
-        e1_minus_e3[control] = Difference(iv, len(res.contributors[E1] & res.contributors[E3][control]),
-                                          min(res.effective[E1], res.effective[E3][control]))
+    e1_minus_e3 = {c: _paired(_part(res, E1), _part(res, E3, c), level, interval)[0] for c in res.e3}
     random_twin = twin_diffs = None
     if twin_v:
         random_twin, twin_diffs = compare_twins(res, twin_v, draws=draws, level=level, interval=interval,

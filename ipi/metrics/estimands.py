@@ -168,6 +168,74 @@ def kish(weights) -> float:
     return float(np.sum(w) ** 2 / s2) if s2 > 0 else 0.0
 
 
+
+@dataclass(frozen=True)
+class ReplicateFrame:
+    """A validated score table laid out for vectorised bootstrap replicates (the estimands and the
+    operating point compute every replicate as one matrix product over these arrays).
+
+    Attributes:
+        table: The validated table (:func:`ipi.metrics.table.validate_table`).
+        draws: The cluster-bootstrap draws.
+        col: Each row's cluster column in ``draws`` ``[n]``.
+        m: Cluster multiplicities ``[B, clusters]``; for BCa the ``T`` leave-one-cluster-out rows
+            follow ``[B + T, clusters]`` (jackknife values on the same code path).
+        n_boot: ``B``, the leading rows of ``m`` that are replicates.
+        score: Scores ``[n]`` (float64).
+        weight: Step weights ``[n]`` (:func:`ipi.metrics.table.step_weights`).
+        variant: Variants ``[n]`` (object).
+    """
+
+    table: pd.DataFrame
+    draws: Draws
+    col: np.ndarray
+    m: np.ndarray
+    n_boot: int
+    score: np.ndarray
+    weight: np.ndarray
+    variant: np.ndarray
+
+
+def replicate_frame(table: pd.DataFrame, *, n_boot: int, seed: int, draws: Draws | None,
+                    interval: str) -> ReplicateFrame:
+    """Validate ``table`` and lay it out over ``draws`` (fresh draws of ``n_boot`` over its
+    trajectories with ``seed`` when None); ``interval="bca"`` appends the jackknife rows."""
+    t = validate_table(table)
+    if draws is None:
+        draws = make_draws(t["trajectory_id"], n_boot=n_boot, seed=seed)
+    m = np.asarray(draws.multiplicity, dtype=np.float64)
+    nb = m.shape[0]
+    if interval == BCA:
+        m = np.vstack([m, 1.0 - np.eye(draws.n_clusters)])
+    return ReplicateFrame(t, draws, draws.columns(t["trajectory_id"]), m, nb, t["score"].to_numpy(dtype=np.float64),
+                          step_weights(t), t["variant"].to_numpy(dtype=object))
+
+
+def _e2_replicates(step_key: np.ndarray, f: np.ndarray, w: np.ndarray, col: np.ndarray, is_attack: np.ndarray,
+                   sel: np.ndarray, m: np.ndarray, n_t: int) -> tuple[float, np.ndarray, np.ndarray]:
+    """E2 and its replicates: the within-step AUCs of the rows ``sel`` (fixed under the cluster
+    bootstrap), averaged per replicate with the trajectories' multiplicities ``m`` as weights.
+
+    Returns:
+        ``(estimate, replicate values [rows of m], defined steps per trajectory [n_t])``.
+    """
+    step_auc = grouped_weighted_auc(step_key[sel], f[sel], is_attack[sel], w[sel])
+    n_keys = int(step_key.max()) + 1
+    step_auc = np.concatenate([step_auc, np.full(n_keys - step_auc.size, np.nan)])
+    step_col = np.zeros(n_keys, dtype=np.int64)
+    step_col[step_key] = col
+    defined = np.isfinite(step_auc)
+    estimate = float(np.mean(step_auc[defined])) if defined.any() else math.nan
+    auc_sum = np.bincount(step_col[defined], weights=step_auc[defined], minlength=n_t)
+    n_steps = np.bincount(step_col[defined], minlength=n_t).astype(np.float64)
+    numer = m @ auc_sum
+    denom = m @ n_steps
+    reps = np.full(m.shape[0], np.nan)
+    ok = denom > 0
+    reps[ok] = numer[ok] / denom[ok]
+    return estimate, reps, n_steps
+
+
 def estimands(
     table: pd.DataFrame,
     *,
@@ -213,17 +281,8 @@ def estimands(
     level = check_level(level)
     if interval not in INTERVALS:
         raise ValueError(f"interval {interval!r} unknown; expected one of {', '.join(INTERVALS)}")
-    t = validate_table(table)
-    if draws is None:
-        draws = make_draws(t["trajectory_id"], n_boot=n_boot, seed=seed)
-    col = draws.columns(t["trajectory_id"])
-    m = np.asarray(draws.multiplicity, dtype=np.float64)
-    nb = m.shape[0]
-    if interval == BCA:  # append the T leave-one-cluster-out rows: jackknife values, same code path
-        m = np.vstack([m, 1.0 - np.eye(draws.n_clusters)])
-    f = t["score"].to_numpy(dtype=np.float64)
-    w = step_weights(t)
-    variant = t["variant"].to_numpy(dtype=object)
+    rf = replicate_frame(table, n_boot=n_boot, seed=seed, draws=draws, interval=interval)
+    t, draws, col, m, nb, f, w, variant = rf.table, rf.draws, rf.col, rf.m, rf.n_boot, rf.score, rf.weight, rf.variant
     _, step_key = np.unique(
         np.stack([col, t["step"].to_numpy(dtype=np.int64)], axis=1), axis=0, return_inverse=True
     )
@@ -272,20 +331,7 @@ def estimands(
     # E2: within-step AUCs (fixed under the cluster bootstrap), averaged per replicate with the
     # trajectories' multiplicities as weights.
     sel = (is_attack | is_clean) & both_ac
-    step_auc = grouped_weighted_auc(step_key[sel], f[sel], is_attack[sel], w[sel])
-    n_keys = int(step_key.max()) + 1
-    step_auc = np.concatenate([step_auc, np.full(n_keys - step_auc.size, np.nan)])
-    step_col = np.zeros(n_keys, dtype=np.int64)
-    step_col[step_key] = col
-    defined = np.isfinite(step_auc)
-    e2_estimate = float(np.mean(step_auc[defined])) if defined.any() else math.nan
-    auc_sum = np.bincount(step_col[defined], weights=step_auc[defined], minlength=n_t)
-    n_steps = np.bincount(step_col[defined], minlength=n_t).astype(np.float64)
-    numer = m @ auc_sum
-    denom = m @ n_steps
-    e2_reps = np.full(m.shape[0], np.nan)
-    ok = denom > 0
-    e2_reps[ok] = numer[ok] / denom[ok]
+    e2_estimate, e2_reps, n_steps = _e2_replicates(step_key, f, w, col, is_attack, sel, m, n_t)
     replicates[E2], jackknife[E2] = e2_reps[:nb], (e2_reps[nb:] if interval == BCA else None)
     contributors[E2] = having_both(is_attack & sel, is_clean & sel)
     eff[E2] = kish(n_steps)

@@ -2,7 +2,7 @@
 
 The typed results (:class:`ipi.metrics.compare.Estimates`, :class:`ipi.evaluation.results.Results`)
 write their ``to_dict()`` with these names, and every reader of a results dict — the verdict, the
-reportability marks, the reports, the sweep summary, W&B — reads with them. Torch-free, no imports.
+reportability marks, the reports, the sweep summary, W&B — reads with them (:func:`at` reads a dotted key). Torch-free, standard library only.
 
 Layout (``{...}`` an interval ``{"estimate", "ci_low", "ci_high", "n_boot_used"}``)::
 
@@ -21,6 +21,8 @@ Layout (``{...}`` an interval ``{"estimate", "ci_low", "ci_high", "n_boot_used"}
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 # The estimands of one score table (PROTOCOL.md §5).
 E1 = "e1"
@@ -103,7 +105,7 @@ P_VALUE = "p_value"
 NULL_MEAN = "null_mean"
 
 OPERATING_POINT = "operating_point"  # TPR at a fixed FPR (ipi.metrics.operating_point)
-#: Free-run behaviour (issue 26; docs/behaviour.md): written only by a run with behaviour.enabled
+#: Free-run behaviour (docs/behaviour.md): written only by a run with behaviour.enabled
 BEHAVIOUR = "behaviour"
 
 # verdict.*
@@ -115,6 +117,17 @@ RESERVED_KEYS = frozenset(
     {E1, E2, E3, DIFFERENCES, BOOTSTRAP, COUNTS, VERDICT, SOURCE, "baselines", PERMUTATION, P_VALUES, RANDOM_TWIN,
      OPERATING_POINT, BEHAVIOUR, WARNINGS}
 )
+
+
+def at(results: Mapping, key: str):
+    """The value at a dotted key of a results dict (``random_twin.by_seed.1.e3.c_scrambled``), or
+    None where the path is absent."""
+    cur = results
+    for part in key.split("."):
+        if not isinstance(cur, Mapping) or part not in cur:
+            return None
+        cur = cur[part]
+    return cur
 
 
 def dotted(*parts) -> str:

@@ -1,7 +1,7 @@
 """The operating point a defender deploys at: TPR at a fixed FPR, with cluster-bootstrap intervals.
 
 AUC (E1, E3) summarises every threshold at once; a deployed detector runs at one, chosen so that
-benign traffic is flagged at most ``fpr`` of the time (issue 25). For a negative class ``N``
+benign traffic is flagged at most ``fpr`` of the time. For a negative class ``N``
 (clean rows, or one control's rows) and the positive class ``P`` (attack rows), with the step
 weights of PROTOCOL.md §5 (:func:`ipi.metrics.table.step_weights`):
 
@@ -23,8 +23,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ipi.metrics.bootstrap import BCA, INTERVAL, LEVEL, N_BOOT, SEED, Draws, make_draws, make_interval
-from ipi.metrics.table import is_control, step_weights, validate_table
+from ipi.metrics.bootstrap import BCA, INTERVAL, LEVEL, N_BOOT, SEED, Draws, make_interval
+from ipi.metrics.estimands import replicate_frame
+from ipi.metrics.table import is_control
 
 __all__ = ["DEFAULT_FPR", "operating_points", "tpr_at_fpr"]
 
@@ -101,17 +102,8 @@ def operating_points(table: pd.DataFrame, fpr: float = DEFAULT_FPR, *, n_boot: i
     """
     if not 0.0 <= fpr < 1.0:
         raise ValueError(f"evaluation.operating_fpr must be in [0, 1), got {fpr}")
-    t = validate_table(table)
-    if draws is None:
-        draws = make_draws(t["trajectory_id"], n_boot=n_boot, seed=seed)
-    col = draws.columns(t["trajectory_id"])
-    m = np.asarray(draws.multiplicity, dtype=np.float64)
-    nb = m.shape[0]
-    if interval == BCA:
-        m = np.vstack([m, 1.0 - np.eye(draws.n_clusters)])
-    f = t["score"].to_numpy(dtype=np.float64)
-    w = step_weights(t)
-    variant = t["variant"].to_numpy(dtype=object)
+    rf = replicate_frame(table, n_boot=n_boot, seed=seed, draws=draws, interval=interval)
+    t, col, m, nb, f, w, variant = rf.table, rf.col, rf.m, rf.n_boot, rf.score, rf.weight, rf.variant
     is_attack = variant == "attack"
     negatives = ["clean"] + sorted({str(v) for v in variant if is_control(str(v))})
     out: dict = {"fpr": float(fpr), "vs": {}}

@@ -43,7 +43,7 @@ _QUIET_WARNINGS = (
 
 @dataclass
 class ProbeConfig:
-    """Hyper-parameters of the probe (PROTOCOL.md §4).
+    """Hyper-parameters of the probe (PROTOCOL.md §4): ``probe.*``, passed in (their defaults: the ``ProbeConf`` schema).
 
     Attributes:
         l2: scikit-learn's ``C``, the inverse L2 regularisation strength (> 0).
@@ -54,16 +54,16 @@ class ProbeConfig:
             converged point (LBFGS returns immediately once the gradient is below ``tol``).
         seed: Seed passed to ``lightning.seed_everything`` (the fit itself starts from zero
             weights and is deterministic; the seed fixes any other randomness).
-        solver: ``"newton"`` (exact full-batch Newton, default) or ``"lbfgs"``
+        solver: ``"newton"`` (exact full-batch Newton) or ``"lbfgs"``
             (:class:`~ipi.probe.module.LinearProbe`).
     """
 
-    l2: float = 1.0
-    max_iter: int = 500
-    tol: float = 1e-8
+    l2: float
+    max_iter: int
+    tol: float
+    solver: str
     max_epochs: int = 1
     seed: int = 0
-    solver: str = "newton"
 
 
 def validate_xy(x: np.ndarray, y: np.ndarray | None = None, *, name: str = "x") -> None:
@@ -142,7 +142,7 @@ def _quiet():
 def fit_probe(
     x_train: np.ndarray,
     y_train: np.ndarray,
-    probe_config: ProbeConfig | None = None,
+    probe_config: ProbeConfig,
     *,
     logger=None,
     x_val: np.ndarray | None = None,
@@ -153,14 +153,14 @@ def fit_probe(
 
     Standardisation statistics and balanced class weights come from ``x_train``/``y_train``
     only. Training is one full batch per epoch, in float64 — an exact Newton solve
-    (``probe_config.solver="newton"``, default) or LBFGS with strong Wolfe (``"lbfgs"``) — through
+    (``probe_config.solver="newton"``) or LBFGS with strong Wolfe (``"lbfgs"``) — through
     ``lightning.Trainer(accelerator="cpu", devices=1, deterministic=True)``; banners,
     progress bars, checkpoints and the model summary are off.
 
     Args:
         x_train: Training features ``[n, d]`` (float16/32/64). Converted to one float64 copy.
         y_train: Training labels ``[n]`` in ``{0, 1}`` (1 = attack, 0 = clean).
-        probe_config: Hyper-parameters; ``ProbeConfig()`` if None.
+        probe_config: Hyper-parameters (``probe.*``).
         logger: A Lightning logger (e.g. ``CSVLogger``) or None for no logging.
         x_val: Optional validation features ``[m, d]``; logs ``val/auroc`` each epoch.
         y_val: Validation labels ``[m]`` (required with ``x_val``).
@@ -178,7 +178,6 @@ def fit_probe(
             array has NaN/inf (the message gives the number of rows), shapes disagree, or
             only one of ``x_val``/``y_val`` is given.
     """
-    probe_config = probe_config if probe_config is not None else ProbeConfig()
     validate_xy(x_train, y_train, name="x_train")
     x_train = np.asarray(x_train)
     if (x_val is None) != (y_val is None):
@@ -277,7 +276,7 @@ def score(probe: LinearProbe, x: np.ndarray, chunk_rows: int = 4096) -> np.ndarr
     return out
 
 
-def fit_sklearn_reference(x_train: np.ndarray, y_train: np.ndarray, l2: float = 1.0) -> Pipeline:
+def fit_sklearn_reference(x_train: np.ndarray, y_train: np.ndarray, l2: float | None = None) -> Pipeline:
     """The scikit-learn model the probe must agree with; also the C1 metadata baseline.
 
     ``Pipeline([("scaler", StandardScaler()), ("logreg", LogisticRegression(C=l2,
@@ -287,7 +286,7 @@ def fit_sklearn_reference(x_train: np.ndarray, y_train: np.ndarray, l2: float = 
     Args:
         x_train: Training features ``[n, d]`` (for C1: the 4 metadata scalars).
         y_train: Labels ``[n]`` in ``{0, 1}``.
-        l2: ``C`` (inverse regularisation strength).
+        l2: ``C`` (inverse regularisation strength); None: scikit-learn's own default ``C``.
 
     Returns:
         The fitted pipeline; use ``decision_function`` for logits.
@@ -302,7 +301,7 @@ def fit_sklearn_reference(x_train: np.ndarray, y_train: np.ndarray, l2: float = 
             (
                 "logreg",
                 LogisticRegression(
-                    C=float(l2), class_weight="balanced", max_iter=5000, tol=1e-10
+                    **({} if l2 is None else {"C": float(l2)}), class_weight="balanced", max_iter=5000, tol=1e-10
                 ),
             ),
         ]

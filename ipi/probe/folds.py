@@ -45,7 +45,7 @@ DEFAULT_L2_GRID = (0.001, 0.01, 0.1, 1.0, 10.0)
 
 
 def select_l2(x: np.ndarray, y: np.ndarray, groups: np.ndarray, grid: Sequence[float], *,
-              n_splits: int = 5, seed: int = 0) -> tuple[float, dict[str, float]]:
+              seed: int, n_splits: int = 5) -> tuple[float, dict[str, float]]:
     """Pick the probe's ``C`` by grouped inner cross-validation on training rows only.
 
     ``GroupKFold`` over the training trajectories (``min(n_splits, #trajectories)`` folds,
@@ -99,8 +99,8 @@ SPLIT_KINDS = ("holdout", "kfold")
 
 
 def make_folds(
-    trajectory_ids: Sequence[str], kind: str, *, test_fraction: float = 0.3, k: int = 5,
-    seed: int = 0,
+    trajectory_ids: Sequence[str], kind: str, *, seed: int, test_fraction: float | None = None,
+    k: int | None = None,
 ) -> list[tuple[set[str], set[str]]]:
     """The folds of a split design over trajectory ids (PROTOCOL.md §4).
 
@@ -108,9 +108,9 @@ def make_folds(
         trajectory_ids: Trajectory ids (repeats allowed).
         kind: ``"holdout"`` (:func:`~ipi.probe.split.holdout_split`, one fold) or ``"kfold"``
             (:func:`~ipi.probe.split.grouped_kfold`, ``k`` folds).
-        test_fraction: Holdout test fraction.
-        k: Number of folds for ``kfold``.
-        seed: Seed of the split permutation.
+        seed: Seed of the split permutation (``split.seed``).
+        test_fraction: Holdout test fraction (``split.test_fraction``; holdout only).
+        k: Number of folds (``split.k``; kfold only).
 
     Returns:
         ``[(train_ids, test_ids), ...]``, checked by :func:`check_folds`.

@@ -38,7 +38,7 @@ def _unique_sorted(trajectory_ids: Iterable[str]) -> list[str]:
 
 
 def holdout_split(
-    trajectory_ids: Sequence[str], test_fraction: float = 0.3, seed: int = 0
+    trajectory_ids: Sequence[str], test_fraction: float, seed: int
 ) -> tuple[set[str], set[str]]:
     """Split unique trajectory ids into a train set and a test set.
 
@@ -76,7 +76,7 @@ def holdout_split(
 
 
 def grouped_kfold(
-    trajectory_ids: Sequence[str], k: int = 5, seed: int = 0
+    trajectory_ids: Sequence[str], k: int, seed: int
 ) -> list[tuple[set[str], set[str]]]:
     """Grouped K-fold over trajectories for cross-fitting (out-of-fold scores for all).
 

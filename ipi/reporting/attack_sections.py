@@ -1,4 +1,4 @@
-"""Report sections of issue 25: the operating point, and the attack source's estimands and transfer.
+"""Report sections: the operating point, and the attack source's estimands and transfer.
 
 Self-contained: each section is a list of ``(title, caption, header, rows)`` tables read from
 ``results.json`` (:func:`sections`), rendered to Markdown (:func:`markdown_lines`) or HTML

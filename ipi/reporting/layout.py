@@ -38,6 +38,7 @@ from ipi.evaluation.reportable import (
 from ipi.evaluation.results import DEFAULTS
 from ipi.evaluation.verdict import read_keys
 from ipi.metrics.keys import (
+    at,
     BEHAVIOUR,
     BOOTSTRAP,
     BY_SEED,
@@ -406,7 +407,7 @@ def _verdict(r: Mapping) -> Section | None:
     return Section("verdict", "Verdict (PROTOCOL.md §7)", tuple(blocks), folded=False)
 
 
-#: Said beside the verdict of a run on a constructed backbone (issue 23; ``run.backbone_weights``).
+#: Said beside the verdict of a run on a constructed backbone (``run.backbone_weights``).
 CONSTRUCTED_NOTE = ("Constructed backbone (backbone.constructed=true): its weights were built to plant a known "
                     "truth; it is not a model of any agent, and a claim here is about the planted truth only.")
 
@@ -544,15 +545,6 @@ def _twin_caption(r: Mapping) -> str:
             "rule) and the paired interval of E3 − mean twin E3; its rule and result are the verdict's line 6.")
 
 
-def _at(results: Mapping, key: str):
-    """The value at a dotted estimand key (``random_twin.by_seed.1.e3.c_scrambled``), or None."""
-    cur = results
-    for part in key.split("."):
-        if not isinstance(cur, Mapping) or part not in cur:
-            return None
-        cur = cur[part]
-    return cur
-
 
 def _twins(r: Mapping, marks: Mapping, labels: Mapping[str, str]) -> Section | None:
     """The twins' section: a transposed table of E1, E2, E3 per control (columns) for the trained
@@ -570,7 +562,7 @@ def _twins(r: Mapping, marks: Mapping, labels: Mapping[str, str]) -> Section | N
             cells: list[Cell] = [name]
             for col in cols:
                 key = keys.get(col)
-                iv = _at(r, key) if key else None
+                iv = at(r, key) if key else None
                 cells.append(Estimate(iv, key, labels.get(key, key), marks.get(key)) if iv is not None else "—")
             rows.append(tuple(cells))
         return Grid((corner, *(names[c] for c in cols)), tuple(rows))
@@ -585,7 +577,7 @@ def _twins(r: Mapping, marks: Mapping, labels: Mapping[str, str]) -> Section | N
     lines += [(f"twin seed {s}", estimands(RANDOM_TWIN, BY_SEED, s)) for s in seeds]
     diffs = [("mean over twin seeds (paired; check 6)",
               {c: dotted(DIFFERENCES, E3_MINUS_MEAN_TWIN_E3, c) for c in controls})]
-    diffs = [(name, keys) for name, keys in diffs if any(_at(r, k) is not None for k in keys.values())]
+    diffs = [(name, keys) for name, keys in diffs if any(at(r, k) is not None for k in keys.values())]
     blocks: list = [Text(_twin_caption(r))]
     if twin.get(GUARDS):
         blocks.append(Text("Refused (check 6 NOT RUN): " + "; ".join(map(str, twin[GUARDS])), "warn"))
@@ -782,9 +774,9 @@ def report_sections(results: Mapping, figures: Mapping[str, str] | None = None,
     rep = r.get(REPORTABILITY) or {}
     gate = {"min_clusters": rep.get("min_clusters", DEFAULTS.min_clusters),
             "min_boot_fraction": rep.get("min_boot_fraction", DEFAULTS.min_boot_fraction)}
-    extra = {k: not_evidence(r, k, _at(r, k), **gate) for k in interval_keys(r) if k not in known}
+    extra = {k: not_evidence(r, k, at(r, k), **gate) for k in interval_keys(r) if k not in known}
     marks = {**marks, **extra}
-    groups["baselines"] += [(k, _extra_label(k), _at(r, k), why) for k, why in extra.items()
+    groups["baselines"] += [(k, _extra_label(k), at(r, k), why) for k, why in extra.items()
                             if _group(k) == "baselines"]
     order = list(BASELINE_LABELS)
     groups["baselines"].sort(key=lambda row: order.index(row[0].split(".")[0]))  # stable: per baseline
@@ -795,7 +787,7 @@ def report_sections(results: Mapping, figures: Mapping[str, str] | None = None,
     # Whatever no section shows yet (a new kind of estimand) is listed, so every interval appears.
     shown = shown_keys([s for s in sections if s is not None])
     other = [row for row in groups["other"] if row[0] not in shown]
-    other += [(k, _extra_label(k), _at(r, k), marks.get(k)) for k in interval_keys(r)
+    other += [(k, _extra_label(k), at(r, k), marks.get(k)) for k in interval_keys(r)
               if k not in shown and k not in {row[0] for row in other}]
     if other:
         level = (r.get(BOOTSTRAP) or {}).get(LEVEL_KEY, DEFAULTS.level)

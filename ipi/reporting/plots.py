@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from ipi.evaluation.reportable import estimand_entries, reportability_of
+from ipi.evaluation.verdict import read_keys
 from ipi.evaluation.results import DEFAULTS
 from ipi.io import atomic_path
 from ipi.metrics.keys import BOOTSTRAP
@@ -179,18 +180,20 @@ def _diff_label(key: str) -> str:
     return f"{name}[{parts[1]}]" if len(parts) > 1 else name
 
 
-def _marked_forest_rows(results: Mapping):
-    """As :func:`forest_rows`, each row with a fifth item: ``None`` or why it is not reportable."""
+def _marked_forest_rows(results: Mapping, *, readers: Mapping[str, list[int]] | None = None):
+    """As :func:`forest_rows`, each row with a fifth item: ``None`` or why it is not reportable;
+    with ``readers`` (:func:`ipi.evaluation.verdict.read_keys`) a label names the checks reading it."""
     marks = reportability_of(results)
     aucs, diffs = [], []
     for key, label, x in estimand_entries(results):
         iv = _iv(x)
         if iv is None:
             continue
-        if key.startswith("differences."):
-            diffs.append((_diff_label(key), *iv, marks.get(key)))
-        else:
-            aucs.append((label, *iv, marks.get(key)))
+        label = _diff_label(key) if key.startswith("differences.") else label
+        ids = (readers or {}).get(key)
+        if ids:
+            label += f" [check{'s' if len(ids) > 1 else ''} {', '.join(map(str, ids))}]"
+        (diffs if key.startswith("differences.") else aucs).append((label, *iv, marks.get(key)))
     return aucs, diffs
 
 
@@ -245,7 +248,8 @@ def _forest_panel(ax, rows, ref: float, xlim):
 def plot_forest(results: Mapping, path: str | os.PathLike, title: str = "") -> Path:
     """Write the forest plot of every estimand with its CI (PROTOCOL.md §5–§6).
 
-    Intervals entirely above the reference line are green, entirely below red, across it grey.
+    Each estimand a verdict check reads is labelled with that check's number
+    (:func:`ipi.evaluation.verdict.read_keys`). Intervals entirely above the reference line are green, entirely below red, across it grey.
     An estimate that is not reportable (:mod:`ipi.evaluation.reportable`: too few test
     trajectories, too few usable replicates, a degenerate interval) is a hollow grey point with
     no interval bar and its reason printed beside it. The AUC axis runs a little past 0 and 1 so
@@ -262,7 +266,7 @@ def plot_forest(results: Mapping, path: str | os.PathLike, title: str = "") -> P
     Raises:
         ValueError: ``results`` holds no estimand.
     """
-    aucs, diffs = _marked_forest_rows(results)
+    aucs, diffs = _marked_forest_rows(results, readers=read_keys(results))
     if not aucs:
         raise ValueError("plot_forest: no estimand in results")
     heights = [max(len(aucs), 1), max(len(diffs), 1)] if diffs else [len(aucs)]

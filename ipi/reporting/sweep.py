@@ -75,26 +75,27 @@ import json
 import math
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from ipi.evaluation.results import DEFAULTS
+from ipi.evaluation.verdict import CLAIM_DETECTS, CLAIM_SEPARATES, read_keys
 from ipi.io import atomic_write_text
 from ipi.sweep_records import cell_name, job_overrides, sweep_failures
 from ipi.metrics.keys import (
+    at,
     BOOTSTRAP,
     CHECKS,
     CLAIM,
     BY_SEED,
+    DIFFERENCES,
     E1,
     E1_PAIRED,
     E2,
     E3,
-    E3_MINUS_C1_E3,
-    E3_MINUS_MEAN_TWIN_E3,
     N_BOOT_KEY,
     OPERATING_POINT,
     P_VALUE,
@@ -110,9 +111,6 @@ from ipi.reporting.report import REPORT_CSS, html_escape, img_tag
 from ipi.reporting.summary import _detector_label
 
 __all__ = ["collect", "family_sentence", "familywise", "familywise_rank", "holm", "main", "write_sweep_report"]
-
-CLAIM_DETECTS = "detects malicious content"
-CLAIM_SEPARATES = "separates clean steps from this attack surface on this split"
 
 HEATMAP_ESTIMANDS = (E1, dotted(E3, "c_scrambled"))
 
@@ -183,16 +181,22 @@ def claim_p_values(res: dict) -> tuple[float, float]:
         p_sep = max(p_sep, num((one.get("numbers") or {}).get("permutation_p")))
     if claim != CLAIM_DETECTS:
         return p_sep, 1.0
-    controls = list(res.get(E3) or {})
-    parts = [num(p_e1)]
-    c1 = pv.get(E3_MINUS_C1_E3) or {}
-    parts += [num(c1.get(c)) for c in controls]
-    e3 = pv.get(E3) or {}
-    parts += [num(e3.get(c)) for c in controls]
-    if _check_status(res, 6) is not None:  # check 6's paired interval: E3[c] − mean over twin seeds
-        twin = pv.get(E3_MINUS_MEAN_TWIN_E3) or {}
-        parts += [num(twin.get(c)) for c in controls]
-    return p_sep, max(parts)
+    # every interval a check reads (verdict.read_keys) that is tested against a fixed bound has a
+    # one-sided p-value (E1 > 0.5, E3[c] > 0.5, a paired difference > 0); a baseline's own interval
+    # (check 5's collapse-only E3, against its ceiling) has none
+    parts = [num(_p_of(pv, key)) for key in read_keys(res, points=False) if _has_p(key)]
+    return p_sep, max(parts, default=1.0)
+
+
+def _has_p(key: str) -> bool:
+    """Whether ``results.json`` records a one-sided bootstrap p-value for the interval ``key``."""
+    head = key.split(".")[1] if key.startswith(DIFFERENCES + ".") else key.split(".")[0]
+    return head in (E1, E1_PAIRED, E3) or key.startswith(DIFFERENCES + ".")
+
+
+def _p_of(pv: Mapping, key: str):
+    """The p-value of the interval ``key`` in ``p_values`` (its path without ``differences.``), or None."""
+    return at(pv, key.removeprefix(DIFFERENCES + "."))
 
 
 def twin_e3_networks(res: dict) -> tuple[list[str], dict[str, list[float]]] | None:

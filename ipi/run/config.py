@@ -23,7 +23,11 @@ from hydra.core.config_store import ConfigStore
 from hydra.utils import get_method
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
+from ipi.evaluation.results import C1_MAX, COLLAPSE_CEILING, MIN_BOOT_FRACTION, MIN_CLUSTERS
 from ipi.extraction.prefix_reuse import PREFIX_REUSE_MODES, resolve_prefix_reuse  # noqa: F401 (re-exported)
+from ipi.metrics.bootstrap import INTERVAL, LEVEL, N_BOOT, SEED
+from ipi.metrics.operating_point import DEFAULT_FPR
+from ipi.metrics.permutation import ALPHA
 from ipi.protocol import (
     CONTROLS,
     DEFAULT_SYSTEM_PROMPT,
@@ -308,30 +312,32 @@ class PermutationConf:
 
     m: int = 199  # permuted-label refits; 0 = not run (check 4 NOT RUN)
     seed: int = 0  # seed of the within-(trajectory, step) label permutations
-    alpha: float = 0.05  # PASS needs p <= alpha (and a null mean near 0.5)
+    alpha: float = ALPHA  # PASS needs p <= alpha (and a null mean near 0.5)
 
 
 @dataclass
 class EvaluationConf:
     """Estimands, bootstrap and verdict (PROTOCOL.md §5–§7)."""
 
-    n_boot: int = 1000
-    seed: int = 0
-    level: float = 0.95
+    # the defaults of the bootstrap, the verdict and the gate are the library's (ipi.metrics.bootstrap,
+    # ipi.evaluation.results), also used where no config exists (a bare score table, the self-test)
+    n_boot: int = N_BOOT
+    seed: int = SEED
+    level: float = LEVEL
     # expanded (default: the percentile interval at Hesterberg's widened tail) | percentile
     # (PROTOCOL.md §5, the protocol cases of §9) | bca; coverage measured in docs/selftest.md
-    interval: IntervalKind = IntervalKind.expanded
-    collapse_ceiling: float = 0.60
-    c1_max: float = 0.95
+    interval: IntervalKind = IntervalKind(INTERVAL)
+    collapse_ceiling: float = COLLAPSE_CEILING
+    c1_max: float = C1_MAX
     # the operating point: TPR at this false-positive rate, attack vs clean and vs each control,
     # with cluster-bootstrap intervals (reported, decides nothing; docs/estimands.md)
-    operating_fpr: float = 0.01
+    operating_fpr: float = DEFAULT_FPR
     # an estimand with fewer effective test trajectories (Kish, from the weights it uses, on its
     # poorer side) is not used: the checks relying on it are NOT RUN (docs/estimands.md)
-    min_clusters: int = 12
+    min_clusters: int = MIN_CLUSTERS
     # An estimate whose bootstrap kept fewer than this fraction of n_boot replicates is marked
     # not reportable in the report, the forest plot and W&B (docs/outputs.md).
-    min_boot_fraction: float = 0.9
+    min_boot_fraction: float = MIN_BOOT_FRACTION
     permuted: bool = True  # the single permuted-label fit (PROTOCOL.md §6; reported, decides nothing)
     permutation: PermutationConf = field(default_factory=PermutationConf)
     collapse_only: bool = True  # run the collapse-only baseline (C2)
@@ -409,7 +415,7 @@ class ExtractConf:
     prefix_reuse: Any = "auto"
     # Layer superset every extraction reads and keys its cache on (fractions, indices or
     # ["all"]); runs select their `layers` from it, so layer sweeps reuse one cache entry.
-    layers: list[Any] = field(default_factory=list)
+    layers: list[Any] = field(default_factory=lambda: [i / 6 for i in range(1, 7)])
     # Random-weight twins forwarded on each prepared batch (one data pass for all; docs/extraction.md):
     # "auto" = all on a CPU, as many as fit in 70 % of the free memory on a GPU; or a positive integer
     twins_per_pass: Any = "auto"
@@ -659,7 +665,7 @@ def validate(cfg: DictConfig) -> None:
         )
     if not 0.0 < cfg.evaluation.get("min_boot_fraction", 0.9) <= 1.0:
         raise ValueError(f"evaluation.min_boot_fraction must be in (0, 1], got {cfg.evaluation.min_boot_fraction}")
-    if not 0.0 <= cfg.evaluation.get("operating_fpr", 0.01) < 1.0:
+    if not 0.0 <= cfg.evaluation.operating_fpr < 1.0:
         raise ValueError(f"evaluation.operating_fpr must be in [0, 1), got {cfg.evaluation.operating_fpr}")
     if not 0.0 < cfg.evaluation.level < 1.0:
         raise ValueError(f"evaluation.level must be in (0, 1), got {cfg.evaluation.level}")

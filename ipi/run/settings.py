@@ -40,5 +40,5 @@ def probe_settings(probe: DictConfig, seed: int) -> tuple[ProbeConfig, list[floa
     """
     auto_l2 = probe.l2 == "auto"
     return (ProbeConfig(l2=1.0 if auto_l2 else float(probe.l2), max_iter=probe.max_iter, tol=probe.tol, seed=seed,
-                        solver=enum_value(probe.get("solver", "newton"))),
+                        solver=enum_value(probe.solver)),
             list(probe.l2_grid) if auto_l2 else None)

@@ -643,7 +643,7 @@ def assess_settings(ev: DictConfig, pretrained: bool | None = None, *, construct
                     constructed=bool(constructed),
                     required_controls=None if required_controls is None else tuple(required_controls),
                     heldout_wording=heldout_wording, split=None if split is None else str(split),
-                    operating_fpr=ev.get("operating_fpr", 0.01))
+                    operating_fpr=ev.operating_fpr)
 
 
 def make_loggers(cfg: DictConfig) -> list:

@@ -23,7 +23,7 @@ __all__ = ["backbone_weights", "twin_config", "twin_description", "twin_seeds", 
 
 def backbone_weights(cfg: DictConfig) -> str:
     """What the run's backbone's own weights are: ``"constructed"`` (``backbone.constructed``: a
-    planted-truth backbone, issue 23), ``"pretrained"`` or ``"random"`` (results.json ``run.backbone_weights``)."""
+    planted-truth backbone), ``"pretrained"`` or ``"random"`` (results.json ``run.backbone_weights``)."""
     if bool(cfg.backbone.get("constructed", False)):
         return "constructed"
     return "pretrained" if bool(cfg.backbone.pretrained) else "random"

@@ -30,16 +30,15 @@ from __future__ import annotations
 
 import contextlib
 import os
-import resource
 import statistics
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import numpy as np
 import torch
 
+from ipi.tools.stopwatch import Stopwatch, best_of
 from ipi.backbone import _processor
 from ipi.extraction.datamodule import ReplayDataset, StepGroupDataset, collate_rows, collate_steps, step_groups
 from ipi.extraction.extractor import base_model, collapse_statistic, planned_prefix_len, pool_groups
@@ -61,12 +60,7 @@ def matmul_peak_flops(n: int = 1024, reps: int = 8, dtype: torch.dtype = torch.f
     a = torch.randn(n, n, dtype=dtype)
     b = torch.randn(n, n, dtype=dtype)
     a @ b
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - t0)
-    return 2.0 * n**3 / best
+    return 2.0 * n**3 / best_of(lambda: a @ b, reps)[0]
 
 
 def count_flops(fn: Callable[[], object]) -> float:
@@ -77,11 +71,6 @@ def count_flops(fn: Callable[[], object]) -> float:
     with mode:
         fn()
     return float(mode.get_total_flops())
-
-
-def _cpu_s() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
 
 
 @contextlib.contextmanager
@@ -114,9 +103,9 @@ def tasktracker_features(bb, settings, rows, layers: Sequence[int]) -> dict:
     feats, coll, prep, tokens = [], [], 0.0, 0
     with torch.inference_mode(), _identity_final_norm(bb.model):
         for i in range(len(ds)):
-            t0 = time.perf_counter()
-            tok = ds[i]["tok"]
-            prep += time.perf_counter() - t0
+            with Stopwatch() as sw:
+                tok = ds[i]["tok"]
+            prep += sw.wall_s
             tokens += tok.seq_len
             hs = bb.model(**tok.inputs, output_hidden_states=True).hidden_states
             feats.append(torch.stack([pool_groups(hs[k + 1][0], tok.groups, TOKEN_GROUPS) for k in layers]))
@@ -141,10 +130,10 @@ def elk_features(bb, settings, rows, layers: Sequence[int]) -> dict:
     model = base_model(bb.model)
     with torch.inference_mode(), _identity_final_norm(bb.model):
         for group in step_groups(rows):
-            t0 = time.perf_counter()
-            items = [ds[i] for i in group]
-            batch = collate_rows(items, pad)
-            prep += time.perf_counter() - t0
+            with Stopwatch() as sw:
+                items = [ds[i] for i in group]
+                batch = collate_rows(items, pad)
+            prep += sw.wall_s
             tokens += int(batch["inputs"]["input_ids"].numel())
             hs = model(**batch["inputs"], output_hidden_states=True, use_cache=False).hidden_states
             for b, it in enumerate(items):
@@ -189,9 +178,9 @@ def ours_prep(bb, settings, rows) -> tuple[float, int, int]:
     tok = bb.tokenizer
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     mode = settings.prefix_reuse
-    t0 = time.perf_counter()
-    batches = [collate_steps([ds[g]], pad) for g in range(len(ds))]
-    secs = time.perf_counter() - t0
+    with Stopwatch() as sw:
+        batches = [collate_steps([ds[g]], pad) for g in range(len(ds))]
+    secs = sw.wall_s
     step = max(1, int(settings.backbone["batch_size"]))
     positions, reused = 0, 0
     for batch in batches:
@@ -230,10 +219,10 @@ def _time_surface(si: int, surface: str, rows: list, runners: dict, reps: int, w
         flops = count_flops(lambda: runners[m](rows))  # untimed pass (also warms caches)
         secs, cpus, out = [], [], None
         for r in range(reps):
-            t0, c0 = time.perf_counter(), _cpu_s()
-            out = runners[m](rows)
-            secs.append(time.perf_counter() - t0)
-            cpus.append(_cpu_s() - c0)
+            with Stopwatch() as sw:
+                out = runners[m](rows)
+            secs.append(sw.wall_s)
+            cpus.append(sw.cpu_s)
             wall[m][si][r] = secs[-1]
         if m == "ours":
             prep, out["tokens"], reused = ours_prep(ours_bb, settings, rows)
@@ -295,13 +284,13 @@ def speed_benchmark(settings: ExtractSettings, rows_by_surface: dict[str, list],
     peak = matmul_peak_flops()
     startup = {}
     _processor.cache_clear()  # each start-up parses the processor files itself
-    t0, c0 = time.perf_counter(), _cpu_s()
-    bb = build_backbone()
-    startup["baselines"] = {"wall_s": round(time.perf_counter() - t0, 3), "cpu_s": round(_cpu_s() - c0, 3)}
+    with Stopwatch() as sw:
+        bb = build_backbone()
+    startup["baselines"] = {"wall_s": round(sw.wall_s, 3), "cpu_s": round(sw.cpu_s, 3)}
     _processor.cache_clear()
-    t0, c0 = time.perf_counter(), _cpu_s()
-    ours_bb = build_ours()
-    startup["ours"] = {"wall_s": round(time.perf_counter() - t0, 3), "cpu_s": round(_cpu_s() - c0, 3)}
+    with Stopwatch() as sw:
+        ours_bb = build_ours()
+    startup["ours"] = {"wall_s": round(sw.wall_s, 3), "cpu_s": round(sw.cpu_s, 3)}
     runners = {
         "tasktracker": lambda rows: tasktracker_features(bb, settings, rows, layers),
         "elk": lambda rows: elk_features(bb, settings, rows, layers),
@@ -373,19 +362,14 @@ def measurement_warnings(reps: int, load_before: Sequence[float], load_after: Se
     return out
 
 
-def _child_cpu_s() -> float:
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
-
-
 def _timed_run(cmd: list[str], cwd, env: dict) -> dict:
     """Run ``cmd`` to completion; wall seconds, CPU-seconds (user + system) and load averages."""
     import subprocess
 
     load = os.getloadavg()
-    t0, c0 = time.perf_counter(), _child_cpu_s()
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
-    out = {"wall_s": round(time.perf_counter() - t0, 2), "cpu_s": round(_child_cpu_s() - c0, 2),
+    with Stopwatch(children=True) as sw:
+        proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    out = {"wall_s": round(sw.wall_s, 2), "cpu_s": round(sw.cpu_s, 2),
            "loadavg_before": [round(x, 2) for x in load], "loadavg_after": [round(x, 2) for x in os.getloadavg()],
            "command": " ".join(cmd[1:])}
     if proc.returncode != 0:

@@ -122,7 +122,7 @@ CELLS: tuple[Cell, ...] = (  # run in this order of (surface, held-out wording) 
     Cell("random", "i_vis"),
 )
 
-#: The smallest share of repeats that must say "detects" where the answer is "detects" (issue 23).
+#: The smallest share of repeats that must say "detects" where the answer is "detects".
 MIN_DETECT_RATE = 0.9
 
 

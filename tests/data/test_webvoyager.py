@@ -18,13 +18,12 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from tests.conftest import REPO
 from ipi.data import (
-    IMPORTERS,
     DataError,
     Skip,
     import_webvoyager,
     import_webvoyager_report,
-    load_trajectories,
     read_native,
     write_native,
 )
@@ -461,7 +460,19 @@ def test_bad_arguments(tmp_path):
         import_webvoyager(tmp_path, max_element_chars=-1)
     with pytest.raises(FileNotFoundError):
         import_webvoyager(tmp_path / "nope")
-    with pytest.raises(ValueError, match="native.*webvoyager"):
-        load_trajectories("mind2web", tmp_path)
-    assert set(IMPORTERS) == {"webvoyager", "native", "online_mind2web", "multimodal_mind2web", "browser_use"}
     assert issubclass(DataError, ValueError)
+
+
+def test_each_format_is_the_importer_its_config_names():
+    """A run finds its importer through conf/data/<kind>.yaml's ``_target_``: one file per format."""
+    import yaml
+    from hydra.utils import get_method
+
+    import ipi.data
+
+    confs = {p.stem: yaml.safe_load(p.read_text()) for p in (REPO / "conf" / "data").glob("*.yaml")}
+    assert set(confs) == {"webvoyager", "native", "online_mind2web", "multimodal_mind2web", "browser_use"}
+    for kind, conf in confs.items():
+        assert conf["kind"] == kind
+        target = get_method(conf["importer"]["_target_"])
+        assert target.__module__.startswith("ipi.data") and getattr(ipi.data, target.__name__) is target

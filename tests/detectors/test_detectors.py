@@ -12,7 +12,7 @@ import pytest
 import torch
 from sklearn.metrics import roc_auc_score
 
-from tests.conftest import compose_train
+from tests.conftest import mlp_detector, compose_train
 
 DETECTORS = ("logistic", "diff_means", "mlp", "attention_focus", "external")
 
@@ -89,14 +89,13 @@ def test_diff_means_matches_hand_computation():
 
 
 def test_mlp_is_seeded_early_stopped_and_learns():
-    from ipi.detectors import MLPDetector
 
     meta, x = _grouped_data(signal=3.0)  # Bayes AUC along the signal ≈ Φ(3/2) ≈ 0.93
     lab = meta.variant.isin(["clean", "attack"]).to_numpy()
     tr = lab & meta.trajectory_id.isin([f"t{i:02d}" for i in range(14)]).to_numpy()
     te = lab & ~meta.trajectory_id.isin([f"t{i:02d}" for i in range(14)]).to_numpy()
     y = (meta.variant == "attack").to_numpy().astype(int)
-    det = MLPDetector(hidden=16, max_epochs=60, patience=5)
+    det = mlp_detector(hidden=16, max_epochs=60, patience=5)
     a = det.fit(x[tr], y[tr], meta.trajectory_id.to_numpy()[tr])
     b = det.fit(x[tr], y[tr], meta.trajectory_id.to_numpy()[tr])
     np.testing.assert_array_equal(a.score(x[te]), b.score(x[te]))  # seeded
@@ -104,7 +103,7 @@ def test_mlp_is_seeded_early_stopped_and_learns():
     # the inner validation rows are whole trajectories (GroupShuffleSplit: 20% of 14 -> 3 of 14)
     assert a.fit_info_["rows_inner_val"] == 3 * 4 * 2
     assert roc_auc_score(y[te], a.score(x[te])) > 0.85
-    other = MLPDetector(hidden=16, max_epochs=60, patience=5, seed=1).fit(x[tr], y[tr], meta.trajectory_id.to_numpy()[tr])
+    other = mlp_detector(hidden=16, max_epochs=60, patience=5, seed=1).fit(x[tr], y[tr], meta.trajectory_id.to_numpy()[tr])
     assert not np.array_equal(other.score(x[te]), a.score(x[te]))
 
 

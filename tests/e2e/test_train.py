@@ -55,6 +55,7 @@ def test_train_end_to_end_and_cache_reuse(tmp_path):
 
     # E1 recomputed independently from the written scores (one attack, one clean row per step).
     scores = pd.read_csv(run / "scores.csv")
+    assert "fold" not in scores.columns  # one probe scored every row: a holdout's table is unchanged
     ac = scores[scores.variant.isin(["attack", "clean"])]
     e1 = roc_auc_score((ac.variant == "attack").astype(int), ac.score)
     assert on_disk["e1"]["estimate"] == pytest.approx(e1, abs=1e-12)
@@ -134,6 +135,9 @@ def test_train_end_to_end_and_cache_reuse(tmp_path):
     scores_k = pd.read_csv(run / "scores.csv")
     assert scores_k.trajectory_id.nunique() == 4 and len(scores_k) == counts["rows"]
     assert not scores_k.duplicated(["trajectory_id", "step", "variant"]).any()
+    # the file says which fold scored each row: a trajectory's rows all in the fold that tested it
+    test_fold = {t: k for k, (_, te) in enumerate(objs_k["folds"]) for t in te}
+    assert (scores_k.fold == scores_k.trajectory_id.map(test_fold)).all() and scores_k.fold.nunique() == 2
     assert len(objs_k["fitted"]) == 2 and res_k["bootstrap"]["n_clusters"] == 4
     assert res_k["counts"]["trajectories_test"] == 4 and len(res_k["counts"]["folds"]) == 2
     assert res_k["run"]["split"].startswith("kfold k=2")

@@ -15,9 +15,8 @@ from sklearn.preprocessing import StandardScaler
 
 from ipi.evaluation.spread import split_spread
 from ipi.detectors.crossfit import cross_fit
-from ipi.detectors.linear import LogisticDetector
 from ipi.probe.folds import make_folds, select_l2
-from tests.conftest import compose_train
+from tests.conftest import logistic_detector, compose_train
 
 
 def _data(seed=0, n_traj=20, d=200):
@@ -58,7 +57,7 @@ def test_select_l2_is_the_grouped_inner_cv_argmax():
     # one signal dimension among 200 noisy ones: strong regularisation wins the inner CV
     assert best < 10.0
     with pytest.raises(ValueError, match="positive"):
-        select_l2(x[lab], y, groups, [0.0, 1.0])
+        select_l2(x[lab], y, groups, [0.0, 1.0], seed=0)
 
 
 def test_auto_l2_sees_training_trajectories_only(monkeypatch):
@@ -74,7 +73,7 @@ def test_auto_l2_sees_training_trajectories_only(monkeypatch):
         return real(xx, yy, groups, grid, **kw)
 
     monkeypatch.setattr(cf, "select_l2", spy)
-    fits = cross_fit(LogisticDetector(l2_grid=(0.01, 1.0)), meta, x, folds)
+    fits = cross_fit(logistic_detector(l2_grid=(0.01, 1.0)), meta, x, folds)
     assert len(seen) == 3
     for (train, test), groups, info in zip(folds, seen, fits.per_fold):
         assert groups == set(train) and not groups & set(test)

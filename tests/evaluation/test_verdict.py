@@ -26,11 +26,10 @@ from ipi.metrics.auc import weighted_auc
 from ipi.metrics import estimands, compare_tables
 from ipi.metrics.permutation import null_tolerance, permutation_summary, permute_within
 from ipi.detectors.crossfit import cross_fit
-from ipi.detectors.linear import LogisticDetector
 from ipi.probe.folds import make_folds
 from ipi.probe.dual import ReducedDesign, fit_reduced
-from ipi.probe.fit import ProbeConfig, fit_probe, fit_sklearn_reference, score
-from tests.conftest import REPO, check_of, run_verdict
+from ipi.probe.fit import fit_probe, fit_sklearn_reference, score
+from tests.conftest import probe_config, logistic_detector, REPO, check_of, run_verdict
 
 # ---------------------------------------------------------------------------------------------
 # Cheap refits equal scikit-learn's (item 3)
@@ -129,7 +128,7 @@ def _e1(table_meta, scores):
 def test_cross_fit_permutation_refits_are_exact(kind):
     meta, x = _dataset()
     folds = make_folds(meta.trajectory_id.unique(), kind, test_fraction=0.4, k=3, seed=1)
-    probe = LogisticDetector(l2=1.0)
+    probe = logistic_detector(l2=1.0)
     fits = cross_fit(probe, meta, x, folds, permutation_m=5, permutation_seed=3)
     te = meta.iloc[fits.test_index].reset_index(drop=True)
     assert fits.null_scores.shape == (5, len(te))
@@ -159,7 +158,7 @@ def test_cross_fit_permutation_refits_are_exact(kind):
 def test_permutation_null_is_centred_and_detects_signal():
     meta, x = _dataset(n_traj=20, shift=3.0, seed=4)
     folds = make_folds(meta.trajectory_id.unique(), "holdout", test_fraction=0.4, seed=0)
-    fits = cross_fit(LogisticDetector(), meta, x, folds, permutation_m=99, permutation_seed=0)
+    fits = cross_fit(logistic_detector(), meta, x, folds, permutation_m=99, permutation_seed=0)
     table = fits.score_table(meta)
     res = compare_tables(table, n_boot=100, permutation=fits.permutation_input()).to_dict()
     perm = res["permutation"]
@@ -393,7 +392,7 @@ def test_lightning_probe_and_reduced_refit_agree():
     meta, x = _dataset(n_traj=8, d=30)
     lab = meta.variant.isin(["clean", "attack"]).to_numpy()
     y = (meta.variant[lab] == "attack").to_numpy().astype(int)
-    probe = fit_probe(x[lab], y, ProbeConfig(l2=0.5))
+    probe = fit_probe(x[lab], y, probe_config(l2=0.5))
     design = ReducedDesign.build(x[lab], x)
     theta = fit_reduced(design.phi, y, C=0.5)
     np.testing.assert_allclose(design.phi_test @ theta[:-1] + theta[-1], score(probe, x), atol=1e-4)
@@ -404,7 +403,7 @@ def test_kfold_null_is_read_on_the_permuted_labels():
     the same permuted labels that trained it (the whole procedure on relabelled data); a holdout's
     test rows keep their true labels."""
     meta, x = _dataset()
-    kf = cross_fit(LogisticDetector(), meta, x, make_folds(meta.trajectory_id.unique(), "kfold", k=3, seed=1),
+    kf = cross_fit(logistic_detector(), meta, x, make_folds(meta.trajectory_id.unique(), "kfold", k=3, seed=1),
                    permutation_m=4, permutation_seed=3)
     te = meta.iloc[kf.test_index].reset_index(drop=True)
     lab = meta.variant.isin(["clean", "attack"]).to_numpy()
@@ -420,7 +419,7 @@ def test_kfold_null_is_read_on_the_permuted_labels():
     a = kf.permutation["null_attack"][0]
     labelled = te.variant.isin(["clean", "attack"]).to_numpy()
     assert s.null_e1[0] == pytest.approx(roc_auc_score(a[labelled], kf.null_scores[0][labelled]), abs=1e-12)
-    ho = cross_fit(LogisticDetector(), meta, x, make_folds(meta.trajectory_id.unique(), "holdout", test_fraction=0.4,
+    ho = cross_fit(logistic_detector(), meta, x, make_folds(meta.trajectory_id.unique(), "holdout", test_fraction=0.4,
                                                             seed=1), permutation_m=4, permutation_seed=3)
     assert "null_attack" not in ho.permutation
 

@@ -10,9 +10,9 @@ import pytest
 from ipi.metrics import compare_tables
 from ipi.metrics.permutation import permute_within
 from ipi.detectors.crossfit import cross_fit
-from ipi.detectors.linear import LogisticDetector
 from ipi.probe.dual import ReducedDesign, fit_reduced, fit_reduced_batch
 from ipi.probe.folds import make_folds
+from tests.conftest import logistic_detector
 
 
 def _design(n, d, m_test=40, seed=0, shift=0.7, balanced=False):
@@ -80,7 +80,7 @@ def test_permutation_p_value_unchanged_by_batching(kind, d):
     meta, x = _dataset(d=d)
     folds = make_folds(meta.trajectory_id.unique(), kind, test_fraction=0.4, k=3, seed=2)
     m, seed = 19, 7
-    fits = cross_fit(LogisticDetector(l2=1.0), meta, x, folds, permutation_m=m, permutation_seed=seed)
+    fits = cross_fit(logistic_detector(l2=1.0), meta, x, folds, permutation_m=m, permutation_seed=seed)
     # sequential: per replicate one within-(trajectory, step) permutation of all labelled rows,
     # per fold fit_reduced on the fold's training rows, scores of its labelled test rows
     lab = np.flatnonzero(meta.variant.isin(["clean", "attack"]).to_numpy())

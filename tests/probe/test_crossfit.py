@@ -10,9 +10,9 @@ from sklearn.metrics import roc_auc_score
 
 from ipi.probe import LeakageError, fit_probe
 from ipi.detectors.crossfit import cross_fit
-from ipi.detectors.linear import LogisticDetector
 from ipi.probe.folds import FoldedProbe, TransferSource, check_folds, make_folds
 from ipi.probe.fit import score
+from tests.conftest import logistic_detector, probe_config
 
 SURFACE_CODE = {"i_vis": 0.0, "i_dom": 1.0, "i_tool": 2.0}
 
@@ -46,7 +46,7 @@ def test_kfold_scores_every_trajectory_exactly_once_out_of_fold():
     md = np.c_[meta.step, meta.step + 3, 100 + meta.step, np.zeros(len(meta))].astype(float)
     folds = make_folds(meta.trajectory_id, "kfold", k=3, seed=1)
     rec = Recorder()
-    fits = cross_fit(LogisticDetector(fit_fn=rec), meta, x, folds, metadata=md, collapse=x[:, 2:4], permuted=True)
+    fits = cross_fit(logistic_detector(fit_fn=rec), meta, x, folds, metadata=md, collapse=x[:, 2:4], permuted=True)
     # Every row is scored exactly once, by the fold whose test set holds its trajectory.
     assert np.array_equal(fits.test_index, np.arange(len(meta)))
     test_of = {t: k for k, (_, te) in enumerate(folds) for t in te}
@@ -95,7 +95,7 @@ def test_planted_leak_raises():
     leaked = next(iter(folds[0][1]))
     bad = [(folds[0][0] | {leaked}, folds[0][1])] + folds[1:]
     with pytest.raises(LeakageError, match=leaked):
-        cross_fit(LogisticDetector(), meta, x, bad)
+        cross_fit(logistic_detector(), meta, x, bad)
     # A trajectory in two test folds.
     t = next(iter(folds[1][1]))
     bad2 = [(folds[0][0] - {t}, folds[0][1] | {t})] + folds[1:]
@@ -114,7 +114,7 @@ def test_transfer_trains_on_other_surfaces_train_rows_and_scores_run_surface_tes
     folds = make_folds(vis.trajectory_id, "holdout", test_fraction=0.3, seed=3)
     train_ids, test_ids = folds[0]
     rec = Recorder()
-    fits = cross_fit(LogisticDetector(fit_fn=rec), vis, x_vis, folds, transfer=src)
+    fits = cross_fit(logistic_detector(fit_fn=rec), vis, x_vis, folds, transfer=src)
     probe_x, _ = rec.calls[0]
     transfer_x, transfer_y = rec.calls[1]
     # The probe trains on i_vis rows of training trajectories; the transfer probe only on
@@ -128,7 +128,7 @@ def test_transfer_trains_on_other_surfaces_train_rows_and_scores_run_surface_tes
     want = vis[vis.trajectory_id.isin(test_ids) & vis.variant.isin(["clean", "attack"])]
     assert tab[["trajectory_id", "step", "variant"]].values.tolist() == \
         want[["trajectory_id", "step", "variant"]].values.tolist()
-    ref = fit_probe(transfer_x, transfer_y)
+    ref = fit_probe(transfer_x, transfer_y, probe_config())
     assert np.allclose(tab.score, score(ref, x_vis[want.index]), atol=1e-9)
     # Its E1 through compare_tables equals sklearn's AUC on those rows.
     from ipi.metrics import compare_tables
@@ -153,10 +153,10 @@ def test_holdout_permuted_matches_previous_seeding():
     meta, x = _rows(n_traj=8)
     folds = make_folds(meta.trajectory_id, "holdout", test_fraction=0.25, seed=0)
     rec = Recorder()
-    fits = cross_fit(LogisticDetector(fit_fn=rec), meta, x, folds, permuted=True, permute_seed=7)
+    fits = cross_fit(logistic_detector(fit_fn=rec), meta, x, folds, permuted=True, permute_seed=7)
     y = rec.calls[0][1]
     assert np.array_equal(rec.calls[1][1], np.random.default_rng(7).permutation(y))
     tr = meta.trajectory_id.isin(folds[0][0]) & meta.variant.isin(["clean", "attack"])
-    ref = fit_probe(x[tr], np.random.default_rng(7).permutation(y))
+    ref = fit_probe(x[tr], np.random.default_rng(7).permutation(y), probe_config())
     te = meta.trajectory_id.isin(folds[0][1]).to_numpy()
     assert np.allclose(fits.baselines["permuted"].score, score(ref, x[te]), atol=1e-12)

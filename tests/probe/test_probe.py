@@ -14,7 +14,6 @@ from sklearn.metrics import roc_auc_score
 from ipi.probe import (
     LeakageError,
     LinearProbe,
-    ProbeConfig,
     assert_rows_disjoint,
     assert_trajectory_disjoint,
     fit_probe,
@@ -23,6 +22,7 @@ from ipi.probe import (
     holdout_split,
     score,
 )
+from tests.conftest import probe_config
 
 IDS = [f"traj-{i:03d}" for i in range(23)]
 
@@ -47,16 +47,16 @@ def test_holdout_deterministic_and_seed_dependent():
 
 
 def test_holdout_minimum_sizes_and_errors():
-    train, test = holdout_split(["a", "b"], test_fraction=0.01)
+    train, test = holdout_split(["a", "b"], test_fraction=0.01, seed=0)
     assert len(train) == 1 and len(test) == 1
-    train, test = holdout_split(["a", "b", "c"], test_fraction=0.99)
+    train, test = holdout_split(["a", "b", "c"], test_fraction=0.99, seed=0)
     assert len(train) == 1 and len(test) == 2
     with pytest.raises(ValueError, match="got 1"):
-        holdout_split(["a", "a", "a"])
+        holdout_split(["a", "a", "a"], 0.5, seed=0)
     with pytest.raises(ValueError, match="got 0"):
-        holdout_split([])
+        holdout_split([], 0.5, seed=0)
     with pytest.raises(ValueError, match="test_fraction"):
-        holdout_split(IDS, test_fraction=1.0)
+        holdout_split(IDS, test_fraction=1.0, seed=0)
 
 
 @pytest.mark.parametrize("k", [2, 5, 23])
@@ -76,9 +76,9 @@ def test_grouped_kfold_deterministic_and_seed_dependent():
     assert grouped_kfold(IDS, 5, seed=0) == grouped_kfold(list(reversed(IDS)), 5, seed=0)
     assert grouped_kfold(IDS, 5, seed=0) != grouped_kfold(IDS, 5, seed=1)
     with pytest.raises(ValueError):
-        grouped_kfold(IDS, k=1)
+        grouped_kfold(IDS, k=1, seed=0)
     with pytest.raises(ValueError, match="24"):
-        grouped_kfold(IDS, k=24)
+        grouped_kfold(IDS, k=24, seed=0)
 
 
 def test_leakage_error_names_planted_trajectory():
@@ -140,7 +140,7 @@ def split_data():
 @pytest.mark.parametrize("l2", [1.0, 0.01])
 def test_probe_agrees_with_sklearn(split_data, l2):
     x_tr, y_tr, x_te, y_te = split_data
-    probe = fit_probe(x_tr, y_tr, ProbeConfig(l2=l2))
+    probe = fit_probe(x_tr, y_tr, probe_config(l2=l2))
     ref = fit_sklearn_reference(x_tr, y_tr, l2)
     s_probe, s_ref = score(probe, x_te), ref.decision_function(x_te)
     auc_probe, auc_ref = roc_auc_score(y_te, s_probe), roc_auc_score(y_te, s_ref)
@@ -160,7 +160,7 @@ def test_probe_agrees_with_sklearn(split_data, l2):
 
 def test_forward_predict_step_and_score_agree(split_data):
     x_tr, y_tr, x_te, _ = split_data
-    probe = fit_probe(x_tr, y_tr, ProbeConfig(l2=0.1))
+    probe = fit_probe(x_tr, y_tr, probe_config(l2=0.1))
     xt = torch.from_numpy(x_te)
     via_forward = probe(xt).detach().numpy()
     via_predict = probe.predict_step((xt,), 0).detach().numpy()
@@ -177,7 +177,7 @@ def test_forward_predict_step_and_score_agree(split_data):
 
 def test_hparams_are_scalars_only(split_data):
     x_tr, y_tr, _, _ = split_data
-    probe = fit_probe(x_tr, y_tr, ProbeConfig(l2=0.5, max_iter=300))
+    probe = fit_probe(x_tr, y_tr, probe_config(l2=0.5, max_iter=300))
     hp = dict(probe.hparams)
     assert hp["n_features"] == x_tr.shape[1] and hp["l2"] == 0.5 and hp["max_iter"] == 300
     assert all(isinstance(v, (int, float, bool, str)) for v in hp.values())
@@ -191,7 +191,7 @@ def test_logged_auroc_equals_sklearn(split_data, tmp_path):
 
     x_tr, y_tr, x_te, y_te = split_data
     logger = CSVLogger(save_dir=str(tmp_path), name="probe", version=0)
-    probe = fit_probe(x_tr, y_tr, ProbeConfig(l2=0.01), logger=logger, x_val=x_te, y_val=y_te)
+    probe = fit_probe(x_tr, y_tr, probe_config(l2=0.01), logger=logger, x_val=x_te, y_val=y_te)
     train_auc = roc_auc_score(y_tr, score(probe, x_tr))
     val_auc = roc_auc_score(y_te, score(probe, x_te))
     assert train_auc < 1.0  # strong regularisation: not a trivially perfect fit
@@ -208,7 +208,7 @@ def test_logged_auroc_equals_sklearn(split_data, tmp_path):
 
 def test_determinism_same_seed_identical_scores(split_data):
     x_tr, y_tr, x_te, _ = split_data
-    cfg = ProbeConfig(l2=1.0, seed=7)
+    cfg = probe_config(l2=1.0, seed=7)
     a = score(fit_probe(x_tr, y_tr, cfg), x_te)
     b = score(fit_probe(x_tr, y_tr, cfg), x_te)
     np.testing.assert_array_equal(a, b)
@@ -217,23 +217,23 @@ def test_determinism_same_seed_identical_scores(split_data):
 def test_errors_single_class_and_nonfinite(split_data):
     x_tr, y_tr, _, _ = split_data
     with pytest.raises(ValueError, match="single class"):
-        fit_probe(x_tr, np.zeros_like(y_tr))
+        fit_probe(x_tr, np.zeros_like(y_tr), probe_config())
     with pytest.raises(ValueError, match="single class"):
         fit_sklearn_reference(x_tr, np.ones_like(y_tr))
     bad = x_tr.copy()
     bad[3, 0] = np.nan
     bad[10, 5] = np.inf
     with pytest.raises(ValueError, match=r"NaN/inf values in 2 of"):
-        fit_probe(bad, y_tr)
+        fit_probe(bad, y_tr, probe_config())
     with pytest.raises(ValueError, match=r"NaN/inf"):
         fit_sklearn_reference(bad, y_tr)
-    probe = fit_probe(x_tr, y_tr, ProbeConfig(l2=0.01))
+    probe = fit_probe(x_tr, y_tr, probe_config(l2=0.01))
     with pytest.raises(ValueError, match=r"NaN/inf values in 2 of"):
         score(probe, bad)
     with pytest.raises(ValueError, match="0 and 1"):
-        fit_probe(x_tr, y_tr * 2)
+        fit_probe(x_tr, y_tr * 2, probe_config())
     with pytest.raises(ValueError, match="rows"):
-        fit_probe(x_tr, y_tr[:-1])
+        fit_probe(x_tr, y_tr[:-1], probe_config())
     with pytest.raises(ValueError, match="features"):
         score(probe, x_tr[:, :-1])
 
@@ -244,7 +244,7 @@ def test_constant_feature_handled_like_standard_scaler(split_data):
     x_te = x_te.copy()
     x_tr[:, 0] = 3.0
     x_te[:, 0] = 4.0
-    probe = fit_probe(x_tr, y_tr, ProbeConfig(l2=0.1))
+    probe = fit_probe(x_tr, y_tr, probe_config(l2=0.1))
     ref = fit_sklearn_reference(x_tr, y_tr, 0.1)
     assert probe.std[0].item() == 1.0 == ref[0].scale_[0]
     np.testing.assert_allclose(score(probe, x_te), ref.decision_function(x_te), atol=1e-4)
@@ -256,8 +256,8 @@ def test_newton_and_lbfgs_reach_the_same_minimiser(split_data, width):
     each other and as scikit-learn (far tighter than the protocol's AUC-within-0.01)."""
     x_tr, y_tr, x_te, y_te = split_data
     x_tr, x_te = x_tr[:, :width], x_te[:, :width]
-    newton = fit_probe(x_tr, y_tr, ProbeConfig(l2=0.5, solver="newton"))
-    lbfgs = fit_probe(x_tr, y_tr, ProbeConfig(l2=0.5, solver="lbfgs"))
+    newton = fit_probe(x_tr, y_tr, probe_config(l2=0.5, solver="newton"))
+    lbfgs = fit_probe(x_tr, y_tr, probe_config(l2=0.5, solver="lbfgs"))
     ref = fit_sklearn_reference(x_tr, y_tr, 0.5)
     s_n, s_l, s_r = score(newton, x_te), score(lbfgs, x_te), ref.decision_function(x_te)
     scale = max(1.0, np.max(np.abs(s_r)))

@@ -33,7 +33,10 @@ def test_holm_hand_worked():
 
 
 def _res(claim, p_e1, p_c1=0.0, p_e3=0.0, check1="PASS", perm=None):
-    res = {"e1": {"estimate": 0.8, "ci_low": 0.7, "ci_high": 0.9, "n_boot_used": 100},
+    iv = {"estimate": 0.7, "ci_low": 0.6, "ci_high": 0.8, "n_boot_used": 100}
+    res = {"e1": {"estimate": 0.8, "ci_low": 0.7, "ci_high": 0.9, "n_boot_used": 100}, "e1_paired": iv,
+           "c1": {"e1": iv, "e3": {"c_scrambled": iv}},
+           "differences": {"e3_minus_c1_e3": {"c_scrambled": iv}},
            "e3": {"c_scrambled": {"estimate": 0.7, "ci_low": 0.6, "ci_high": 0.8, "n_boot_used": 100}},
            "verdict": {"claim": claim, "checks": [{"id": 1, "status": check1}]},
            "p_values": {"e1": p_e1, "e1_paired": p_e1, "e1_minus_c1_e1": 0.9, "e3_minus_c1_e3": {"c_scrambled": p_c1},
@@ -165,3 +168,22 @@ def test_kfold_cell_separates_family_wise_only_with_its_permutation_p():
     assert claim_p_values(res("kfold", None))[0] == 1.0  # no permutation test: nothing licensed
     text = family_sentence(30, 0.025, 1999, None, kfold_m=199)
     assert "no K-fold cell's \"separates\" can survive Holm" in text and "permutation.m >= 1199" in text
+
+
+def test_claim_p_values_reads_the_intervals_the_checks_declare():
+    from ipi.evaluation.verdict import read_keys
+
+    r = _res(CLAIM_DETECTS, 0.001, 0.004, 0.002)
+    iv = r["e1_paired"]
+    # check 6's paired interval (E3 - mean twin E3) and check 5's collapse-only E3 (no p-value: a ceiling)
+    r["random_twin"] = {"seeds": [1, 2], "by_seed": {"1": {"e3": {"c_scrambled": iv}}, "2": {"e3": {"c_scrambled": iv}}}}
+    r["differences"]["e3_minus_mean_twin_e3"] = {"c_scrambled": iv}
+    r["collapse_only"] = {"e1": iv, "e3": {"c_scrambled": iv}}
+    r["p_values"]["e3_minus_mean_twin_e3"] = {"c_scrambled": 0.03}
+    declared = read_keys(r, points=False)
+    assert declared["differences.e3_minus_mean_twin_e3.c_scrambled"] == [6]
+    assert declared["collapse_only.e3.c_scrambled"] == [5]
+    assert claim_p_values(r) == (0.001, 0.03)
+    # a declared interval whose p-value the file lacks counts as 1: nothing is licensed without its test
+    del r["p_values"]["e3_minus_mean_twin_e3"]
+    assert claim_p_values(r) == (0.001, 1.0)

@@ -113,3 +113,31 @@ def test_wandb_logger_modes(monkeypatch, tmp_path):
         wandb_logger(mode="cloud", save_dir=str(tmp_path))
     lg = wandb_logger(save_dir=str(tmp_path))
     assert lg._offline is True and lg.upload_screenshots is False
+
+
+def test_logged_metrics_are_what_the_checks_declare():
+    """Every estimand a check reads is a logged metric (C1 E3, collapse-only E3, E3 - mean twin E3
+    included) beside the headline; nothing else about the twins is."""
+    from ipi.evaluation.assess import ScoreTables, Settings, assess
+    from ipi.evaluation.callbacks import flat_metrics
+    from ipi.evaluation.verdict import read_keys
+
+    rng = np.random.default_rng(1)
+    rows = [(f"t{t}", s, v, float(rng.normal() + (v == "attack")))
+            for t in range(8) for s in range(3) for v in ("clean", "attack", "c_scrambled")]
+    table = pd.DataFrame(rows, columns=["trajectory_id", "step", "variant", "score"])
+    noise = {seed: table.assign(score=np.random.default_rng(seed).normal(size=len(table))) for seed in (1, 2)}
+    res = assess(ScoreTables(table, {"c1": noise[1], "collapse_only": noise[2]}, twins=noise),
+                 Settings(n_boot=50, seed=0, min_clusters=5, pretrained=True)).to_dict()
+    logged = flat_metrics(res)
+    for name in ("test/c1_e3_c_scrambled", "test/collapse_only_e3_c_scrambled",
+                 "test/differences_e3_minus_mean_twin_e3_c_scrambled", "test/random_twin_by_seed_1_e3_c_scrambled"):
+        assert name in logged, name
+    assert logged["test/differences_e3_minus_mean_twin_e3_c_scrambled_ci_low"] == pytest.approx(
+        res["differences"]["e3_minus_mean_twin_e3"]["c_scrambled"]["ci_low"])
+    declared = {f"test/{k.replace('.', '_')}" for k in read_keys(res)}
+    headline = {"test/e1", "test/e1_paired", "test/e2", "test/e3_c_scrambled", "test/c1_e1", "test/collapse_only_e1"}
+    point_names = {n for n in logged if not n.endswith(("_ci_low", "_ci_high")) and not n.startswith("test/permutation")}
+    assert point_names == declared | headline
+    assert not any(("twin" in n and n.split("/")[1].split("_ci_")[0] not in {d.split("/")[1] for d in declared})
+                   for n in logged)

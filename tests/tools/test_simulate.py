@@ -234,7 +234,7 @@ def test_truth_c_false_claim_only_when_wording_is_shared():
 
 
 def test_coverage_dataset_has_the_requested_test_size_and_both_intervals():
-    from ipi.tools.simulate import coverage_dataset
+    from ipi.tools.simulate.runner import coverage_dataset
 
     for n_test in (5, 10, 24, 50):
         r = coverage_dataset(SimParams(n_features=32, n_boot=100), n_test, 0, seed=0)
@@ -244,7 +244,7 @@ def test_coverage_dataset_has_the_requested_test_size_and_both_intervals():
 
 
 def test_sweep_dataset_controls_the_family():
-    from ipi.tools.simulate import sweep_dataset
+    from ipi.tools.simulate.runner import sweep_dataset
 
     r = sweep_dataset(SimParams(n_trajectories=30, n_features=32, n_boot=100, n_twins=2), 0, seed=0, n_cells=3)
     assert r["n_cells"] == 3 and isinstance(r["familywise_any_detects"], bool)
@@ -257,7 +257,7 @@ def test_sweep_dataset_controls_the_family():
 
 def test_null_truth_draws_attack_rows_as_clean_rows():
     """Truth "null": the attack mean is the clean mean (nothing separates them), controls unchanged."""
-    from ipi.tools.simulate import variant_means
+    from ipi.tools.simulate.truths import variant_means
 
     p = SimParams(n_features=32)
     rng = np.random.default_rng(0)
@@ -270,7 +270,8 @@ def test_null_truth_draws_attack_rows_as_clean_rows():
 def test_kfold_and_null_designs_test_every_trajectory_and_carry_no_single_probe_truth():
     from dataclasses import replace
 
-    from ipi.tools.simulate import NULL_KFOLD_TRAJECTORIES, null_params
+    from ipi.tools.simulate.runner import null_params
+    from ipi.tools.simulate.truths import NULL_KFOLD_TRAJECTORIES
 
     r = run_dataset(replace(SimParams(n_trajectories=20, n_features=8, n_boot=50, permutation_m=0, n_twins=2),
                             split="kfold", k=4), "a", 0, seed=0, key=(0, 0, 2))

@@ -3,7 +3,7 @@
 import hydra
 from omegaconf import DictConfig
 
-from ipi.run.config import register_configs
+from ipi.run.schemas import register_configs
 
 register_configs()
 

@@ -8,7 +8,7 @@ transformers reads the GGUF file (``from_pretrained(folder, gguf_file=name)``, n
 
 A text-only backbone never sees the screenshot: replay builds the prompt with
 ``has_image=False`` (no image placeholder), so the ``image`` token group is empty and
-``surface=i_vis`` is refused by :func:`ipi.run.config.validate` with a one-line message; use
+``surface=i_vis`` is refused by :func:`ipi.run.validation.validate` with a one-line message; use
 ``surface=i_dom`` or ``i_tool``; a text-only backbone's config selects ``token_group=text``
 (``last_prompt, task, observation, action``) by default.
 

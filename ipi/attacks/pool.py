@@ -209,7 +209,7 @@ def _pool(target: str, name: str, sources: tuple[str, ...] | None, benign: str |
 
 
 def pool_from_config(attack) -> AttackPool:
-    """The pool of an ``attack`` config node (``conf/attack/<name>.yaml``; :class:`ipi.run.config.AttackConf`).
+    """The pool of an ``attack`` config node (``conf/attack/<name>.yaml``; :class:`ipi.run.schemas.AttackConf`).
 
     Args:
         attack: A mapping with ``_target_`` (the source class), ``name`` (its family),

@@ -49,7 +49,7 @@ __all__ = ["CONSTRUCTED", "DEFAULTS", "HOLDOUT", "KFOLD", "PRETRAINED", "RANDOM"
 
 
 #: Verdict thresholds and the reportability gate: the defaults of ``evaluation.*`` (the schema
-#: ``ipi.run.config.EvaluationConf`` reads them, with the bootstrap's from :mod:`ipi.metrics.bootstrap`).
+#: ``ipi.run.schemas.EvaluationConf`` reads them, with the bootstrap's from :mod:`ipi.metrics.bootstrap`).
 COLLAPSE_CEILING = 0.60
 C1_MAX = 0.95
 MIN_CLUSTERS = 12

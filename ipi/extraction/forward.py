@@ -44,7 +44,7 @@ class ExtractSettings:
     """What an extraction reads: the backbone node as plain data and the ``extract.*`` runtime.
 
     Built once from the run config by :func:`ipi.run.settings.extract_settings`; the defaults
-    are the schema's (:class:`ipi.run.config.ExtractConf`, :class:`ipi.run.config.BackboneConf`).
+    are the schema's (:class:`ipi.run.schemas.ExtractConf`, :class:`ipi.run.schemas.BackboneConf`).
 
     Attributes:
         backbone: The ``backbone`` node resolved to plain data (``name``, ``loader``, ``n_layers``,

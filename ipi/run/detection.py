@@ -26,7 +26,7 @@ from ipi.detectors.linear import LogisticDetector
 from ipi.evaluation.scoretable import read_score_table
 from ipi.probe.folds import TransferSource
 from ipi.protocol import resolve_layers
-from ipi.run.config import to_container
+from ipi.run.validation import to_container
 from ipi.run.settings import extract_settings, probe_settings
 
 log = logging.getLogger(__name__)

@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig
 
-from ipi.run.config import behaviour_variants, to_container
+from ipi.run.validation import behaviour_variants, to_container
 from ipi.run.twin import backbone_weights
 
 log = logging.getLogger(__name__)

@@ -1,10 +1,10 @@
 """A Hydra callback that checks a composed config before any job starts (no torch imported).
 
 Hydra refuses a ``surface=<name>`` without a config file (naming the ones it has), and the
-schemas in :mod:`ipi.run.config` unknown controls, token groups and keys while it composes. Rules that
+schemas in :mod:`ipi.run.schemas` unknown controls, token groups and keys while it composes. Rules that
 tie two fields together — the surface's class and name, a control that does not apply to the
 surface, a layer fraction outside (0, 1], the ``image`` token group or a surface that needs the
-screenshot on a text-only backbone — are :func:`ipi.run.config.validate`'s. :class:`ConfigCheck` (registered in
+screenshot on a text-only backbone — are :func:`ipi.run.validation.validate`'s. :class:`ConfigCheck` (registered in
 ``conf/hydra/default.yaml``) runs it on the composed config at ``on_run_start``; under
 ``-m`` it composes and checks *every* job of the sweep at ``on_multirun_start``, so a bad
 combination in job 7 fails before job 1 spends minutes extracting. A failure prints one line
@@ -29,7 +29,8 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from ipi.run.config import EvaluateConf, check_known_keys, validate, validate_sweep_job
+from ipi.run.schemas import EvaluateConf
+from ipi.run.validation import check_known_keys, validate, validate_sweep_job
 from ipi.sweep_records import (  # noqa: F401  (re-exported)
     FAILED_FILE,
     FAILED_JOBS_FILE,
@@ -68,14 +69,14 @@ def _missing_keys(node, prefix: str = "") -> list[str]:
 
 
 def check_config(config: DictConfig, where: str = "", sweep: bool = False) -> None:
-    """Run :func:`ipi.run.config.validate` on a composed ``train``/``extract`` config.
+    """Run :func:`ipi.run.validation.validate` on a composed ``train``/``extract`` config.
 
     An ``evaluate`` config (no surface/backbone) is only checked for keys its schema lacks.
 
     Args:
         config: The composed config (with or without its ``hydra`` node).
         where: Prefix naming the sweep job, e.g. ``"job 3 (surface=i_dom control=occlusion): "``.
-        sweep: The config is a job of a ``-m`` sweep (:func:`ipi.run.config.validate_sweep_job` too:
+        sweep: The config is a job of a ``-m`` sweep (:func:`ipi.run.validation.validate_sweep_job` too:
             no DDP inside a sweep).
 
     Raises:

@@ -1,6 +1,6 @@
 """The behaviour stage's measures (docs/behaviour.md §5–6): free run, teacher-forced likelihood, or both.
 
-``behaviour.measure`` picks them (:class:`ipi.run.config.BehaviourMeasure`):
+``behaviour.measure`` picks them (:class:`ipi.run.schemas.BehaviourMeasure`):
 
 * ``free_run`` — :func:`ipi.run.free_run.run_behaviour`: generation, hijack labels, E4 and the
   ablation on labels; its keys are the top-level keys of ``results.json``'s ``behaviour`` block;
@@ -24,7 +24,8 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig
 
-from ipi.run.config import BehaviourMeasure, enum_value, to_container
+from ipi.run.schemas import BehaviourMeasure
+from ipi.run.validation import enum_value, to_container
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 Each builder reads one piece of ``cfg`` once and returns a frozen dataclass defined beside the
 code that uses it, so that no function outside :mod:`ipi.run` takes ``cfg`` (the schemas in
-:mod:`ipi.run.config` hold every default; these builders copy values, never add defaults).
+:mod:`ipi.run.schemas` hold every default; these builders copy values, never add defaults).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from omegaconf import DictConfig
 
 from ipi.extraction.forward import ExtractSettings
 from ipi.probe.fit import ProbeConfig
-from ipi.run.config import enum_value, to_container
+from ipi.run.validation import enum_value, to_container
 
 __all__ = ["extract_settings", "probe_settings"]
 

@@ -24,8 +24,8 @@ from omegaconf import DictConfig
 from torch.utils.data import DataLoader, TensorDataset
 
 from ipi.backbone_text import load_tokenizer
-from ipi.run.config import enum_value as _value
-from ipi.run.config import resolved_controls, run_surface, to_container, validate
+from ipi.run.validation import enum_value as _value
+from ipi.run.validation import resolved_controls, run_surface, to_container, validate
 from ipi.run.detection import fit_detector
 from ipi.run.settings import extract_settings
 from ipi.data import DataError
@@ -522,7 +522,7 @@ def run_info(info: dict, infos: dict[str, dict], elapsed_s: float, attention: di
 
 
 def prepare(cfg: DictConfig) -> None:
-    """Check the config and quiet the libraries; raises ``ValueError`` as :func:`ipi.run.config.validate`."""
+    """Check the config and quiet the libraries; raises ``ValueError`` as :func:`ipi.run.validation.validate`."""
     validate(cfg)
     quiet_lightning()
     set_quiet(True if cfg.quiet else None)  # None: auto (quiet under CI or IPI_QUIET=1)

@@ -17,8 +17,8 @@ from typing import Any
 from omegaconf import DictConfig
 
 from ipi.attacks.pool import project_pool
-from ipi.run.config import enum_value as _value
-from ipi.run.config import run_surface, to_container
+from ipi.run.validation import enum_value as _value
+from ipi.run.validation import run_surface, to_container
 from ipi.run.detection import (
     attention_matrix,
     attention_transfer_source,

@@ -9,7 +9,7 @@ and the attention detector's untrusted groups come from that list. So a fourth s
 module and one YAML file (docs/surfaces.md, "Adding a surface").
 
 A config file found elsewhere (a Hydra searchpath entry) names a surface that does not ship: the
-run whose config names it resolves it (:func:`ipi.run.config.run_surface` calls :func:`register`),
+run whose config names it resolves it (:func:`ipi.run.validation.run_surface` calls :func:`register`),
 and :func:`get_surface` finds it by name from then on, but it is never *listed*: what a run lists
 depends on its own config only, so a job of a ``-m`` sweep that includes such a surface gives the
 same results as the same run alone.

@@ -59,7 +59,7 @@ import torch
 
 from ipi.tools.stopwatch import Stopwatch, best_of
 from ipi.backbone import Backbone, find_decoder_layers
-from ipi.run.config import REPO_ROOT, register_configs
+from ipi.run.schemas import REPO_ROOT, register_configs
 from ipi.extraction.datamodule import StepGroupDataset, collate_steps
 from ipi.extraction.extractor import (
     HiddenStateExtractor,

@@ -50,7 +50,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from ipi.run.config import REPO_ROOT
+from ipi.run.schemas import REPO_ROOT
 from ipi.io import atomic_write_text
 from ipi.progress import progress_bar
 

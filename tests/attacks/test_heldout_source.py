@@ -114,7 +114,7 @@ def test_source_plan_refuses_wrong_folds(mix):
 
 
 def test_validate_split_wording_source(tmp_path):
-    from ipi.run.config import validate
+    from ipi.run.validation import validate
     from tests.conftest import compose_train
 
     validate(compose_train(tmp_path, ["attack=mix", "split=kfold", "split.k=4", "split.wording=source"]))

@@ -121,7 +121,7 @@ def test_attack_typo_fails_at_composition(tmp_path):
 
 
 def test_validate_refuses_a_mismatched_name(tmp_path):
-    from ipi.run.config import validate
+    from ipi.run.validation import validate
     from tests.conftest import compose_train
 
     cfg = compose_train(tmp_path, ["attack=garak", "attack.name=injecagent"])

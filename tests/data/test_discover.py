@@ -166,7 +166,7 @@ def test_split_feasibility_checked_before_any_rendering(tmp_path, monkeypatch):
     cfg = compose_train(tmp_path, [f"data.root={root}", "logger=none", "split.min_per_side=1"])
     tasks.check_split_feasible(cfg, ["ok1", "ok2", "ok3"])  # 2 + 1: allowed when asked for
     with pytest.raises(ValueError, match="split.min_per_side must be >= 1"):
-        from ipi.run.config import validate
+        from ipi.run.validation import validate
 
         validate(compose_train(tmp_path, [f"data.root={root}", "split.min_per_side=0"]))
 

@@ -25,7 +25,7 @@ def test_detector_group_composes_and_typos_fail(tmp_path):
     from omegaconf import OmegaConf
     from omegaconf.errors import ConfigKeyError
 
-    from ipi.run.config import DETECTOR_SCHEMAS, MLPDetectorConf
+    from ipi.run.schemas import DETECTOR_SCHEMAS, MLPDetectorConf
 
     assert compose_train(tmp_path).detector.name == "logistic"  # the default
     for name in DETECTORS:

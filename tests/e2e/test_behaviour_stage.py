@@ -164,14 +164,14 @@ def test_behaviour_block_e4_equals_sklearn_and_the_rest_is_unchanged(tmp_path, s
     (("behaviour.ablation.layers=[0]",), "not among the probe's layers"),
 ])
 def test_behaviour_settings_are_checked_before_any_work(tmp_path, syn_root, extra, message):
-    from ipi.run.config import validate
+    from ipi.run.validation import validate
 
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
         validate(compose_train(tmp_path, _ov(syn_root, *BEHAVIOUR_ON, *extra), small=False))
 
 
 def test_detector_without_direction_runs_without_ablation(tmp_path, syn_root):
-    from ipi.run.config import validate
+    from ipi.run.validation import validate
 
     validate(compose_train(tmp_path, _ov(syn_root, *BEHAVIOUR_ON, "detector=diff_means",
                                          "behaviour.ablation.enabled=false"), small=False))

@@ -56,7 +56,7 @@ def test_train_run_folder_with_wandb_offline(tmp_path, monkeypatch):
 def test_evaluate_writes_html_and_plots(tmp_path):
     from hydra import compose, initialize_config_dir
 
-    from ipi.run.config import register_configs
+    from ipi.run.schemas import register_configs
     from ipi.run.tasks import evaluate
     from tests.conftest import REPO, SHARED
 

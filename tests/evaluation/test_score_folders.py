@@ -103,7 +103,7 @@ def test_folders_that_are_not_a_score_table_say_what_they_are(tmp_path):
 def test_evaluate_task_reads_a_partitioned_folder(tmp_path):
     from hydra import compose, initialize_config_dir
 
-    from ipi.run.config import register_configs
+    from ipi.run.schemas import register_configs
     from ipi.run.tasks import evaluate
     from tests.conftest import REPO
 

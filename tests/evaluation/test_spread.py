@@ -81,7 +81,7 @@ def test_auto_l2_sees_training_trajectories_only(monkeypatch):
 
 
 def test_probe_l2_config_values(tmp_path):
-    from ipi.run.config import validate
+    from ipi.run.validation import validate
 
     validate(compose_train(tmp_path, ["probe.l2=auto"]))
     with pytest.raises(ValueError, match="probe.l2"):

@@ -374,7 +374,7 @@ def test_verdict_collapse_uses_its_interval(ci, status):
 def test_config_permutation_schema_and_validation(tmp_path):
     from hydra.errors import ConfigCompositionException
 
-    from ipi.run.config import validate
+    from ipi.run.validation import validate
     from tests.conftest import compose_train
 
     cfg = compose_train(tmp_path)

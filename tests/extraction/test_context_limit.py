@@ -55,7 +55,7 @@ def _full_lengths(cfg, trajs) -> dict[str, int]:
     from ipi.backbone_text import TextChatProcessor
     from ipi.extraction.rows import build_rows
     from ipi.replay import tokenise
-    from ipi.run.config import resolved_controls
+    from ipi.run.validation import resolved_controls
     from ipi.run.stages import split_folds, token_counter
 
     proc = TextChatProcessor(load_processor(str(PROCESSOR)).tokenizer)

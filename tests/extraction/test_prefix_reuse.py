@@ -140,7 +140,7 @@ def test_auto_reuses_where_it_saves_positions(small_backbone, trajectories):
 def test_prefix_reuse_is_validated_and_leaves_the_cache_entry_alone(tmp_path, trajectories):
     """Through the run's own path (``extract_features``): the same cache key with and without reuse,
     and features equal to 1e-5 relative; an unknown value fails validation with one line."""
-    from ipi.run.config import validate
+    from ipi.run.validation import validate
     from ipi.extraction.forward import cache_key, extract_features
     from ipi.run.settings import extract_settings
     from tests.conftest import compose_train

@@ -62,7 +62,7 @@ def test_ddp_two_processes_equal_one(tmp_path):
     """
     from ipi.run import tasks
 
-    # DDP extraction covers one surface per launch (ipi.run.config.validate): transfer off here.
+    # DDP extraction covers one surface per launch (ipi.run.validation.validate): transfer off here.
     common = ["data.max_trajectories=2", "surface=i_vis", "evaluation.n_boot=50", "split.test_fraction=0.5",
               "split.min_per_side=1", "logger=none", "evaluation.transfer=false", "evaluation.random_twin=false"]
     one, _ = tasks.extract(compose_train(tmp_path / "one", common))

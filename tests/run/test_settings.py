@@ -14,7 +14,7 @@ def test_extract_settings_carry_every_extract_option_and_are_frozen(tmp_path):
     """Every ``extract.*`` option of the schema reaches the extraction (a new option the builder
     forgets fails here), with the composed values, and the settings cannot be changed later."""
     from ipi.extraction.forward import ExtractSettings, extraction_layers
-    from ipi.run.config import ExtractConf
+    from ipi.run.schemas import ExtractConf
     from ipi.run.settings import extract_settings
 
     cfg = compose_train(tmp_path, ["extract.shard_rows=7", "extract.force=true", "extract.prefix_reuse=false",

@@ -22,7 +22,7 @@ from ipi.reporting.sweep import claim_p_values, familywise, twin_e3_networks
 from ipi.surfaces.bank import attack_text
 from ipi.attacks.wording import wording_plan
 from ipi.detectors.linear import LogisticDetector
-from ipi.run.config import ProbeConf
+from ipi.run.schemas import ProbeConf
 from ipi.tools.simulate.truths import (ALL_TRUTHS, SPLITS, SWEEP_CELLS, SimParams, simulate_dataset, trajectory_ids,
                                        true_estimands)
 

@@ -191,6 +191,7 @@ def test_a_text_only_backbone_defaults_to_the_text_token_groups(tmp_path, backbo
 
 import ast  # noqa: E402
 import dataclasses  # noqa: E402
+from pathlib import Path  # noqa: E402
 from enum import Enum  # noqa: E402
 
 import yaml  # noqa: E402

@@ -1,14 +1,13 @@
 """Trajectory data: the native schema and importers that produce it.
 
 Every importer has the signature ``importer(root, **kwargs) -> (trajectories, skipped)`` where
-``skipped`` lists ``{"path": ..., "reason": ...}`` for inputs left out. :data:`IMPORTERS` maps a
-kind name to its importer; :func:`load_trajectories` dispatches on it (see ``docs/data.md``).
+``skipped`` lists ``{"path": ..., "reason": ...}`` for inputs left out. A run finds its importer
+through the ``_target_`` of ``conf/data/<format>.yaml`` (see ``docs/data.md``).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -96,46 +95,7 @@ def load_native(
     return trajectories, skipped
 
 
-#: Importer registry: kind name -> ``importer(root, **kwargs) -> (trajectories, skipped)``.
-IMPORTERS: dict[str, Callable[..., tuple[list[Trajectory], list[dict]]]] = {
-    "webvoyager": import_webvoyager_report,
-    "online_mind2web": import_online_mind2web_report,
-    "multimodal_mind2web": import_multimodal_mind2web_report,
-    "browser_use": import_browser_use_report,
-    "native": load_native,
-}
-
-
-def load_trajectories(
-    kind: str, root: str | os.PathLike, **kwargs
-) -> tuple[list[Trajectory], list[dict]]:
-    """Load trajectories with the importer registered under ``kind``.
-
-    Args:
-        kind: A key of :data:`IMPORTERS` (``"webvoyager"``, ``"online_mind2web"``,
-            ``"multimodal_mind2web"``, ``"browser_use"``, ``"native"``).
-        root: What the importer reads: a folder of WebVoyager task folders, a ``.jsonl`` file.
-        **kwargs: Passed to the importer (``on_bad_step``, ``unknown_action``, ``limit``,
-            ``image_limits``, ``max_element_chars`` and importer options).
-
-    Returns:
-        ``(trajectories, skipped)`` as the importer returns them; ``skipped`` holds
-        ``{"path": ..., "reason": ...}`` per input left out.
-
-    Raises:
-        ValueError: ``kind`` is not registered (the message lists the allowed kinds).
-        DataError: Malformed input, as raised by the importer.
-    """
-    try:
-        importer = IMPORTERS[kind]
-    except KeyError:
-        allowed = ", ".join(sorted(IMPORTERS))
-        raise ValueError(f"unknown trajectory kind {kind!r}; allowed kinds: {allowed}") from None
-    return importer(root, **kwargs)
-
-
 __all__ = [
-    "IMPORTERS",
     "DataError",
     "Skip",
     "Step",
@@ -146,7 +106,6 @@ __all__ = [
     "import_webvoyager",
     "import_webvoyager_report",
     "load_native",
-    "load_trajectories",
     "read_native",
     "write_native",
 ]

@@ -15,7 +15,7 @@ import os
 import pytest
 from PIL import Image
 
-from ipi.data import DataError, load_trajectories
+from ipi.data import DataError, import_browser_use_report
 from ipi.data.browser_use import NO_TASK, NOT_A_HISTORY, browser_use_action_type
 from tests.conftest import compose_train
 
@@ -101,7 +101,7 @@ def _old_run(path):
 
 def test_current_version_history(tmp_path):
     _current_run(tmp_path / "runs" / "socks")
-    (t,), skipped = load_trajectories("browser_use", tmp_path / "runs", image_dir=tmp_path / "img")
+    (t,), skipped = import_browser_use_report(tmp_path / "runs", image_dir=tmp_path / "img")
     assert skipped == []
     assert t.trajectory_id == "socks/history" and t.task == "Find the price of wool socks." and t.horizon == 4
     s0, s1, s2 = t.steps
@@ -127,7 +127,7 @@ def test_older_version_base64_and_skips(tmp_path):
     no_task = _current_run(tmp_path / "other")
     os.remove(no_task.parent / "task.txt")
     (root / "no_task").symlink_to(no_task.parent, target_is_directory=True)
-    trajs, skipped = load_trajectories("browser_use", root, image_dir=tmp_path / "img")
+    trajs, skipped = import_browser_use_report(root, image_dir=tmp_path / "img")
     (t,) = trajs
     assert t.trajectory_id == "old/agent_history" and t.task == "Read the top headline."
     assert [(s.action, s.action_type) for s in t.steps] == [
@@ -142,10 +142,10 @@ def test_older_version_base64_and_skips(tmp_path):
     assert reasons == {os.path.join("no_task", "history.json"): NO_TASK,
                        os.path.join("notes", "config.json"): NOT_A_HISTORY}
     with pytest.raises(DataError, match="no_task/history.json: no task"):
-        load_trajectories("browser_use", root, image_dir=tmp_path / "img", on_bad_step="error")
+        import_browser_use_report(root, image_dir=tmp_path / "img", on_bad_step="error")
     # Unknown action names follow data.unknown_action.
     assert browser_use_action_type("switch_tab") == "unknown"
-    assert load_trajectories("browser_use", root, image_dir=tmp_path / "img", limit=1)[0] == trajs
+    assert import_browser_use_report(root, image_dir=tmp_path / "img", limit=1)[0] == trajs
 
 
 def test_data_config_browser_use(tmp_path):

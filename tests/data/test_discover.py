@@ -13,7 +13,7 @@ import shutil
 import pytest
 
 import ipi.data.webvoyager as wv
-from ipi.data import DataError, import_webvoyager_report, load_trajectories
+from ipi.data import DataError, import_webvoyager_report
 from ipi.data.discover import reason_kind, summarise_skips
 from tests.conftest import WEBVOYAGER, compose_train
 from tests.data.test_webvoyager import OMITTED, PREAMBLE, _messages, _png, _task
@@ -88,9 +88,9 @@ def test_max_trajectories_reads_only_what_it_needs(tmp_path, monkeypatch):
     calls = []
     real = wv._import_task
     monkeypatch.setattr(wv, "_import_task", lambda folder, *a, **k: calls.append(folder) or real(folder, *a, **k))
-    trajs, _ = load_trajectories("webvoyager", WEBVOYAGER, limit=6)
+    trajs, _ = import_webvoyager_report(WEBVOYAGER, limit=6)
     n_read = len(calls)
-    all_ids = sorted(t.trajectory_id for t in load_trajectories("webvoyager", WEBVOYAGER)[0])
+    all_ids = sorted(t.trajectory_id for t in import_webvoyager_report(WEBVOYAGER)[0])
     assert len(trajs) == 6 and [t.trajectory_id for t in trajs] == all_ids[:6]
     assert n_read == 6 and len(calls) == 6 + 42  # not 42 for the first
 

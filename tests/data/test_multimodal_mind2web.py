@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from ipi.data import DataError, load_trajectories, read_native, write_native
+from ipi.data import DataError, import_multimodal_mind2web_report, read_native, write_native
 from ipi.data.multimodal_mind2web import html_to_element_text
 from ipi.data.online_mind2web import mind2web_action_type
 
@@ -110,7 +110,7 @@ def m2w_root(tmp_path):
 def test_multimodal_mind2web_parquet(m2w_root, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     img = tmp_path / "images"
-    trajs, skipped = load_trajectories("multimodal_mind2web", m2w_root, split="test_task",
+    trajs, skipped = import_multimodal_mind2web_report(m2w_root, split="test_task",
                                        image_dir=img, max_element_chars=None)
     assert skipped == []
     assert [t.trajectory_id for t in trajs] == ["aaa", "bbb", "ccc"]  # train's "zzz" not read
@@ -133,13 +133,13 @@ def test_multimodal_mind2web_parquet(m2w_root, tmp_path, monkeypatch):
     assert s0.element_text == html_to_element_text(HTML)
     assert [(k.step, k.reason) for k in b.skipped] == [(1, "unreadable screenshot: UnidentifiedImageError")]
     # limit: only the first N annotation ids (sorted) are materialised.
-    trajs2, _ = load_trajectories("multimodal_mind2web", m2w_root, split="test_task",
+    trajs2, _ = import_multimodal_mind2web_report(m2w_root, split="test_task",
                                   image_dir=tmp_path / "img2", limit=2)
     assert [t.trajectory_id for t in trajs2] == ["aaa", "bbb"]
     assert [p.name for p in (root_image_dir(tmp_path / "img2", m2w_root)).iterdir()] != []
     assert not (root_image_dir(tmp_path / "img2", m2w_root) / "ccc").exists()
     # No split: every Parquet file.
-    trajs3, _ = load_trajectories("multimodal_mind2web", m2w_root, image_dir=img)
+    trajs3, _ = import_multimodal_mind2web_report(m2w_root, image_dir=img)
     assert [t.trajectory_id for t in trajs3] == ["aaa", "bbb", "ccc", "zzz"]
     write_native(trajs, tmp_path / "n.jsonl")
     assert read_native(tmp_path / "n.jsonl") == trajs
@@ -150,21 +150,21 @@ def test_multimodal_mind2web_save_to_disk_and_errors(m2w_root, tmp_path):
 
     ds = load_dataset("parquet", data_files=str(m2w_root / "data" / "test_task-*.parquet"), split="train")
     ds.save_to_disk(str(tmp_path / "saved"))
-    trajs, _ = load_trajectories("multimodal_mind2web", tmp_path / "saved", image_dir=tmp_path / "i")
+    trajs, _ = import_multimodal_mind2web_report(tmp_path / "saved", image_dir=tmp_path / "i")
     assert [t.trajectory_id for t in trajs] == ["aaa", "bbb", "ccc"]
     with pytest.raises(FileNotFoundError, match="no Parquet files for split 'test_website'"):
-        load_trajectories("multimodal_mind2web", m2w_root, split="test_website", image_dir=tmp_path / "i")
+        import_multimodal_mind2web_report(m2w_root, split="test_website", image_dir=tmp_path / "i")
     bad = tmp_path / "bad" / "x.parquet"
     bad.parent.mkdir()
     import pandas as pd
 
     pd.DataFrame({"annotation_id": ["a"]}).to_parquet(bad)
     with pytest.raises(DataError, match=r"x.parquet: missing column\(s\) confirmed_task"):
-        load_trajectories("multimodal_mind2web", bad, image_dir=tmp_path / "i")
+        import_multimodal_mind2web_report(bad, image_dir=tmp_path / "i")
     with pytest.raises(DataError, match="bbb: two rows for step 0"):
         rows = _m2w_rows()
         _write_parquet(tmp_path / "dup" / "test_task-0.parquet", rows + [rows[2]])
-        load_trajectories("multimodal_mind2web", tmp_path / "dup", image_dir=tmp_path / "i")
+        import_multimodal_mind2web_report(tmp_path / "dup", image_dir=tmp_path / "i")
 
 
 def test_html_to_element_text():

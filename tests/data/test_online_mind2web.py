@@ -15,7 +15,7 @@ import os
 import pytest
 from PIL import Image
 
-from ipi.data import DataError, load_trajectories, read_native, write_native
+from ipi.data import DataError, import_online_mind2web_report, read_native, write_native
 from ipi.data.images import LFS_POINTER_REASON
 from ipi.data.online_mind2web import NO_FIRST_FRAME
 
@@ -48,7 +48,7 @@ A = ["<input> Search -> TYPE: boots", "<button> Go -> CLICK", "<a> Boots size 9 
 
 def test_v1_before_action_frames_from_zero(tmp_path):
     _v1(tmp_path, "t0", A, thoughts=["type", "submit", "open"], frames=[0, 2, 3])  # 3 = final page
-    (t,), skipped = load_trajectories("online_mind2web", tmp_path)
+    (t,), skipped = import_online_mind2web_report(tmp_path)
     assert skipped == [] and t.horizon == 3 and t.meta["layout"] == "v1 before-action frames"
     assert [(s.step, _frame_of(s)) for s in t.steps] == [(0, 0), (2, 2)]
     assert [(k.step, k.reason) for k in t.skipped] == [(1, "missing screenshot")]
@@ -61,12 +61,12 @@ def test_v1_before_action_frames_from_zero(tmp_path):
 def test_v1_after_action_frames_from_one(tmp_path):
     """Published agents number frames from 1, each taken after an action: action k saw frame k."""
     _v1(tmp_path, "t1", A, thoughts=["type", "submit", "open"], frames=[1, 2, 3])
-    (t,), _ = load_trajectories("online_mind2web", tmp_path)
+    (t,), _ = import_online_mind2web_report(tmp_path)
     assert t.meta["layout"] == "v1 after-action frames"
     assert [(s.step, _frame_of(s)) for s in t.steps] == [(1, 1), (2, 2)]
     assert [(k.step, k.reason) for k in t.skipped] == [(0, NO_FIRST_FRAME)]
     # Forcing the other layout pairs by number from 0 (frame 0 missing, step 1 gets frame 1).
-    (f,), _ = load_trajectories("online_mind2web", tmp_path, frames="before")
+    (f,), _ = import_online_mind2web_report(tmp_path, frames="before")
     assert [(s.step, _frame_of(s)) for s in f.steps] == [(1, 1), (2, 2)]
     assert [(k.step, k.reason) for k in f.skipped] == [(0, "missing screenshot")]
 
@@ -76,13 +76,13 @@ def test_v1_batched_actions_share_a_frame(tmp_path):
     thoughts = ["fill the form", "fill the form", "search", "pick the first flight"]
     _v1(tmp_path, "after", acts, thoughts=thoughts, frames=[1, 2, 3])
     _v1(tmp_path, "before", acts, thoughts=thoughts, frames=[0, 1, 2, 3])
-    a, b = load_trajectories("online_mind2web", tmp_path)[0]
+    a, b = import_online_mind2web_report(tmp_path)[0]
     assert a.meta["layout"] == "v1 after-action frames, batched"
     assert [(s.step, _frame_of(s)) for s in a.steps] == [(2, 1), (3, 2)]
     assert [(k.step, k.reason) for k in a.skipped] == [(0, NO_FIRST_FRAME), (1, NO_FIRST_FRAME)]
     assert [(s.step, _frame_of(s)) for s in b.steps] == [(0, 0), (1, 0), (2, 1), (3, 2)]
     assert b.steps[1].history == (acts[0],)  # the second action of the call still sees the first
-    (u,), _ = load_trajectories("online_mind2web", tmp_path / "before", batches=False)
+    (u,), _ = import_online_mind2web_report(tmp_path / "before", batches=False)
     assert [(s.step, _frame_of(s)) for s in u.steps] == [(0, 0), (1, 1), (2, 2), (3, 3)]
 
 
@@ -99,7 +99,7 @@ def test_v2_schema_webp_verbs_and_final_answer_dropped(tmp_path):
     (folder / "result.json").write_text(json.dumps({
         "schema_version": "online-mind2web-v2", "task_id": "v2task", "task": "Find a flight",
         "action_history": steps, "agent_final_answer": "3 flights"}))
-    (t,), skipped = load_trajectories("online_mind2web", tmp_path)
+    (t,), skipped = import_online_mind2web_report(tmp_path)
     assert skipped == [] and t.horizon == 4 and t.meta["layout"] == "v2"
     assert [(s.action_type, os.path.basename(s.screenshot)) for s in t.steps] == [
         ("navigate", "s0.webp"), ("click", "s1.webp"), ("press", "s1.webp"), ("goback", "s2.png")]
@@ -110,17 +110,17 @@ def test_folder_id_nested_duplicates_and_max_trajectories(tmp_path):
     _v1(tmp_path, "renamed", A, frames=[0, 1, 2], task_id="abc123")
     _v1(tmp_path, "x", A, frames=[0, 1, 2])
     _v1(tmp_path / "x" / "copy", "x", A, frames=[0, 1, 2])  # a task folder nested inside another
-    trajs, skipped = load_trajectories("online_mind2web", tmp_path)
+    trajs, skipped = import_online_mind2web_report(tmp_path)
     assert [t.trajectory_id for t in trajs] == ["renamed", "x"]
     assert trajs[0].meta["task_id"] == "abc123" and trajs[0].meta["folder"] == "renamed"
     (dup,) = skipped
     assert dup["path"].endswith("x/copy/x/result.json") and dup["reason"].startswith("duplicate trajectory id 'x'")
     with pytest.raises(DataError, match="duplicate trajectory id"):
-        load_trajectories("online_mind2web", tmp_path, on_bad_step="error")
+        import_online_mind2web_report(tmp_path, on_bad_step="error")
     # max_trajectories is applied first: the nested copy is never read.
-    trajs, skipped = load_trajectories("online_mind2web", tmp_path, limit=2)
+    trajs, skipped = import_online_mind2web_report(tmp_path, limit=2)
     assert [t.trajectory_id for t in trajs] == ["renamed", "x"] and skipped == []
-    load_trajectories("online_mind2web", tmp_path, on_bad_step="error", limit=2)  # no error
+    import_online_mind2web_report(tmp_path, on_bad_step="error", limit=2)  # no error
     write_native(trajs, tmp_path / "n.jsonl")
     assert [t.meta for t in read_native(tmp_path / "n.jsonl")] == [t.meta for t in trajs]
 
@@ -141,7 +141,7 @@ def test_lfs_pointers_evaluation_records_symlinks_and_refused_images(tmp_path):
     (root / "linked").symlink_to(elsewhere, target_is_directory=True)
     (root / "linked_again").symlink_to(elsewhere, target_is_directory=True)
     (root / "dangling").symlink_to(tmp_path / "nowhere", target_is_directory=True)
-    trajs, skipped = load_trajectories("online_mind2web", root)
+    trajs, skipped = import_online_mind2web_report(root)
     assert [t.trajectory_id for t in trajs] == ["linked"]
     reasons = {os.path.relpath(d["path"], root).split(os.sep)[0]: d["reason"] for d in skipped}
     assert set(reasons) == {"lfs", "evalonly", "thin", "linked_again", "dangling"}

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from ipi.data import DataError, load_native, write_native
+from ipi.data import DataError, import_browser_use_report, import_online_mind2web_report, load_native, write_native
 from ipi.data.webvoyager import import_webvoyager_report
 from ipi.replay import PromptParts, tokenise
 from tests.conftest import WEBVOYAGER, compose_train
@@ -143,13 +143,13 @@ def test_attack_texts_meet_the_rule():
 
 
 def test_online_mind2web_texts_meet_the_same_rule(tmp_path):
-    from ipi.data import load_trajectories
+    from ipi.data import import_browser_use_report, import_online_mind2web_report
     from tests.data.test_online_mind2web import A, _v1
 
     bad_action = "<button> Go" + LONE + " -> CLICK"
     folder = _v1(tmp_path, "t0", [A[0], bad_action, A[2]], thoughts=["type", "sub" + LONE + "mit", "open"],
                  frames=[0, 1, 2])
-    (t,), _ = load_trajectories("online_mind2web", tmp_path)
+    (t,), _ = import_online_mind2web_report(tmp_path)
     fixed = bad_action.replace(LONE, REPLACEMENT)
     assert (t.steps[1].thought, t.steps[1].action) == ("sub" + REPLACEMENT + "mit", fixed)
     assert t.steps[2].tool_result == f"Action executed: {fixed}" and t.steps[2].history == (A[0], fixed)
@@ -159,11 +159,11 @@ def test_online_mind2web_texts_meet_the_same_rule(tmp_path):
                                              {"step": 2, "field": "history[1]", "count": 1}]
     with pytest.raises(DataError, match=rf"^{json.dumps(str(folder / 'result.json'))[1:-1]}: step 1: thought: "
                                         r"1 lone UTF-16 surrogate"):
-        load_trajectories("online_mind2web", tmp_path, on_bad_step="error")
+        import_online_mind2web_report(tmp_path, on_bad_step="error")
 
 
 def test_browser_use_texts_meet_the_same_rule(tmp_path):
-    from ipi.data import load_trajectories
+    from ipi.data import import_browser_use_report, import_online_mind2web_report
     from tests.data.test_browser_use import _current_run
 
     path = _current_run(tmp_path / "runs" / "socks")
@@ -171,7 +171,7 @@ def test_browser_use_texts_meet_the_same_rule(tmp_path):
     data["history"][0]["model_output"]["thinking"] = "The page" + LONE + " has a search box."
     data["history"][0]["result"][0]["extracted_content"] = LONE + "Input 'wool socks' into element 3."
     path.write_text(json.dumps(data))
-    (t,), _ = load_trajectories("browser_use", tmp_path / "runs", image_dir=tmp_path / "img")
+    (t,), _ = import_browser_use_report(tmp_path / "runs", image_dir=tmp_path / "img")
     assert t.steps[0].thought.startswith("The page" + REPLACEMENT + " has a search box.")
     assert REPLACEMENT + "Input 'wool socks'" in t.steps[1].tool_result
     # the model output of history[0] made steps 0 and 1 (two actions): both carry its thought
@@ -180,7 +180,7 @@ def test_browser_use_texts_meet_the_same_rule(tmp_path):
                                              {"step": 1, "field": "tool_result", "count": 1},
                                              {"step": 1, "field": "thought", "count": 1}]
     with pytest.raises(DataError, match=rf"^{json.dumps(str(path))[1:-1]}: step 0: thought: 1 lone"):
-        load_trajectories("browser_use", tmp_path / "runs", image_dir=tmp_path / "img2", on_bad_step="error")
+        import_browser_use_report(tmp_path / "runs", image_dir=tmp_path / "img2", on_bad_step="error")
 
 
 @pytest.mark.needs_shared

@@ -24,6 +24,7 @@ from ipi.data import (
     Skip,
     import_webvoyager,
     import_webvoyager_report,
+    load_native,
     read_native,
     write_native,
 )
@@ -225,14 +226,14 @@ def test_round_trip_native(real, tmp_path):
     _, trajs, _ = real
     path = write_native(trajs, tmp_path / "wv.jsonl")
     assert read_native(path) == trajs
-    back, skipped = load_trajectories("native", path)
+    back, skipped = load_native(path)
     assert back == trajs and skipped == []
 
 
 @needs_data
 def test_registry_webvoyager(real):
     _, trajs, _ = real
-    got, skipped = load_trajectories("webvoyager", WV / "examples", max_element_chars=10)
+    got, skipped = import_webvoyager_report(WV / "examples", max_element_chars=10)
     assert len(got) == 15 and skipped == []
     assert max(len(s.element_text) for t in got for s in t.steps) == 10
 

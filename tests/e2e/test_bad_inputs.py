@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from PIL import Image, ImageFile
 
-from ipi.data import DataError, Skip, load_native, load_trajectories, read_native, write_native
+from ipi.data import DataError, Skip, load_native, read_native, write_native
 from ipi.data.images import load_rgb
 from ipi.data.webvoyager import (
     MAX_SCREENSHOT_PIXELS,
@@ -420,7 +420,7 @@ def test_native_jsonl_bad_inputs(tmp_path, corpus):
     trajs = import_webvoyager(root)
     path = write_native(trajs, tmp_path / "d.jsonl")
     # The unknown-action policy applies to native data too.
-    got, _ = load_trajectories("native", path, unknown_action="skip")
+    got, _ = load_native(path, unknown_action="skip")
     assert got[0].skipped == (Skip(1, "unknown action 'Refresh the page.'", str(path)),)
     with pytest.raises(DataError, match=r"d\.jsonl: trajectory t step 1: unknown action"):
         load_native(path, unknown_action="error")

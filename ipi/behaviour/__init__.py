@@ -1,4 +1,4 @@
-"""Behaviour under injection: free-run generation, hijack labels and the ablation test (issue 26).
+"""Behaviour under injection: free-run generation, hijack labels and the ablation test.
 
 Teacher-forced replay measures whether the hidden states *register* an injection; this package asks
 whether the agent *follows* it. :mod:`~ipi.behaviour.generate` lets the backbone generate its next

@@ -1,4 +1,4 @@
-"""The behaviour stage of ``train.py`` (issue 26; docs/behaviour.md): free run, hijack labels, E4, ablation.
+"""The behaviour stage of ``train.py`` (docs/behaviour.md): free run, hijack labels, E4, ablation.
 
 Runs only with ``behaviour.enabled=true`` (off by default: a default run's ``results.json`` has no
 ``behaviour`` key). After the probe's fit, on the **test rows** of the run's split

@@ -187,7 +187,7 @@ class BackboneConf:
     # Whether the backbone's own weights are trained. False (the tiny default, built with random
     # weights): the verdict licenses at most "separates ..." (docs/estimands.md, check 6).
     pretrained: bool = MISSING
-    # A planted-truth backbone whose weights were constructed, not trained (issue 23): the verdict
+    # A planted-truth backbone whose weights were constructed, not trained: the verdict
     # does not cap it (check 6 runs with its twins) and says it is constructed (not a model of any agent).
     constructed: bool = False
     tokenizer_path: str = MISSING  # where the tokenizer lives (used without loading the model)
@@ -370,7 +370,7 @@ class AblationConf:
 
 @dataclass
 class BehaviourConf:
-    """Free-run behaviour under injection (issue 26; docs/behaviour.md): off by default.
+    """Free-run behaviour under injection (docs/behaviour.md): off by default.
 
     On, the backbone writes its own next action for the test rows, each is labelled hijacked /
     resisted / other, and results.json gains ``behaviour`` (hijack rates, E4 "predicts hijack",

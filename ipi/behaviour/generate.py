@@ -307,15 +307,14 @@ def request_of_row(backbone, row, system_prompt: str, *, memo: dict | None = Non
                              pixel_values=x.get("pixel_values"), image_grid_thw=x.get("image_grid_thw"))
 
 
-def requests_of_rows(backbone, rows: Sequence, system_prompt: str) -> list[GenerationRequest]:
-    """:func:`request_of_row` for every row (each step's screenshot decoded once, text shared per step).
-
-    A progress bar (rows, elapsed, ETA; :func:`ipi.progress.track`) shows the tokenising.
-    """
+def step_inputs(backbone, rows: Sequence):
+    """Per row: ``(row, memo, screenshot)``, the step's shared tokenisation memo and its decoded
+    screenshot (None on a text-only backbone): each step's screenshot decoded once, its text
+    tokenised once for all its variants."""
     from ipi.data.images import load_rgb
 
-    out, memo, shots, last = [], {}, {}, None
-    for r in track(rows, "free run: tokenising prompts (rows)"):
+    memo, shots, last = {}, {}, None
+    for r in rows:
         key = (r.trajectory_id, r.step.step)
         if key != last:
             memo, shots, last = {}, {}, key
@@ -324,11 +323,18 @@ def requests_of_rows(backbone, rows: Sequence, system_prompt: str) -> list[Gener
             if r.step.screenshot not in shots:
                 shots[r.step.screenshot] = load_rgb(r.step.screenshot, r.step.step)
             shot = shots[r.step.screenshot]
-        out.append(request_of_row(backbone, r, system_prompt, memo=memo, screenshot=shot))
-    return out
+        yield r, memo, shot
 
 
-# ----------------------------------------------------------------------------------- generation
+def requests_of_rows(backbone, rows: Sequence, system_prompt: str) -> list[GenerationRequest]:
+    """:func:`request_of_row` for every row (each step's screenshot decoded once, text shared per step).
+
+    A progress bar (rows, elapsed, ETA; :func:`ipi.progress.track`) shows the tokenising.
+    """
+    return [request_of_row(backbone, r, system_prompt, memo=memo, screenshot=shot)
+            for r, memo, shot in step_inputs(backbone, track(rows, "free run: tokenising prompts (rows)"))]
+
+
 def check_can_generate(backbone) -> None:
     """Refuse a backbone that cannot write tokens.
 

@@ -271,23 +271,6 @@ def _score_on_prefix(model, seqs: list, start: int, actions: list[str]) -> list[
     return out
 
 
-def _memo_and_shots(backbone, rows: Sequence):
-    """Per row: the step's shared tokenisation memo and decoded screenshot (one per step)."""
-    from ipi.data.images import load_rgb
-
-    memo, shots, last = {}, {}, None
-    for r in rows:
-        key = (r.trajectory_id, r.step.step)
-        if key != last:
-            memo, shots, last = {}, {}, key
-        shot = None
-        if backbone.multimodal:
-            if r.step.screenshot not in shots:
-                shots[r.step.screenshot] = load_rgb(r.step.screenshot, r.step.step)
-            shot = shots[r.step.screenshot]
-        yield r, memo, shot
-
-
 #: Columns of :func:`likelihood_table`.
 LIKELIHOOD_COLUMNS: tuple[str, ...] = (
     "row_id", "trajectory_id", "step", "variant", "attack_index", "surface", "goal", "goal_family", "gold_action",
@@ -326,7 +309,7 @@ def likelihood_table(backbone, rows: Sequence, system_prompt: str,
     """
     import pandas as pd
 
-    from ipi.behaviour.generate import end_of_turn_ids
+    from ipi.behaviour.generate import end_of_turn_ids, step_inputs
 
     sel = [r for r in rows if r.variant.variant in (ATTACK, CLEAN)]
     tasks = label_tasks(sel, goal_of)
@@ -341,7 +324,7 @@ def likelihood_table(backbone, rows: Sequence, system_prompt: str,
     ctx = intervention.applied(backbone) if intervention is not None else contextlib.nullcontext()
     task_of = {t.row_id: t for t in tasks}
     with ctx:
-        for i, (r, memo, shot) in enumerate(_memo_and_shots(backbone, sel)):
+        for i, (r, memo, shot) in enumerate(step_inputs(backbone, sel)):
             t = task_of[r.row_id]
             mine = [t] if t.variant == ATTACK else attacks_of.get(_step_key(t), [])
             acts = list(dict.fromkeys([t.gold_action, *(built[a.row_id][0] for a in mine if built[a.row_id][0])]))

@@ -162,6 +162,17 @@ def _arm_tables(arm_labels: dict, attack_labels: pd.DataFrame) -> list[pd.DataFr
     return out
 
 
+def run_draws(ev, rows, test_index) -> tuple:
+    """The run's bootstrap draws (the estimands': sorted test trajectories, ``evaluation.n_boot``,
+    ``evaluation.seed``), its level and the reportability gate's settings, for the behaviour
+    estimands of either measure."""
+    from ipi.metrics.bootstrap import make_draws
+
+    draws = make_draws([str(rows[i].trajectory_id) for i in test_index], n_boot=int(ev.n_boot), seed=int(ev.seed))
+    gate = {"min_clusters": int(ev.min_clusters), "min_boot_fraction": float(ev.min_boot_fraction)}
+    return draws, float(ev.level), gate
+
+
 def run_behaviour(cfg: DictConfig, rows, fits, x: np.ndarray, layers: list[int], groups: list[str], det, pool,
                   out_dir: Path) -> tuple[dict, dict]:
     """The behaviour stage (module docstring).
@@ -186,7 +197,6 @@ def run_behaviour(cfg: DictConfig, rows, fits, x: np.ndarray, layers: list[int],
     from ipi.behaviour.labels import label_generations, label_tasks
     from ipi.evaluation.hijack import ablation_effects, e4, join_scores, label_rates, predicts_hijack, \
         uses_direction
-    from ipi.metrics.bootstrap import make_draws
     from ipi.protocol import resolve_layers
     from ipi.run.settings import extract_settings
 
@@ -226,10 +236,7 @@ def run_behaviour(cfg: DictConfig, rows, fits, x: np.ndarray, layers: list[int],
     labels = join_scores(labels, score_of)
     if c1_of is not None:
         labels = join_scores(labels, c1_of, "c1")
-    # the run's draws: the estimands' (compare_tables: sorted test trajectories, n_boot, seed)
-    draws = make_draws([str(rows[i].trajectory_id) for i in test_index], n_boot=int(ev.n_boot), seed=int(ev.seed))
-    level = float(ev.level)
-    gate = {"min_clusters": int(ev.min_clusters), "min_boot_fraction": float(ev.min_boot_fraction)}
+    draws, level, gate = run_draws(ev, rows, test_index)
     rates = label_rates(labels, draws=draws, level=level)
     e4_res = e4(labels, baseline="c1" if c1_of is not None else None, draws=draws, level=level, **gate)
     t_free = time.perf_counter() - t0

@@ -153,8 +153,7 @@ def run_likelihood(cfg: DictConfig, rows, fits, layers: list[int], groups: list[
     from ipi.evaluation.hijack import join_scores
     from ipi.evaluation.likelihood import likelihood_ablation, likelihood_e4, lowers_shift, predicts_hijack_likelihood
     from ipi.io import atomic_path
-    from ipi.metrics.bootstrap import make_draws
-    from ipi.run.free_run import _claim, _goal_of, _to_accelerator
+    from ipi.run.free_run import _claim, _goal_of, _to_accelerator, run_draws
     from ipi.run.settings import extract_settings
 
     t0 = time.perf_counter()
@@ -172,9 +171,7 @@ def run_likelihood(cfg: DictConfig, rows, fits, layers: list[int], groups: list[
     none = join_scores(none, score_of)
     if c1_of is not None:
         none = join_scores(none, c1_of, "c1")
-    draws = make_draws([str(rows[i].trajectory_id) for i in test_index], n_boot=int(ev.n_boot), seed=int(ev.seed))
-    level = float(ev.level)
-    gate = {"min_clusters": int(ev.min_clusters), "min_boot_fraction": float(ev.min_boot_fraction)}
+    draws, level, gate = run_draws(ev, rows, test_index)
     res = likelihood_e4(none, baseline="c1" if c1_of is not None else None, draws=draws, level=level, **gate)
     t_score = time.perf_counter() - t0
     block = {"table_file": LIKELIHOOD_FILE, "scored": SCORED, "variants": ["attack", "clean"],

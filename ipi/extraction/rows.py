@@ -128,7 +128,8 @@ def image_tokens(processor, path: str, image_size: dict | None) -> int:
 
     Args:
         processor: A Qwen2.5-VL processor (``image_processor`` with ``merge_size``).
-        path: The screenshot file (its header is read; an EXIF rotation by 90° swaps the sides).
+        path: The screenshot file (only its header is read: the replay feeds the pixels as stored,
+            :func:`ipi.data.images.load_rgb` applies no EXIF rotation, so neither does the count).
         image_size: Pixel limits ``{"shortest_edge", "longest_edge"}`` (total pixels), or None.
 
     Returns:
@@ -138,8 +139,6 @@ def image_tokens(processor, path: str, image_size: dict | None) -> int:
 
     with Image.open(path) as im:
         width, height = im.size
-        if im.getexif().get(0x0112) in (5, 6, 7, 8):  # rotated by 90 or 270 degrees when shown
-            width, height = height, width
     ip = processor.image_processor
     patches = ip.get_number_of_image_patches(height, width, {"size": image_size} if image_size else None)
     return int(patches) // int(getattr(ip, "merge_size", 2)) ** 2

@@ -185,3 +185,33 @@ def test_truncate_cuts_the_page_text_until_every_variant_fits(tmp_path):
     assert max(lengths) <= CONTEXT
     # the rows keep their order: each step's variants together, trajectories in order
     assert [r.trajectory_id for r in rows] == [f"t{i}" for i in range(N_TRAJ) for _ in range(per_step)]
+
+
+def test_image_tokens_of_an_exif_tagged_screenshot_are_the_replays_read_from_the_header(tmp_path, monkeypatch):
+    """The count is the processor's on the pixels the replay feeds (as stored: no EXIF rotation),
+    and it reads the header only: asking a PNG for its EXIF decoded every pixel (the PNG's eXIf
+    chunk may follow the image data), three quarters of the context check's time on a warm run."""
+    from PIL import Image, ImageFile
+
+    from ipi.backbone import load_processor
+    from ipi.data.images import load_rgb
+    from ipi.extraction.rows import image_tokens
+
+    proc = load_processor(str(PROCESSOR))
+    size = {"shortest_edge": 3136, "longest_edge": 802816}
+    path = tmp_path / "tall.png"
+    exif = Image.Exif()
+    exif[0x0112] = 6  # shown rotated by 90 degrees
+    Image.new("RGB", (290, 1410), (200, 30, 30)).save(path, exif=exif)
+    rgb = load_rgb(str(path), 0)
+    assert rgb.size == (290, 1410)  # stored, not rotated
+    grid = proc.image_processor(images=[rgb], size=size, return_tensors="pt")["image_grid_thw"][0]
+    expected = int(grid.prod()) // proc.image_processor.merge_size ** 2
+
+    def no_decode(self):
+        raise AssertionError("image_tokens decoded the pixels")
+
+    plain = tmp_path / "plain.png"  # no EXIF in the header: Pillow looked for an eXIf chunk after the pixels
+    Image.new("RGB", (290, 1410), (20, 30, 200)).save(plain)
+    monkeypatch.setattr(ImageFile.ImageFile, "load", no_decode)
+    assert image_tokens(proc, str(path), size) == expected == image_tokens(proc, str(plain), size)

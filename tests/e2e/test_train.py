@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 from sklearn.metrics import roc_auc_score
 
+from ipi.reporting.report import html_escape
 from tests.conftest import REPO, SHARED, SMALL_BACKBONE_OVERRIDES, check_of, compose_train
 
 pytestmark = pytest.mark.needs_shared
@@ -88,6 +89,14 @@ def test_train_end_to_end_and_cache_reuse(tmp_path):
     assert check6["status"] == "FAIL" and "backbone.pretrained=false" in check6["detail"]
     assert on_disk["verdict"]["claim"] != "detects malicious content"
     assert "Trained vs random-weight twin" in report and "at most" in report
+    # report.md and report.html state every check as results.json's verdict applied it: its status,
+    # its detail and its rule in the verdict's own words (PROTOCOL.md §7)
+    html = (run / "report.html").read_text()
+    for c in on_disk["verdict"]["checks"]:
+        assert f"- [{c['status']}] {c['id']}. {c['name']}: {c['detail']}" in report
+        assert f"  - rule: {c['rule']}" in report
+        assert all(html_escape(c[k]) in html for k in ("detail", "rule")), c["id"]
+    assert on_disk["verdict"]["claim"] in report and on_disk["verdict"]["claim"] in html
     tw_info = json.loads((run / "run_info.json").read_text())["extraction_random_twin"]
     assert set(tw_info) == {"1", "2"} and all(i["rows_forwarded"] == counts["rows"] for i in tw_info.values())
     # The written score tables re-evaluate to the same paired twin differences (evaluate.py's path).

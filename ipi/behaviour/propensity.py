@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -51,6 +52,7 @@ import torch
 
 from ipi.behaviour.labels import FAMILY_RULES, HIJACKED, element_ids, label_action, label_tasks, parse_action, \
     project_goal
+from ipi.progress import progress_bar
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -171,8 +173,6 @@ def scored_span(offsets: torch.Tensor, action_span: tuple[int, int], ids: torch.
 
 
 def _cache_arg(model) -> str:
-    import inspect
-
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
@@ -182,6 +182,12 @@ def _cache_of(out):
         if c is not None:
             return c
     raise RuntimeError("likelihood: the model returned no key/value cache")
+
+
+def _last_logit_only(model) -> dict:
+    """``logits_to_keep=1`` where the model's forward takes it: the prefix needs only its last
+    token's logits (the LM head on every prefix token costs ~1/5 of SmolLM2's forward)."""
+    return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
 
 
 def _device(model) -> torch.device:
@@ -254,7 +260,7 @@ def _score_on_prefix(model, seqs: list, start: int, actions: list[str]) -> list[
     arg = _cache_arg(model)
     out: list[ActionScore] = []
     with torch.inference_mode():
-        first = model(**prefix, use_cache=True)
+        first = model(**prefix, use_cache=True, **_last_logit_only(model))
         cache = _cache_of(first)
         last = first.logits[0, -1:].float()
         for (inputs, (s, e)), a in zip(seqs, actions):
@@ -284,7 +290,8 @@ def _step_key(t) -> tuple:
 
 def likelihood_table(backbone, rows: Sequence, system_prompt: str,
                      goal_of: Callable[[Mapping], Goal] = project_goal, *, intervention=None,
-                     progress: Callable[[int, int], None] | None = None) -> pd.DataFrame:
+                     progress: Callable[[int, int], None] | None = None,
+                     description: str = "likelihood: scoring gold and goal actions (rows)") -> pd.DataFrame:
     """Propensity and shift of every attack and clean row (module docstring).
 
     Each attack row is scored with the gold action and its goal action; each clean row with the
@@ -298,7 +305,9 @@ def likelihood_table(backbone, rows: Sequence, system_prompt: str,
         system_prompt: The agent's system prompt.
         goal_of: An attack row's ``variant.meta`` → its goal (the run's attack pool).
         intervention: Hooks active while scoring (an ablation, :class:`~ipi.behaviour.ablation.ProjectOut`).
-        progress: Optional ``progress(done, total)`` after each row.
+        progress: Optional ``progress(done, total)`` after each row (a progress bar with the ETA,
+            :func:`ipi.progress.progress_bar`, is shown either way).
+        description: What the progress bar says it is doing.
 
     Returns:
         One row per scored replay row, columns :data:`LIKELIHOOD_COLUMNS`; ``logp_*`` and
@@ -323,13 +332,14 @@ def likelihood_table(backbone, rows: Sequence, system_prompt: str,
     logp: dict[tuple[str, str], ActionScore] = {}  # (row_id, action) -> score
     ctx = intervention.applied(backbone) if intervention is not None else contextlib.nullcontext()
     task_of = {t.row_id: t for t in tasks}
-    with ctx:
+    with ctx, progress_bar(description, len(sel)) as bar:
         for i, (r, memo, shot) in enumerate(step_inputs(backbone, sel)):
             t = task_of[r.row_id]
             mine = [t] if t.variant == ATTACK else attacks_of.get(_step_key(t), [])
             acts = list(dict.fromkeys([t.gold_action, *(built[a.row_id][0] for a in mine if built[a.row_id][0])]))
             for s in score_actions(backbone, r, system_prompt, acts, screenshot=shot, memo=memo, end_ids=end_ids):
                 logp[(r.row_id, s.action)] = s
+            bar.advance()
             if progress is not None:
                 progress(i + 1, len(sel))
     clean_of = {_step_key(t): t for t in tasks if t.variant == CLEAN}

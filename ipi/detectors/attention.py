@@ -34,7 +34,7 @@ from hydra.utils import instantiate
 from ipi.detectors.detector import check_fit_inputs
 from ipi.extraction.activation_cache import ActivationCache, stable_hash
 from ipi.extraction.extractor import HiddenStateExtractor, ShardWriter, _StopForward
-from ipi.extraction.forward import ExtractSettings, cache_key, predict_rows
+from ipi.extraction.forward import ExtractSettings, cache_key, feature_precision, predict_rows
 from ipi.protocol import TOKEN_GROUPS
 from ipi.surfaces.registry import get_surface, surface_names
 
@@ -132,7 +132,8 @@ class AttentionFocusExtractor(HiddenStateExtractor):
 
 def attention_cache_key(settings: ExtractSettings, rows, layers: Sequence[int]) -> tuple[str, dict]:
     """Key of the attention entry: the hidden-state key's inputs plus what this extraction reads."""
-    hidden_key, spec = cache_key(settings.backbone, rows, list(layers), list(TOKEN_GROUPS))
+    hidden_key, spec = cache_key(settings.backbone, rows, list(layers), list(TOKEN_GROUPS),
+                                 feature_precision(settings))
     att = {"kind": "attention_focus", "version": ATTENTION_VERSION, "query": "last_prompt",
            "value": "attention mass per token group [L, G, heads]"}
     return stable_hash({"rows_and_backbone": hidden_key, "attention": att}), {**spec, "attention": att,

@@ -213,16 +213,31 @@ def image_processor_backend(backbone_cfg) -> str | None:
     return _backend_of(path, str(content_addressed(path)), kwargs)
 
 
+def feature_precision(settings: ExtractSettings) -> str | None:
+    """The forward's precision plugin when it changes the features beyond float rounding, else None.
+
+    ``32-true`` (and any 32- or 64-bit plugin) gives the float32 features every existing key holds:
+    None. A 16-bit plugin (``bf16-mixed``, ``bf16-true``, ``16-mixed``; ``auto`` on a bf16 GPU) rounds
+    every matmul to 8 mantissa bits: its name, which enters :func:`cache_key`.
+
+    Raises:
+        ValueError: As :func:`resolve_precision`.
+    """
+    p = str(resolve_precision(settings.precision, settings.accelerator))
+    return None if p.startswith(("32", "64")) else p
+
+
 def cache_key(backbone_cfg, rows: Sequence[ReplayRow], layer_indices: Sequence[int],
-              token_groups: Sequence[str]) -> tuple[str, dict]:
+              token_groups: Sequence[str], precision: str | None = None) -> tuple[str, dict]:
     """Key of the activation cache entry for these rows, and the spec stored in its manifest.
 
     The key hashes everything that changes the features: the backbone loader node (model id,
     revision, dtype or tiny config and seed), pixel limits, the system prompt, the resolved layer
     indices, the token groups, the cache dtype, the image-processor backend when it is not
     :data:`DEFAULT_IMAGE_BACKEND` (:func:`image_processor_backend`; PIL and torchvision give other
-    pixel values) and every row's fingerprint (prompt texts, screenshot bytes, banner). Device,
-    precision plugin, batch size and workers are left out.
+    pixel values), every row's fingerprint (prompt texts, screenshot bytes, banner) and a 16-bit
+    precision plugin (:func:`feature_precision`; a 32-bit one keeps the key). Device, batch size and
+    workers are left out.
     Local paths in the backbone node enter by content (:func:`ipi.extraction.activation_cache.
     content_addressed`), so moving the data or the checkout keeps the key.
 
@@ -231,6 +246,7 @@ def cache_key(backbone_cfg, rows: Sequence[ReplayRow], layer_indices: Sequence[i
         rows: Rows to extract.
         layer_indices: Resolved decoder-block indices.
         token_groups: Token-group names.
+        precision: :func:`feature_precision` of the extraction (None: 32-bit features).
 
     Returns:
         ``(key, spec)``.
@@ -247,6 +263,8 @@ def cache_key(backbone_cfg, rows: Sequence[ReplayRow], layer_indices: Sequence[i
     backend = image_processor_backend(b)
     if backend not in (None, DEFAULT_IMAGE_BACKEND):  # the default keeps every existing key
         spec["image_processor_backend"] = backend
+    if precision is not None:  # 32-bit features keep every existing key
+        spec["precision"] = precision
     fps = [row_fingerprint(r, b["system_prompt"], b["multimodal"]) for r in rows]
     # Local paths (processor files, GGUF folder, checkpoint) enter the key by content, not by
     # location; the manifest keeps the paths as given.
@@ -284,7 +302,7 @@ def transfer_rows(settings: ExtractSettings, rows: Sequence[ReplayRow], layer_in
         ``(rows to extract, "shared" | "clean_attack")``.
     """
     layers = extraction_layers(settings, layer_indices)
-    key, spec = cache_key(settings.backbone, rows, layers, token_groups)
+    key, spec = cache_key(settings.backbone, rows, layers, token_groups, feature_precision(settings))
     if not settings.force and ActivationCache(settings.cache_dir, key, spec).is_complete():
         return list(rows), "shared"
     return [r for r in rows if r.variant.variant in TRANSFER_VARIANTS], "clean_attack"
@@ -321,7 +339,7 @@ def extract_features(settings: ExtractSettings, rows: Sequence[ReplayRow], layer
         ValueError: The loaded model's depth differs from ``backbone.n_layers``.
     """
     layers = sorted({int(i) for i in layer_indices}) if exact_layers else extraction_layers(settings, layer_indices)
-    key, spec = cache_key(settings.backbone, rows, layers, token_groups)
+    key, spec = cache_key(settings.backbone, rows, layers, token_groups, feature_precision(settings))
     cache = ActivationCache(settings.cache_dir, key, spec)
     row_ids = [r.row_id for r in rows]
     hit = cache.is_complete() and not settings.force

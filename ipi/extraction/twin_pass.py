@@ -42,6 +42,7 @@ from ipi.extraction.forward import (
     cache_key,
     extract_features,
     extraction_layers,
+    feature_precision,
     resolve_num_workers,
     resolve_precision,
 )
@@ -76,7 +77,7 @@ def twin_layers(settings: ExtractSettings, rows: Sequence[ReplayRow], layer_indi
     own = sorted({int(i) for i in layer_indices})
     if superset or sup == own:
         return sup
-    key, spec = cache_key(settings.backbone, rows, sup, token_groups)
+    key, spec = cache_key(settings.backbone, rows, sup, token_groups, feature_precision(settings))
     if not settings.force and ActivationCache(settings.cache_dir, key, spec).is_complete():
         return sup
     return own
@@ -210,7 +211,7 @@ def extract_twin_features(cfgs: dict[int, ExtractSettings], rows: Sequence[Repla
 
     seeds = [int(s) for s in cfgs]
     layers = {s: twin_layers(cfgs[s], rows, layer_indices, token_groups, superset) for s in seeds}
-    keys = {s: cache_key(cfgs[s].backbone, rows, layers[s], token_groups) for s in seeds}
+    keys = {s: cache_key(cfgs[s].backbone, rows, layers[s], token_groups, feature_precision(cfgs[s])) for s in seeds}
     caches = {s: ActivationCache(cfgs[s].cache_dir, *keys[s]) for s in seeds}
     missing = [s for s in seeds if cfgs[s].force or not caches[s].is_complete()]
     shareable = len(missing) > 1 and all(_one_process(cfgs[s]) for s in missing) and \

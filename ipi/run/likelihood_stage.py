@@ -126,7 +126,8 @@ def _ablation_arms(cfg, backbone, sel_rows, sel_index, fits, layers, groups, goa
         norms[str(f)] = {str(k): float(np.linalg.norm(v)) for k, v in dirs.items()}
         for arm, inter in (("probe", ProjectOut(dirs, f"probe[fold {f}]")),
                            ("random", ProjectOut(random_directions(dirs, seed), f"random[{seed}]"))):
-            parts[arm].append(likelihood_table(backbone, fr, system_prompt, goal_of, intervention=inter))
+            parts[arm].append(likelihood_table(backbone, fr, system_prompt, goal_of, intervention=inter,
+                                               description=f"likelihood: ablation, {arm} arm, fold {f} (rows)"))
     order = none["row_id"].tolist()
     arms = {a: pd.concat(p, ignore_index=True).set_index("row_id").loc[order].reset_index() for a, p in parts.items()}
     return arms, {"layers": at, "random_seed": seed, "direction_norms": norms}

@@ -203,3 +203,26 @@ def test_manifest_without_content_record_is_read_through_its_paths(tmp_path):
     shutil.rmtree(proc)
     with pytest.raises(CacheError, match="manifest field 'backbone'"):
         ActivationCache(tmp_path / "cache", entry.key, spec_for(copy)).read_manifest()
+
+
+@pytest.mark.needs_shared
+def test_a_16_bit_forward_keys_its_own_entry_and_a_32_bit_one_keeps_the_key(tmp_path, trajectories, monkeypatch):
+    """bf16 features differ from float32 ones beyond rounding: they must never be read for a 32-true run
+    (nor the reverse); every 32-bit plugin keeps the key entries were written under."""
+    import ipi.extraction.forward as fwd
+    from ipi.extraction.rows import build_rows
+    from ipi.run.settings import extract_settings
+    from tests.conftest import compose_train
+
+    monkeypatch.setattr(fwd, "cpu_supports_bf16", lambda: True)  # whatever CPU runs the test
+    rows = build_rows(trajectories[:1], "i_vis", ["c_scrambled"])
+
+    def key(precision):
+        s = extract_settings(compose_train(tmp_path, [f"extract.precision={precision}", "extract.accelerator=cpu"]))
+        return fwd.cache_key(s.backbone, rows, [0], ["last_prompt"], fwd.feature_precision(s))
+
+    base = fwd.cache_key(extract_settings(compose_train(tmp_path)).backbone, rows, [0], ["last_prompt"])
+    assert key("32-true") == base and key("32") == base and key("auto") == base  # auto on a CPU: 32-true
+    k16, spec16 = key("bf16-mixed")
+    assert k16 != base[0] and spec16["precision"] == "bf16-mixed" and "precision" not in base[1]
+    assert key("bf16-true")[0] not in (base[0], k16)

@@ -31,6 +31,11 @@ refits timed beside it for the batching gain) against 20 scikit-learn fits, at p
 ``--perm-features``/``--perm-train`` scale it down; ``ratio`` ≤ 1 is the requirement (the refits
 cost no more than 20 scikit-learn fits).
 
+``profile`` (:func:`profile_benchmark`; default ``backbone=smollm2_135m layers=six_1``, needs
+``make setup-smollm``): an extraction's rows/s and effective FLOP/s against this machine's matmul
+peak (:func:`matmul_peak`), for the default run and with the cuts a CPU audit takes (blocks above
+the deepest probed, bf16 autocast), and how far each cut moves the features.
+
 ``--gpu-7b-shapes`` (needs a CUDA GPU) builds the real Qwen2.5-VL architecture at 7B shapes with
 random bf16 weights and reports rows/s of the project path and the model FLOP utilisation.
 
@@ -40,6 +45,7 @@ Examples::
     python -m ipi.tools.bench --steps 4 --rss-steps 2,8
     python -m ipi.tools.bench --only all
     python -m ipi.tools.bench --only permutation               # 199 dual refits vs 20 sklearn fits
+    python -m ipi.tools.bench --only profile --steps 16        # SmolLM2 extraction vs matmul peak
     python -m ipi.tools.bench --gpu-7b-shapes --steps 16       # on a GPU machine
 """
 
@@ -53,6 +59,7 @@ import resource
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from dataclasses import replace
 
 import torch
@@ -263,18 +270,14 @@ def shapes_benchmark(n_steps: int, overrides: list[str], peak_tflops: float | No
         ext.on_predict_end()
     # Model FLOPs actually required: vision tower on each distinct image, decoder blocks up to the
     # deepest chosen layer on every row (2 FLOPs per multiply-add; causal attention counted half).
-    t = text
-    d, f, h, kv = t["hidden_size"], t["intermediate_size"], t["num_attention_heads"], t["num_key_value_heads"]
-    hd = d // h
-    per_tok_layer = 2 * (d * d * 2 + 2 * d * kv * hd + 3 * d * f)
     v = vision
     vd, vf = v["hidden_size"], v["intermediate_size"]
     per_patch_block = 2 * (4 * vd * vd + 3 * vd * vf)
     depth = max(layers) + 1
+    d = text["hidden_size"]
     flops = 0.0
     for b in batches:
-        for n in b["seq_len_list"]:
-            flops += depth * (n * per_tok_layer + 2 * n * n * d)  # 4·n²·d/2 for causal QK^T and AV
+        flops += sum(decoder_flops(text, n, depth) for n in b["seq_len_list"])
         if b["images"] is not None:
             patches = int(b["images"]["image_grid_thw"].prod(-1).sum())
             merged, md = patches // 4, 4 * vd  # patch merger MLP on 2x2 groups of patches
@@ -293,6 +296,127 @@ def shapes_benchmark(n_steps: int, overrides: list[str], peak_tflops: float | No
         # serial CPU preparation (num_workers=0) added to the device time: the floor without workers
         out["mfu_with_prep"] = _sig(flops / (secs + prep_secs) / (peak_tflops * 1e12))
         out["peak_tflops_bf16_dense"] = peak_tflops
+    return out
+
+
+def decoder_flops(text: Mapping, n_tokens: int, depth: int) -> float:
+    """Model FLOPs of one row through the first ``depth`` decoder blocks of a Llama/Qwen2-style decoder.
+
+    2 FLOPs per multiply-add: the q/o projections (``d × d`` each), the k/v projections (``d ×
+    kv_heads · head_dim`` each), the gated MLP (three ``d × f``), and causal attention's ``QKᵀ`` and
+    ``AV`` counted half (``2 · n² · d``). Norms, rotary embeddings and the LM head are left out.
+
+    Args:
+        text: The decoder's config as a mapping: ``hidden_size``, ``intermediate_size``,
+            ``num_attention_heads``, ``num_key_value_heads`` (``head_dim`` if given, else
+            ``hidden_size / num_attention_heads``).
+        n_tokens: The row's prompt length in tokens.
+        depth: Decoder blocks forwarded.
+
+    Returns:
+        FLOPs (float).
+    """
+    d, f, h, kv = text["hidden_size"], text["intermediate_size"], text["num_attention_heads"], text["num_key_value_heads"]
+    hd = text.get("head_dim") or d // h
+    per_tok_layer = 2 * (d * d * 2 + 2 * d * kv * hd + 3 * d * f)
+    return float(depth * (n_tokens * per_tok_layer + 2 * n_tokens * n_tokens * d))
+
+
+def matmul_peak(n: int = 2048, reps: int = 5) -> dict:
+    """This machine's dense matmul throughput at the current torch thread count: the peak an
+    extraction's achieved FLOP/s is read against (best of ``reps`` ``[n, n] @ [n, n]``).
+
+    Returns:
+        ``{"float32": GFLOP/s, "bfloat16": GFLOP/s or None (no native bf16), "threads", "n"}``.
+    """
+    from ipi.extraction.forward import cpu_supports_bf16
+
+    out = {"threads": torch.get_num_threads(), "n": n}
+    for name, dt in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
+        if dt == torch.bfloat16 and not cpu_supports_bf16():
+            out[name] = None
+            continue
+        a, b = torch.randn(n, n, dtype=dt), torch.randn(n, n, dtype=dt)
+        secs, _ = best_of(lambda: a @ b, reps)
+        out[name] = _sig(2 * n ** 3 / secs / 1e9)
+    return out
+
+
+#: ``--only profile``'s default overrides: the CPU audit's backbone, probe layer and page-text cap
+#: (docs/real_audit.md).
+PROFILE_BACKBONE = ("backbone=smollm2_135m", "layers=six_1", "data.max_element_chars=500")
+
+#: The extraction settings :func:`profile_benchmark` compares: name -> (overrides, what it changes).
+PROFILE_SETTINGS = {
+    "before": ([], "the default run: the extract.layers superset (all six depths: every block), 32-true"),
+    "cut": (["extract.layers=[]"], "only the blocks up to the deepest one probed, 32-true"),
+    "cut_bf16": (["extract.layers=[]", "extract.precision=bf16-mixed"],
+                 "only the blocks up to the deepest one probed, bf16 autocast (enters the cache key)"),
+}
+
+
+def profile_benchmark(n_steps: int = 8, overrides: list[str] = (), surface: str = "i_dom") -> dict:
+    """Extraction profile of a backbone on this machine, before and after the cuts of a CPU audit.
+
+    For each of :data:`PROFILE_SETTINGS`, in one process, cold cache entries in a temporary
+    folder, the rows of the first ``n_steps`` steps of ``surface`` (every variant) through
+    :func:`ipi.extraction.forward.extract_features` as ``train.py`` runs it (prefix reuse, hooks,
+    early stop; a one-off warm-up extraction runs first). Reported per setting: seconds, the model
+    build alone (``build_s``, timed apart and taken off the rates), rows/s, tokens/s, the model FLOPs of the blocks forwarded
+    (:func:`decoder_flops` of every row's full prompt; prefix reuse forwards fewer, so the
+    achieved FLOP/s is an effective rate), and that rate against :func:`matmul_peak` of the
+    dtype the matmuls run in. The probe's features are compared with ``before``'s: the cut must
+    equal them to float rounding; bf16's relative error is reported (its key differs).
+
+    Args:
+        n_steps: Steps of ``surface`` profiled.
+        overrides: Hydra overrides of the ``train`` config (e.g. ``backbone=smollm2_135m``, ``layers=six_1``).
+        surface: The surface whose rows are profiled.
+
+    Returns:
+        A JSON-able dict: ``matmul_peak_gflops``, per setting ``{"seconds", "build_s", "rows_per_s",
+        "tokens_per_s", "blocks_forwarded", "model_gflop", "effective_gflops", "of_peak",
+        "max_abs_diff_vs_before", "max_rel_err_vs_before"}``, ``load_before``/``load_after``.
+    """
+    load0 = os.getloadavg()
+    base = [*overrides, f"surface={surface}"]
+    cfg, rows = subset_rows(base, n_steps, surfaces=(surface,))
+    layers = layer_indices(cfg)
+    model = build_backbone(cfg.backbone.loader, max_layer=0).model
+    text = getattr(model.config, "text_config", model.config).to_dict()
+    del model
+    out = {"benchmark": "profile", "backbone": cfg.backbone.name, "surface": surface, "steps": n_steps,
+           "rows": len(rows), "layers": layers, "threads": torch.get_num_threads(), "matmul_peak_gflops": matmul_peak()}
+    ref = None
+    with tempfile.TemporaryDirectory() as tmp:
+        warm = extract_settings(compose([*base, "extract.layers=[]"]))
+        extract_features(replace(warm, cache_dir=os.path.join(tmp, "warm")), rows[:2], layers, list(TOKEN_GROUPS))
+        for name, (extra, what) in PROFILE_SETTINGS.items():
+            c = compose([*base, *extra])
+            settings = replace(extract_settings(c), cache_dir=os.path.join(tmp, name))
+            with Stopwatch() as sw:
+                fs, _ = extract_features(settings, rows, layers, list(TOKEN_GROUPS))
+            depth = max(extraction_layers(settings, layers)) + 1
+            build_s, _ = best_of(lambda: build_backbone(c.backbone.loader, max_layer=depth - 1), 1)
+            secs = max(sw.wall_s - build_s, 1e-9)  # the extraction less its model build, timed alone
+            flop = sum(decoder_flops(text, int(n), depth) for n in fs.prompt_len.tolist())
+            feats = fs.features[:, [fs.layers.index(k) for k in layers]].double()
+            peak = out["matmul_peak_gflops"]["bfloat16" if "bf16" in c.extract.precision else "float32"]
+            rec = {"what": what, "seconds": round(sw.wall_s, 2), "build_s": round(build_s, 2),
+                   "rows_per_s": _sig(len(rows) / secs), "tokens_per_s": _sig(float(fs.prompt_len.sum()) / secs),
+                   "blocks_forwarded": depth, "of_blocks": int(cfg.backbone.n_layers), "model_gflop": _sig(flop / 1e9),
+                   "effective_gflops": _sig(flop / secs / 1e9)}
+            rec["of_peak"] = _sig(rec["effective_gflops"] / peak) if peak else None
+            if ref is None:
+                ref = feats
+            else:
+                diff = (feats - ref).abs()
+                rec["max_abs_diff_vs_before"] = _sig(float(diff.max()))
+                rec["max_rel_err_vs_before"] = _sig(float((diff.norm(dim=-1) / ref.norm(dim=-1).clamp_min(1e-12)).max()))
+            out[name] = rec
+    out["speedup_cut_bf16_vs_before"] = _sig(out["cut_bf16"]["rows_per_s"] / out["before"]["rows_per_s"])
+    out["load_before"] = [round(x, 2) for x in load0]
+    out["load_after"] = [round(x, 2) for x in os.getloadavg()]
     return out
 
 
@@ -373,7 +497,8 @@ def _sig(x: float, digits: int = 4) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m ipi.tools.bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--only", choices=("extraction", "timings", "bootstrap", "permutation", "twins", "all"), default="extraction")
+    p.add_argument("--only", choices=("extraction", "timings", "bootstrap", "permutation", "twins", "profile", "all"),
+                   default="extraction")
     p.add_argument("--no-timings", action="store_true", help="skip warm_run_s / sweep30_s (entry-script subprocesses)")
     p.add_argument("--no-sweep", action="store_true", help="time the warm run but not the 30-job sweep")
     p.add_argument("--steps", type=int, default=6, help="steps of the timed subset (x every surface's variants)")
@@ -411,6 +536,8 @@ def main(argv: list[str] | None = None) -> None:
         stages.append(("timings", lambda: _entry_timings(not a.no_sweep)))
     if a.only in ("twins", "all"):
         stages.append(("twins", lambda: twin_benchmark(a.steps, a.twins, a.override)))
+    if a.only == "profile":
+        stages.append(("profile", lambda: profile_benchmark(a.steps, a.override or list(PROFILE_BACKBONE))))
     if a.only in ("bootstrap", "all"):
         stages.append(("bootstrap", lambda: bench_bootstrap(n_rows=a.boot_rows, n_boot=a.n_boot)))
     if a.only in ("permutation", "all"):

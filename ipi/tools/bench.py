@@ -420,6 +420,72 @@ def profile_benchmark(n_steps: int = 8, overrides: list[str] = (), surface: str 
     return out
 
 
+def paper_cost(surface: str = "i_dom", overrides: list[str] = (), layers: str = "six_1", twins: int = 19,
+               test_fraction: float | None = None, arms: int = 3, peak_tflops: float = 989.0) -> dict:
+    """The FLOPs of the CPU audit's run on Qwen2.5-VL-7B, counted from the real rows (on paper).
+
+    The run's rows are built as ``train.py`` builds them (every trajectory of ``data``, the audit's
+    surface), with the real Qwen2.5-VL processor at the 7B's pixel limits
+    (``conf/backbone/qwen2_5_vl_7b.yaml``), so every row's token count and every screenshot's image
+    tokens are the ones the 7B would see (:func:`ipi.extraction.rows.sequence_lengths`). Counted
+    (2 FLOPs per multiply-add, prefix reuse ignored: an upper bound):
+
+    * main pass: every row through the vision tower (each distinct screenshot once) and the
+      decoder blocks up to the deepest one probed (:func:`decoder_flops`);
+    * ``twins`` random-weight twins: the same again per twin (their own vision tower too);
+    * the likelihood measure: the attack and clean test rows through all 28 blocks, ``arms``
+      times (no ablation, probe direction, random direction).
+
+    Args:
+        surface: The audit's surface.
+        overrides: Hydra overrides of the ``train`` config (e.g. ``data.max_element_chars=500``).
+        layers: The ``layers`` config the probe reads.
+        twins: Random-weight twins (check 6's S).
+        test_fraction: Test share of the trajectories (None: the split config's).
+        arms: Likelihood passes over the test rows.
+        peak_tflops: The GPU's dense bf16 peak (H100 SXM: 989) the hours are given at.
+
+    Returns:
+        ``{"rows", "mean_tokens", "mean_image_tokens", "depth", "tflop": {...}, "gpu_hours_at_peak",
+        "gpu_hours_at_mfu": {0.2: ..., 0.4: ...}}``.
+    """
+    from transformers import AutoProcessor
+
+    from ipi.extraction.rows import sequence_lengths
+    from ipi.protocol import resolve_layers
+    from ipi.run.stages import load_data, make_rows
+
+    seven = compose(["backbone=qwen2_5_vl_7b"]).backbone
+    c = compose([*overrides, f"surface={surface}", f"layers={layers}",
+                 f"backbone.image_size.longest_edge={seven.image_size.longest_edge}",
+                 f"backbone.image_size.shortest_edge={seven.image_size.shortest_edge}"])
+    processor = AutoProcessor.from_pretrained(c.backbone.tokenizer_path)
+    trajs, _, _ = load_data(c)
+    rows = make_rows(c, trajs, surface)
+    lengths = sequence_lengths(rows, processor, str(c.backbone.system_prompt), True, dict(c.backbone.image_size))
+    text, vision = QWEN2_5_VL_7B_TEXT, QWEN2_5_VL_7B_VISION
+    depth = max(resolve_layers(list(c.layers.spec), text["num_hidden_layers"])) + 1
+    vd, vf = vision["hidden_size"], vision["intermediate_size"]
+    per_patch = vision["depth"] * 2 * (4 * vd * vd + 3 * vd * vf)
+    if surface == "i_vis":
+        raise ValueError("paper_cost counts one screenshot per step: a text surface (i_dom, i_tool)")
+    images = {r.step.screenshot: n_img for r, (_, n_img) in zip(rows, lengths)}  # one per step on a text surface
+    patches = 4 * sum(images.values())  # 2x2 patches merged into one image token
+    vision_flop = patches * per_patch + (patches // 4) * 2 * (16 * vd * vd + 4 * vd * vision["out_hidden_size"])
+    main = sum(decoder_flops(text, n, depth) for n, _ in lengths) + vision_flop
+    frac = float(c.split.test_fraction) if test_fraction is None else test_fraction
+    lik_rows = [n for r, (n, _) in zip(rows, lengths) if r.variant.variant in ("attack", "clean")]
+    likelihood = arms * frac * (sum(decoder_flops(text, n, text["num_hidden_layers"]) for n in lik_rows) + vision_flop)
+    total = main * (1 + twins) + likelihood
+    tf = {"main_pass": _sig(main / 1e12), "twins": _sig(twins * main / 1e12), "likelihood": _sig(likelihood / 1e12),
+          "total": _sig(total / 1e12)}
+    return {"benchmark": "paper_cost", "surface": surface, "rows": len(rows), "layers": layers, "depth": depth,
+            "twins": twins, "test_fraction": frac, "mean_tokens": _sig(sum(n for n, _ in lengths) / len(rows)),
+            "mean_image_tokens": _sig(sum(i for _, i in lengths) / len(rows)), "screenshots": len(images),
+            "tflop": tf, "peak_tflops": peak_tflops, "gpu_hours_at_peak": _sig(total / (peak_tflops * 1e12) / 3600),
+            "gpu_hours_at_mfu": {str(m): _sig(total / (m * peak_tflops * 1e12) / 3600) for m in (0.2, 0.4)}}
+
+
 def twin_benchmark(n_steps: int = 6, n_twins: int = 3, overrides: list[str] = (), probe_layers=("six", "six_1"),
                    surface: str = "i_vis") -> dict:
     """Cost of the random-weight twins per seed as a fraction of the main pass.
@@ -497,7 +563,8 @@ def _sig(x: float, digits: int = 4) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m ipi.tools.bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--only", choices=("extraction", "timings", "bootstrap", "permutation", "twins", "profile", "all"),
+    p.add_argument("--only", choices=("extraction", "timings", "bootstrap", "permutation", "twins", "profile", "paper_cost",
+                                       "all"),
                    default="extraction")
     p.add_argument("--no-timings", action="store_true", help="skip warm_run_s / sweep30_s (entry-script subprocesses)")
     p.add_argument("--no-sweep", action="store_true", help="time the warm run but not the 30-job sweep")
@@ -536,6 +603,9 @@ def main(argv: list[str] | None = None) -> None:
         stages.append(("timings", lambda: _entry_timings(not a.no_sweep)))
     if a.only in ("twins", "all"):
         stages.append(("twins", lambda: twin_benchmark(a.steps, a.twins, a.override)))
+    if a.only == "paper_cost":
+        stages.append(("paper_cost", lambda: {s: paper_cost(s, a.override or ["data.max_element_chars=500"])
+                                              for s in ("i_dom", "i_tool")}))
     if a.only == "profile":
         stages.append(("profile", lambda: profile_benchmark(a.steps, a.override or list(PROFILE_BACKBONE))))
     if a.only in ("bootstrap", "all"):

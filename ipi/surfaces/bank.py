@@ -133,17 +133,14 @@ BENIGN_IMPERATIVES: tuple[str, ...] = (
 
 
 def stable_int(*parts: object) -> int:
-    """Return a process-independent integer hash of ``parts``.
-
-    The parts are converted with ``str`` and joined with a unit separator, then hashed with
-    SHA-256. Unlike ``hash()``, the result is identical across processes and machines.
+    """Return a process-independent integer hash of ``parts`` (SHA-256 of their ``str`` joined).
 
     Args:
         *parts: Values identifying the choice (trajectory id, step, k, a purpose tag, ...).
 
     Returns:
         A non-negative integer (256 bits).
-    """
+"""
     key = "\x1f".join(str(p) for p in parts)
     return int(hashlib.sha256(key.encode("utf-8")).hexdigest(), 16)
 
@@ -154,10 +151,10 @@ def attack_text(trajectory_id: str, step: int, k: int = 0, *, templates=None,
 
     The template index is ``T[(h0 + k) % len(T)]`` with ``T`` the allowed template indices
     (default: all of :data:`ATTACK_TEMPLATES`) and ``h0`` the stable hash of
-    ``(trajectory_id, step)``, so the ``k = 0, 1, ...`` attacks of one step use distinct templates
-    (for up to ``len(T)`` attacks). The goal index is ``G[h % len(G)]`` with ``h`` the stable
-    hash of ``(trajectory_id, step, k)`` and ``G`` the allowed goal indices (default: all of
-    :data:`ATTACK_GOAL_LIST`). With the defaults the choice is the same as without families.
+    ``(trajectory_id, step)``, so the attacks of one step use distinct templates (for up to
+    ``len(T)`` attacks). The goal index is ``G[h % len(G)]`` with ``h`` the stable hash of
+    ``(trajectory_id, step, k)`` and ``G`` the allowed goal indices (default: all of
+    :data:`ATTACK_GOAL_LIST`).
 
     Args:
         trajectory_id: Trajectory id (cluster unit).
@@ -169,7 +166,7 @@ def attack_text(trajectory_id: str, step: int, k: int = 0, *, templates=None,
     Returns:
         ``(text, meta)`` where ``meta = {"template": i, "goal": j, "goal_family": name}``;
         ``i`` indexes :data:`ATTACK_TEMPLATES` and ``j`` indexes :data:`ATTACK_GOAL_LIST`.
-    """
+"""
     tpl = range(len(ATTACK_TEMPLATES)) if templates is None else list(templates)
     gls = range(len(ATTACK_GOAL_LIST)) if goals is None else list(goals)
     if not tpl or not gls:

@@ -1,15 +1,10 @@
 """The probe's estimands beside its baselines and twins on shared draws: the numbers of a run (PROTOCOL.md §5–§7).
 
-:func:`compare_tables` bootstraps the probe's score table, the named baseline tables and the
-random-weight twins' tables with **one** :class:`~ipi.metrics.bootstrap.Draws` drawn over the
-sorted union of their trajectory ids (PROTOCOL.md §5: "paired differences … use the same
-replicates"), and returns the typed :class:`Estimates`: each table's E1/E2/E3, the paired
-differences, the one-sided bootstrap p-values, the twins' per-seed estimands (:mod:`ipi.metrics.twins`),
-the exact permutation test (:mod:`ipi.metrics.permutation`) and the bootstrap's own facts. Its
-:meth:`Estimates.to_dict` is the numbers part of ``results.json`` (key names:
-:mod:`ipi.metrics.keys`). The verdict and the reportability marks are judgements on these
-numbers and live in :mod:`ipi.evaluation` (:func:`ipi.evaluation.assess.assess`).
-"""
+:func:`compare_tables` bootstraps the probe's score table, the baseline tables and the
+random-weight twins' tables with **one** :class:`~ipi.metrics.bootstrap.Draws` (PROTOCOL.md §5:
+"paired differences … use the same replicates") and returns the typed :class:`Estimates`, whose
+:meth:`Estimates.to_dict` is the numbers part of ``results.json``. The verdict and the
+reportability marks are judgements on these numbers (:func:`ipi.evaluation.assess.assess`)."""
 
 from __future__ import annotations
 

@@ -379,7 +379,7 @@ class BehaviourConf:
 
     enabled: bool = False
     # likelihood: the teacher-forced hijack propensity (every backbone with an LM head, no generation);
-    # free_run: generation and labels; both (the default: a free-run block as before, the likelihood beside it)
+    # free_run: generation and labels; both (the default: the free-run block and the likelihood beside it)
     measure: BehaviourMeasure = BehaviourMeasure.both
     max_new_tokens: int = 96  # bound on generated tokens per row (a WebVoyager turn is ~30-80)
     batch_size: int = 4  # rows per generate call (left-padded; not part of the generation cache key)

@@ -321,16 +321,13 @@ def evaluate_split(cfg: DictConfig, trajs, seed: int, layers, groups, settings) 
 def extract(cfg: DictConfig) -> tuple[dict, dict]:
     """Extract (or reuse) every activation-cache entry a ``train.py`` run with this config reads.
 
-    That is the configured surface and, when ``evaluation.transfer`` is on, the transfer source
-    surfaces — so a sweep started after ``extract.py`` forwards nothing — and, when
-    ``evaluation.random_twin`` is on, the random-weight twins' entries (one per seed of
-    ``evaluation.random_twin_seeds``) for the configured surface (the twins are probed on the
-    run's own surface only; their transfer is not reported).
+    The configured surface, the transfer source surfaces (with ``evaluation.transfer``) and the
+    random-weight twins' entries for the configured surface (with ``evaluation.random_twin``).
 
     Returns:
         ``(info of the configured surface, {"features": ..., "extraction_by_surface": ...,
         "extraction_random_twin": {seed: info} or None})``.
-    """
+"""
     prepare(cfg)
     surfaces = extraction_surfaces(cfg)
     trajs, _, _ = load_data(cfg)

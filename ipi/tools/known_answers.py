@@ -50,8 +50,7 @@ RUN_OVERRIDES = ("evaluation.transfer=false", "report.plots=false", "report.html
 TEXT_OVERRIDES = ("token_group=text", "layers=six_1", "extract.layers=[]", "data.max_element_chars=500",
                   "split.test_fraction=0.5")
 #: i_vis: the tiny Qwen2.5-VL, the same probe block and split; 3 twins instead of the default 19
-#: (each VL twin runs its own vision tower over five bannered screenshots per step: 19 would cost
-#: ~3 hours on this CPU; the surface case's answer is stopped before check 6, which states its level).
+#: (each VL twin runs its own vision tower; the surface case's answer is stopped before check 6).
 VIS_OVERRIDES = ("layers=six_1", "extract.layers=[]", "split.test_fraction=0.5", "evaluation.random_twin_seeds=[1,2,3]")
 
 

@@ -312,11 +312,10 @@ class HiddenStateExtractor(L.LightningModule):
     def release_backbone(self) -> None:
         """Drop this module's references to the backbone model and its decoder blocks.
 
-        After ``Trainer.predict`` the Trainer and the module reference each other, so the module
-        lives until the cycle collector runs; without its references to the model, the model is
-        freed as soon as its last other owner lets go (no full ``gc.collect()``, which costs
-        ~0.2 s per extraction on a heap holding a run's rows). The module cannot forward after this.
-        """
+        The Trainer and the module reference each other after ``Trainer.predict``; without the
+        module's references the model is freed as soon as its last other owner lets go, with no
+        full ``gc.collect()``. The module cannot forward after this.
+"""
         self.on_predict_end()
         self._modules.pop("backbone_model", None)
         self.__dict__.pop("_placed_model", None)

@@ -1,24 +1,14 @@
 """Text banks for injections and controls, and the deterministic attack chooser.
 
-Three banks:
+* :data:`ATTACK_TEMPLATES` — injection wrappers with one ``{goal}`` slot.
+* :data:`ATTACK_GOALS` — attacker goals typical of web agents, grouped in families, each with
+  several phrasings: lowercase verb phrases without final punctuation; only ``.example`` domains
+  (RFC 2606).
+* :data:`BENIGN_IMPERATIVES` — benign UI imperatives for the ``c_imperative`` control.
 
-* :data:`ATTACK_TEMPLATES` — injection wrappers with one ``{goal}`` slot (fake system notices,
-  "ignore previous instructions", fake assistant notes, security alerts, developer messages,
-  hidden instructions, urgency, authority, ...).
-* :data:`ATTACK_GOALS` — attacker goals typical of web agents, grouped in families
-  (redirect, exfiltrate, click, credentials, abandon), each with several concrete phrasings.
-  Goals are lowercase verb phrases without final punctuation so that every template reads as a
-  sentence. Only ``.example`` domains are used (RFC 2606: they can never resolve).
-* :data:`BENIGN_IMPERATIVES` — benign UI imperatives (cookie banners, "view more", sign-in
-  prompts): imperative mood, but no attacker goal. They feed the ``c_imperative`` control.
-
-No text of any bank contains a double quote (``"``): the ``i_dom`` surface wraps injected text in
-double quotes like the page's own element entries, and an unescaped quote would break that layout.
-
-:func:`attack_text` picks one template and one goal per (trajectory, step, k) from a SHA-256 hash,
-so the choice is identical across processes, machines and Python versions (Python's built-in
-``hash()`` is salted per process and is never used).
-"""
+No text of any bank contains a double quote (``i_dom`` wraps injected text in double quotes).
+:func:`attack_text` picks one template and one goal per (trajectory, step, k) from a SHA-256
+hash (:func:`stable_int`), identical across processes and machines."""
 
 from __future__ import annotations
 

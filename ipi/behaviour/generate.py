@@ -179,7 +179,7 @@ class GenerationCache:
     """Generations by content key, in one JSON-Lines file written atomically.
 
     Each line is ``{"key", "row_id", "text", "n_tokens", "stopped"}`` as ASCII JSON, read back
-    split at ``"\n"`` only. :meth:`put` (after every batch) re-reads the file, adds the new
+    split at ``"\\n"`` only. :meth:`put` (after every batch) re-reads the file, adds the new
     entries and rewrites it atomically (:func:`ipi.io.atomic_write_text`); two concurrent writers
     can lose one's new entries, never corrupt the file.
 

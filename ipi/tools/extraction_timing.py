@@ -376,16 +376,15 @@ def entry_timings(repo_root, out_dir, *, sweep: bool = True, python: str | None 
                   extra: Sequence[str] = ()) -> dict:
     """``warm_run_s`` and ``sweep30_s``: the real entry scripts on the real shared data, as subprocesses.
 
-    1. ``python extract.py surface=i_vis`` fills the activation cache (or finds it): its time
-       is reported as ``extract_s`` (a cold extraction when the cache was empty).
+    1. ``extract_s``: ``python extract.py surface=i_vis`` fills the activation cache (or finds it).
     2. ``warm_run_s``: ``python train.py surface=i_vis layers=six`` with that cache (a hit).
-    3. ``imports_s``: ``python -c "import train, ipi.run.tasks"`` — what every entry script pays
-       before any work; ``warm_run_cpu_beyond_imports_s`` subtracts its CPU-seconds.
+    3. ``imports_s``: ``python -c "import train, ipi.run.tasks"``;
+       ``warm_run_cpu_beyond_imports_s`` subtracts its CPU-seconds.
     4. ``sweep30_s``: ``python train.py -m layers=six_1,...,six_6
        token_group=last_prompt,image,task,observation,action`` (30 jobs in one process).
 
-    Each figure is wall seconds; ``*_cpu_s`` are the subprocess's CPU-seconds (user + system,
-    all threads), beside the load averages before and after.
+    Each figure is wall seconds; ``*_cpu_s`` are the subprocess's CPU-seconds, beside the load
+    averages before and after.
 
     Args:
         repo_root: Repository root (where ``train.py`` is).
@@ -396,7 +395,7 @@ def entry_timings(repo_root, out_dir, *, sweep: bool = True, python: str | None 
 
     Returns:
         A JSON-able dict with the keys above.
-    """
+"""
     import sys
 
     py = python or sys.executable

@@ -50,25 +50,22 @@ def _read_part(p: Path, suffix: str) -> pd.DataFrame:
 def read_score_table(path) -> pd.DataFrame:
     """Read and validate a score table from CSV or Parquet (chosen by suffix), or a folder of parts.
 
-    Validation (PROTOCOL.md §5, §9): the columns ``trajectory_id, step, variant, score`` exist
-    (``weight`` optional, extra columns kept); ``step`` is a non-negative integer; ``score``
-    (and ``weight``) are finite numbers, ``weight >= 0``; no NaN scores; every variant is
-    ``clean``, ``attack`` or ``c_<name>``; there is at least one attack and one clean row.
-    In CSV files ``trajectory_id`` and ``variant`` are read as literal strings (an id ``"NA"``
-    stays ``"NA"``).
+    Validation (PROTOCOL.md §5, §9): :func:`ipi.metrics.table.validate_table`, then
+    :func:`check_score_rows`; extra columns kept. In CSV files ``trajectory_id`` and ``variant`` are read as literal strings (an id
+    ``"NA"`` stays ``"NA"``).
 
     Args:
         path: ``.csv``, ``.parquet`` or ``.pq`` file, or a folder of such parts
             (:func:`read_score_folder`; its name's suffix does not matter).
 
     Returns:
-        The normalised table (see :func:`ipi.metrics.table.validate_table`).
+        The normalised table.
 
     Raises:
         ValueError: One-line message naming the file and the offending column/row (rows are
             0-based data rows; for CSV the file line is given too). Also for a missing file,
             an unknown suffix or an unparsable file.
-    """
+"""
     p = Path(path)
     if p.is_dir():
         return read_score_folder(p)

@@ -51,8 +51,8 @@ def read_score_table(path) -> pd.DataFrame:
     """Read and validate a score table from CSV or Parquet (chosen by suffix), or a folder of parts.
 
     Validation (PROTOCOL.md §5, §9): :func:`ipi.metrics.table.validate_table`, then
-    :func:`check_score_rows`; extra columns kept. In CSV files ``trajectory_id`` and ``variant`` are read as literal strings (an id
-    ``"NA"`` stays ``"NA"``).
+    :func:`check_score_rows`; extra columns kept. In CSV files ``trajectory_id`` and
+    ``variant`` are read as literal strings (an id ``"NA"`` stays ``"NA"``).
 
     Args:
         path: ``.csv``, ``.parquet`` or ``.pq`` file, or a folder of such parts

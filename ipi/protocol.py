@@ -1,13 +1,9 @@
 """The protocol's vocabulary, defined once (PROTOCOL.md §1–§6); torch-free.
 
 Controls, variants, token groups, the default system prompt of replay and the rule that turns a
-``layers`` spec into decoder-block indices are defined here. The surfaces are objects
-(:mod:`ipi.surfaces.surface`, one module per surface, registered by their config files:
-:mod:`ipi.surfaces.registry`); :data:`SURFACES`, :data:`CONTROLS_BY_SURFACE` and
-:func:`transfer_source_surfaces` are read from that registry, and :func:`check_surface` holds every
-surface to this vocabulary. The structured-config schemas (:mod:`ipi.run.schemas`) and every other
-module import the names from here.
-"""
+``layers`` spec into decoder-block indices. :data:`SURFACES`, :data:`CONTROLS_BY_SURFACE` and
+:func:`transfer_source_surfaces` are read from the surface registry (:mod:`ipi.surfaces.registry`);
+:func:`check_surface` holds every surface to this vocabulary."""
 
 from __future__ import annotations
 
@@ -66,23 +62,16 @@ ALL_LAYERS = "all"
 def transfer_source_surfaces(surface: str, multimodal: bool) -> list[str]:
     """Surfaces the cross-surface transfer probe trains on (PROTOCOL.md §6; docs/estimands.md).
 
-    Every *other* surface that ships (:func:`ipi.surfaces.registry.surfaces`; a surface from
-    elsewhere is never a source, so no run's sources depend on which surfaces another job of its
-    sweep named) the backbone can read (a text-only backbone reads none that needs the image), in
-    the registry's order: on ``i_vis`` this is ``i_dom ∪ i_tool``, exactly
-    §6; on a text surface it is the other two (one with a text-only backbone, which has no
-    ``i_vis``). The transfer probe is always scored on the run's own test rows, so its E1 sits on
-    the same rows and bootstrap draws as the probe's.
-    """
+    Every *other* shipped surface (:func:`ipi.surfaces.registry.surfaces`) the backbone can read,
+    in the registry's order: on ``i_vis`` this is ``i_dom ∪ i_tool``. The transfer probe is
+    scored on the run's own test rows.
+"""
     return [s.name for s in surfaces() if s.name != surface and (multimodal or not s.needs_image)]
 
 
 def check_layer_spec(spec: Sequence, n_layers: int | None = None, where: str = "layers",
                      backbone: str | None = None) -> None:
     """Refuse a layer spec that is not ``["all"]`` or a list of fractions in (0, 1] / block indices.
-
-    The one place layer specs are checked: :func:`ipi.run.validation.validate` (``layers.spec``, at
-    composition) and :func:`resolve_layers` call it.
 
     Args:
         spec: The entries of ``layers.spec`` (or ``extract.layers``).
@@ -93,7 +82,7 @@ def check_layer_spec(spec: Sequence, n_layers: int | None = None, where: str = "
     Raises:
         ValueError: An empty spec, ``"all"`` beside other entries, a fraction outside (0, 1]
             (or NaN), an index out of range, or any other value; one line naming the value.
-    """
+"""
     spec = list(spec)
     if not spec:
         raise ValueError(f"{where}: empty; give fractions in (0, 1] or block indices, e.g. layers=six")

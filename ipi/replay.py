@@ -10,10 +10,9 @@ The prompt of a step (PROTOCOL.md §1, §3) is, through the processor's chat tem
                Page elements: <element text>
     assistant: Thought: <gold thought>  Action: <gold action>      (teacher-forced)
 
-Token groups are located from the tokenised prompt: the character span of each segment in the
-rendered template is found by sequential search, then mapped to tokens through the tokenizer's
-offset mapping (image tokens by their token id). Nothing depends on hard-coded offsets.
-"""
+Field spans are exact by construction (:func:`render_prompt`) and mapped to tokens through the
+offsets of :func:`encode_prompt` (image tokens by their token id); nothing depends on
+hard-coded offsets."""
 
 from __future__ import annotations
 
@@ -134,10 +133,9 @@ _TEMPLATES: dict[tuple, tuple] = {}
 def _placeholder_template(processor, system: str, has_image: bool, marks: dict[str, str]) -> str:
     """The chat template rendered with a placeholder per field, once per (processor, system, image).
 
-    With placeholders in every recorded field the rendering depends only on the system prompt and
-    whether the screenshot is shown, so all rows of a run share a handful of renderings (the cache
-    keeps the processor alive, so its ``id`` cannot be reused by another object).
-    """
+    The rendering depends only on the system prompt and whether the screenshot is shown (the
+    cache keeps the processor alive, so its ``id`` cannot be reused).
+"""
     key = (id(processor), system, has_image)
     hit = _TEMPLATES.get(key)
     if hit is not None and hit[0] is processor:
@@ -154,9 +152,9 @@ def _placeholder_template(processor, system: str, has_image: bool, marks: dict[s
 def render_prompt(processor, parts: PromptParts) -> RenderedPrompt:
     """Render the chat template with the recorded fields placed verbatim at known spans.
 
-    The template is rendered once with a placeholder per field; each placeholder is then
-    replaced by the field's text. So a field's span is known exactly (never searched for), and
-    every special token of the trusted pieces belongs to the template, whatever the fields hold.
+    The template is rendered with a placeholder per field, each then replaced by the field's
+    text, so a field's span is known exactly and every special token of the trusted pieces
+    belongs to the template.
 
     Args:
         processor: A processor or tokenizer with a chat template.
@@ -167,7 +165,7 @@ def render_prompt(processor, parts: PromptParts) -> RenderedPrompt:
 
     Raises:
         ValueError: The chat template dropped or repeated a field.
-    """
+"""
     fields = _field_values(parts)
     marks = {n: _sentinel(i) for i, n in enumerate(UNTRUSTED_FIELDS)}
     template = _placeholder_template(processor, parts.system, parts.has_image, marks)
@@ -194,16 +192,15 @@ def _backend(tok):
 def plain_tokenizer(tok):
     """A copy of ``tok``'s fast tokenizer without its added (special or not) tokens.
 
-    It runs the same normaliser, pre-tokeniser and BPE model, so on text without added-token
-    strings it gives exactly ``tok``'s ids, while ``"<|im_end|>"`` comes out as the
-    characters ``<|``, ``im``, ``_end``, ``|>``. Built once per tokenizer and kept on it.
+    On text without added-token strings it gives exactly ``tok``'s ids, while ``"<|im_end|>"``
+    comes out as plain characters. Built once per tokenizer and kept on it.
 
     Args:
         tok: A ``transformers`` fast tokenizer.
 
     Returns:
         A ``tokenizers.Tokenizer``, or None when ``tok`` is not a fast tokenizer.
-    """
+"""
     plain = getattr(tok, "_ipi_plain_tokenizer", None)
     if plain is None and _backend(tok) is not None:
         import json
@@ -226,14 +223,13 @@ def plain_encode(tok, text: str, memo: dict | None = None) -> tuple[list[int], l
     Args:
         tok: A ``transformers`` tokenizer.
         text: Any text (a task, a thought, a page's element list, an injected string).
-        memo: Optional ``{text: (ids, offsets)}`` of texts already tokenised by this tokenizer
-            (the caller owns it and keeps it to one tokenizer); a hit returns the stored result
-            (tokenisation is a pure function of the text), a miss is stored.
+        memo: Optional ``{text: (ids, offsets)}`` owned by the caller for this one tokenizer;
+            a hit returns the stored result, a miss is stored.
 
     Returns:
         ``(ids, offsets)``: token ids and their ``(start, end)`` character offsets in ``text``
         (lists the caller must not change when ``memo`` is given).
-    """
+"""
     if not text:
         return [], []
     if memo is not None:
@@ -288,11 +284,9 @@ def encode_prompt(tok, rendered: RenderedPrompt, *, image_pad: str | None = None
                   memo: dict | None = None) -> tuple[str, torch.Tensor, torch.Tensor, dict[str, tuple[int, int]]]:
     """Tokenise a rendered prompt: template special tokens as tokens, recorded fields as text.
 
-    The prompt is cut at every added token of the trusted pieces; each stretch between two
-    such tokens (template text and recorded fields together, so merges across their borders
-    are the tokenizer's own) is tokenised by :func:`plain_encode`. On a prompt whose fields
-    hold no added-token string this gives exactly the ids and offsets of ``tok(text)`` (checked
-    in tests); a field that holds ``"<|image_pad|>"`` or ``"<|im_end|>"`` stays text.
+    The prompt is cut at every added token of the trusted pieces; each stretch between two is
+    tokenised by :func:`plain_encode`. Without added-token strings in the fields this equals
+    ``tok(text)``; a field holding ``"<|im_end|>"`` stays text.
 
     Args:
         tok: A ``transformers`` tokenizer.
@@ -300,13 +294,12 @@ def encode_prompt(tok, rendered: RenderedPrompt, *, image_pad: str | None = None
         image_pad: The image placeholder token; its one template occurrence becomes
             ``n_image_tokens`` copies.
         n_image_tokens: Image tokens of the screenshot (``grid.prod() // merge**2``).
-        memo: Passed to :func:`plain_encode`: stretches already tokenised (the rows of one
-            step share all stretches but the one holding the injected field).
+        memo: Passed to :func:`plain_encode`.
 
     Returns:
         ``(text, input_ids [T], offsets [T, 2], spans)``: the expanded prompt, its ids and
         character offsets, and the field spans in the expanded text.
-    """
+"""
     added = _added_tokens(tok)
     pattern = _added_pattern(added)
     # (text, is_special, copies): the image placeholder is one run of ``n_image_tokens`` copies, so
@@ -377,11 +370,8 @@ def tokenise(processor, parts: PromptParts, image=None, *, image_size: dict | No
              memo: dict | None = None) -> TokenisedRow:
     """Render the chat template for one row, tokenise it and locate the token groups.
 
-    Recorded text (task, history, tool result, page elements, gold turn) is untrusted: it is
-    tokenised as plain characters, so a literal ``<|image_pad|>``, ``<|im_end|>`` or any other
-    special or added token in it adds no image slot, ends no turn and shifts no span
-    (:func:`encode_prompt`; ``docs/replay.md``). Field spans are exact by construction
-    (:func:`render_prompt`).
+    Recorded text is untrusted and tokenised as plain characters (:func:`encode_prompt`;
+    ``docs/replay.md``).
 
     Args:
         processor: A Qwen2.5-VL processor (or a text tokenizer with a chat template).
@@ -390,11 +380,9 @@ def tokenise(processor, parts: PromptParts, image=None, *, image_size: dict | No
         image_size: Pixel limits passed to the image processor as ``size``.
         image_token_id: Id of the image placeholder token (required with an image).
         image_inputs: The image processor's output for ``image`` (``pixel_values``,
-            ``image_grid_thw``), computed once and shared by every variant showing the same
-            screenshot; the image is then not processed again.
-        memo: Stretches of template and recorded text already tokenised with this processor's
-            tokenizer (:func:`plain_encode`), shared by the variants of one step (they differ only
-            in the stretch holding the injected field); None: no sharing.
+            ``image_grid_thw``), shared by every variant showing the same screenshot.
+        memo: Stretches already tokenised with this tokenizer (:func:`plain_encode`), shared
+            by the variants of one step; None: no sharing.
 
     Returns:
         The tokenised row with token groups (PROTOCOL.md §3):
@@ -403,7 +391,7 @@ def tokenise(processor, parts: PromptParts, image=None, *, image_size: dict | No
 
     Raises:
         ValueError: The chat template lost a field, or the gold action is empty.
-    """
+"""
     return _tokenise(processor, parts, image, image_size=image_size, image_token_id=image_token_id,
                      image_inputs=image_inputs, memo=memo)[0]
 

@@ -1,15 +1,11 @@
 """Published attack corpora as data: templates, goals and benign texts by source.
 
-One module per source (:mod:`~ipi.attacks.project`, :mod:`~ipi.attacks.agentdojo`,
-:mod:`~ipi.attacks.injecagent`, :mod:`~ipi.attacks.garak`, :mod:`~ipi.attacks.notinject`, and
-the composite :mod:`~ipi.attacks.mix`) implements :class:`~ipi.attacks.source.AttackSource`;
+One module per source implements :class:`~ipi.attacks.source.AttackSource`;
 :func:`~ipi.attacks.slots.render` fills a template with a goal and its other slots. Adding a
 source is adding a module whose ``__all__`` exports one class with a ``family`` name and the
-protocol's methods, and its name to the import line below (the package imports nothing by a
-computed name: tests/test_safety.py); :func:`available_sources` finds the class there, and
-nothing branches on a source's name (tests/attacks/test_sources.py fails on a source module
-left out of the import line). docs/attacks.md describes every source, its license and counts.
-"""
+protocol's methods, and its name to the import line below (nothing is imported by a computed
+name: tests/test_safety.py); :func:`available_sources` finds the class there. docs/attacks.md
+describes every source, its license and counts."""
 
 from __future__ import annotations
 

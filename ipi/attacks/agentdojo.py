@@ -1,35 +1,18 @@
 """The ``agentdojo`` source: AgentDojo's attack wrappers and injection-task goals, read offline.
 
 AgentDojo (Debenedetti et al., NeurIPS 2024 Datasets & Benchmarks; PyPI ``agentdojo``, MIT) is
-the tool-result surface's home. Importing its attack and task modules pulls in its LLM clients
-(``anthropic``, ``openai``, ``cohere``, ``google-genai``, ``langchain``, ``docstring_parser``),
-so this module never imports it: it locates the **installed** package's files through
-``importlib.metadata`` (install it without its dependencies: ``pip install --no-deps
-'agentdojo==0.1.35'``, the ``attacks`` extra of pyproject.toml) and reads the texts statically
-(:mod:`ipi.attacks.pyliteral`):
+never imported (its modules pull in LLM clients): the **installed** package's files are located
+through ``importlib.metadata`` (``pip install --no-deps 'agentdojo==0.1.35'``, the ``attacks``
+extra) and read statically (:mod:`ipi.attacks.pyliteral`). What is read (docs/attacks.md,
+"agentdojo"):
 
-* **templates** — the jailbreak strings of the attack classes listed in ``data/agentdojo.yaml``
-  (``important_instructions``, ``tool_knowledge``, ``ignore_previous``, ``system_message``,
-  ``injecagent``, ``direct``) from ``attacks/*.py``: a class's ``_JB_STRING`` (own or inherited
-  in the same module) or the string its ``__init__`` passes to ``super().__init__``. Slots are
-  AgentDojo's own ``str.format`` fields: ``{goal}``, ``{user}``, ``{model}``, ``{task}``,
-  ``{tools}`` (:mod:`ipi.attacks.slots`).
-* **goals** — ``GOAL`` of every injection task of the four suites (banking, slack, travel,
-  workspace) at the benchmark version of ``data/agentdojo.yaml`` (``v1.2.2``, agentdojo's default):
-  for each task the latest definition at or below that version, as AgentDojo's
-  ``get_version_compatible_items`` picks it. Families come from ``data/agentdojo.yaml`` (a task
-  missing there is an error). Targets: the class constants named in ``constant_targets`` (the
-  attacker's IBAN, link, recipient, new password), what :mod:`ipi.attacks.targets` finds in the
-  text for kinds the constants do not name, the tool names of ``ground_truth``'s ``FunctionCall``\\ s, and per-task extras.
-* the ``{tools}`` slot of ``tool_knowledge`` is goal-bound: AgentDojo renders it from the
-  injection task's ``ground_truth`` ``placeholder_args`` (``ToolKnowledgeAttack.get_tools_sequence``).
-  Where every call's ``function`` and ``placeholder_args`` evaluate statically, the goal carries
-  that sentence, in AgentDojo's own wording, in :attr:`~ipi.attacks.source.Goal.slots`; the
-  others cannot pair with ``tool_knowledge`` (their ground truth depends on the environment).
-* **benign** — the default contents of injection vectors listed in ``data/agentdojo.yaml``
-  (``data/suites/*/injection_vectors.yaml``): what the environment shows where no attack is
-  placed, chosen where instruction-like ("Join us for ... Click here to sign up: ...").
-"""
+* **templates** — the jailbreak strings of the attack classes listed in ``data/agentdojo.yaml``;
+* **goals** — ``GOAL`` of every injection task of the four suites at the benchmark version of
+  ``data/agentdojo.yaml``, as AgentDojo's ``get_version_compatible_items`` picks it; families and
+  constant targets from ``data/agentdojo.yaml``, further targets from :mod:`ipi.attacks.targets`
+  and ``ground_truth``'s tool names; the goal-bound ``{tools}`` slot of ``tool_knowledge`` where
+  ``ground_truth`` evaluates statically;
+* **benign** — the default contents of the injection vectors listed in ``data/agentdojo.yaml``."""
 
 from __future__ import annotations
 

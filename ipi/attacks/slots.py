@@ -1,19 +1,16 @@
 """Deterministic filling of placeholder slots in foreign templates and goals.
 
-A template holds one ``{goal}`` slot and possibly others (AgentDojo: ``{user}``, ``{model}``,
-``{tools}``, ``{task}``; a goal may hold ``{first_name}``). :func:`render` puts the goal into the
-template and fills every other slot, looking each value up in this order:
+:func:`render` puts the goal into the template and fills every other slot, looking each value up
+in this order:
 
-1. the goal's own :attr:`~ipi.attacks.source.Goal.slots` (goal-bound: AgentDojo's tool sequence);
+1. the goal's own :attr:`~ipi.attacks.source.Goal.slots` (goal-bound);
 2. the caller's ``context`` (e.g. ``{"task": <the trajectory's task>}``);
-3. the pool of ``data/slots.yaml`` for that slot kind, one value chosen by SHA-256 of
-   ``("attack-slot", key, slot)`` (:func:`ipi.surfaces.bank.stable_int`, never Python's salted
-   ``hash()``), so the same key gives the same text on every machine.
+3. the pool of ``data/slots.yaml`` for that slot kind, one value chosen by
+   :func:`ipi.surfaces.bank.stable_int` of ``("attack-slot", key, slot)``.
 
-A slot found in neither raises :class:`~ipi.attacks.source.AttackSourceError`; so does any slot
-left in the result. The same slot in the template and the goal gets one value (a signature and
-a greeting name the same user). Values are inserted in one pass and never re-read as slots.
-"""
+A slot found in none, or left in the result, raises
+:class:`~ipi.attacks.source.AttackSourceError`. The same slot in the template and the goal gets
+one value; values are inserted in one pass and never re-read as slots."""
 
 from __future__ import annotations
 

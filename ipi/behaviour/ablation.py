@@ -1,38 +1,20 @@
 """Directional ablation: does the agent *use* the probe's direction, or is it merely decodable?
 
 During free-run generation (:mod:`ipi.behaviour.generate`) a forward hook on decoder block ``k``
-replaces its output (the residual stream that block ``k + 1`` reads; "layer k" of PROTOCOL.md §3,
-before the final norm) at **every position** — the prompt's and each generated token's — by
+replaces its output at **every position** by
 
-    h ← h − (h · û) û,        û = u / ‖u‖,
+    h ← h − (h · û) û,        û = u / ‖u‖
 
-so nothing downstream can read the component along ``u`` (:func:`project_out`). The direction
-of layer ``k`` comes from the probe (:func:`probe_direction`); the control is a **random direction
-of equal norm** at the same layers (:func:`random_directions`, seeded). :func:`run_ablation`
-generates the same rows three ways (no ablation, probe direction, random direction), labels the
-actions (:mod:`ipi.behaviour.labels`) and returns the change in hijack rate of each ablation with
-the paired cluster-bootstrap interval of **probe effect − random effect**
-(:func:`ipi.evaluation.hijack.ablation_effects`). "The model uses this direction" needs that
-difference's interval to exclude 0: projecting out any direction of the same norm perturbs the
-model, and only an effect beyond that perturbation is the direction's own.
+(:func:`project_out`). The direction of layer ``k`` comes from the probe (:func:`probe_direction`:
+its raw-space weights of layer ``k`` summed over the token groups it read); the control is a
+**random direction of equal norm** at the same layers (:func:`random_directions`).
+:func:`run_ablation` generates the same rows three ways (none, probe, random), labels the actions
+(:mod:`ipi.behaviour.labels`) and returns the paired cluster-bootstrap interval of **probe
+effect − random effect** (:func:`ipi.evaluation.hijack.ablation_effects`). Definitions:
+docs/behaviour.md §4.
 
-**The probe's direction at layer k.** The probe is a logistic regression on standardised
-features ``z = (x − mean) / std`` with ``x`` the concatenation over layers × token groups of the
-groups' mean hidden states (``[L, G, H]`` flattened in that order; :func:`ipi.stages.select_features`).
-Its weights map back to raw feature space as ``w_raw = coef / std`` (the logit is ``x · w_raw + b``;
-:meth:`ipi.probe.module.LinearProbe.effective_weights`). Layer ``k``'s block ``w_raw[k] ∈ R^{G×H}``
-is **summed over the token groups the probe read**: ``u_k = Σ_g w_raw[k, g]``. That sum is the
-gradient of the probe's logit with respect to a shift ``δ`` added to the layer-``k`` state of every
-token (each group's mean moves by ``δ``), i.e. the one residual-stream direction along which the
-probe's reading of layer ``k`` changes, whichever tokens it pooled. The ``action`` group's block is
-part of the sum although free-run has no gold action: the direction is the probe's, not refitted.
-A probe on several layers gives one direction per layer and all of them are projected out together
-(their random controls too, each with its own layer's norm).
-
-Orthogonality: in float32 the projection is computed in float64 and cast back, so
-``|h' · û| ≤ ~1e-7 ‖h‖`` (tested to 1e-6); in bf16/fp16 models it is computed in float32 and
-holds to the 16-bit rounding of ``h'`` (~4e-3 ‖h‖).
-"""
+The projection is computed in float64 for float32 models (``|h' · û| ≤ ~1e-7 ‖h‖``) and in float32
+for 16-bit ones (holds to their rounding)."""
 
 from __future__ import annotations
 
@@ -125,8 +107,7 @@ def random_directions(directions: Mapping[int, np.ndarray], seed: int) -> dict[i
     """A random direction per layer with the norm of the given one (the ablation's control).
 
     Each is ``n · g / ‖g‖`` with ``g ~ N(0, I)`` drawn by ``numpy.random.default_rng([seed, k])``
-    (independent of the other layers and of the order they are listed in) and ``n`` the norm of
-    ``directions[k]``.
+    and ``n`` the norm of ``directions[k]``.
 
     Args:
         directions: ``{layer: [H]}``.
@@ -134,7 +115,7 @@ def random_directions(directions: Mapping[int, np.ndarray], seed: int) -> dict[i
 
     Returns:
         ``{layer: [H]}`` float64.
-    """
+"""
     out = {}
     for k, u in directions.items():
         u = np.asarray(u, dtype=np.float64)

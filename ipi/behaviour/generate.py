@@ -1,27 +1,16 @@
 """Free-run generation: the backbone's own next action from the replay prompt, cached by content.
 
-Teacher forcing feeds the recorded (gold) action; here the backbone writes its own. The prompt is
-exactly the teacher-forced prompt up to the action (:func:`ipi.replay.generation_prompt`: the
-chat template through ``<|im_start|>assistant\\n``, recorded and injected text tokenised as plain
-characters, so a special-token string in a page or tool result stays text), and the backbone
-continues it:
+The prompt is the teacher-forced prompt up to the action (:func:`ipi.replay.generation_prompt`),
+and the backbone continues it:
 
-* **greedy** (``do_sample=False``, one beam), at most ``max_new_tokens`` new tokens, stopping at
-  the chat template's end-of-turn token (the added token that closes an assistant turn,
-  :func:`end_of_turn_ids`) or the tokenizer's end-of-sequence token;
-* **batched** with left padding (``batch_size`` requests per ``generate`` call, longest first);
-  positions come from the attention mask (Qwen2.5-VL's 3-D positions too), so a padded row sees
-  the same positions as alone. Padding changes float rounding only; in float32 a greedy choice
-  flips only on a near-tie of the top two logits, so ``batch_size`` is left out of the cache key
-  (as elk leaves the batch size out of its hash);
-* **cached by content** (:class:`GenerationCache`): the key hashes the backbone's identity
-  (:attr:`ipi.backbone.Backbone.identity`), the prompt's token ids, the image inputs' bytes, the
-  generation settings and the intervention (an ablation's directions, :mod:`ipi.behaviour.ablation`),
-  so a changed prompt, screenshot, backbone or direction is never served a stale generation.
+* **greedy**, at most ``max_new_tokens`` new tokens, stopping at the chat template's end-of-turn
+  token (:func:`end_of_turn_ids`) or the end-of-sequence token;
+* **batched** with left padding, positions from the attention mask; padding changes float
+  rounding only, so ``batch_size`` is left out of the cache key;
+* **cached by content** (:class:`GenerationCache`, :func:`generation_key`): the backbone's
+  identity, the prompt's token ids, the image inputs' bytes, the settings and the intervention.
 
-The backbone must keep its LM head and every decoder block (``build_backbone(...,
-with_lm_head=True)`` without ``max_layer``); :func:`check_can_generate` refuses one that does not.
-"""
+The backbone must keep its LM head and every decoder block (:func:`check_can_generate`)."""
 
 from __future__ import annotations
 
@@ -67,11 +56,10 @@ class GenerationSettings:
     """How the next action is generated.
 
     Attributes:
-        max_new_tokens: Bound on new tokens per row (>= 1). A WebVoyager turn ("Thought: ...
-            Action: ...") takes ~30-80 tokens; a generation cut by the bound is marked
-            (:attr:`Generation.stopped` False) and labelled from what it holds.
+        max_new_tokens: Bound on new tokens per row (>= 1); a generation cut by the bound is
+            marked (:attr:`Generation.stopped` False) and labelled from what it holds.
         batch_size: Requests per ``generate`` call (>= 1; not part of the cache key).
-    """
+"""
 
     max_new_tokens: int = 96
     batch_size: int = 4
@@ -190,23 +178,17 @@ def generation_key(identity: Mapping, request: GenerationRequest, settings: Gene
 class GenerationCache:
     """Generations by content key, in one JSON-Lines file written atomically.
 
-    Each line is ``{"key", "row_id", "text", "n_tokens", "stopped"}``, written as ASCII JSON (every
-    non-ASCII character escaped, so no line separator of any kind is ever raw inside a line) and
-    read back split at ``"\\n"`` only (a file of an older version, with raw U+2028 in a text, reads
-    back too). :meth:`put` (called by :func:`generate` after every batch, so an interrupted run
-    keeps what it generated) re-reads the file, adds the new entries and writes the whole file
-    under a temporary name, then renames it (:func:`ipi.io.atomic_write_text`): a reader never sees
-    half a file, and a killed run leaves the previous file. Two processes writing at once can lose
-    one's new entries (the later rename wins), never corrupt the file; the lost entries are
-    generated again next time.
+    Each line is ``{"key", "row_id", "text", "n_tokens", "stopped"}`` as ASCII JSON, read back
+    split at ``"\\n"`` only. :meth:`put` (after every batch) re-reads the file, adds the new
+    entries and rewrites it atomically (:func:`ipi.io.atomic_write_text`); two concurrent writers
+    can lose one's new entries, never corrupt the file.
 
-    A line that is not an entry (cut short, edited, not UTF-8) never stops a run: it is moved,
-    as it was, to ``<file>.corrupt-<n>`` (the first free ``n``), the file is rewritten without it
-    and a warning names both files; its generation is made again when asked for.
+    A line that is not an entry is moved, as it was, to ``<file>.corrupt-<n>``, the file is
+    rewritten without it and a warning names both files.
 
     Args:
         path: The ``.jsonl`` file (created on the first :meth:`put`).
-    """
+"""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
@@ -356,12 +338,11 @@ def end_of_turn_ids(backbone) -> list[int]:
     """Token ids that end the agent's turn: the chat template's turn-closing token and the EOS token.
 
     The turn-closing token is the first added token the chat template puts right after an
-    assistant message (``<|im_end|>`` for Qwen2.5 and SmolLM2), found by rendering the template,
-    not by name.
+    assistant message, found by rendering the template.
 
     Returns:
         Distinct ids, the turn-closing one first.
-    """
+"""
     from ipi.replay import _added_pattern, _added_tokens
 
     tok = backbone.tokenizer
@@ -419,9 +400,6 @@ def generate(backbone, requests: Sequence[GenerationRequest], settings: Generati
              progress=None, description: str = "free run: generating (rows)") -> list[Generation]:
     """Generate the next turn of every request (module docstring), reusing cached generations.
 
-    The rows to generate are counted on a progress bar (rows done / to generate, elapsed, ETA;
-    :func:`ipi.progress.progress_bar`), advanced after each batch; cached rows are not counted.
-
     Args:
         backbone: A :class:`~ipi.backbone.Backbone` with its LM head and all decoder blocks.
         requests: The prompts (:func:`requests_of_rows`); row ids must be distinct.
@@ -436,7 +414,7 @@ def generate(backbone, requests: Sequence[GenerationRequest], settings: Generati
 
     Raises:
         ValueError: The backbone cannot generate (:func:`check_can_generate`), or duplicate row ids.
-    """
+"""
     check_can_generate(backbone)
     ids = [r.row_id for r in requests]
     if len(set(ids)) != len(ids):

@@ -34,18 +34,16 @@ def load_native(
 ) -> tuple[list[Trajectory], list[dict]]:
     """Read a native-schema JSONL file, in the importer signature, checking every step.
 
-    Each step's screenshot is checked like the WebVoyager importer does (exists, not empty,
-    not truncated or corrupt, not larger than ``MAX_SCREENSHOT_PIXELS``; no pixel decoded) and
-    the ``unknown_action`` policy is applied to ``action_type == "unknown"``.
+    Each step's screenshot is checked as the importers do and the ``unknown_action`` policy is
+    applied to ``action_type == "unknown"``.
 
     Args:
         path: A ``.jsonl`` file written by :func:`write_native`.
         on_bad_step: ``"skip"``: a bad step moves to ``Trajectory.skipped`` with its reason;
             ``"error"``: raise :class:`DataError` naming the screenshot and step.
-        unknown_action: ``"keep"``, ``"skip"`` or ``"error"`` (see
-            :func:`ipi.data.webvoyager.import_webvoyager_report`).
-        limit: Stop after this many usable trajectories, in file order (lines after it are
-            not read, so a repeated id there is not looked at). None reads the whole file.
+        unknown_action: ``"keep"``, ``"skip"`` or ``"error"``.
+        limit: Stop after this many usable trajectories, in file order (later lines are not
+            read). None reads the whole file.
         image_limits: The backbone's image limits (:func:`ipi.data.images.screenshot_problem`).
 
     Returns:
@@ -57,7 +55,7 @@ def load_native(
             step under ``on_bad_step="error"`` / ``unknown_action="error"``.
         FileNotFoundError: ``path`` does not exist.
         ValueError: Bad ``on_bad_step`` or ``unknown_action``.
-    """
+"""
     if on_bad_step not in ("skip", "error"):
         raise ValueError(f"on_bad_step must be 'skip' or 'error', not {on_bad_step!r}")
     if unknown_action not in UNKNOWN_ACTION_POLICIES:

@@ -1,49 +1,20 @@
 """Importer for browser-use agent histories (github.com/browser-use/browser-use).
 
-browser-use saves a run with ``AgentHistoryList.save_to_file(path)``: one JSON file::
-
-    {"history": [
-       {"model_output": {                      # null when the model call failed
-            "thinking": "...", "evaluation_previous_goal": "...", "memory": "...",
-            "next_goal": "...",                # current versions (flat)
-            "current_state": {"evaluation_previous_goal": ..., "memory": ..., "next_goal": ...},
-                                               # older versions (nested) instead
-            "action": [{"click_element_by_index": {"index": 12}}, {"input_text": {...}}]},
-        "result": [{"is_done": false, "success": null, "extracted_content": "...",
-                    "error": null, "long_term_memory": "...", "include_in_memory": true}],
-        "state": {"url": "...", "title": "...", "tabs": [...],
-                  "interacted_element": [{...} | null, ...],
-                  "screenshot_path": ".../step_3.png"    # current versions
-                  "screenshot": "<base64 PNG>"},         # older versions
-        "metadata": {"step_start_time": ..., "step_end_time": ..., "step_number": 3, ...}},
-       ...]}
-
-Mapping onto the native schema (``docs/data.md``, "browser-use"):
+browser-use saves a run with ``AgentHistoryList.save_to_file(path)`` as one JSON file with a
+``history`` list of ``{"model_output", "result", "state", "metadata"}`` entries. The mapping onto
+the native schema is in ``docs/data.md`` ("browser-use histories"); in short:
 
 * One trajectory per history file; ``trajectory_id`` is the file's path under the root without
-  ``.json``. The file does not hold the task: it comes from a top-level ``"task"`` string (as
-  wrappers that add it write) or a ``task.txt`` beside the file; without either the file is a
-  counted skip.
-* ``state`` is captured at the start of a step, before the model is called, so its screenshot is
-  the page the step's actions were chosen on. Every action of ``model_output.action`` becomes
-  one step (a batch of actions shares that screenshot), in order.
-* ``action`` is the action written as a call, ``click_element_by_index(index=12)``;
-  ``action_type`` maps browser-use's action names onto the WebVoyager verbs (click, type,
-  scroll, goback, google, answer, wait) plus navigate and press; others are ``unknown``.
-* ``thought`` is the model's ``thinking`` (if any) then ``evaluation_previous_goal``, ``memory``
-  and ``next_goal``, one per line as ``Name: text``.
-* ``tool_result`` is the result of the previous action (browser-use keeps one ``result`` entry
-  per executed action: its ``error``, else ``extracted_content``, else ``long_term_memory``),
-  ``"Action executed: <previous action>"`` when it has none, ``"No previous action."`` at step 0.
-* browser-use records no page text in the history: ``element_text = ""``,
-  ``element_text_omitted = True``.
-* A base64 ``screenshot`` is written once (atomically) to
-  ``<image_dir>/root-<digest of the data root>/<trajectory_id>/<k>.png`` (one folder per data
-  root: two roots with the same trajectory ids never share a file);
-  a ``screenshot_path`` that is not absolute, or no longer exists where it was written, is looked
-  up beside the history file. A step without model output (a failed call) has no action and is
-  not a step; a missing screenshot is a counted skip.
-"""
+  ``.json``; the task comes from a top-level ``"task"`` string or a ``task.txt`` beside the file
+  (without either the file is a counted skip).
+* Every action of ``model_output.action`` becomes one step on the screenshot of ``state``
+  (captured before the model call); ``action`` is written as a call
+  (``click_element_by_index(index=12)``) and ``action_type`` maps onto the WebVoyager verbs.
+* ``thought`` joins ``thinking``, ``evaluation_previous_goal``, ``memory`` and ``next_goal``;
+  ``tool_result`` is the previous action's result; ``element_text = ""`` (not recorded).
+* A base64 ``screenshot`` is written once to
+  ``<image_dir>/root-<digest of the data root>/<trajectory_id>/<k>.png``; a ``screenshot_path``
+  that does not exist where it was written is looked up beside the history file."""
 
 from __future__ import annotations
 

@@ -1,17 +1,9 @@
 """Finding task folders under a data root: symlinks followed (loop-safe), one visit per real folder.
 
-Every folder importer (WebVoyager, Online-Mind2Web, browser-use) walks its root with
-:func:`walk`, so the rules are the same everywhere (``docs/data.md``, "Discovery"):
-
-* symlinked folders are followed, so a root of links to task folders kept elsewhere imports
-  them all;
-* each real folder (resolved path) is visited once: a second path to an already visited folder
-  (two links to one folder, a link to an ancestor — a loop) is reported, not imported twice;
-* a broken link and a folder that cannot be listed are reported.
-
-:func:`summarise_skips` turns the ``{"path", "reason"}`` records into counts per reason, the
-form in which ``train.py`` reports what it left out.
-"""
+Every folder importer walks its root with :func:`walk` (``docs/data.md``, "Discovery"):
+symlinked folders are followed; each real folder is visited once (a second path to it, a loop, a
+broken link or an unlistable folder is reported). :func:`summarise_skips` turns the
+``{"path", "reason"}`` records into counts per reason."""
 
 from __future__ import annotations
 

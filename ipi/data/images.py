@@ -1,18 +1,8 @@
 """Screenshots: the checks decided at import, and the one conversion every replay uses.
 
-Two rules (``docs/data.md``, "Screenshots"):
-
-* **Every image the processor may refuse is a counted skip decided at import**
-  (:func:`screenshot_problem`): an empty, truncated, corrupt or non-image file, a Git LFS pointer
-  file, an image larger than Pillow's decompression-bomb limit, an aspect ratio over 200 or a
-  resized side under one patch (the rules of Qwen2.5-VL's ``smart_resize``, which
-  :func:`resized_size` calls), a resized image over the backbone's pixel limit.
-* **Every image mode Pillow can open replays as the picture a person sees**
-  (:func:`to_rgb`): 16-bit and 32-bit integer greyscale are scaled from their 16-bit range,
-  float greyscale from [0, 1], transparency (LA, PA, P with a transparent index, RGBA,
-  premultiplied modes) is composited over white, CMYK / YCbCr / LAB / HSV / 1-bit go through
-  Pillow's conversions.
-"""
+Two rules (``docs/data.md``, "Screenshots"): every image the processor may refuse is a counted
+skip decided at import (:func:`screenshot_problem`), and every image mode Pillow can open
+replays as the picture a person sees (:func:`to_rgb`)."""
 
 from __future__ import annotations
 
@@ -122,11 +112,8 @@ def resized_size(width: int, height: int, limits: ImageLimits = DEFAULT_LIMITS) 
 def root_image_dir(base: str | os.PathLike, root: str | os.PathLike) -> Path:
     """The folder under ``base`` where an importer writes the screenshots of data root ``root``.
 
-    Importers that hold screenshots inside their data (browser-use's base64 screenshots,
-    Multimodal-Mind2Web's Parquet images) write them to files the replay reads. Two data roots
-    may use the same trajectory and step names (two agents' browser-use runs of the same task
-    ids), so each root gets its own folder, named by a digest of its resolved path: one root's
-    files are never overwritten by, or read as, another's.
+    Each root gets its own folder, named by a digest of its resolved path, so two roots with
+    the same trajectory and step names never share a file.
 
     Args:
         base: The importer's ``image_dir``.
@@ -134,7 +121,7 @@ def root_image_dir(base: str | os.PathLike, root: str | os.PathLike) -> Path:
 
     Returns:
         ``<base>/root-<16 hex digits>``.
-    """
+"""
     import hashlib
 
     digest = hashlib.sha256(os.path.realpath(root).encode("utf-8", "surrogateescape")).hexdigest()[:16]
@@ -170,19 +157,17 @@ _READ: set[Path] = set()
 def decode_memo(cache_dir: str | os.PathLike | None) -> Iterator[None]:
     """Remember, in ``cache_dir``, the screenshot contents that decoded, while the block runs.
 
-    :func:`screenshot_problem` decodes every screenshot (~10-35 ms each); a content that decoded
-    once decodes again under the same Pillow version, so a later run over the same data finds
-    its SHA-256 (:func:`ipi.io.content_digest`, which the cache key computes anyway) in
-    ``<cache_dir>/decoded_screenshots.pillow-<version>.txt`` (one hex digest per line, appended;
-    a torn line only means one more decode) instead. Keyed by content, never by path: a changed
-    file is decoded again. The run passes ``extract.cache_dir``.
+    A content that decoded once decodes again under the same Pillow version, so its SHA-256
+    (:func:`ipi.io.content_digest`) is appended to
+    ``<cache_dir>/decoded_screenshots.pillow-<version>.txt`` and :func:`screenshot_problem` does
+    not decode it again. Keyed by content, never by path.
 
     Args:
         cache_dir: The folder of the memo file, or None (no memo on disk; the in-process one stays).
 
     Yields:
         Nothing.
-    """
+"""
     global _DECODE_MEMO_FILE
     new = Path(cache_dir) / f"decoded_screenshots.pillow-{PIL.__version__}.txt" if cache_dir is not None else None
     old, _DECODE_MEMO_FILE = _DECODE_MEMO_FILE, new
@@ -235,19 +220,13 @@ def screenshot_problem(path: str | os.PathLike, max_pixels: int | None = None,
                        limits: ImageLimits | None = DEFAULT_LIMITS) -> str | None:
     """Why an existing screenshot cannot be used, or None.
 
-    Reads the header and walks the file's chunks (``PIL.Image.verify``: structure and CRCs),
-    so an empty, truncated, bit-flipped or non-image file is caught; a Git LFS pointer file is
-    named as such; an image whose header claims more than ``max_pixels`` pixels is refused
-    before anything is decoded (a decompression bomb), as is one with a side under
-    :data:`MIN_SCREENSHOT_SIDE`; with ``limits``, an image the processor would refuse (aspect
-    ratio over 200, a resized side under one patch, resized pixels over ``limits.max_pixels``)
-    is refused too. Last, the file is decoded exactly as the replay decodes it
-    (:func:`load_rgb`: every pixel, the chunks after the image data, the conversion to RGB), so
-    a file whose chunks all carry valid checksums but whose compressed stream or a later chunk
-    cannot be decoded (a forged ``IDAT``, a ``zTXt`` with an unknown compression method after
-    the image data) is refused here, at import, where ``data.on_bad_step`` decides (a counted
-    skip naming the file and step, or an error before any forward pass), not mid-extraction.
-    A content that decoded before is not decoded again (:func:`decode_memo`).
+    Refused: an empty, truncated, corrupt or non-image file (``PIL.Image.verify``); a Git LFS
+    pointer file (named as such); a header claiming more than ``max_pixels`` pixels (before
+    anything is decoded) or a side under :data:`MIN_SCREENSHOT_SIDE`; with ``limits``, an image
+    the processor would refuse (aspect ratio over 200, a resized side under one patch, resized
+    pixels over ``limits.max_pixels``); and a file that fails to decode exactly as the replay
+    decodes it (:func:`load_rgb`). So ``data.on_bad_step`` decides at import, never
+    mid-extraction. A content that decoded before is not decoded again (:func:`decode_memo`).
 
     Args:
         path: The screenshot.
@@ -256,7 +235,7 @@ def screenshot_problem(path: str | os.PathLike, max_pixels: int | None = None,
 
     Returns:
         A one-line reason, or None when the file is usable.
-    """
+"""
     limit = MAX_SCREENSHOT_PIXELS if max_pixels is None else max_pixels
     try:
         size = os.stat(path).st_size

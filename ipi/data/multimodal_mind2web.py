@@ -1,46 +1,16 @@
 """Importer for Multimodal-Mind2Web (Hugging Face dataset ``osunlp/Multimodal-Mind2Web``).
 
 The dataset has one row per **action** (step), in Parquet shards
-``data/<split>-XXXXX-of-YYYYY.parquet`` (splits ``train``, ``test_task``, ``test_website``,
-``test_domain``). The columns this importer reads:
+``data/<split>-XXXXX-of-YYYYY.parquet``. The loader uses :mod:`datasets` on a **local copy** only
+(a folder of Parquet files, one Parquet file, or a ``save_to_disk`` folder), streaming only the
+columns it reads; with ``limit`` only the first ``limit`` annotation ids (sorted) are
+materialised.
 
-==================== ==========================================================================
-``annotation_id``    task id (the trajectory)
-``confirmed_task``   the task instruction
-``action_uid``       id of the action (step)
-``action_reprs``     list of every action of the task, e.g. ``"[button]  Search -> CLICK"``
-``target_action_index``  index of this row's action in ``action_reprs`` (a string, ``"0"``)
-``target_action_reprs``  this row's action
-``operation``        JSON string ``{"op": "CLICK"|"TYPE"|"SELECT", "original_op", "value"}``
-``screenshot``       the page before the action (an ``Image`` feature: PNG/JPEG bytes)
-``cleaned_html``     the page's HTML after Mind2Web's cleaning
-==================== ==========================================================================
-
-The loader uses :mod:`datasets` on a **local copy** only (no network): a folder holding the
-Parquet files (e.g. a ``huggingface-cli download osunlp/Multimodal-Mind2Web --repo-type dataset
---local-dir ...`` or ``snapshot_download``), a single Parquet file, or a ``save_to_disk``
-folder. Parquet is streamed (``streaming=True``) reading only these columns, so a 13 GB split
-does not have to fit in memory; with ``limit`` only the first ``limit`` annotation ids (sorted)
-are materialised.
-
-Mapping onto the native schema (``docs/data.md``):
-
-* trajectory = ``annotation_id``; ``horizon`` = ``len(action_reprs)``; step =
-  ``int(target_action_index)``; ``history`` = ``action_reprs[:step]``; ``action`` =
-  ``target_action_reprs``; ``action_type`` = ``operation["op"]`` in lower case.
-* ``thought = ""``: Mind2Web records no reasoning (the teacher-forced turn is
-  ``"Thought: \\n\\nAction: <action>"``).
-* ``screenshot``: the image bytes are written unchanged (atomic write) to
-  ``<image_dir>/<annotation_id>/<action_uid>.<png|jpg>`` and the step points there.
-* ``element_text``: the elements of ``cleaned_html`` as a numbered list in document order,
-  ``[0]: <button> "Search";\\t[1]: <input> "Pick up city";\\t...`` (an element's own text, or
-  for text-less form elements its aria label / placeholder / value / name / title), truncated to
-  ``max_element_chars``.
-* ``tool_result``: ``"No previous action."`` at step 0, ``"Action executed: <previous action>"``
-  later (Mind2Web has no environment feedback).
-* An action of ``action_reprs`` without a row in the loaded split, a row without a screenshot and
-  a screenshot Pillow cannot read are counted skips (``Trajectory.skipped``), never dropped.
-"""
+The columns read and their mapping onto the native schema are in ``docs/data.md``
+("Multimodal-Mind2Web"); in short: trajectory = ``annotation_id``, step =
+``int(target_action_index)``, ``thought = ""``, screenshots written unchanged to
+``<image_dir>/<annotation_id>/<action_uid>.<png|jpg>``, ``element_text`` from ``cleaned_html``
+(:func:`html_to_element_text`). Missing rows and unreadable screenshots are counted skips."""
 
 from __future__ import annotations
 

@@ -5,39 +5,12 @@ Online-Mind2Web stores one folder per task, named by its ``task_id``::
     <root>/<task_id>/result.json
     <root>/<task_id>/trajectory/<k>_full_screenshot.png   (or any name starting with an integer)
 
-The official reader (``src/run.py``) reads two schemas:
-
-* **v1**: ``task_id``, ``task``, ``action_history`` (one string per action, e.g.
-  ``"<button> Search -> CLICK"``), ``thoughts`` (optional, one per action),
-  ``final_result_response``; frames are the files of ``trajectory/`` ordered by the first
-  integer in their names.
-* **v2** (``"schema_version": "online-mind2web-v2"``): ``action_history`` is a list of
-  ``{"action", "thought", "screenshot"}`` (``screenshot`` relative to ``trajectory/``); the last
-  entry is the agent's answer (``"TASK_COMPLETE -> ANSWER: ..."``), which the reader drops.
-
-Pairing each action with the frame the agent saw when choosing it (``docs/data.md`` has the
-table; ``options.frames`` overrides the detection):
-
-* v2: the step's own ``screenshot``; the final answer step is dropped as the reader does.
-* v1, frames numbered from 0 (``frames: before``): frame ``k`` is the page before action ``k``;
-  frames beyond the last action (the final page) are not steps.
-* v1, frames numbered from 1 (``frames: after``, what published agents write): frame ``j`` is
-  the page *after* the ``j``-th model call, so call ``b`` (0-based) acted on frame ``b``; the first
-  call has no frame (counted skip ``"no frame before the first action ..."``).
-* v1, batched actions: consecutive actions that repeat one non-empty thought were sent in one
-  model call and share its frame (``options.batches: false`` treats every action as its own call).
-
-Other rules:
-
-* ``.png``, ``.jpg``/``.jpeg`` and ``.webp`` frames; a Git LFS pointer file is a skip naming it.
-* Online-Mind2Web records no page text: ``element_text = ""``, ``element_text_omitted = True``;
-  ``tool_result`` is ``"No previous action."`` at step 0, ``"Action executed: <previous action>"``.
-* ``trajectory_id`` is ``task_id`` when it equals the folder's name (or there is no
-  ``task_id``), else the folder's path under the root; both are kept in ``Trajectory.meta``.
-* A result without an action history (only ``task_id, task, final_result_response, judge``: an
-  evaluation record) is a counted skip naming that, as is a second folder with an id already
-  imported (a task folder nested in another).
-"""
+Both schemas of the official reader (``src/run.py``) are read: **v1** (``action_history`` of
+strings, frames ordered by the first integer in their names) and **v2** (``action_history`` of
+``{"action", "thought", "screenshot"}``, the final answer entry dropped). How each action is
+paired with the frame the agent saw (before- or after-action frames, batched actions; the
+``frames`` and ``batches`` options) and the other rules are in ``docs/data.md``
+("Online-Mind2Web result folders"). No page text is recorded: ``element_text = ""``."""
 
 from __future__ import annotations
 

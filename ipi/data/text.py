@@ -1,21 +1,12 @@
 """The rule every imported text meets: a tokenizer can take it.
 
-A Python ``str`` can hold what no tokenizer takes: a lone UTF-16 surrogate (U+D800–U+DFFF).
-JSON allows one as an escape (``"\\ud83d"``, left by a JavaScript logger that cut an emoji in
-half), so a valid JSON file in valid UTF-8 yields one, and ``tokenizers`` then refuses the whole
-prompt (``TypeError: TextInputSequence must be str``). Surrogates are the only code points the
-Rust ``tokenizers`` encoders refuse; NUL, other control characters, noncharacters (U+FFFE) and
-private-use characters are encoded like any other.
-
-:func:`tokenizer_safe` is the one place the rule lives: a well-formed surrogate pair becomes the
-character it encodes (nothing is lost), and each lone surrogate becomes U+FFFD, counted.
-:func:`clean_trajectory` applies it to every text of a trajectory (task, element text, tool
-result, thought, action, history) as an importer builds it; ``data.on_bad_step`` decides whether a
-replacement is counted (``"skip"``: ``Trajectory.meta["replaced_characters"]``, listed in
-``results.json`` ``counts.replaced_characters`` and the report's data counts) or an error naming
-the file and step (``"error"``). Attack sources refuse such a text by name
-(:func:`ipi.attacks.source.check_text`).
-"""
+A lone UTF-16 surrogate (U+D800–U+DFFF, valid as a JSON escape) is the only code point the Rust
+``tokenizers`` encoders refuse. :func:`tokenizer_safe` joins a well-formed surrogate pair into
+its character and replaces each lone surrogate by U+FFFD, counted. :func:`clean_trajectory`
+applies it to every text of a trajectory as an importer builds it; ``data.on_bad_step`` decides
+whether a replacement is counted (``"skip"``: ``Trajectory.meta["replaced_characters"]``) or an
+error naming the file and step (``"error"``). Attack sources refuse such a text by name
+(:func:`ipi.attacks.source.check_text`)."""
 
 from __future__ import annotations
 

@@ -1,25 +1,12 @@
 """Importer for WebVoyager run logs (github.com/MinorJerry/WebVoyager, ``results/``).
 
 A WebVoyager *task folder* holds ``interact_messages.json`` (the chat the agent had) and
-``screenshot{k}.png`` for the page the k-th assistant turn acted on. This module turns every
-task folder under a root into a :class:`~ipi.data.schema.Trajectory` of the native schema
-(see ``docs/data.md`` for the full mapping and ``PROTOCOL.md`` §1–§3 for how steps are used).
-
-Mapping, in short:
-
-* step ``k - 1`` (0-based) is the k-th assistant turn; its screenshot is ``screenshot{k}.png``
-  (``screenshot{k}_no_box.png`` files are ignored). WebVoyager saves no screenshot for a turn
-  that follows a failed action, so a missing file is recorded in ``Trajectory.skipped``.
-* ``element_text`` is the element list of the observation that precedes the turn, verbatim,
-  after the fixed "... refer to the textual information.\\n" preamble. WebVoyager keeps the
-  element text of only the last three observations; earlier ones, and turns whose observation
-  was replaced by environment feedback, get ``element_text=""`` and
-  ``element_text_omitted=True``.
-* ``tool_result`` is the environment feedback the agent received about its previous action:
-  every feedback message and every warning attached to an observation between the previous
-  assistant turn and this one, stripped and joined by ``"\\n"``; without any,
-  ``"No previous action."`` at step 0 and ``"Action executed: <previous action>"`` later.
-"""
+``screenshot{k}.png`` for the page the k-th assistant turn acted on. Every task folder under a
+root becomes a :class:`~ipi.data.schema.Trajectory` of the native schema; the mapping is in
+``docs/data.md`` ("How the log maps to steps"), how steps are used in PROTOCOL.md §1–§3. In short:
+step ``k - 1`` is the k-th assistant turn with ``screenshot{k}.png``; ``element_text`` is the
+preceding observation's element list (``element_text_omitted=True`` where WebVoyager dropped
+it); ``tool_result`` is the environment feedback about the previous action."""
 
 from __future__ import annotations
 
@@ -403,58 +390,46 @@ def import_webvoyager_report(
 ) -> tuple[list[Trajectory], list[dict]]:
     """Import every WebVoyager task folder under ``root``, reporting what was left out.
 
-    A task folder is any folder (``root`` itself or one below it, found recursively) that holds
-    ``interact_messages.json``. The mapping of the log onto :class:`Step` fields is described in
-    the module docstring and ``docs/data.md``; ``step`` and ``horizon`` are the metadata of
-    PROTOCOL.md §3, and each trajectory is the cluster unit of §4–§5. What happens to each kind
-    of bad input is listed in ``docs/reliability.md``.
+    A task folder is any folder (``root`` itself or one below it) that holds
+    ``interact_messages.json``. What happens to each kind of bad input is listed in
+    ``docs/reliability.md``.
 
     Args:
         root: A folder of task folders (searched recursively) or one task folder.
-        on_bad_step: What to do with a bad step — a screenshot that exists but is empty,
-            truncated, corrupt, not an image or larger than :data:`MAX_SCREENSHOT_PIXELS`, or
-            a screenshot missing although the log shows an observation for the step — and with
-            a whole unusable task folder. ``"skip"``: record the step in
-            ``Trajectory.skipped`` (reason names the problem) and the folder in the report.
+        on_bad_step: What to do with a bad step (a screenshot that is empty, truncated,
+            corrupt, not an image, larger than :data:`MAX_SCREENSHOT_PIXELS`, or missing
+            although the log shows an observation) and with a whole unusable task folder.
+            ``"skip"``: record the step in ``Trajectory.skipped`` and the folder in the report.
             ``"error"``: raise :class:`DataError` naming the file (and step). A screenshot
-            missing after a failed action (WebVoyager saves none then) is always recorded as
+            missing after a failed action is always recorded as
             ``Skip(step, "missing screenshot", path)``.
-        max_element_chars: If not None, truncate every ``element_text`` to this many
-            characters (keeps prompts bounded on small machines). None keeps it whole.
-        unknown_action: What to do with a step whose action is none of :data:`ACTION_TYPES`
-            (e.g. ``"Refresh the page."``, or a reply without ``Action:``): ``"keep"`` it with
-            ``action_type="unknown"`` (default; the gold text is replayed as recorded),
-            ``"skip"`` it (reason ``unknown action '...'``), or raise :class:`DataError`.
+        max_element_chars: If not None, truncate every ``element_text`` to this many characters.
+        unknown_action: What to do with a step whose action is none of :data:`ACTION_TYPES`:
+            ``"keep"`` it with ``action_type="unknown"`` (default), ``"skip"`` it (reason
+            ``unknown action '...'``), or raise :class:`DataError`.
         limit: Stop after this many usable trajectories, in ``trajectory_id`` order
-            (``data.max_trajectories``): later folders are not read, so neither their
-            duplicates nor their problems are looked at. None reads everything.
-        image_limits: The backbone's image limits: a screenshot its processor would refuse is a
-            counted skip (:func:`ipi.data.images.screenshot_problem`); None checks only that
-            the file is a readable image.
+            (``data.max_trajectories``); later folders are not read. None reads everything.
+        image_limits: The backbone's image limits (:func:`ipi.data.images.screenshot_problem`);
+            None checks only that the file is a readable image.
 
     Returns:
         ``(trajectories, skipped)``: the trajectories sorted by ``trajectory_id`` (the task
-        folder's path relative to ``root`` in posix form, or the folder's own name when
-        ``root`` is a task folder), and one ``{"path": ..., "reason": ...}`` dict per folder
-        left out: unusable task folders (``on_bad_step="skip"`` only), folders that hold
-        screenshots but no ``interact_messages.json`` (reason
-        ``"screenshots but no interact_messages.json"``; these are never task folders), task
-        folders none of whose steps is usable (reason starts ``"no usable step"``) and task
-        folders that are copies of an earlier one — byte-identical log and screenshots (reason
-        starts ``"duplicate of <id>"``: one trajectory under two ids could sit on both sides
-        of a split).
+        folder's posix path relative to ``root``, or its own name when ``root`` is a task
+        folder), and one ``{"path": ..., "reason": ...}`` dict per folder left out: unusable
+        task folders (``on_bad_step="skip"`` only), folders with screenshots but no
+        ``interact_messages.json``, task folders with no usable step (reason starts
+        ``"no usable step"``) and byte-identical copies of an earlier folder (reason starts
+        ``"duplicate of <id>"``).
 
     Raises:
         ValueError: ``on_bad_step`` is not "skip"/"error", ``unknown_action`` is not
             "keep"/"skip"/"error", or ``max_element_chars`` < 0.
         FileNotFoundError: ``root`` does not exist.
         NotADirectoryError: ``root`` is not a folder.
-        DataError: With ``on_bad_step="error"``: a log that is unreadable, empty, not UTF-8,
-            not JSON (message gives line and column), not a non-empty list of messages, without
-            a task in its first user turn, without an assistant turn, or a duplicate (message
-            names the file); or a bad screenshot (message names the file and step). With
-            ``unknown_action="error"``: an unknown action (message names the log and step).
-    """
+        DataError: With ``on_bad_step="error"``: an unreadable or malformed log (message names
+            the file, and line and column for bad JSON), a duplicate, or a bad screenshot;
+            with ``unknown_action="error"``: an unknown action (message names log and step).
+"""
     if on_bad_step not in ("skip", "error"):
         raise ValueError(f"on_bad_step must be 'skip' or 'error', not {on_bad_step!r}")
     if unknown_action not in UNKNOWN_ACTION_POLICIES:
@@ -523,28 +498,22 @@ def import_webvoyager(
 ) -> list[Trajectory]:
     """Import WebVoyager task folders under ``root`` into native-schema trajectories.
 
-    Same as :func:`import_webvoyager_report` but returns only the trajectories; when any folder
-    was left out it emits one ``UserWarning`` summarising how many and which (call
-    :func:`import_webvoyager_report` for the reasons). Step skips inside a trajectory are not
-    warned about: they are in ``Trajectory.skipped``.
+    :func:`import_webvoyager_report` without the report: when any folder was left out it emits
+    one ``UserWarning`` summarising how many and which. Step skips stay in
+    ``Trajectory.skipped``.
 
     Args:
         root: A folder of task folders (searched recursively) or one task folder.
         on_bad_step: ``"skip"`` (default) or ``"error"``; see :func:`import_webvoyager_report`.
         max_element_chars: Truncate ``element_text`` to this many characters (None: keep).
-        unknown_action: ``"keep"`` (default), ``"skip"`` or ``"error"``; see
-            :func:`import_webvoyager_report`.
+        unknown_action: ``"keep"`` (default), ``"skip"`` or ``"error"``.
 
     Returns:
         The trajectories, sorted by ``trajectory_id`` (PROTOCOL.md §4: the split/cluster unit).
 
     Raises:
-        ValueError: Bad ``on_bad_step``, ``unknown_action`` or ``max_element_chars``.
-        FileNotFoundError: ``root`` does not exist.
-        NotADirectoryError: ``root`` is not a folder.
-        DataError: Malformed input under ``on_bad_step="error"`` (see
-            :func:`import_webvoyager_report`).
-    """
+        As :func:`import_webvoyager_report`.
+"""
     trajectories, skipped = import_webvoyager_report(
         root, on_bad_step=on_bad_step, max_element_chars=max_element_chars,
         unknown_action=unknown_action,

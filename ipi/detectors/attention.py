@@ -1,24 +1,17 @@
 """Attention-focus detector (the Attention Tracker idea, Hung et al. 2024, arXiv:2411.00348).
 
-An injection tends to pull the model's attention away from the user's instruction. From the same
-teacher-forced forward as the hidden states (docs/replay.md), we read, for chosen layers and every
-head, the attention distribution of the **last prompt token** (the position that emits the first
-action token) and sum it over each token group: ``a[l, h, g] = Σ_{t ∈ g} softmax_t(q_last · k_t)``.
+From the teacher-forced forward (docs/replay.md) we read, for chosen layers and every head, the
+attention of the **last prompt token** summed over each token group:
+``a[l, h, g] = Σ_{t ∈ g} softmax_t(q_last · k_t)``.
 
-Extraction (:class:`AttentionFocusExtractor`): forward pre-hooks on the chosen layers' attention
-modules recompute that one query row from the module's own inputs (its q/k projections and the
-rotary embedding the model passes in), so no attention matrix is materialised and the model keeps
-its fast attention kernel; the forward stops after the deepest chosen layer. The cache entry
-(``[N, L, G, heads]`` masses, its own key; no hidden states) lives beside the hidden-state entries.
+Extraction (:class:`AttentionFocusExtractor`): forward pre-hooks recompute that one query row
+from the attention modules' inputs (:func:`last_token_attention`), so no attention matrix is
+materialised; the cache entry (``[N, L, G, heads]``, its own key) lives beside the hidden-state
+entries.
 
-Features (:func:`focus_ratios`): per layer and head, the focus ratio
-``r = a_task / (a_task + a_untrusted)`` with ``untrusted`` = the span the injection lands in, the
-surface's ``untrusted_group`` (:mod:`ipi.surfaces.surface`): image tokens on ``i_vis``, the
-observation (element list / tool result) on ``i_dom`` and ``i_tool``. Detector
-(:class:`AttentionFocusDetector`): heads chosen on training rows only (the ``top_k`` heads with
-the highest training AUC of ``−r``, attack vs clean); score ``= −mean(r over the chosen heads)``
-(less focus on the task = more likely an attack).
-"""
+Features (:func:`focus_ratios`): ``r = a_task / (a_task + a_untrusted)`` per layer and head, with
+``untrusted`` the surface's ``untrusted_group``. Detector (:class:`AttentionFocusDetector`):
+score ``= −mean(r over the top_k heads chosen on training rows)``."""
 
 from __future__ import annotations
 
@@ -143,14 +136,13 @@ def attention_cache_key(settings: ExtractSettings, rows, layers: Sequence[int]) 
 def extract_attention(settings: ExtractSettings, rows, layers: Sequence[int]):
     """Attention masses of ``rows`` at ``layers``, forwarding only rows the cache lacks.
 
-    The entry is keyed by :func:`attention_cache_key` in ``settings.cache_dir`` and written through
-    the same shard writer, lock and manifest as the hidden-state entries (docs/extraction.md), so
-    a second run (or a sweep over detectors) forwards nothing.
+    The entry is keyed by :func:`attention_cache_key` and written through the same shard writer,
+    lock and manifest as the hidden-state entries (docs/extraction.md).
 
     Returns:
         ``(FeatureSet with features [N, L, G, heads], info)``; info as
         :func:`ipi.extraction.forward.extract_features`'s.
-    """
+"""
     b = settings.backbone
     layers = sorted(set(int(i) for i in layers))
     key, spec = attention_cache_key(settings, rows, layers)

@@ -2,33 +2,22 @@
 (PROTOCOL.md §4–§7).
 
 :func:`cross_fit` serves both split designs of PROTOCOL.md §4 (:func:`ipi.probe.folds.make_folds`):
+``holdout`` (one fold; the test trajectories scored once) and ``kfold`` (grouped K-fold: every
+trajectory gets out-of-fold scores from a model that never saw it; ``docs/probe.md``). In every
+fold the same training rows fit the detector and every baseline; leakage is asserted per fold on
+trajectory ids and on the rows fed to each fit.
 
-* ``holdout``: one fold (the fixed trajectory holdout); the test trajectories are scored once.
-* ``kfold``: grouped K-fold cross-fitting; fold ``k``'s models are fitted on the other folds'
-  trajectories and score fold ``k``'s trajectories, so **every** trajectory gets out-of-fold
-  scores, each from a model that never saw it. The pooled out-of-fold scores come from K
-  different fits (see ``docs/probe.md``).
-
-In every fold the same training rows (clean vs attack rows of the fold's training trajectories)
-fit the detector and every baseline — C1 on the metadata scalars (§5), the collapse-only probe
-and the permuted-label refit of the detector (§6) — and the cross-surface transfer baseline is
-the detector fitted on the *other surfaces'* clean/attack rows of the same training trajectories
-(§6). Leakage is asserted per fold on trajectory ids and on the rows actually fed to each fit.
-
-The :class:`~ipi.detectors.detector.Detector` protocol (``fit``, ``score``) is the only seam. What
-only some detectors have are optional capabilities, methods of the detector object
-(docs/detectors.md, "One cross-fit, capabilities instead of special cases"):
+The :class:`~ipi.detectors.detector.Detector` protocol (``fit``, ``score``) is the only seam;
+optional capabilities are methods of the detector object (docs/detectors.md, "One cross-fit,
+capabilities instead of special cases"):
 
 * ``tune(x, y, groups, fold) -> (detector, info)``: per-fold hyper-parameter selection on the
-  fold's training rows (the logistic probe's ``probe.l2=auto``); the tuned detector makes every
-  fit of that fold (main, permuted, transfer, null refits).
+  fold's training rows; the tuned detector makes every fit of that fold.
 * ``fit_logged(x, y, groups, *, logger, default_root_dir)``: the main fit of a fold with a
-  Lightning logger (holdout only) and root directory (the logistic probe).
+  Lightning logger (holdout only) and root directory.
 * ``null_refits(x_fit, y, y_perm, x_test) -> (refit [n_te], null [M, n_te], design)``: all M
-  permuted-label refits of a fold at once (the logistic probe: exact Newton solves in the dual,
-  :mod:`ipi.probe.dual`). Without it, check 4's null is ``M × folds`` direct refits of the
-  detector.
-"""
+  permuted-label refits of a fold at once (:mod:`ipi.probe.dual`); without it, check 4's null
+  is ``M × folds`` direct refits."""
 
 from __future__ import annotations
 
@@ -120,37 +109,25 @@ def cross_fit(
     Per fold ``k`` with training trajectories ``A`` and test trajectories ``B``:
 
     * training rows = clean/attack rows of ``A`` (label 1 = attack); controls are never trained
-      on;
-    * ``detector.tune`` (when it has it) picks the fold's hyper-parameters on these rows only;
-    * the detector (``fit_logged`` when it has it, else ``fit``) scores every row of ``B``
-      (controls too);
+      on; ``detector.tune`` (when it has it) picks the fold's hyper-parameters on them only;
+    * the detector (``fit_logged`` when it has it, else ``fit``) scores every row of ``B``;
     * ``c1``: :func:`~ipi.probe.fit.fit_sklearn_reference` on ``metadata`` (PROTOCOL.md §5);
     * ``collapse_only``: the same on ``collapse`` (§6);
     * ``permuted``: the detector refitted on the training labels permuted by
-      ``numpy.random.default_rng(permute_seed)`` (one generator drawn fold after fold; true test
-      labels are used for evaluation) (§6);
-    * ``transfer``: the detector fitted on ``transfer``'s clean/attack rows of ``A`` (other
-      surfaces) and scored on the clean/attack rows of ``B`` (§6);
+      ``numpy.random.default_rng(permute_seed)`` (one generator, fold after fold) (§6);
+    * ``transfer``: the detector fitted on ``transfer``'s clean/attack rows of ``A`` and scored
+      on the clean/attack rows of ``B`` (§6);
     * exact permutation test (``permutation_m = M > 0``, PROTOCOL.md §7.4): replicate ``j``
-      draws one within-(trajectory, step) permutation of the attack/clean labels of **all**
-      labelled rows (:func:`ipi.metrics.permutation.permute_within`, one
-      ``numpy.random.default_rng(permutation_seed)`` drawn replicate after replicate), and
-      every fold refits the detector on its training rows' permuted labels and scores its test
-      clean/attack rows. Holdout: the test rows keep their true labels. K folds: every row is
-      also a training row of the other folds, so a replicate's statistic is the out-of-fold E1 of
-      K refits read on the **same permuted labels** — the whole cross-fitting procedure rerun on
-      the relabelled data, exactly as the observed E1 was obtained on the true labels (the
-      permutation's ``null_attack``). A detector with ``null_refits`` makes a fold's M
-      refits at once (the logistic probe: per fold the standardised training rows are reduced
-      once to at most ``n`` coordinates, :class:`ipi.probe.dual.ReducedDesign`, and the M
-      refits are one batched Newton solve there); any other detector is refitted M times per
-      fold, replicate after replicate.
+      permutes the attack/clean labels of all labelled rows within (trajectory, step)
+      (:func:`ipi.metrics.permutation.permute_within`), and every fold refits on its training
+      rows' permuted labels and scores its test clean/attack rows, so under K folds the whole
+      cross-fitting procedure is rerun on the relabelled data. ``null_refits`` makes a fold's
+      M refits at once; otherwise the detector is refitted M times per fold.
 
     Args:
         detector: A :class:`~ipi.detectors.detector.Detector` (unfitted; each fit returns a copy).
         meta: Row table ``[N]`` with ``trajectory_id, step, variant``.
-        x: The detector's features ``[N, d]`` (hidden states, attention-focus ratios, or a score
-            column).
+        x: The detector's features ``[N, d]``.
         folds: From :func:`ipi.probe.folds.make_folds` (checked again here).
         metadata: ``[N, 4]`` metadata scalars for C1, or None to skip C1.
         collapse: ``[N, L]`` collapse statistics, or None to skip collapse-only.
@@ -160,8 +137,7 @@ def cross_fit(
         l2: ``C`` of the scikit-learn baselines (C1, collapse-only).
         permutation_m: Refits ``M`` of the exact permutation test (0: not run).
         permutation_seed: Seed of its label permutations.
-        logger: Lightning logger of the main fit (holdout only; K-fold fits are not logged), for a
-            detector with ``fit_logged``.
+        logger: Lightning logger of the main fit (holdout only), for a detector with ``fit_logged``.
         default_root_dir: Trainer root of the main fit, for a detector with ``fit_logged``.
 
     Returns:
@@ -171,7 +147,7 @@ def cross_fit(
         LeakageError: A trajectory on both sides of a fold, in two test folds, or a training
             row of any fit whose trajectory is in the fold's test set.
         RuntimeError: A baseline left rows unscored, or non-finite detector scores.
-    """
+"""
     kind = "kfold" if len(folds) > 1 else "holdout"
     tid = meta["trajectory_id"].astype(str).to_numpy()
     check_folds(folds, tid, kind)

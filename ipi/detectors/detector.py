@@ -21,11 +21,9 @@ __all__ = ["Detector", "check_fit_inputs"]
 class Detector(Protocol):
     """What :func:`ipi.detectors.crossfit.cross_fit` needs from a detector.
 
-    Optional capabilities (methods a detector may have; :func:`ipi.detectors.crossfit.cross_fit`
-    and the run layer use them when present, docs/detectors.md "One cross-fit, capabilities
-    instead of special cases"): ``tune`` (per-fold hyper-parameters), ``fit_logged`` (a fit with
-    a Lightning logger), ``null_refits`` (check 4's M refits of a fold at once), ``folded`` (the
-    fold models as one module for ``Trainer.predict``), ``with_probe`` (takes the ``probe.*``
+    Optional capabilities (docs/detectors.md, "One cross-fit, capabilities instead of special
+    cases"): ``tune``, ``fit_logged``, ``null_refits`` (:mod:`ipi.detectors.crossfit`), ``folded``
+    (the fold models as one module for ``Trainer.predict``), ``with_probe`` (takes the ``probe.*``
     settings), ``baseline_l2`` (``C`` of the C1/collapse-only baselines; 1.0 without it),
     ``fit_info_`` on a fitted copy (recorded per fold as ``detector_*``).
 
@@ -33,7 +31,7 @@ class Detector(Protocol):
         name: Config name (``logistic``, ``diff_means``, ``mlp``, ``attention_focus``).
         input: ``"hidden"`` (pooled hidden states, the probe's features) or ``"attention"``
             (the attention-focus features of :mod:`ipi.detectors.attention`).
-    """
+"""
 
     name: str
     input: str

@@ -19,21 +19,18 @@ __all__ = ["DiffMeansDetector", "LogisticDetector"]
 
 @dataclass
 class LogisticDetector:
-    """Today's probe (PROTOCOL.md §4; docs/probe.md): standardised, L2 logistic, balanced classes.
+    """The probe (PROTOCOL.md §4; docs/probe.md): standardised, L2 logistic, balanced classes.
 
-    Its settings are ``probe.*`` (:meth:`with_probe`). Besides ``fit``/``score`` it has the
-    three optional capabilities of :func:`ipi.detectors.crossfit.cross_fit` (docs/detectors.md,
-    "One cross-fit, capabilities instead of special cases"): :meth:`tune` (``probe.l2=auto``:
-    ``C`` per fold by grouped inner CV), :meth:`fit_logged` (the fold's fit with a Lightning logger) and :meth:`null_refits` (check 4's
-    M refits of a fold as one batched exact Newton solve in the dual); and :meth:`folded`, its
-    fold probes as one Lightning module for ``Trainer.predict``.
+    Its settings are ``probe.*`` (:meth:`with_probe`). It has the three optional capabilities of
+    :func:`ipi.detectors.crossfit.cross_fit` (:meth:`tune`: ``C`` per fold by grouped inner CV
+    for ``probe.l2=auto``; :meth:`fit_logged`; :meth:`null_refits`) and :meth:`folded`.
 
     Args:
-        l2, max_iter, tol, seed, solver: :class:`ipi.probe.fit.ProbeConfig`; None until :meth:`with_probe`
-            sets them from ``probe.*``.
+        l2, max_iter, tol, seed, solver: :class:`ipi.probe.fit.ProbeConfig`; None until
+            :meth:`with_probe` sets them from ``probe.*``.
         l2_grid: ``probe.l2=auto``: candidate ``C`` values (:meth:`tune`); None: ``l2`` everywhere.
         fit_fn: The probe fitter (:func:`ipi.probe.fit.fit_probe`); injectable for tests.
-    """
+"""
 
     l2: float | None = None
     max_iter: int | None = None
@@ -135,13 +132,10 @@ class LogisticDetector:
 class DiffMeansDetector:
     """Mass-mean probe (Marks & Tegmark 2023, "The Geometry of Truth", §5: ``θ = μ₊ − μ₋``).
 
-    Features are standardised with the training rows' mean and standard deviation
-    (``StandardScaler``: ``ddof=0``, a constant feature gets scale 1); the direction is the
-    difference of the class means in standardised units, ``w = mean(z | attack) − mean(z | clean)``,
-    and a row's score is its projection ``z · w`` (no covariance correction, no intercept: an
-    intercept would not change any AUC). Unweighted class means, so class imbalance does not move
-    the direction. Deterministic (no seed).
-    """
+    Features are standardised with the training rows' statistics (``StandardScaler``); the
+    direction is ``w = mean(z | attack) − mean(z | clean)`` (unweighted class means) and a row's
+    score is ``z · w`` (no covariance correction, no intercept). Deterministic.
+"""
 
     name: str = "diff_means"
     permutation_m: int | None = None  # check 4's refits M; None: evaluation.permutation.m

@@ -1,20 +1,14 @@
 """The one assessment path: score tables → estimands → verdict → reportability (PROTOCOL.md §5–§7).
 
-:func:`assess` is how every caller turns scores into results: the Lightning
-:class:`~ipi.evaluation.callbacks.EstimandsCallback` (``train.py``),
-:func:`~ipi.evaluation.scoretable.evaluate_score_table` (``evaluate.py``), the re-rolled splits
-of ``split.repeats`` (:func:`ipi.run.tasks.evaluate_split`) and the planted-truth self-test
-(:mod:`ipi.tools.simulate`). It computes, in this order:
+:func:`assess` is how every caller (``train.py``'s callback, ``evaluate.py``, the re-rolled
+splits of ``split.repeats``, the self-test) turns scores into results, in this order:
 
-1. the numbers (:func:`ipi.metrics.compare.compare_tables`): E1/E2/E3 of the probe, its
-   baselines and its random-weight twins on shared cluster-bootstrap draws, the paired
-   differences, the one-sided p-values and the exact permutation test; and the operating point
-   (TPR at ``evaluation.operating_fpr``, :func:`ipi.metrics.operating_point.operating_points`);
+1. the numbers (:func:`ipi.metrics.compare.compare_tables`) and the operating point
+   (:func:`ipi.metrics.operating_point.operating_points`);
 2. the verdict (:func:`ipi.evaluation.verdict.judge`);
 3. the reportability marks (:func:`ipi.evaluation.reportable.mark`);
 
-and returns them as one typed :class:`~ipi.evaluation.results.Results`.
-"""
+returned as one typed :class:`~ipi.evaluation.results.Results`."""
 
 from __future__ import annotations
 

@@ -1,24 +1,18 @@
 """Estimands by attack source and by goal family, and the source × source transfer table.
 
-A run whose attack pool is a published source or a mix (``attack=...``, :mod:`ipi.attacks.pool`)
-reports, beside the pooled estimands:
+A run whose attack pool is a published source or a mix (:mod:`ipi.attacks.pool`) reports, beside
+the pooled estimands:
 
-* **by source** and **by goal family**: E1, E2 and E3[c] (PROTOCOL.md §5) with cluster-bootstrap
-  intervals on the test rows of the steps whose attack (``k = 0``) came from that source (that
-  goal family); clean and control rows go with their step's attack. Under ``split.wording=source``
-  fold ``i``'s test rows are all of source ``i``, so "by source" is E1/E3 **per held-out source**.
-  Goal families are confounded with sources (garak is all ``say``), so both are reported. A step's
-  source is its template's family; under ``split.wording=source`` its trajectory's held-out
-  source (AgentDojo's copy of InjecAgent's prefix counts as InjecAgent).
-* the **transfer table** (``split.wording=source`` only): the run's detector trained on the trajectories
-  of source ``a`` (clean and attack rows) scores the trajectories of source ``b``; cell
-  ``[a][b]`` is E1 with its cluster-bootstrap interval over ``b``'s trajectories. The diagonal is
-  in-source: ``a``'s trajectories cross-fitted in two seeded halves. Every cell's training and
-  test trajectories are disjoint.
+* **by source** and **by goal family**: E1, E2 and E3[c] (PROTOCOL.md §5) on the test rows of the
+  steps whose attack (``k = 0``) came from that source (goal family); clean and control rows go
+  with their step's attack. A step's source is its template's family; under
+  ``split.wording=source`` its trajectory's held-out source, so "by source" is per held-out source.
+* the **transfer table** (``split.wording=source`` only): cell ``[a][b]`` is E1 of the detector
+  trained on source ``a``'s trajectories scoring source ``b``'s; the diagonal is ``a`` cross-fitted
+  in two seeded halves (:func:`transfer_table`).
 
 Slices with fewer than ``min_clusters`` test trajectories are reported with ``"n_trajectories"``
-and no estimate (``"estimands": null``).
-"""
+and ``"estimands": null``."""
 
 from __future__ import annotations
 

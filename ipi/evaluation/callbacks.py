@@ -72,28 +72,23 @@ def flat_metrics(results: Mapping, prefix: str = "test") -> dict[str, float]:
 class EstimandsCallback(L.Callback):
     """Collects the probe's test-row scores during ``Trainer.predict`` and computes the estimands.
 
-    At the end of the predict epoch it builds the probe's score table (one row per test row:
-    ``trajectory_id, step, variant, score``) and assesses it together with the baseline and twin
-    tables (:func:`ipi.evaluation.assess.assess`: E1, E2, E3 per control, C1, C2 = collapse-only,
-    permuted labels, paired differences on shared bootstrap draws, PROTOCOL.md §5–§6; the
-    verdict, §7; the reportability marks), logs every estimand and CI bound to the trainer's
-    loggers (``test/e1``, ``test/e1_ci_low`` …; :func:`flat_metrics`) and keeps ``results``.
+    At the end of the predict epoch it builds the probe's score table
+    (``trajectory_id, step, variant, score`` per test row), assesses it with the baseline and
+    twin tables (:func:`ipi.evaluation.assess.assess`), logs every estimand and CI bound to the
+    trainer's loggers (:func:`flat_metrics`) and keeps ``results``.
 
     Args:
         rows: Metadata of the scored rows (``trajectory_id, step, variant``), in predict order.
-        baselines: Baseline score tables on the same test rows, by name (``c1``, ``collapse_only``,
-            ``permuted``).
-        settings: Bootstrap, verdict thresholds, reportability gate, permutation level and
-            ``pretrained`` (:class:`~ipi.evaluation.results.Settings`).
-        permutation: The exact permutation test's refit scores
-            (:meth:`ipi.detectors.crossfit.CrossFit.permutation_input`), or None (check 4 NOT RUN).
-        twins: The probe's score tables on the random-weight twins' features (same rows), one
-            per seed ``{seed: table}``, or None (verdict check 6 is then NOT RUN).
+        baselines: Baseline score tables on the same test rows, by name.
+        settings: :class:`~ipi.evaluation.results.Settings`.
+        permutation: The exact permutation test's input, or None (check 4 NOT RUN).
+        twins: The probe's score tables on the random-weight twins' features ``{seed: table}``,
+            or None (check 6 NOT RUN).
 
     Attributes:
         results: The typed :class:`~ipi.evaluation.results.Results` once predicted, else None.
         scores: The probe's score table once predicted, else None.
-    """
+"""
 
     def __init__(self, rows: pd.DataFrame, baselines: Mapping[str, pd.DataFrame], settings: Settings = DEFAULTS,
                  *, permutation: Mapping | None = None, twins: Mapping[int | str, pd.DataFrame] | None = None):

@@ -1,43 +1,22 @@
 """Behaviour estimands: E4 (does the probe predict a hijack?), hijack rates, the ablation effect.
 
-docs/behaviour.md. The inputs are **label tables**
-(:func:`ipi.behaviour.labels.label_generations`: one row per replay row of the test split with
-``trajectory_id, step, variant, label``), joined with the probe's scores (:func:`join_scores`).
+Definitions: docs/behaviour.md §3–§4. The inputs are **label tables**
+(:func:`ipi.behaviour.labels.label_generations`: ``trajectory_id, step, variant, label`` per
+replay row of the test split), joined with the probe's scores (:func:`join_scores`).
 
-**E4** ``= AUC(probe score of hijacked rows, probe score of resisted rows)``, the weighted AUC of
-PROTOCOL.md §5 (:func:`ipi.metrics.auc.weighted_auc`), over the **attack** rows labelled
-``hijacked`` (positives) or ``resisted`` (negatives); ``other`` rows and clean/control rows are
-left out. What is pooled: every such row of the table, *not* only steps holding both kinds —
-with one attack row per step (``n_attacks = 1``, the default) no step can hold both, so a
-within-step restriction would leave nothing; E4 compares steps where the agent followed the
-injection with steps where it kept to its task. Row weight: E1's step weight taken over the
-attack rows *before* the selection, ``w = 1 / #attack rows of (trajectory, step)``, so a step's
-attack rows weigh 1 together however they are labelled (or a ``weight`` column).
-
-* **Interval**: cluster bootstrap over test trajectories (PROTOCOL.md §5), scores fixed, on
-  ``draws`` shared with the run's other tables when given (:mod:`ipi.metrics.bootstrap`).
-* **Gate**: the cluster gate of PROTOCOL.md §7.0 applied to E4: its *contributors* are the
-  trajectories holding at least one hijacked and one resisted row (positive weight); E4 and its
-  difference are reportable only with at least ``min_clusters`` of them, enough usable
-  replicates and a non-degenerate interval — the rules of :func:`ipi.evaluation.reportable.reportability`,
-  applied by that function itself.
-* **C1 analogue**: the metadata baseline's scores (:mod:`ipi.detectors`) on the same rows give
-  ``E4_C1``; the paired difference ``E4 − E4_C1`` uses the same draws. A probe that predicts
-  hijacks only as well as step metadata does (which steps are hard, long, late) has learnt
-  nothing about the injection's effect.
-
-**Hijack rate** of a group of rows (a surface × variant): the weighted mean of ``1[label ==
-hijacked]`` with the step weights of :func:`ipi.metrics.table.step_weights`
-(``1 / #rows of (trajectory, step, variant)``), its interval the cluster bootstrap of the
-ratio ``Σ m_t w_i y_i / Σ m_t w_i`` (:func:`label_rates`).
-
-**Ablation effect** (:func:`ablation_effects`): the same attack rows generated without
-ablation (``none``), with the probe's direction projected out (``probe``) and with a random
-direction of equal norm (``random``); ``Δ_probe = rate_probe − rate_none``,
-``Δ_random = rate_random − rate_none`` and ``Δ_probe − Δ_random = rate_probe − rate_random``,
-each with its paired cluster-bootstrap interval on one set of draws. "The model uses this
-direction" needs the interval of ``Δ_probe − Δ_random`` to exclude 0 (:func:`uses_direction`).
-"""
+* **E4** ``= AUC(probe score of hijacked rows, probe score of resisted rows)``, the weighted AUC
+  of PROTOCOL.md §5 over every **attack** row labelled ``hijacked`` or ``resisted`` (not only
+  steps holding both), each weighted ``1 / #attack rows of (trajectory, step)`` (or a ``weight``
+  column); cluster-bootstrap interval (:mod:`ipi.metrics.bootstrap`); the cluster gate of
+  PROTOCOL.md §7.0 counts as contributors the trajectories holding a hijacked and a resisted
+  row (:func:`ipi.evaluation.reportable.reportability`); the C1 analogue ``E4_C1`` and the
+  paired ``E4 − E4_C1`` use the same draws.
+* **Hijack rate** of a group of rows: the step-weighted mean of ``1[label == hijacked]``
+  (:func:`ipi.metrics.table.step_weights`) with the cluster bootstrap of the ratio
+  (:func:`label_rates`).
+* **Ablation effect** (:func:`ablation_effects`): ``Δ_probe = rate_probe − rate_none``,
+  ``Δ_random = rate_random − rate_none`` and ``Δ_probe − Δ_random``, each with its paired
+  interval on one set of draws; :func:`uses_direction` needs the last to exclude 0."""
 
 from __future__ import annotations
 
@@ -439,14 +418,13 @@ def uses_direction(effects: AblationEffects, *, min_clusters: int | None = None,
                    min_boot_fraction: float | None = None) -> tuple[str, str]:
     """The claim "the model uses this direction": ``Δ_probe − Δ_random`` excludes 0 (module docstring).
 
-    ``NOT RUN`` when the difference is not reportable (:func:`ipi.evaluation.reportable.reportability`'s
-    rules with the attack rows' trajectories as the clusters; a difference of 0 in every
-    replicate, e.g. no label changed, is degenerate); ``PASS`` when its interval excludes 0;
-    ``FAIL`` otherwise.
+    ``NOT RUN`` when the difference is not reportable (the rules of
+    :func:`ipi.evaluation.reportable.reportability`; a difference of 0 in every replicate is
+    degenerate); ``PASS`` when its interval excludes 0; ``FAIL`` otherwise.
 
     Returns:
         ``(status, one-line detail)``.
-    """
+"""
     d = effects.probe_minus_random
     n_boot = len(effects.replicates["probe_minus_random"])
     shown = (f"Δ_probe − Δ_random = {d.estimate:+.3f} [{d.ci_low:+.3f}, {d.ci_high:+.3f}] "

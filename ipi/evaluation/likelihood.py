@@ -1,27 +1,19 @@
 """Estimands of the likelihood hijack measure: E4 (likelihood), the rank correlation, the ablation.
 
-Inputs are **propensity tables** (:func:`ipi.behaviour.propensity.likelihood_table`: one row per
-attack and clean replay row of the test split, ``shift`` in nats on the attack rows), joined with
-the probe's scores (:func:`ipi.evaluation.hijack.join_scores`). docs/behaviour.md §6; the weighted AUC and
-the cluster bootstrap are PROTOCOL.md §5's, the gate §7's.
+Definitions: docs/behaviour.md §6. Inputs are **propensity tables**
+(:func:`ipi.behaviour.propensity.likelihood_table`: attack and clean rows of the test split,
+``shift`` in nats on the attack rows), joined with the probe's scores
+(:func:`ipi.evaluation.hijack.join_scores`).
 
-* **E4 (likelihood)** ``= AUC(probe score | attack rows with shift > 0 vs attack rows with shift
-  ≤ 0)``: :func:`ipi.evaluation.hijack.e4` itself, on the attack rows relabelled ``hijacked``
-  (shift > 0), ``resisted`` (shift ≤ 0) and ``other`` (no goal action: NaN shift). So the row
-  weights (E1's step weights over every attack row), the cluster bootstrap on the run's draws,
-  the C1 analogue, the paired difference and the gate (contributors: trajectories holding both
-  kinds) are the free-run E4's. Not estimable when one side is empty (:attr:`LikelihoodE4.not_estimable`).
+* **E4 (likelihood)**: :func:`ipi.evaluation.hijack.e4` on the attack rows relabelled
+  ``hijacked`` (shift > 0), ``resisted`` (shift ≤ 0) and ``other`` (NaN shift), so weights,
+  bootstrap, C1 analogue and gate are the free-run E4's; not estimable when one side is empty.
 * **Rank correlation**: Spearman's ρ of probe score and shift over the attack rows with a shift,
-  the step weights as frequency weights (midranks over weighted ties; equal to
-  ``scipy.stats.spearmanr`` with equal weights and on rows repeated by integer weights), its
-  interval from the same draws (replicate ``b`` weighs a row ``m[b, t] · w``).
+  the step weights as frequency weights, its interval from the same draws.
 * **Mean shift**: the step-weighted mean shift of the attack rows (nats), ratio cluster bootstrap.
-* **Ablation** (:func:`likelihood_ablation`): the same rows' mean shift with the probe's direction
-  projected out, with a random direction of equal norm, and with neither; ``Δ_probe =
-  shift_probe − shift_none``, ``Δ_random``, and ``Δ_probe − Δ_random``, paired on one set of draws.
-  "Removing the probe direction lowers the hijack propensity more than a random direction"
-  (:func:`lowers_shift`) needs the interval of ``Δ_probe − Δ_random`` below 0.
-"""
+* **Ablation** (:func:`likelihood_ablation`): ``Δ_probe``, ``Δ_random`` and ``Δ_probe − Δ_random``
+  of the mean shift, paired on one set of draws; :func:`lowers_shift` needs the last's interval
+  below 0."""
 
 from __future__ import annotations
 

@@ -1,26 +1,16 @@
 """The one gate of PROTOCOL.md §7.0: which intervals are evidence, and which estimates may be reported.
 
-An interval from a cluster bootstrap over too few test trajectories, from too few usable
-replicates, or one that collapsed to a point (``ci_low == ci_high``: every replicate gave the
-same value, e.g. E2 = 1.000 [1.000, 1.000] on 2 trajectories) is not a result. One function,
-:func:`not_evidence`, says why an interval cannot be evidence; the verdict
-(:mod:`ipi.evaluation.verdict`) calls it for every interval a check reads, and
-:func:`reportability` calls it for every estimand of :func:`estimand_entries` (the one list), so
-the estimands table (``report.md``, ``report.html``), the forest plot, W&B and the checks can
-never disagree on what is evidence (docs/outputs.md, *Reportable estimates*). The rules, every
-one that applies joined by ``"; "``:
+:func:`not_evidence` says why an interval cannot be evidence; the verdict calls it for every
+interval a check reads and :func:`reportability` for every estimand of :func:`estimand_entries`,
+so the reports, the forest plot, W&B and the checks never disagree (docs/outputs.md,
+*Reportable estimates*). The rules, every one that applies joined by ``"; "``:
 
 1. **undefined**: no estimate, or no interval;
-2. **too few clusters**: fewer than ``min_clusters`` **effective** test trajectories (Kish, from
-   the weights the estimand uses: ``results["bootstrap"]["effective_clusters_by_estimand"]``; a
-   paired difference: the smaller of its two estimands'; older results: the trajectories
-   contributing rows to both sides, ``clusters_by_estimand``, or ``n_clusters``);
-3. **too few replicates**: ``n_boot_used`` below ``min_boot_fraction`` × ``n_boot`` (the other
-   replicates had no positive or no negative row and were dropped, so the interval describes
-   the unusual draws that remained);
-4. **degenerate interval**: ``ci_low == ci_high`` up to float rounding (relative 1e-9; a paired
-   difference of two AUCs can differ from itself in the 16th digit across replicates).
-"""
+2. **too few clusters**: fewer than ``min_clusters`` **effective** test trajectories
+   (``results["bootstrap"]["effective_clusters_by_estimand"]``; a paired difference: the smaller
+   of its two estimands'; results without it: ``clusters_by_estimand``, or ``n_clusters``);
+3. **too few replicates**: ``n_boot_used`` below ``min_boot_fraction`` × ``n_boot``;
+4. **degenerate interval**: ``ci_low == ci_high`` up to float rounding (relative 1e-9)."""
 
 from __future__ import annotations
 

@@ -1,16 +1,12 @@
 """What an assessment takes and gives: its settings, and the results as a typed tree (PROTOCOL.md §5, §7).
 
-* :class:`Settings`: the bootstrap, the verdict's thresholds and the reportability gate. Its
-  defaults are the one place those defaults live in Python (the bootstrap's come from
-  :mod:`ipi.metrics.bootstrap`, the permutation level from :mod:`ipi.metrics.permutation`, which
-  cannot import this layer); every function of :mod:`ipi.evaluation` that takes one of them
-  defaults to :data:`DEFAULTS`.
-* :class:`Results`: the numbers (:class:`ipi.metrics.compare.Estimates`), the
-  :class:`Verdict` and the :class:`Reportability` marks; ``to_dict()`` is ``results.json``'s
-  content (before the run's ``counts`` and ``run``), key names from :mod:`ipi.metrics.keys`.
-* :class:`ResultsView`: typed reads of a results *dict* (``results.json``, ``to_dict()`` or a
-  hand-built one), the one accessor through which the verdict reads its inputs.
-"""
+* :class:`Settings`: the bootstrap, the verdict's thresholds and the reportability gate; the one
+  place those defaults live in Python (the bootstrap's and the permutation level come from
+  :mod:`ipi.metrics`). Every function of :mod:`ipi.evaluation` defaults to :data:`DEFAULTS`.
+* :class:`Results`: the numbers, the :class:`Verdict` and the :class:`Reportability` marks;
+  ``to_dict()`` is ``results.json``'s content, key names from :mod:`ipi.metrics.keys`.
+* :class:`ResultsView`: typed reads of a results *dict*, the one accessor through which the
+  verdict reads its inputs."""
 
 from __future__ import annotations
 
@@ -68,33 +64,29 @@ class Settings:
             (:data:`ipi.metrics.bootstrap.INTERVALS`).
         collapse_ceiling: Ceiling of verdict check 5 (PROTOCOL.md §6 default 0.60).
         c1_max: Bound C1's E1 must stay below in check 2 (PROTOCOL.md §7: 0.95).
-        min_clusters: Fewest **effective** test trajectories (Kish, from the weights the estimand
-            uses; :mod:`ipi.metrics.estimands`) on the poorer side of an estimand for it to enter
-            a check or be reportable (PROTOCOL.md §7.0); 12 is where the self-test's false
-            "separates" stays under 0.05 (docs/selftest.md).
+        min_clusters: Fewest **effective** test trajectories (Kish; :mod:`ipi.metrics.estimands`)
+            on the poorer side of an estimand for it to enter a check or be reportable
+            (PROTOCOL.md §7.0; the default's basis: docs/selftest.md).
         min_boot_fraction: Fewest usable replicates, as a fraction of ``n_boot``, for an estimate
             to be reportable (:mod:`ipi.evaluation.reportable`).
         alpha: Level of the exact permutation test (check 4).
         pretrained: ``backbone.pretrained`` (False fails check 6: at most "separates ..."), or
             None when unknown (a score table).
-        constructed: ``backbone.constructed``: a planted-truth backbone whose weights were
-            built, not trained: not capped (check 6 runs with its twins), and the
-            verdict says it is constructed (planted truth, not a model of any agent).
+        constructed: ``backbone.constructed``: a planted-truth backbone: not capped (check 6
+            runs with its twins), and the verdict says it is constructed.
         required_controls: The controls check 3 cannot do without (the surface's
             ``required_controls``), or None for a score table of unknown surface (then
-            :data:`REQUIRED_CONTROLS`, every control any surface requires).
-        heldout_wording: ``evaluation.heldout_wording`` of the run (PROTOCOL.md §7.3: check 3 is
-            judged on test rows whose attack and imperative wording training never saw); False
-            makes check 3 NOT RUN; None for a score table, whose wording ipi cannot see.
-        twin_level: The level check 6 holds: with fewer twins than ``1/(S+1) <= twin_level`` needs it is
-            NOT RUN.
-        split: The split design that produced the scores: ``"holdout"``, ``"kfold"`` (check 1 then
-            also needs check 4's exact permutation test: the bootstrap of out-of-fold scores is
-            anti-conservative) or None when not stated (judged as a holdout, and the rule says so).
-        operating_fpr: The false-positive rate of the operating point (TPR at that FPR;
-            :mod:`ipi.metrics.operating_point`; ``evaluation.operating_fpr``, default
-            :data:`~ipi.metrics.operating_point.DEFAULT_FPR`), or None: not computed.
-    """
+            :data:`REQUIRED_CONTROLS`).
+        heldout_wording: ``evaluation.heldout_wording`` of the run (PROTOCOL.md §7.3); False
+            makes check 3 NOT RUN; None for a score table.
+        twin_level: The level check 6 holds: with fewer twins than ``1/(S+1) <= twin_level``
+            needs it is NOT RUN.
+        split: ``"holdout"``, ``"kfold"`` (check 1 then also needs check 4's exact permutation
+            test) or None when not stated (judged as a holdout, and the rule says so).
+        operating_fpr: The false-positive rate of the operating point
+            (:mod:`ipi.metrics.operating_point`; ``evaluation.operating_fpr``), or None: not
+            computed.
+"""
 
     n_boot: int = N_BOOT
     seed: int = SEED

@@ -1,14 +1,9 @@
 """Score tables on disk: read, validate, evaluate (PROTOCOL.md §5, §7, §9).
 
 A score table file is CSV (``.csv``) or Parquet (``.parquet``/``.pq``) with the columns
-``trajectory_id, step, variant, score`` and optionally ``weight`` (see
-:mod:`ipi.metrics.table`). A folder of part files of one format, as pandas
-``to_parquet(partition_cols=...)``, Spark and Dask write them (hive ``key=value`` sub-folders,
-``_SUCCESS`` markers), is read as one table (:func:`read_score_folder`).
-:func:`evaluate_score_table` turns one into the JSON-ready report through
-:func:`ipi.evaluation.assess.assess`: estimands with paired cluster-bootstrap intervals, counts,
-the §7 verdict and the reportability marks.
-"""
+``trajectory_id, step, variant, score`` and optionally ``weight`` (:mod:`ipi.metrics.table`), or a
+folder of part files (:func:`read_score_folder`). :func:`evaluate_score_table` turns one into the
+JSON-ready report through :func:`ipi.evaluation.assess.assess`."""
 
 from __future__ import annotations
 
@@ -55,25 +50,22 @@ def _read_part(p: Path, suffix: str) -> pd.DataFrame:
 def read_score_table(path) -> pd.DataFrame:
     """Read and validate a score table from CSV or Parquet (chosen by suffix), or a folder of parts.
 
-    Validation (PROTOCOL.md §5, §9): the columns ``trajectory_id, step, variant, score`` exist
-    (``weight`` optional, extra columns kept); ``step`` is a non-negative integer; ``score``
-    (and ``weight``) are finite numbers, ``weight >= 0``; no NaN scores; every variant is
-    ``clean``, ``attack`` or ``c_<name>``; there is at least one attack and one clean row.
-    In CSV files ``trajectory_id`` and ``variant`` are read as literal strings (an id ``"NA"``
-    stays ``"NA"``).
+    Validation (PROTOCOL.md §5, §9): :func:`ipi.metrics.table.validate_table`, then
+    :func:`check_score_rows`; extra columns kept. In CSV files ``trajectory_id`` and
+    ``variant`` are read as literal strings (an id ``"NA"`` stays ``"NA"``).
 
     Args:
         path: ``.csv``, ``.parquet`` or ``.pq`` file, or a folder of such parts
             (:func:`read_score_folder`; its name's suffix does not matter).
 
     Returns:
-        The normalised table (see :func:`ipi.metrics.table.validate_table`).
+        The normalised table.
 
     Raises:
         ValueError: One-line message naming the file and the offending column/row (rows are
             0-based data rows; for CSV the file line is given too). Also for a missing file,
             an unknown suffix or an unparsable file.
-    """
+"""
     p = Path(path)
     if p.is_dir():
         return read_score_folder(p)
@@ -129,12 +121,10 @@ def read_score_folder(folder) -> pd.DataFrame:
     """Read and validate a score table written as a folder of parts.
 
     The folder holds part files of one format (``.csv`` or ``.parquet``/``.pq``), directly or in
-    hive ``column=value`` sub-folders (``df.to_parquet(path, partition_cols=[...])``, Spark's
-    ``partitionBy``). Names starting ``_`` or ``.`` are skipped. Every CSV part has its own header
-    row and is read like a ``.csv`` score table. A partition value becomes a column: ``step`` as
-    an integer, ``score``/``weight`` as numbers, any other column as text exactly as written in the
-    folder name (never a categorical, never re-typed: an id ``007`` stays ``007``). Parts are
-    concatenated in sorted path order; the estimands do not depend on row order.
+    hive ``column=value`` sub-folders; names starting ``_`` or ``.`` are skipped. A partition
+    value becomes a column: ``step`` as an integer, ``score``/``weight`` as numbers, any other
+    column as text exactly as written (an id ``007`` stays ``007``). Parts are concatenated in
+    sorted path order.
 
     Args:
         folder: The folder.
@@ -146,7 +136,7 @@ def read_score_folder(folder) -> pd.DataFrame:
         ValueError: One line naming the folder, and the part file where one is at fault: no part
             file, parts of two formats or of another format, a sub-folder that is not
             ``column=value``, an unreadable part, or an invalid row (named by part and row).
-    """
+"""
     folder = Path(folder)
     files = _part_files(folder)
     kinds = {f.suffix.lower() for f in files}
@@ -188,18 +178,14 @@ def read_score_folder(folder) -> pd.DataFrame:
 def check_score_rows(table: pd.DataFrame, source: str, row_name=None) -> pd.DataFrame:
     """Refuse what :func:`validate_table` lets through but is almost surely a mistake.
 
-    * a control the project does not know (``c_scrambld``): a misspelt control would be reported
-      as an estimand of its own, and its rows missing from the real control's;
-    * a variant whose rows all have weight 0 (``weight`` column): its estimands are 0/0, and the
-      run would write a results.json of nulls before failing;
-    * the same trajectory under two ids (:func:`ipi.metrics.table.check_copied_trajectories`): it
-      would count as two clusters (PROTOCOL.md §7.0).
+    * a control the project does not know (``c_scrambld``);
+    * a variant whose rows all have weight 0 (its estimands are 0/0);
+    * the same trajectory under two ids (:func:`ipi.metrics.table.check_copied_trajectories`):
+      it would count as two clusters (PROTOCOL.md §7.0).
 
-    Rows identical to an earlier row (every column equal) are valid and kept: several attack
-    rows at one step are allowed (PROTOCOL.md §2) and a detector with discrete or saturated
-    scores ties often, so two attack rows of a step can be equal; the step weights of §5 (each
-    row ``1 / rows of its (trajectory, step, variant)``) count the step once either way. They
-    are logged as a warning naming the first pair, since a table pasted twice also looks so.
+    Rows identical to an earlier row are valid and kept (several attack rows at a step may tie;
+    the step weights of §5 count the step once either way) but logged as a warning naming the
+    first pair.
 
     Args:
         table: A table returned by :func:`validate_table`.
@@ -211,7 +197,7 @@ def check_score_rows(table: pd.DataFrame, source: str, row_name=None) -> pd.Data
 
     Raises:
         ValueError: One line naming the file, the row(s) and the problem.
-    """
+"""
     name = row_name or (lambda i: f"row {i}")
     known = list(CONTROLS)
     variant = table["variant"].to_numpy()
@@ -297,11 +283,9 @@ FOLD = "fold"
 def design_of_table(table: pd.DataFrame, settings: Settings, source: str) -> Settings:
     """The split design the table itself shows: out-of-fold scores of several folds are K-fold.
 
-    A table with a ``fold`` column holding more than one fold (``train.py split=kfold`` writes
-    it) is judged as K-fold whatever ``settings.split`` says: under K-fold the bootstrap of
-    out-of-fold E1 alone is anti-conservative, so verdict check 1 also needs the exact
-    permutation test (PROTOCOL.md §7.1), which a score table cannot run; judging such a table as a
-    holdout would state check 1 at a level it does not hold.
+    A ``fold`` column holding more than one fold makes the table K-fold whatever
+    ``settings.split`` says, so check 1 is not stated at a level it does not hold
+    (PROTOCOL.md §7.1).
 
     Args:
         table: The validated score table.
@@ -310,7 +294,7 @@ def design_of_table(table: pd.DataFrame, settings: Settings, source: str) -> Set
 
     Returns:
         ``settings``, with ``split="kfold"`` when the table shows several folds.
-    """
+"""
     if FOLD not in table.columns or settings.split == KFOLD:
         return settings
     folds = table[FOLD].dropna().unique()

@@ -1,17 +1,11 @@
 """The verdict: the checklist of PROTOCOL.md §7 and the strongest licensed claim.
 
-The checklist is one table, :data:`CHECKS`, of :class:`Rule` rows. Each row holds the three things
-that must never drift apart: the function that **judges** the check on a results dict, the
-function that **describes** the rule in words from the settings the run used (what the report,
-the sweep report, W&B and docs/estimands.md print), and the estimands the check **reads** (the
-gated intervals and the point estimates it reads on purpose). Every interval a check reads goes
-through the one gate of PROTOCOL.md §7.0, :func:`ipi.evaluation.reportable.not_evidence`: when it
-is not evidence, the line is NOT RUN with the gate's reason. A check fails as soon as one of its
-defined conditions fails.
-
-Input is a results dict (:meth:`ipi.evaluation.results.Results.to_dict`, a ``results.json``, or a
-hand-built dict with the same keys), read through :class:`~ipi.evaluation.results.ResultsView`.
-"""
+The checklist is one table, :data:`CHECKS`, of :class:`Rule` rows, each holding the function that
+**judges** the check, the one that **describes** the rule in words from the run's settings, and
+the estimands the check **reads**. Every interval a check reads goes through the gate of
+PROTOCOL.md §7.0, :func:`ipi.evaluation.reportable.not_evidence` (NOT RUN with the gate's reason
+when it is not evidence). A check fails as soon as one of its conditions fails. Input is a
+results dict, read through :class:`~ipi.evaluation.results.ResultsView`."""
 
 from __future__ import annotations
 
@@ -218,11 +212,8 @@ def _check_separates(ctx: _Context) -> dict:
     """1. E1 over the steps having both an attack and a clean row: CI low > 0.5; under K-fold
     also the exact permutation test's p <= alpha (PROTOCOL.md §7.1).
 
-    The pooled E1 (the headline) pools clean rows of trajectories never attacked with the
-    attacked ones, so a table where attacked trajectories sit on high-scoring sites would
-    "separate" by site; over the steps having both, each step contributes to both sides. Results
-    without ``e1_paired`` (older files) are judged on E1, and the detail says so.
-    """
+    Results without ``e1_paired`` are judged on E1, and the detail says so.
+"""
     key = _e1_key(ctx.view)
     label = ("E1 over the steps having attack and clean rows" if key == E1_PAIRED
              else "E1 (pooled; these results carry no E1 over the steps having both)")
@@ -272,11 +263,8 @@ def _check_construction(ctx: _Context) -> dict:
     """2. For every control c: paired CI low of (E3[c] − C1 E3[c]) > 0 and C1's E3[c] point
     estimate < c1_max (PROTOCOL.md §7.2, the content claim's form).
 
-    On text surfaces C1's E1 is 1.000 by construction (the injected text changes the prompt
-    length), so the E1 form would make "detects" impossible there; the length-matched controls
-    leave C1's E3 near 0.5. The E1 form is printed after the decision as the note on
-    "separates" and decides nothing.
-    """
+    The E1 form is printed after the decision as the note on "separates" and decides nothing.
+"""
     c1 = ctx.view.get(C1)
     if not isinstance(c1, Mapping):
         return _result(NOT_RUN, "C1 baseline missing")
@@ -336,10 +324,8 @@ def _check_surface(ctx: _Context) -> dict:
     """3. For every control c, E3[c] CI low > 0.5; the surface's required controls must be
     there, and the test rows' wording held out from training (PROTOCOL.md §7.3).
 
-    The ``c_scrambled`` line matters most, so a run without it (or without ``c_imperative``
-    where the surface defines it; a score table of unknown surface needs both) is NOT RUN,
-    whatever its other controls say.
-    """
+    A run without a required control (a score table of unknown surface needs both) is NOT RUN.
+"""
     e3 = ctx.view.e3
     if not isinstance(e3, Mapping) or not e3:
         return _result(NOT_RUN, "no E3 (no control variants)")
@@ -489,18 +475,14 @@ def _check_selectivity(ctx: _Context) -> dict:
     """6. Selective vs S random-weight twins: rank rule and paired interval (PROTOCOL.md §7.6).
 
     For every control ``c``: the trained backbone's E3[c] strictly above **every** twin seed's
-    (ties count against it: rank p = ``(1 + #{s: E3_s >= E3})/(S+1)``, at most ``1/(S+1)``
-    under exchangeability whatever the shape of the seed distribution) **and** the paired CI of
+    (ties count against it: rank p = ``(1 + #{s: E3_s >= E3})/(S+1)``) **and** the paired CI of
     ``E3[c] − mean_s E3_s[c]`` above 0.
 
-    * FAIL: a backbone whose own weights are random (not constructed), whatever the numbers;
-      some control fails either part.
-    * NOT RUN: no twins; fewer twins than ``settings.twin_level`` needs (``1/(S+1)`` above it:
-      the check never passes at a weaker level than it states); a twin guard (rows differing
-      from the main table's, a constant twin, twins agreeing with each other or with the main
-      table beyond distinct networks: ``random_twin.guards``); a paired interval that is not
-      evidence; a control the twins lack.
-    """
+    * FAIL: a backbone whose own weights are random (not constructed); some control fails
+      either part.
+    * NOT RUN: no twins; fewer twins than ``settings.twin_level`` needs; a twin guard
+      (``random_twin.guards``); a paired interval that is not evidence; a control the twins lack.
+"""
     if ctx.weights == RANDOM:
         return _result(FAIL, RANDOM_BACKBONE, backbone_weights=RANDOM)
     by_seed = ctx.view.twin_by_seed
@@ -582,12 +564,9 @@ def _describe_clusters(s: Settings) -> str:
 def _check_clusters(ctx: _Context) -> dict:
     """0. Enough distinct clusters (PROTOCOL.md §7.0), over every interval checks 1–6 read.
 
-    PASS when every such interval present in the results passes the gate; FAIL (naming each
-    refused interval, the checks reading it and why) otherwise, so that "detects" is never
-    licensed on a run where some check could not read its evidence. An input that is missing
-    altogether (no C1 baseline, no twins) is the reading check's own NOT RUN. The gate itself is
-    applied by each check.
-    """
+    PASS when every such interval present passes the gate; FAIL otherwise, naming each refused
+    interval, the checks reading it and why. A missing input is the reading check's own NOT RUN.
+"""
     refused, numbers = [], {}
     for rule in CHECKS:
         if rule.id == 0:

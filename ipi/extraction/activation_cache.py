@@ -7,22 +7,15 @@ Layout of one cache entry ``<cache_dir>/<key>/``::
     manifest.json                     written last: key, versions, dtype, layers, token groups,
                                       row count, shard names with byte sizes and sha256
 
-The key is a hash of everything that changes the numbers (backbone identity, layers, token
-groups, cache dtype, the system prompt, and every row's content: prompt texts, screenshot bytes,
-banner geometry) and nothing that does not (device, batch size, workers). Shards are written to a
-temporary name and renamed, so a killed run leaves only whole shards; rerunning the same command
-skips rows that finished shards already hold. Only safetensors is ever read: no pickle.
+The key hashes everything that changes the numbers (backbone identity, layers, token groups,
+cache dtype, the system prompt, every row's content) and nothing that does not (device, batch
+size, workers). Shards are written atomically, so a killed run leaves only whole shards and a
+rerun forwards only the rows they lack. Only safetensors is ever read: no pickle.
 
-One writer per entry: a run that extracts takes the entry's lock file ``<cache_dir>/<key>.lock``
-(:meth:`ActivationCache.writer_lock`, a ``filelock.SoftFileLock`` holding the writer's pid, host
-and process start time) for as long as it forwards rows and writes the manifest. A second run
-for the same entry waits, then finds the manifest and reads (it forwards nothing). A lock left
-by a crashed writer on the same host (pid no longer running, or running a different process) is
-broken by the next run, which forwards only the rows the finished shards lack. On a shared
-filesystem, a lock left by a crashed writer on *another* host cannot be proved stale: the waiting
-run names the holder (pid and host) every minute; delete the lock file once that run is known to
-be gone (docs/extraction.md, *Several runs, one cache*).
-"""
+One writer per entry: :meth:`ActivationCache.writer_lock` holds ``<cache_dir>/<key>.lock`` while
+a run forwards rows and writes the manifest; a second run waits, then reads. Stale locks on the
+same host are broken; on another host they are reported (docs/extraction.md, *Several runs, one
+cache*)."""
 
 from __future__ import annotations
 

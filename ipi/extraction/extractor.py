@@ -35,18 +35,10 @@ def shared_prefix_len(input_ids: torch.Tensor, lens: Sequence[int], mm_token_typ
                       image_index: Sequence[int] | None = None) -> int:
     """Length of the token prefix that every row of a step group shares and that may be forwarded once.
 
-    The prefix is the longest common prefix of the rows' token ids, cut so that
-
-    * every row keeps at least one token of its own (a non-empty suffix);
-    * an image is never split: image tokens (``mm_token_type_ids != 0``) are either all in the
-      prefix or all in the suffix;
-    * when the rows show different images (``i_vis``: the banner is drawn into each variant's
-      screenshot), the prefix ends before the first image token (the ids of the image
-      placeholders are equal, their embeddings are not).
-
-    Hidden states of prefix tokens are the same for every row (causal attention), so token-group
-    spans may straddle the prefix end: features are gathered from the concatenated prefix and
-    suffix states.
+    The longest common prefix of the rows' token ids, cut so that every row keeps at least one
+    token of its own, an image is never split, and, when the rows show different images
+    (``i_vis``), the prefix ends before the first image token. Prefix hidden states are the same
+    for every row (causal attention), so token-group spans may straddle the prefix end.
 
     Args:
         input_ids: ``[n, T]`` right-padded token ids of the group's rows.
@@ -56,7 +48,7 @@ def shared_prefix_len(input_ids: torch.Tensor, lens: Sequence[int], mm_token_typ
 
     Returns:
         The prefix length (0: nothing is shared).
-    """
+"""
     n = len(lens)
     limit = min(lens) - 1
     if n < 2 or limit <= 0:
@@ -232,31 +224,24 @@ def _cache_kwarg(model: torch.nn.Module) -> str:
 class HiddenStateExtractor(L.LightningModule):
     """Runs the frozen backbone on replay batches and returns pooled features.
 
-    A batch is a step group (or several) from :func:`ipi.extraction.datamodule.collate_steps`:
-    the group's distinct screenshots are encoded by the vision tower once, and their embeddings
-    are handed to every row showing them (``mm_encoder_outputs``); the rows go through the
-    language model in chunks of at most ``max_rows`` with their own 3-D (M-RoPE) positions
-    (computed by the model from ``mm_token_type_ids`` and ``image_grid_thw``). A batch from
-    :func:`ipi.extraction.datamodule.collate_rows` (pixel values per row) is forwarded as it is.
-
-    Pooling happens inside the hooks as one batched product with the collate's pooling matrix
-    (no per-row Python loop, no host-device synchronisation).
+    A batch of :func:`ipi.extraction.datamodule.collate_steps`: the group's distinct screenshots
+    go through the vision tower once and their embeddings are handed to every row showing them;
+    the rows go through the language model in chunks of at most ``max_rows`` with their own 3-D
+    positions. A :func:`~ipi.extraction.datamodule.collate_rows` batch is forwarded as it is.
+    Pooling happens inside the hooks as one batched product with the collate's pooling matrix.
 
     Args:
         backbone: The frozen backbone. Its model is a child module (so Lightning places it),
-            unless it is quantised or was dispatched with ``device_map`` (then it stays where
-            ``from_pretrained`` put it; see :func:`keeps_own_placement`).
+            unless it keeps its own placement (:func:`keeps_own_placement`).
         layer_indices: Decoder blocks to read (0-based).
         token_groups: Token groups to pool, in order (a subset of ``ipi.protocol.TOKEN_GROUPS``).
         max_rows: Rows per language-model forward pass (``backbone.batch_size``).
-        prefix_reuse: ``extract.prefix_reuse``: ``auto`` | ``true`` | ``false``
-            (:data:`PREFIX_REUSE_MODES`). With reuse, a step group's shared token prefix
-            (:func:`shared_prefix_len`) is forwarded once with a key/value cache, then the rows'
-            suffixes (batched, at most ``max_rows`` per pass) attend to it with their own
-            positions; ``auto`` does so when it saves at least :data:`AUTO_MIN_SAVED_SHARE` of
-            the group's positions. Features are the same to float rounding (docs/extraction.md).
-            A subclass that overrides ``_hook`` always forwards whole rows.
-    """
+        prefix_reuse: ``extract.prefix_reuse`` (:data:`PREFIX_REUSE_MODES`): forward a step
+            group's shared prefix (:func:`shared_prefix_len`) once with a key/value cache, then
+            the suffixes; ``auto`` where it saves at least :data:`AUTO_MIN_SAVED_SHARE` of the
+            positions (:func:`planned_prefix_len`; docs/extraction.md). A subclass that overrides
+            ``_hook`` always forwards whole rows.
+"""
 
     def __init__(self, backbone: Backbone, layer_indices: Sequence[int], token_groups: Sequence[str],
                  max_rows: int = 8, prefix_reuse: str = "auto"):
@@ -327,11 +312,10 @@ class HiddenStateExtractor(L.LightningModule):
     def release_backbone(self) -> None:
         """Drop this module's references to the backbone model and its decoder blocks.
 
-        After ``Trainer.predict`` the Trainer and the module reference each other, so the module
-        lives until the cycle collector runs; without its references to the model, the model is
-        freed as soon as its last other owner lets go (no full ``gc.collect()``, which costs
-        ~0.2 s per extraction on a heap holding a run's rows). The module cannot forward after this.
-        """
+        The Trainer and the module reference each other after ``Trainer.predict``; without the
+        module's references the model is freed as soon as its last other owner lets go, with no
+        full ``gc.collect()``. The module cannot forward after this.
+"""
         self.on_predict_end()
         self._modules.pop("backbone_model", None)
         self.__dict__.pop("_placed_model", None)

@@ -66,10 +66,8 @@ class ReplayRow:
 def row_fingerprint(row: ReplayRow, system_prompt: str, has_image: bool) -> str:
     """Hash of everything about a row that changes its features (prompt texts, image bytes, banner).
 
-    The screenshot enters by its bytes (:func:`ipi.io.content_digest`, memoised by the file's
-    inode, size and times, never by its path alone: two data roots whose importers wrote the
-    same file name, or a screenshot rewritten between two jobs of a sweep, key by what they hold).
-    """
+    The screenshot enters by its bytes (:func:`ipi.io.content_digest`), never by its path alone.
+"""
     v = row.variant
     payload = repr((
         row.row_id, row.parts(system_prompt, has_image), v.injected_text,

@@ -1,17 +1,11 @@
 """Metrics of the protocol: weighted AUC, estimands E1/E2/E3, cluster bootstrap (PROTOCOL.md §5).
 
-One module per concept: :mod:`~ipi.metrics.table` (the score-table schema),
-:mod:`~ipi.metrics.auc` (weighted AUC), :mod:`~ipi.metrics.bootstrap` (draws, intervals, paired
-differences), :mod:`~ipi.metrics.estimands` (E1/E2/E3 of one table),
-:mod:`~ipi.metrics.twins` (the random-weight twins: per-seed estimands, E3 − mean twin E3, guards),
-:mod:`~ipi.metrics.permutation` (the exact permutation test), :mod:`~ipi.metrics.compare` (every
-table of a run on shared draws: :class:`Estimates`) and :mod:`~ipi.metrics.keys` (the result key
-strings).
+One module per concept (the score-table schema, weighted AUC, bootstrap, estimands, twins, the
+permutation test, every table of a run on shared draws, the result key strings).
 
 Public API::
 
-    from ipi.metrics import weighted_auc, bootstrap_weighted_auc, estimands, compare_tables
-"""
+    from ipi.metrics import weighted_auc, bootstrap_weighted_auc, estimands, compare_tables"""
 
 from ipi.metrics.auc import bootstrap_weighted_auc, grouped_weighted_auc, weighted_auc
 from ipi.metrics.bootstrap import (

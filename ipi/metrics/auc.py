@@ -5,16 +5,10 @@ The weighted AUC of positives ``P`` over negatives ``N`` is (PROTOCOL.md §5)::
     AUC(P, N) = Σ_{i∈P} Σ_{j∈N} w_i w_j · H(f_i − f_j) / (Σ_P w_i · Σ_N w_j),
     H(x) = 1 if x > 0, ½ if x = 0, 0 if x < 0,
 
-which equals ``sklearn.metrics.roc_auc_score(y, f, sample_weight=w)``.
-
-Algorithm (all functions here): sort the negatives once by score and take the prefix sums
-``C[k] = Σ_{j<k} w_j`` of their weights. For a positive with score ``f`` let ``lo``/``hi`` be
-the number of negatives with score ``< f`` / ``<= f`` (``searchsorted`` left/right). The negative
-weight strictly below ``f`` is ``C[lo]`` and the tied weight is ``C[hi] − C[lo]``, so the
-positive's contribution to the numerator is ``w_i · (C[lo] + C[hi]) / 2``: ties count ½
-exactly, with no O(n²) pair loop. Cost: O(n log n) for the sorts, O(B·n) for ``B`` bootstrap
-replicates.
-"""
+which equals ``sklearn.metrics.roc_auc_score(y, f, sample_weight=w)``. Algorithm: sort the
+negatives once and take the prefix sums ``C`` of their weights; a positive with ``lo``/``hi``
+negatives scoring ``< f`` / ``<= f`` contributes ``w_i · (C[lo] + C[hi]) / 2`` (ties count ½).
+O(n log n), and O(B·n) for ``B`` bootstrap replicates."""
 
 from __future__ import annotations
 

@@ -1,16 +1,11 @@
 """Cluster-bootstrap draws and intervals (PROTOCOL.md §5).
 
-Intervals come from a cluster bootstrap over test trajectories (:func:`draw_multiplicities`):
-replicate ``b`` gives trajectory ``t`` the multiplicity ``m[b, t]`` (its draw count); every row of
-``t`` then carries weight ``m[b, t] · w``, scores held fixed. Replicates where an estimand is
-undefined (no positive or no negative weight) are dropped for that estimand and counted
+Replicate ``b`` gives test trajectory ``t`` the multiplicity ``m[b, t]`` (its draw count,
+:func:`draw_multiplicities`); every row of ``t`` then carries weight ``m[b, t] · w``, scores
+held fixed. Replicates where an estimand is undefined are dropped for it and counted
 (``n_boot_used``). Tables scored on the same trajectories share one :class:`Draws`, so paired
-differences (probe E1 − C1 E1, E1 − E3[c]) are computed replicate by replicate
-(:func:`paired_difference`).
-
-The bootstrap's defaults (:data:`N_BOOT`, :data:`SEED`, :data:`LEVEL`, :data:`INTERVAL`) are
-written here once; :class:`ipi.evaluation.results.Settings` takes its defaults from them.
-"""
+differences are computed replicate by replicate (:func:`paired_difference`). The bootstrap's
+defaults (:data:`N_BOOT`, :data:`SEED`, :data:`LEVEL`, :data:`INTERVAL`) are written here once."""
 
 from __future__ import annotations
 
@@ -138,10 +133,8 @@ def expanded_percentile_interval(estimate: float, replicates, n_clusters: int | 
 
     The bounds are the ``α'/2`` and ``1 − α'/2`` quantiles of the kept replicates with
     ``α'/2 = Φ(−sqrt(n/(n−1)) · t_{n−1, 1−α/2})``, ``α = 1 − level`` and ``n`` the test
-    trajectories contributing to the estimand: it undoes the bootstrap's ``(n−1)/n`` variance
-    and the normal-versus-t narrowness of the percentile interval with few clusters, and keeps
-    its shape (Hesterberg, "What teachers should know about the bootstrap", 2015, §5). With
-    ``n < 2`` (or unknown) it is the percentile interval.
+    trajectories contributing to the estimand (Hesterberg, "What teachers should know about the
+    bootstrap", 2015, §5). With ``n < 2`` (or unknown) it is the percentile interval.
 
     Args:
         estimate: The point estimate.
@@ -152,7 +145,7 @@ def expanded_percentile_interval(estimate: float, replicates, n_clusters: int | 
 
     Returns:
         The :class:`Interval`.
-    """
+"""
     from scipy.special import ndtr
     from scipy.stats import t as student_t
 
@@ -214,10 +207,8 @@ def bca_interval(estimate: float, replicates, jackknife, level: float = LEVEL) -
 def plus_one_p(replicates, null: float) -> float | None:
     """One-sided bootstrap p of ``H0: θ <= null``: ``(1 + #{θ*_b <= null}) / (B_used + 1)``.
 
-    Never 0: with ``B`` kept replicates the smallest value is ``1/(B+1)``, so Holm's first
-    threshold ``α/N`` over ``N`` cells can be met only when ``B + 1 >= N/α``
-    (:mod:`ipi.reporting.sweep` says so). The ``+1`` counts the observed table as one more draw
-    (Davison & Hinkley 1997, §4.4; North, Curtis & Sham 2002).
+    Never below ``1/(B+1)`` (Davison & Hinkley 1997, §4.4; North, Curtis & Sham 2002), so Holm
+    over ``N`` cells needs ``B + 1 >= N/α`` (:mod:`ipi.reporting.sweep` says so).
 
     Args:
         replicates: Bootstrap replicates ``[B]`` (``nan`` = dropped).
@@ -225,7 +216,7 @@ def plus_one_p(replicates, null: float) -> float | None:
 
     Returns:
         The p-value in ``[1/(B+1), 1]``, or None when no replicate was kept.
-    """
+"""
     reps = np.asarray(replicates, dtype=np.float64).reshape(-1)
     kept = reps[np.isfinite(reps)]
     if kept.size == 0:

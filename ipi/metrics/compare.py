@@ -1,15 +1,10 @@
 """The probe's estimands beside its baselines and twins on shared draws: the numbers of a run (PROTOCOL.md §5–§7).
 
-:func:`compare_tables` bootstraps the probe's score table, the named baseline tables and the
-random-weight twins' tables with **one** :class:`~ipi.metrics.bootstrap.Draws` drawn over the
-sorted union of their trajectory ids (PROTOCOL.md §5: "paired differences … use the same
-replicates"), and returns the typed :class:`Estimates`: each table's E1/E2/E3, the paired
-differences, the one-sided bootstrap p-values, the twins' per-seed estimands (:mod:`ipi.metrics.twins`),
-the exact permutation test (:mod:`ipi.metrics.permutation`) and the bootstrap's own facts. Its
-:meth:`Estimates.to_dict` is the numbers part of ``results.json`` (key names:
-:mod:`ipi.metrics.keys`). The verdict and the reportability marks are judgements on these
-numbers and live in :mod:`ipi.evaluation` (:func:`ipi.evaluation.assess.assess`).
-"""
+:func:`compare_tables` bootstraps the probe's score table, the baseline tables and the
+random-weight twins' tables with **one** :class:`~ipi.metrics.bootstrap.Draws` (PROTOCOL.md §5:
+"paired differences … use the same replicates") and returns the typed :class:`Estimates`, whose
+:meth:`Estimates.to_dict` is the numbers part of ``results.json``. The verdict and the
+reportability marks are judgements on these numbers (:func:`ipi.evaluation.assess.assess`)."""
 
 from __future__ import annotations
 
@@ -257,16 +252,15 @@ def compare_tables(
         n_boot: Replicates ``B``.
         seed: Seed of ``numpy.random.default_rng`` for the draws.
         level: Interval coverage.
-        interval: ``"expanded"`` (default), ``"percentile"`` (PROTOCOL.md §5) or ``"bca"``
+        interval: ``"expanded"`` (default), ``"percentile"`` or ``"bca"``
             (:func:`ipi.metrics.estimands.estimands`).
-        permutation: Optional exact permutation test of verdict check 4 (PROTOCOL.md §7.4):
-            ``{"null_scores": [M, n_main] array aligned with main's rows, "seed": int[,
-            "refit_scores": [n_main], "unit": str, "design": str, "alpha": float]}``
-            (:meth:`ipi.detectors.crossfit.CrossFit.permutation_input`), summarised by
-            :func:`ipi.metrics.permutation.permutation_summary` against the observed E1.
-        twins: The same probe's score tables on the random-weight twins' features, one per
-            twin seed ``{seed: table}`` (same rows, same folds; :mod:`ipi.run.twin`), or None
-            (:mod:`ipi.metrics.twins`).
+        permutation: Optional input of check 4's exact permutation test (PROTOCOL.md §7.4;
+            :meth:`ipi.detectors.crossfit.CrossFit.permutation_input`: ``null_scores``
+            ``[M, n_main]`` aligned with main's rows, ``seed`` and optional ``refit_scores``,
+            ``unit``, ``design``, ``alpha``), summarised by
+            :func:`ipi.metrics.permutation.permutation_summary`.
+        twins: ``{seed: table}``, the same probe's score tables on the random-weight twins'
+            features (same rows, same folds), or None (:mod:`ipi.metrics.twins`).
         alpha: Level of the permutation test (an ``"alpha"`` in ``permutation`` wins).
 
     Returns:
@@ -275,7 +269,7 @@ def compare_tables(
     Raises:
         ValueError: On an invalid table, or a baseline name that collides with a result key.
         TypeError: ``twins`` is not a mapping.
-    """
+"""
     level = check_level(level)
     baselines = dict(baselines or {})
     for name in baselines:

@@ -1,30 +1,23 @@
 """Estimands E1/E2/E3 of one score table on (shared) cluster-bootstrap draws (PROTOCOL.md §5).
 
 Definitions (``AUC`` is :func:`ipi.metrics.auc.weighted_auc`, rows step-weighted by
-:func:`ipi.metrics.table.step_weights`):
+:func:`ipi.metrics.table.step_weights`; docs/estimands.md):
 
-* ``E1 = AUC(attack rows, clean rows)`` pooled over **all** test rows of the two variants (no
-  restriction to steps that have both; this is what the checked cases of §9 require, see
-  ``docs/estimands.md``);
-* ``E1_paired`` = the same AUC over the steps having both an attack and a clean row (the
-  restriction E3 uses): what verdict check 1 is judged on, so that trajectories never attacked
-  cannot license "separates"; equal to E1 wherever every step has both;
+* ``E1 = AUC(attack rows, clean rows)`` pooled over **all** test rows of the two variants;
+* ``E1_paired`` = the same AUC over the steps having both an attack and a clean row: what
+  verdict check 1 is judged on; equal to E1 wherever every step has both;
 * ``E2`` = unweighted mean over the (trajectory, step) pairs having both attack and clean rows of
   the within-step ``AUC(attack, clean)``;
 * ``E3[c] = AUC(attack rows, c rows)`` pooled over the steps having both an attack and a ``c`` row.
 
-The intervals come from :mod:`ipi.metrics.bootstrap`; tables scored on the same trajectories are
-passed one shared :class:`~ipi.metrics.bootstrap.Draws` so that their replicates pair
-(:mod:`ipi.metrics.compare`).
+Intervals come from :mod:`ipi.metrics.bootstrap`; tables passed one shared
+:class:`~ipi.metrics.bootstrap.Draws` pair replicate by replicate (:mod:`ipi.metrics.compare`).
 
-**Effective clusters** (:attr:`EstimandSet.effective`, the verdict's gate, PROTOCOL.md §7.0): each
-estimand is to first order a weighted mean of per-trajectory placement sums on each of its two
-sides (the clustered DeLong linearisation), so the trajectories that *carry* a side's evidence
-number Kish's ``(Σ_t W_t)² / Σ_t W_t²`` of the per-trajectory weights ``W_t`` the estimand uses
-on that side, not the trajectories with a non-zero weight (26 trajectories of weight 1e-9 beside
-3 of weight 1 count about 3). The gate reads the poorer side: ``min(Kish(positive),
-Kish(negative))``; E2's one side is the trajectory's number of steps having both.
-"""
+**Effective clusters** (:attr:`EstimandSet.effective`, the gate of PROTOCOL.md §7.0): on each of
+an estimand's two sides, Kish's ``(Σ_t W_t)² / Σ_t W_t²`` of the per-trajectory weights ``W_t``
+the estimand uses there (the clustered DeLong linearisation); the gate reads
+``min(Kish(positive), Kish(negative))``. E2's one side is the trajectory's number of steps
+having both."""
 
 from __future__ import annotations
 
@@ -247,15 +240,9 @@ def estimands(
 ) -> EstimandSet:
     """E1, E2 and E3[c] of a score table with cluster-bootstrap intervals (PROTOCOL.md §5).
 
-    * ``E1 = AUC(attack, clean)`` over all attack and clean rows (step-weighted).
-    * ``E2`` = mean over (trajectory, step) with both attack and clean rows of the within-step
-      ``AUC(attack, clean)``. In a replicate: the multiplicity-weighted mean of the per-step AUCs
-      of the drawn trajectories.
-    * ``E3[c] = AUC(attack, c)`` over the steps having both an attack row and a ``c`` row, for
-      every control variant ``c`` in the table.
-
-    Every replicate reweights rows by their trajectory's draw count with scores fixed; replicates
-    where an estimand is undefined are dropped for that estimand and counted.
+    Definitions: module docstring. In a replicate, rows are reweighted by their trajectory's
+    draw count with scores fixed (E2: the multiplicity-weighted mean of the per-step AUCs);
+    replicates where an estimand is undefined are dropped for that estimand and counted.
 
     Args:
         table: Score table (columns ``trajectory_id, step, variant, score[, weight]``).
@@ -265,11 +252,9 @@ def estimands(
         draws: Shared draws (from :func:`make_draws`) to pair this table with others; every
             trajectory of the table must be one of its clusters. Default: fresh draws over the
             table's own trajectories.
-        interval: ``"expanded"`` (the default: the percentile interval at a tail widened for the
-            estimand's contributing trajectories, :func:`expanded_percentile_interval`),
-            ``"percentile"`` (PROTOCOL.md §5) or ``"bca"`` (bias-corrected and accelerated,
-            acceleration from the leave-one-trajectory-out jackknife, computed with the same
-            vectorised code as the replicates; :func:`bca_interval`).
+        interval: ``"expanded"`` (default; :func:`expanded_percentile_interval`),
+            ``"percentile"`` (PROTOCOL.md §5) or ``"bca"`` (:func:`bca_interval`, acceleration
+            from the leave-one-trajectory-out jackknife).
 
     Returns:
         An :class:`EstimandSet` (intervals plus the raw replicate arrays in ``.replicates``).
@@ -277,7 +262,7 @@ def estimands(
     Raises:
         ValueError: On an invalid table (see :func:`validate_table`), a bad ``level``, or a
             trajectory missing from ``draws``.
-    """
+"""
     level = check_level(level)
     if interval not in INTERVALS:
         raise ValueError(f"interval {interval!r} unknown; expected one of {', '.join(INTERVALS)}")

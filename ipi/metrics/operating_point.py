@@ -1,22 +1,16 @@
 """The operating point a defender deploys at: TPR at a fixed FPR, with cluster-bootstrap intervals.
 
-AUC (E1, E3) summarises every threshold at once; a deployed detector runs at one, chosen so that
-benign traffic is flagged at most ``fpr`` of the time. For a negative class ``N``
-(clean rows, or one control's rows) and the positive class ``P`` (attack rows), with the step
-weights of PROTOCOL.md §5 (:func:`ipi.metrics.table.step_weights`):
+For a negative class ``N`` (clean rows, or one control's rows) and the positive class ``P``
+(attack rows), step-weighted (:func:`ipi.metrics.table.step_weights`):
 
 * the thresholds are the distinct scores, a row flagged when ``score >= t``;
 * ``FPR(t)`` / ``TPR(t)`` are the weighted fractions of ``N`` / ``P`` flagged;
-* ``TPR@FPR = max { TPR(t) : FPR(t) <= fpr }`` (0 when no threshold qualifies): the ROC curve read
-  at ``fpr`` from the left, exactly as from :func:`sklearn.metrics.roc_curve` with
-  ``drop_intermediate=False`` and the same sample weights (tested);
-* the threshold is re-chosen in every bootstrap replicate (rows reweighted by their
-  trajectory's draw count, PROTOCOL.md §5), so the interval covers the threshold's own noise.
+* ``TPR@FPR = max { TPR(t) : FPR(t) <= fpr }`` (0 when no threshold qualifies), as read from
+  :func:`sklearn.metrics.roc_curve` with ``drop_intermediate=False``;
+* the threshold is re-chosen in every bootstrap replicate.
 
-Reported for attack vs clean and attack vs each control, at ``evaluation.operating_fpr``
-(default 0.01). With ``n`` negative steps, an FPR below ``1/n`` can only be met by flagging
-nothing at the top: the record says how many negative steps there are (``n_negative_steps``).
-"""
+Reported at ``evaluation.operating_fpr`` with ``n_negative_steps`` (an FPR below ``1/n`` can only
+be met by flagging nothing at the top)."""
 
 from __future__ import annotations
 

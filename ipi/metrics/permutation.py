@@ -1,19 +1,13 @@
 """The exact permutation test of verdict check 4 (PROTOCOL.md §7.4).
 
-Randomisation unit: a training (trajectory, step). Within it the attack/clean labels of its
-labelled rows are permuted at random (with one attack and one clean row: a fair coin decides
-whether they swap); rows of other variants never enter the probe's training. Each replicate
-refits the probe on the permuted training labels and scores the **fixed** test rows, which keep
-their true labels; the replicate's statistic is the test E1 (PROTOCOL.md §5). Under the null
-that the probe learns nothing about attack vs clean beyond chance, the observed E1 is
-exchangeable with the M replicates, so ``p = (1 + #{E1_perm ≥ E1}) / (M + 1)`` is an exact
-p-value, and (with balanced steps, a label flip maps a fit to its negative) the null is
-symmetric around 0.5: a null mean off 0.5 means leakage or a bug.
+Randomisation unit: a training (trajectory, step), within which the attack/clean labels of its
+labelled rows are permuted. Each replicate refits the probe on the permuted training labels and
+scores the **fixed** test rows; its statistic is the test E1. Under the null the observed E1 is
+exchangeable with the M replicates, so ``p = (1 + #{E1_perm ≥ E1}) / (M + 1)`` is exact, and
+the null is symmetric around 0.5: a null mean off 0.5 means leakage or a bug.
 
 :func:`permute_within` draws the labels; :func:`permutation_summary` turns the replicate scores
-into the reported numbers. The refits themselves are :func:`ipi.detectors.crossfit.cross_fit`'s
-(``permutation_m``), cheap through :mod:`ipi.probe.dual`.
-"""
+into the reported numbers; the refits are :func:`ipi.detectors.crossfit.cross_fit`'s."""
 
 from __future__ import annotations
 
@@ -136,26 +130,22 @@ def permutation_summary(table: pd.DataFrame, null_scores: np.ndarray, e1: float,
         alpha: Level of the test.
         seed: Seed of the label permutations (recorded).
         refit_scores: Optional ``[n]`` scores of the same refit procedure on the **true**
-            labels; their E1 is reported as ``e1_refit``, a check that the cheap refits
-            reproduce the probe (it should equal ``e1`` up to the solvers' tolerance).
+            labels; their E1 is reported as ``e1_refit`` (it should equal ``e1`` up to the
+            solvers' tolerance).
         unit: The randomisation unit in words (recorded), or None.
         design: The refits' design in words (recorded), or None.
-        null_attack: ``[M, n]`` booleans: replicate ``j``'s attack/clean labels of the table's rows
-            (True = attack; read on attack and clean rows only), or None: every replicate is
-            evaluated on the true labels. Under K-fold cross-fitting every row is trained on by
-            the other folds' refits, so the statistic of replicate ``j`` is the out-of-fold E1 of
-            the whole procedure rerun on the relabelled data, evaluated on the same permuted
-            labels (the labels are permuted within each (trajectory, step), so each step keeps
-            its counts of attack and clean rows and the step weights follow the permuted variant).
+        null_attack: ``[M, n]`` booleans: replicate ``j``'s attack/clean labels of the table's
+            rows (True = attack), or None: every replicate is evaluated on the true labels.
+            Under K-fold each replicate is evaluated on its permuted labels, the step weights
+            following the permuted variant.
 
     Returns:
-        The :class:`PermutationSummary`; ``null_sd`` is the sample SD (``ddof=1``), the
-        quantiles are ``numpy.quantile``'s (linear).
+        The :class:`PermutationSummary`.
 
     Raises:
         ValueError: If ``null_scores`` does not have one column per table row, or a replicate
             leaves an attack/clean row unscored.
-    """
+"""
     null_scores = np.asarray(null_scores, dtype=np.float64)
     if null_scores.ndim != 2 or null_scores.shape[1] != len(table) or null_scores.shape[0] < 1:
         raise ValueError(f"null_scores must be [M >= 1, {len(table)}], got {null_scores.shape}")

@@ -143,21 +143,17 @@ def _shared_values(v: pd.DataFrame, pairs_of: set[str] | None) -> dict[tuple[str
 def _partial_copies(table: pd.DataFrame, source: str) -> None:
     """Refuse a trajectory whose continuous scores largely reappear in one other trajectory.
 
-    Catches what the same-rows test cannot: a copy with steps dropped or renumbered, also when
-    either copy was rounded (a CSV written with fewer decimals) or stored as float32. Two
-    trajectories are compared on the coarser of their grids (:func:`comparison_grids`).
-    Continuous scores of two distinct trajectories never coincide there, so sharing at least
+    Catches a copy with steps dropped or renumbered, rounded or stored as float32, comparing
+    each pair on the coarser of their grids (:func:`comparison_grids`). Sharing at least
     :data:`PARTIAL_COPY_MIN_VALUES` distinct values, on at least two steps of each, and
-    :data:`PARTIAL_COPY_SHARE` of the smaller trajectory's distinct values is a copy (one shared
-    step is one page two trajectories both visited, scored alike by a detector that reads only the
-    page). A value found in more than :data:`PARTIAL_COPY_MAX_OWNERS` trajectories is a tie of the
-    detector and counts for none. On a grid where the trajectories repeat values within themselves
-    (more than :data:`DISCRETE_REPEAT_SHARE` of their rows, median over trajectories: a discrete
-    detector) equality is no evidence, and copies are left to the same-rows test.
+    :data:`PARTIAL_COPY_SHARE` of the smaller trajectory's distinct values is a copy. A value in
+    more than :data:`PARTIAL_COPY_MAX_OWNERS` trajectories counts for none; on a grid where the
+    trajectories repeat values within themselves (over :data:`DISCRETE_REPEAT_SHARE` of their
+    rows: a discrete detector) copies are left to the same-rows test.
 
     Raises:
         ValueError: One line naming the file, both ids and how many values they share.
-    """
+"""
     v = table[["trajectory_id", "step", "variant", "score"]]
     v = v.assign(trajectory_id=v["trajectory_id"].map(str))
     grids = comparison_grids(v)
@@ -198,20 +194,16 @@ def _trajectory_blocks(table: pd.DataFrame) -> dict[str, tuple[tuple, np.ndarray
 def check_copied_trajectories(table: pd.DataFrame, source: str = "score table") -> list[str]:
     """Refuse the same trajectory under two ids (PROTOCOL.md §7.0: clusters must be distinct).
 
-    Two exports concatenated with the ids renamed put every trajectory into the cluster bootstrap
-    and the cluster gate twice, so intervals come out far narrower than the real number of
-    trajectories supports. Two trajectories are one under two ids when they have the same rows
-    (the same steps and variants, as many of each) and their scores agree row by row to within
-    :data:`COPY_TOLERANCE` of the spread of the pair's scores (so CSV rounding or small numeric
-    noise does not hide a copy).
+    A duplicated trajectory enters the cluster bootstrap and the gate twice, so intervals come
+    out too narrow. Two trajectories are one under two ids when they have the same rows (steps
+    and variants, as many of each) and their scores agree row by row to within
+    :data:`COPY_TOLERANCE` of the spread of the pair's scores.
 
-    Agreement is evidence only when it could hardly be a coincidence. With continuous scores
-    (at least three distinct values in the pair) it always is. With tied scores (a binary
-    detector) two different trajectories of the same shape can agree by chance: the chance is
-    the product over the rows of each row's value frequency among its variant's rows, times the
-    pairs of that shape; a copy is refused when it is below :data:`COPY_CHANCE`, and returned as
-    a warning otherwise. A copy with rows dropped or steps renumbered is caught by its
-    continuous scores (:func:`_partial_copies`), rounded or not.
+    With continuous scores (at least three distinct values in the pair) agreement is always
+    evidence. With tied scores two trajectories of the same shape can agree by chance (the
+    product over rows of each row's value frequency among its variant's rows, times the pairs of
+    that shape): a copy is refused below :data:`COPY_CHANCE` and returned as a warning otherwise.
+    A copy with rows dropped or steps renumbered is caught by :func:`_partial_copies`.
 
     Args:
         table: A validated score table (:func:`validate_table`).
@@ -222,7 +214,7 @@ def check_copied_trajectories(table: pd.DataFrame, source: str = "score table") 
 
     Raises:
         ValueError: One line naming the file, both trajectory ids and the evidence.
-    """
+"""
     blocks = _trajectory_blocks(table)
     by_sig: dict[tuple, list[str]] = {}
     for tid, (sig, _) in blocks.items():

@@ -1,13 +1,9 @@
 """The random-weight twins on the shared draws: per-seed estimands, E3 − mean twin E3, the guards (check 6).
 
-The same probe on the features of random-weight twins of the backbone (:mod:`ipi.run.twin`), one
-score table per twin seed on the same rows, is bootstrapped on the run's shared draws
-(docs/estimands.md, check 6). For each seed ``s`` it gives ``E1_s, E2_s, E3_s[c]``; check 6
-(PROTOCOL.md §7.6) reads the rank of the trained E3[c] among the S twins' point estimates and the
-paired interval of ``E3[c] − mean_s E3_s[c]`` (``differences.e3_minus_mean_twin_e3``), after the
-guards of :func:`twin_guards`. Nothing else about the twins is computed: a number that decides no
-check is not a result.
-"""
+The same probe's score table on each twin's features (:mod:`ipi.run.twin`) is bootstrapped on
+the run's shared draws, giving ``E1_s, E2_s, E3_s[c]`` per seed; check 6 (PROTOCOL.md §7.6) reads
+the rank of the trained E3[c] among them and the paired interval of ``E3[c] − mean_s E3_s[c]``,
+after the guards of :func:`twin_guards`. Nothing else about the twins is computed."""
 
 from __future__ import annotations
 
@@ -165,18 +161,14 @@ def twin_guards(main: pd.DataFrame, twins: Mapping[str, pd.DataFrame],
                 max_rank_correlation: float = DISTINCT_MAX_RANK_CORRELATION) -> list[str]:
     """Why check 6 cannot be judged on these twin score tables (empty list: it can).
 
-    Rows are matched on (trajectory, step, variant, occurrence within that triple).
+    Rows are matched on (trajectory, step, variant, occurrence within that triple). Refused:
 
-    * a twin's rows differ from the main table's (a subset, extra rows): check 6 would compare
-      the probe on all rows with the twins on some;
-    * a twin scores every row the same: no twin to compare with (its E3 is 0.5 with no spread);
+    * a twin's rows differ from the main table's;
+    * a twin scores every row the same;
     * a twin's scores agree with the main table's beyond what distinct networks give (Spearman
-      rank correlation >= ``max_rank_correlation``, identical scores included): not a
-      random-weight twin;
-    * two twins agree so (a seed that was never applied, or the same scores under another seed
-      label with numeric noise): one network counted twice, so the S seeds are fewer than S
-      and the rank level ``1/(S+1)`` the verdict states would be wrong. Every such pair is
-      named.
+      rank correlation >= ``max_rank_correlation``): not a random-weight twin;
+    * two twins agree so: one network counted twice, so the rank level ``1/(S+1)`` would be
+      wrong. Every such pair is named.
 
     Args:
         main: The probe's validated score table.
@@ -186,7 +178,7 @@ def twin_guards(main: pd.DataFrame, twins: Mapping[str, pd.DataFrame],
 
     Returns:
         One reason per finding, naming the seed(s).
-    """
+"""
     reasons: list[str] = []
     a = _keyed_scores(main)
     aligned: dict[str, np.ndarray] = {}

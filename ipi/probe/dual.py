@@ -6,20 +6,15 @@ mean/std (``z = (x − mean) / std``)::
     J(w, b) = Σ_i c_{y_i} · BCE(z_i·w + b, y_i) + ½‖w‖² / C,     c_k = n / (2 n_k)
 
 (scikit-learn's ``LogisticRegression(C, class_weight="balanced")``, intercept not penalised).
-By the representer theorem the minimiser lies in the row space of ``Z`` (``w = Zᵀα``), so only
-the Gram matrix ``K = Z Zᵀ`` (``[n, n]``) and the test-vs-train Gram ``Z_test Zᵀ`` matter. With
-``K = U S Uᵀ`` (positive eigenvalues only, rank ``r ≤ n − 1``) the change of variables
-``w = Zᵀ U S^{-1/2} β`` gives ``Z w = Φ β`` with ``Φ = U S^{1/2}`` (``[n, r]``) and
+By the representer theorem ``w = Zᵀα``, so only the Gram matrix ``K = Z Zᵀ`` and the
+test-vs-train Gram ``Z_test Zᵀ`` matter. With ``K = U S Uᵀ`` (positive eigenvalues only, rank
+``r ≤ n − 1``), ``w = Zᵀ U S^{-1/2} β`` gives ``Z w = Φ β`` with ``Φ = U S^{1/2}`` and
 ``‖w‖ = ‖β‖``: the same L2 logistic regression on ``r`` reduced features, exactly. When
 ``d ≤ n`` the reduced design is ``Z`` itself.
 
-:class:`ReducedDesign` builds ``Φ`` and ``Φ_test`` once (the only pass over the ``d``
-features, in column chunks: at paper width 107,520 features × 1,000 rows this is one Gram
-product), and :func:`fit_reduced` solves each refit by Newton's method on ``r + 1``
-coefficients — the label permutations of the test change neither ``Z`` nor the class counts,
-so every refit reuses the same design. The scores equal scikit-learn's refits (the test suite
-checks AUCs within 1e-4 and scores within 1e-6 on small data).
-"""
+:class:`ReducedDesign` builds ``Φ`` and ``Φ_test`` once (the only pass over the ``d`` features),
+and :func:`fit_reduced` solves each refit by Newton's method on ``r + 1`` coefficients; label
+permutations change neither ``Z`` nor the class counts, so every refit reuses the design."""
 
 from __future__ import annotations
 
@@ -149,10 +144,8 @@ def fit_reduced(phi: np.ndarray, y: np.ndarray, *, C: float = 1.0, tol: float = 
                 iterations: dict | None = None) -> np.ndarray:
     """Balanced L2 logistic regression on reduced coordinates by damped Newton (PROTOCOL.md §4).
 
-    Minimises ``J/n`` with ``J = Σ c_{y_i} BCE(φ_i·β + b, y_i) + ½‖β‖²/C``,
-    ``c_k = n / (2 n_k)``: the probe's objective (see the module docstring). Float64 torch
-    linear algebra (its LAPACK is markedly faster than numpy's wheels' for the ``[r+1, r+1]``
-    Hessian and Cholesky solve of every iteration); Armijo backtracking.
+    Minimises ``J/n`` of the module docstring in float64 torch linear algebra, with Armijo
+    backtracking.
 
     Args:
         phi: Reduced design ``[n, r]``.
@@ -169,7 +162,7 @@ def fit_reduced(phi: np.ndarray, y: np.ndarray, *, C: float = 1.0, tol: float = 
     Raises:
         ValueError: A single class in ``y``.
         RuntimeError: No convergence within ``max_iter``.
-    """
+"""
     y_np = np.asarray(y, dtype=np.float64).reshape(-1)
     n, r = phi.shape
     n_pos = float(y_np.sum())
@@ -254,13 +247,11 @@ def fit_standardised(x: np.ndarray, y: np.ndarray, mean: np.ndarray, std: np.nda
                      rel_eig_tol: float = 1e-12) -> ExactFit:
     """The probe's exact minimiser by Newton's method, primal or dual (PROTOCOL.md §4).
 
-    Minimises ``J/n`` of the module docstring on ``z = (x − mean) / std``. When ``d ≤ n`` this is
-    Newton on the ``d + 1`` primal coefficients; when ``d > n`` the training rows are reduced to
-    ``r ≤ n`` coordinates through the Gram matrix (as :class:`ReducedDesign`), Newton runs there,
-    and the weights are mapped back, ``w = Zᵀ U S^{-1/2} β`` (the representer theorem: the
-    minimiser lies in the row space of ``Z``, so this is the same unique minimiser, not an
-    approximation). Memory: ``n · chunk_cols`` float64 values besides ``[n, n]`` (dual) or one
-    float64 ``[n, d]`` copy (primal, ``d ≤ n``).
+    Minimises ``J/n`` of the module docstring on ``z = (x − mean) / std``: Newton on the
+    ``d + 1`` primal coefficients when ``d ≤ n``; otherwise on the reduced coordinates of
+    :class:`ReducedDesign`, the weights mapped back by ``w = Zᵀ U S^{-1/2} β`` (the same unique
+    minimiser). Memory: ``n · chunk_cols`` float64 values besides ``[n, n]`` (dual) or one
+    float64 ``[n, d]`` copy (primal).
 
     Args:
         x: Training rows ``[n, d]`` (float16/32/64).
@@ -279,7 +270,7 @@ def fit_standardised(x: np.ndarray, y: np.ndarray, mean: np.ndarray, std: np.nda
     Raises:
         ValueError: A single class in ``y`` or mismatched shapes.
         RuntimeError: Newton did not converge (see :func:`fit_reduced`).
-    """
+"""
     x = np.asarray(x)
     n, d = x.shape
     if mean.shape != (d,) or std.shape != (d,):
@@ -334,16 +325,15 @@ def _batch_newton_step(phi: torch.Tensor, gram: torch.Tensor | None, w: torch.Te
                        lam: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Newton steps ``H_j⁻¹ g_j`` of a block of problems sharing ``phi`` ``[n, r]``.
 
-    ``H_j = [Φ 1]ᵀ diag(w_j) [Φ 1] + diag(λ, …, λ, 0)``. With ``gram = Φ Φᵀ`` (``[n, n]``) the
-    ``r × r`` block is inverted by the Woodbury identity through the ``[n, n]`` matrix
-    ``λI + W^{1/2} K W^{1/2}`` (cheaper when ``r + 1 > n / 2`` or so) and the intercept by its
-    Schur complement; without it the ``[r+1, r+1]`` Hessians are formed and factored directly.
-    Both are the same linear system solved exactly (Cholesky); only rounding differs.
+    ``H_j = [Φ 1]ᵀ diag(w_j) [Φ 1] + diag(λ, …, λ, 0)``. With ``gram = Φ Φᵀ`` the ``r × r`` block
+    is inverted by the Woodbury identity through ``λI + W^{1/2} K W^{1/2}`` (``[n, n]``) and the
+    intercept by its Schur complement; without it the ``[r+1, r+1]`` Hessians are factored
+    directly. Both solve the same system exactly (Cholesky).
 
     Returns:
         ``(step [b, r+1], ok [b] bool)``; ``ok`` is False where a factorisation failed or the
         step is not finite (the caller re-solves those problems one by one).
-    """
+"""
     b, n = w.shape
     # Problems with the same weights have the same matrix: factor it once (the first step from
     # zero of balanced label permutations: every weight is c · 1/4 with c equal across classes).
@@ -382,20 +372,14 @@ def fit_reduced_batch(phi: np.ndarray, y: np.ndarray, *, C: float = 1.0, tol: fl
                       max_iter: int = 100, block_bytes: int = 64 * 2**20) -> np.ndarray:
     """:func:`fit_reduced` of many label vectors on one design at once (PROTOCOL.md §4, §7.4).
 
-    The M permuted-label refits of the exact permutation test share the reduced design ``Φ``;
-    this runs the same damped Newton method (same start at zero, same Armijo rule and
-    constants, same stopping rule ``max|∇(J/n)| ≤ tol``) on all of them together, in blocks of
-    problems whose per-block work arrays fit ``block_bytes``: one matrix product computes every
-    problem's logits, and each Newton system is solved exactly by a batched Cholesky
-    factorisation — of the ``[r+1, r+1]`` Hessian, or, when that is dearer (``r`` close to
-    ``n``, the dual route), of the ``[n, n]`` matrix ``λI + W^{1/2} Φ Φᵀ W^{1/2}`` through the
-    Woodbury identity (``Φ Φᵀ`` is formed once); problems of a block with equal weights ``W``
-    (the first step of balanced permutations) share one factorisation, and with more than one
-    torch thread the blocks run one per thread, each single-threaded. The minimiser is unique (strictly convex
-    objective), so the result equals the sequential fits up to the solver tolerance (the test
-    suite checks ``1e-8``). A problem whose factorisation fails, whose line search stalls or
-    that does not converge within ``max_iter`` is re-solved alone by :func:`fit_reduced`, which
-    then warns or raises exactly as it does for a single fit.
+    The same damped Newton method (start, Armijo rule, stopping rule) on all M problems
+    together, in blocks whose work arrays fit ``block_bytes``: one matrix product computes every
+    problem's logits and each Newton system is solved exactly by a batched Cholesky
+    factorisation (:func:`_batch_newton_step`); problems of a block with equal weights share one
+    factorisation, and with several torch threads the blocks run one per thread. The minimiser
+    is unique, so the result equals the sequential fits up to the solver tolerance. A problem
+    whose factorisation fails, whose line search stalls or that does not converge is re-solved
+    alone by :func:`fit_reduced`, which warns or raises as for a single fit.
 
     Args:
         phi: Reduced design ``[n, r]``.
@@ -411,7 +395,7 @@ def fit_reduced_batch(phi: np.ndarray, y: np.ndarray, *, C: float = 1.0, tol: fl
     Raises:
         ValueError: ``y`` is not ``[M, n]`` or a row has a single class.
         RuntimeError: As :func:`fit_reduced` for a problem that does not converge.
-    """
+"""
     y_np = np.asarray(y, dtype=np.float64)
     phi_np = np.asarray(phi, dtype=np.float64)
     n, r = phi_np.shape

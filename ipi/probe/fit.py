@@ -43,20 +43,17 @@ _QUIET_WARNINGS = (
 
 @dataclass
 class ProbeConfig:
-    """Hyper-parameters of the probe (PROTOCOL.md §4): ``probe.*``, passed in (their defaults: the ``ProbeConf`` schema).
+    """Hyper-parameters of the probe (PROTOCOL.md §4): ``probe.*``, passed in (defaults: the ``ProbeConf`` schema).
 
     Attributes:
         l2: scikit-learn's ``C``, the inverse L2 regularisation strength (> 0).
         max_iter: LBFGS iterations per epoch (one full-batch optimiser step per epoch).
         tol: LBFGS gradient tolerance on the ``1/n``-scaled objective (max-abs gradient).
-        max_epochs: Number of full-batch LBFGS steps (Newton: solves; one is exact). One is
-            enough when LBFGS converges within ``max_iter``; extra epochs continue from the
-            converged point (LBFGS returns immediately once the gradient is below ``tol``).
-        seed: Seed passed to ``lightning.seed_everything`` (the fit itself starts from zero
-            weights and is deterministic; the seed fixes any other randomness).
+        max_epochs: Number of full-batch LBFGS steps (Newton: solves; one is exact).
+        seed: Seed passed to ``lightning.seed_everything`` (the fit starts from zero weights).
         solver: ``"newton"`` (exact full-batch Newton) or ``"lbfgs"``
             (:class:`~ipi.probe.module.LinearProbe`).
-    """
+"""
 
     l2: float
     max_iter: int

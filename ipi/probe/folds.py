@@ -49,11 +49,9 @@ def select_l2(x: np.ndarray, y: np.ndarray, groups: np.ndarray, grid: Sequence[f
     """Pick the probe's ``C`` by grouped inner cross-validation on training rows only.
 
     ``GroupKFold`` over the training trajectories (``min(n_splits, #trajectories)`` folds,
-    trajectories shuffled by ``seed``); for every ``C`` the scikit-learn reference model
-    (:func:`~ipi.probe.fit.fit_sklearn_reference`: standardised, L2 logistic, balanced — the
-    objective the Lightning probe minimises) is fitted on the inner training trajectories and
-    scored on the held-out ones; the criterion is the mean inner AUC (attack vs clean). Ties go
-    to the smallest ``C`` (strongest regularisation). No test trajectory is ever seen.
+    shuffled by ``seed``); for every ``C`` :func:`~ipi.probe.fit.fit_sklearn_reference` (the
+    probe's objective) is fitted on the inner training trajectories and scored on the held-out
+    ones by attack-vs-clean AUC; the best mean wins, ties to the smallest ``C``.
 
     Args:
         x: Training features ``[n, d]``.
@@ -68,7 +66,7 @@ def select_l2(x: np.ndarray, y: np.ndarray, groups: np.ndarray, grid: Sequence[f
 
     Raises:
         ValueError: Empty grid, a non-positive ``C``, or fewer than 2 training trajectories.
-    """
+"""
     from sklearn.metrics import roc_auc_score
     from sklearn.model_selection import GroupKFold
 

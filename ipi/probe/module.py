@@ -1,22 +1,12 @@
 """The linear probe as a LightningModule (PROTOCOL.md §4).
 
-``LinearProbe`` minimises exactly the objective of scikit-learn's::
-
-    make_pipeline(StandardScaler(),
-                  LogisticRegression(C=l2, class_weight="balanced"))   # penalty="l2", lbfgs
-
-that is, on standardised features ``z = (x - mean) / std`` (mean/std of the TRAIN rows, ``ddof=0``,
-zero std replaced by 1)::
-
-    J(w, b) = sum_i c_{y_i} * BCE(z_i . w + b, y_i) + 0.5 * ||w||^2 / C,   c_k = n / (2 n_k)
-
-with the intercept ``b`` not penalised. The module minimises ``J / n`` (same minimiser, better
-conditioned; scikit-learn scales the same way), full batch, in float64: by default with an exact
-Newton solve (``solver="newton"``, :func:`ipi.probe.dual.fit_standardised`: primal when
-``d <= n``, through the ``[n, n]`` Gram matrix when ``d > n``) in Lightning's manual
-optimisation, or with ``torch.optim.LBFGS`` and a strong-Wolfe line search in its automatic
-optimisation (``solver="lbfgs"``). ``J`` is strictly convex: both reach the same minimiser.
-"""
+``LinearProbe`` minimises exactly the objective of scikit-learn's
+``make_pipeline(StandardScaler(), LogisticRegression(C=l2, class_weight="balanced"))``: ``J`` of
+:mod:`ipi.probe.dual` on features standardised with the TRAIN rows' mean/std, scaled to ``J / n``,
+full batch, in float64 — by an exact Newton solve (``solver="newton"``,
+:func:`ipi.probe.dual.fit_standardised`) in Lightning's manual optimisation, or by
+``torch.optim.LBFGS`` with a strong-Wolfe line search (``solver="lbfgs"``). ``J`` is strictly
+convex: both reach the same minimiser."""
 
 from __future__ import annotations
 
@@ -42,17 +32,15 @@ SOLVERS = ("newton", "lbfgs")
 def auroc_inputs(logits: Tensor) -> Tensor:
     """Map logits to ``(0, 1)`` for ``BinaryAUROC`` without creating ties.
 
-    ``BinaryAUROC`` applies a sigmoid to inputs outside ``[0, 1]``; in float64 the sigmoid
-    rounds every logit above ~37 to exactly 1.0, turning distinct scores into ties and biasing
-    the AUROC. ``0.5 + atan(logit) / pi`` is strictly increasing (AUROC only depends on the
-    order) and stays distinguishable in float64 far beyond that range.
+    ``BinaryAUROC``'s sigmoid rounds large logits to exactly 1.0, creating ties;
+    ``0.5 + atan(logit) / pi`` is strictly increasing and stays distinguishable in float64.
 
     Args:
         logits: Scores of any shape.
 
     Returns:
         Tensor of the same shape with values in ``(0, 1)``, float64.
-    """
+"""
     return 0.5 + torch.atan(logits.to(_DTYPE)) / math.pi
 
 
@@ -85,36 +73,29 @@ class LinearProbe(LightningModule):
     """L2-regularised, class-balanced logistic regression on standardised features.
 
     Standardisation statistics and class weights are buffers set from the training rows by
-    :meth:`set_train_statistics` (``ipi.probe.fit.fit_probe`` does this); if they are unset
-    when training starts, :meth:`on_train_start` computes them from the (single, full-batch)
-    training dataloader. Never fit them on test rows. PROTOCOL.md §4.
-
-    The weights start at zero (as scikit-learn's lbfgs does), so the fit is deterministic and
-    does not depend on a random initialisation.
+    :meth:`set_train_statistics`; if unset when training starts, :meth:`on_train_start` computes
+    them from the (single, full-batch) training dataloader. Never fit them on test rows. The
+    weights start at zero, so the fit is deterministic.
 
     Args:
         n_features: Width ``d`` of the feature vectors.
-        l2: scikit-learn's ``C``: inverse L2 regularisation strength (> 0). Larger = weaker
-            penalty.
+        l2: scikit-learn's ``C``: inverse L2 regularisation strength (> 0).
         max_iter: LBFGS iterations per optimiser step (one step per epoch, full batch);
             with ``solver="newton"`` a bound on Newton iterations (``min(max_iter, 100)``).
         tol: Stop when the max-abs gradient of ``J / n`` is ``<= tol`` (LBFGS
-            ``tolerance_grad``, scikit-learn's lbfgs ``gtol`` on the same scaled objective);
-            Newton stops at ``min(tol, 1e-10)`` in its solved coordinates.
-        history_size: LBFGS memory (scipy's default ``maxcor`` is 10). Memory cost is
-            ``2 * history_size * d`` float64 values.
-        solver: ``"newton"`` (default): one exact full-batch Newton solve per epoch in manual
-            optimisation (:func:`ipi.probe.dual.fit_standardised`), typically 5–15 iterations;
-            ``"lbfgs"``: ``torch.optim.LBFGS`` through Lightning's automatic optimisation.
+            ``tolerance_grad``); Newton stops at ``min(tol, 1e-10)`` in its solved coordinates.
+        history_size: LBFGS memory (``2 * history_size * d`` float64 values).
+        solver: ``"newton"`` (default): one exact full-batch Newton solve per epoch
+            (:func:`ipi.probe.dual.fit_standardised`); ``"lbfgs"``: ``torch.optim.LBFGS``
+            through Lightning's automatic optimisation.
 
     Shapes:
         ``forward(x)``: ``x`` ``[n, d]`` (any float dtype) -> logits ``[n]`` float64.
 
     Logged metrics:
-        ``train/loss`` (``J / n`` after the LBFGS step), ``train/auroc`` (torchmetrics
-        ``BinaryAUROC`` of the training rows after the step), ``val/auroc`` (separate
-        ``BinaryAUROC`` instance, only when a validation dataloader is given).
-    """
+        ``train/loss`` (``J / n`` after the step), ``train/auroc`` and ``val/auroc`` (only with
+        a validation dataloader), torchmetrics ``BinaryAUROC``.
+"""
 
     def __init__(
         self,

@@ -1,14 +1,9 @@
 """Trajectory-level train/test splits and leakage assertions (PROTOCOL.md §4).
 
-Splits are always made over *trajectories*, never over rows: every row of a trajectory (all its
-steps, surfaces and variants) lands on the same side. Rows of one trajectory share the task, the
-site and most of the screenshot content, so a row-level split would let the probe memorise a
-trajectory and inflate test AUC.
-
-Both splitters first de-duplicate and **sort** the ids, then apply a seeded NumPy permutation
-(``numpy.random.default_rng(seed)``), so the result depends only on the *set* of ids and the
-seed, not on the order or multiplicity of the rows passed in.
-"""
+Splits are always made over *trajectories*, never over rows: every row of a trajectory lands on
+the same side, so the probe cannot memorise a trajectory. Both splitters de-duplicate and
+**sort** the ids, then apply ``numpy.random.default_rng(seed)``'s permutation, so the result
+depends only on the *set* of ids and the seed."""
 
 from __future__ import annotations
 

@@ -1,21 +1,13 @@
 """What the entry scripts share: input errors as one line, failed sweep jobs, where the results went.
 
-An error caused by the user's input (a data folder, a score table, a cache, a split, a config
-value the model's config class refuses) ends the command with one line naming the file / key and
-exit status 2; set ``HYDRA_FULL_ERROR=1`` for the traceback. Anything else is a bug and keeps its
-full traceback. SIGTERM and SIGINT end the command within seconds with status 128 + the signal
-(143, 130): see :mod:`ipi.interrupt`.
+An error caused by the user's input ends the command with one line naming the file / key and
+exit status 2 (``HYDRA_FULL_ERROR=1`` for the traceback); anything else is a bug and keeps its
+traceback. Signals: :mod:`ipi.interrupt`.
 
 **A job of a ``-m`` sweep that fails does not end the sweep** (docs/sweeps.md, *Failed jobs*):
-the failure is written to the job's folder as :data:`FAILED_FILE` (``{"job", "overrides",
-"error", "message", "input_error", "traceback"}``; the traceback only for a bug), one line
-``job N (overrides) failed: ...`` goes to stderr, and the next job starts. When every job has
-run, :class:`ipi.run.hydra_callbacks.ConfigCheck` lists the failed jobs in
-``<sweep>/failed_jobs.json`` and on stderr and ends the command with status 1; the sweep report
-(:mod:`ipi.reporting.sweep`) lists them as failed cells. This is Hydra's own rule for a failing
-job (run every job, report the failures at the end), kept for input errors that end a single
-run with ``sys.exit(2)``, and written down where a person looks for it.
-"""
+the failure is written to the job's folder as :data:`FAILED_FILE`, one line goes to stderr, and
+the next job starts. :class:`ipi.run.hydra_callbacks.ConfigCheck` then lists the failed jobs in
+``<sweep>/failed_jobs.json`` and on stderr and ends the command with status 1."""
 
 from __future__ import annotations
 
@@ -75,11 +67,9 @@ def _paths_of(cfg, field: str, prefix: str = "") -> list[str]:
 def message(e: BaseException, cfg: DictConfig | None = None) -> str:
     """``e``'s message for a person, with a hint where the fix is mechanical.
 
-    An error raised in a DataLoader worker (torch puts the worker's traceback in the message) is
-    reported by its own last line. transformers' config classes (strict dataclasses) refuse an ``int`` where a ``float`` is
-    expected (``initializer_range=30000`` from a command line) in a two-line message naming only
-    the field: it is put on one line, naming the config key (found in ``cfg``), with the hint to
-    write ``30000.0``.
+    An error raised in a DataLoader worker is reported by its own last line. A transformers
+    config class refusing an ``int`` where a ``float`` is expected is put on one line naming the
+    config key (found in ``cfg``), with the hint to write e.g. ``30000.0``.
 
     Args:
         e: The error.
@@ -87,7 +77,7 @@ def message(e: BaseException, cfg: DictConfig | None = None) -> str:
 
     Returns:
         The message (one line for a refused field).
-    """
+"""
     import re
 
     from huggingface_hub.errors import StrictDataclassError

@@ -1,11 +1,7 @@
 """The detector stage of ``train.py``: build the configured detector, its inputs, and cross-fit it.
 
-Every detector, the logistic probe included, goes through the one fold loop
-:func:`ipi.detectors.crossfit.cross_fit`; what only some detectors have (the probe's ``probe.*``
-settings, per-fold ``C``, its logged fit, its batched dual-solver refits) are capabilities of the
-detector object, never a name check here (docs/detectors.md, "One cross-fit, capabilities
-instead of special cases").
-"""
+Every detector goes through :func:`ipi.detectors.crossfit.cross_fit`; what only some detectors
+have are capabilities of the detector object, never a name check here (docs/detectors.md)."""
 
 from __future__ import annotations
 

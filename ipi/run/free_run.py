@@ -1,29 +1,20 @@
 """The behaviour stage of ``train.py`` (docs/behaviour.md): free run, hijack labels, E4, ablation.
 
-Runs only with ``behaviour.enabled=true`` (off by default: a default run's ``results.json`` has no
-``behaviour`` key). After the probe's fit, on the **test rows** of the run's split
-(``behaviour.variants`` of them):
+Runs only with ``behaviour.enabled=true``. After the probe's fit, on the **test rows** of the
+run's split (``behaviour.variants`` of them):
 
-1. the backbone, built with its LM head and every decoder block, generates each row's next
-   action from the teacher-forced prompt without the gold action
-   (:func:`ipi.behaviour.generate.generate`, greedy, ``behaviour.max_new_tokens``), cached by
-   content in ``<extract.cache_dir>/generations/<backbone digest>.jsonl``;
-2. each action is labelled hijacked / resisted / other against the goal of its step's attack row
-   (:mod:`ipi.behaviour.labels`; goals from the run's attack pool);
-3. the probe's out-of-fold test scores and C1's are joined by row; E4 with its C1 analogue and
-   the hijack rates per surface × variant are computed on the **run's bootstrap draws** (the
-   same trajectories, ``evaluation.n_boot`` and ``evaluation.seed`` as the estimands), gated by
-   ``evaluation.min_clusters`` (:mod:`ipi.evaluation.hijack`);
-4. with ``behaviour.ablation.enabled``: the attack rows are generated again with the direction of
-   the probe that scored them (each fold's own probe) projected out of the residual stream at
-   ``behaviour.ablation.layers``, and with a random direction of equal norm
-   (:mod:`ipi.behaviour.ablation`); the paired changes in hijack rate on the same draws.
+1. the backbone (with its LM head and every block) generates each row's next action
+   (:func:`ipi.behaviour.generate.generate`), cached in
+   ``<extract.cache_dir>/generations/<backbone digest>.jsonl``;
+2. each action is labelled against the goal of its step's attack row (:mod:`ipi.behaviour.labels`);
+3. E4 with its C1 analogue and the hijack rates per surface × variant are computed on the
+   **run's bootstrap draws**, gated by ``evaluation.min_clusters`` (:mod:`ipi.evaluation.hijack`);
+4. with ``behaviour.ablation.enabled``: the attack rows are generated again with each fold's
+   probe direction, and with a random direction, projected out (:mod:`ipi.behaviour.ablation`).
 
-Returned as ``results.json``'s ``behaviour`` block; the label table (every row and arm, with the
-generated text, the label's reason and the scores) is written as ``behaviour_labels.parquet``.
-The two claims ("predicts hijack", "uses this direction") are separately labelled lines of the
-report's verdict section; they never enter the verdict's checks or its claim.
-"""
+Returned as ``results.json``'s ``behaviour`` block; the label table is written as
+``behaviour_labels.parquet``. The two claims ("predicts hijack", "uses this direction") never
+enter the verdict's checks or its claim."""
 
 from __future__ import annotations
 

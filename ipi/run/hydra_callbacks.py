@@ -1,22 +1,14 @@
 """A Hydra callback that checks a composed config before any job starts (no torch imported).
 
-Hydra refuses a ``surface=<name>`` without a config file (naming the ones it has), and the
-schemas in :mod:`ipi.run.schemas` unknown controls, token groups and keys while it composes. Rules that
-tie two fields together — the surface's class and name, a control that does not apply to the
-surface, a layer fraction outside (0, 1], the ``image`` token group or a surface that needs the
-screenshot on a text-only backbone — are :func:`ipi.run.validation.validate`'s. :class:`ConfigCheck` (registered in
-``conf/hydra/default.yaml``) runs it on the composed config at ``on_run_start``; under
-``-m`` it composes and checks *every* job of the sweep at ``on_multirun_start``, so a bad
-combination in job 7 fails before job 1 spends minutes extracting. A failure prints one line
-(``config error: control=c_occlusion does not apply to surface=i_dom; allowed: ...``) to stderr
-and exits with status 1: Hydra turns an exception raised by a callback into a warning and goes
-on, so the callback ends the process itself (``SystemExit``, as Hydra does for its own errors).
-Nothing here imports torch, Lightning or transformers.
+:class:`ConfigCheck` (registered in ``conf/hydra/default.yaml``) runs
+:func:`ipi.run.validation.validate` on the composed config at ``on_run_start``; under ``-m`` it
+composes and checks *every* job of the sweep at ``on_multirun_start``, so a bad combination in
+job 7 fails before job 1 runs. A failure prints one line to stderr and exits with status 1
+(``SystemExit``: Hydra turns an exception raised by a callback into a warning).
 
-At ``on_multirun_end`` (every job has run) :func:`sweep_failures` gathers the failed jobs that
-:func:`ipi.run.cli.run_entry` recorded (``<sweep>/<n>/failed.json``) into ``<sweep>/failed_jobs.json``,
-prints one line per failed job and ends the command with status 1 when any job failed.
-"""
+At ``on_multirun_end`` :func:`sweep_failures` gathers the failed jobs that
+:func:`ipi.run.cli.run_entry` recorded into ``<sweep>/failed_jobs.json``, prints one line per
+failed job and ends the command with status 1 when any job failed."""
 
 from __future__ import annotations
 

@@ -1,16 +1,9 @@
 """Structured-config schemas: a typo or an unknown option fails when Hydra composes the config.
 
-Every config group (``backbone, surface, control, layers, token_group, data, probe, split,
-evaluation, extract``) is typed by a dataclass below and registered in Hydra's ConfigStore as
+Every config group is typed by a dataclass below and registered in Hydra's ConfigStore as
 ``<group>/schema``; each YAML option lists that schema first in its defaults. Enum-typed fields
 make OmegaConf reject unknown controls, token groups and split kinds with a message naming the
-key and the allowed values; an unknown ``surface=<name>`` has no config file, and Hydra names the
-ones it has. Cross-field rules (the surface's class and name, a control that does not apply to
-the surface, a text-only backbone with the ``image`` token group or a surface that needs the
-screenshot, layer fractions outside (0, 1]) are checked by :func:`ipi.run.validation.validate`, which the Hydra
-callback :class:`ipi.run.hydra_callbacks.ConfigCheck` runs on every job's composed config before any
-job starts (one line, no torch imported).
-"""
+key and the allowed values. Cross-field rules are :func:`ipi.run.validation.validate`'s."""
 
 from __future__ import annotations
 
@@ -379,7 +372,7 @@ class BehaviourConf:
 
     enabled: bool = False
     # likelihood: the teacher-forced hijack propensity (every backbone with an LM head, no generation);
-    # free_run: generation and labels; both (the default: a free-run block as before, the likelihood beside it)
+    # free_run: generation and labels; both (the default: the free-run block and the likelihood beside it)
     measure: BehaviourMeasure = BehaviourMeasure.both
     max_new_tokens: int = 96  # bound on generated tokens per row (a WebVoyager turn is ~30-80)
     batch_size: int = 4  # rows per generate call (left-padded; not part of the generation cache key)

@@ -96,14 +96,13 @@ def _config_key(node) -> str:
 def importer(data: DictConfig, backbone: DictConfig) -> functools.partial:
     """The configured importer (``data.importer``, a ``_target_`` node of ``conf/data/<kind>.yaml``).
 
-    Its node binds the data-wide settings it takes (``on_bad_step``, ``unknown_action``,
-    ``max_element_chars``, ``limit`` = ``data.max_trajectories``, applied while importing so later
-    folders are never read); here the backbone's image limits (screenshots its processor would
-    refuse are counted skips at import) and ``data.options`` are added.
+    Its node binds the data-wide settings (``on_bad_step``, ``unknown_action``,
+    ``max_element_chars``, ``limit`` = ``data.max_trajectories``); the backbone's image limits and
+    ``data.options`` are added here.
 
     Returns:
         ``importer(root) -> (trajectories, skipped)`` (docs/data.md).
-    """
+"""
     fn = instantiate(data.importer)
     limits = (image_limits_for(to_container(backbone.get("image_size")), backbone.get("tokenizer_path"))
               if backbone.get("multimodal", True) else None)
@@ -127,8 +126,7 @@ def exclusion_report(skips: list[dict], limit: int = 10) -> str:
 def load_data(cfg: DictConfig):
     """Import trajectories and collect every skip (trajectory-level and step-level).
 
-    Discovery, ``data.max_trajectories`` (applied while importing, before duplicate checks) and
-    every import-time check run here, before any rendering or extraction. What was left out is
+    Every import-time check runs here, before any rendering or extraction; what was left out is
     logged as counts per reason (:func:`exclusion_report`).
 
     Returns:
@@ -137,7 +135,7 @@ def load_data(cfg: DictConfig):
     Raises:
         DataError: No usable trajectory remains; the message says which folders were found and
             why each was left out (counts per reason).
-    """
+"""
 
     # the same data and backbone in an earlier job of a -m sweep: the same import (sweep_memo)
     # keyed by the data's files too (tree_fingerprint: a root rewritten between jobs is imported
@@ -252,14 +250,12 @@ def replay_processor(backbone: DictConfig):
 def check_context(cfg: DictConfig, rows, surface: str, rebuild=None) -> tuple[list, dict, list[dict]]:
     """Compare every row's token count with the backbone's context before any forward pass.
 
-    The context is ``max_position_embeddings`` of the backbone's model config (its text config
-    for Qwen2.5-VL; :func:`ipi.backbone.model_config`, no weights); a row's count is its whole
-    replayed sequence, image tokens included (:func:`ipi.extraction.rows.sequence_lengths`).
-    ``extract.over_context`` says what happens to a step whose longest row does not fit:
-    ``skip`` leaves the step out (every variant; counted with the other step skips);
-    ``truncate`` cuts the step's recorded page text (``element_text``) from its end to the longest
-    length at which every variant, rebuilt from the cut text, fits (a step that does not fit even
-    without page text is skipped); ``error`` stops the run.
+    The context is :func:`ipi.backbone.context_positions` of the backbone's config; a row's
+    count is its whole replayed sequence, image tokens included
+    (:func:`ipi.extraction.rows.sequence_lengths`). ``extract.over_context`` decides what
+    happens to a step whose longest row does not fit: ``skip`` leaves the step out; ``truncate``
+    cuts the step's ``element_text`` from its end to the longest length at which every variant
+    fits (else skips the step); ``error`` stops the run.
 
     Args:
         cfg: The run config.
@@ -271,12 +267,12 @@ def check_context(cfg: DictConfig, rows, surface: str, rebuild=None) -> tuple[li
     Returns:
         ``(rows kept, record, skipped steps)``; the record is ``counts.context`` of results.json:
         ``{"positions", "longest_row_tokens", "rows_over_context", "steps_over_context", "action",
-        "steps_truncated"}`` (each truncated step: trajectory, step, page-text characters before and after).
+        "steps_truncated"}``.
 
     Raises:
         ValueError: ``extract.over_context=error`` and a row does not fit (one line naming the
             trajectory, step, surface, both counts and what to change).
-    """
+"""
     from ipi.backbone import context_positions, model_config
     from ipi.extraction.rows import over_context, sequence_lengths
 
@@ -355,18 +351,12 @@ def make_rows(cfg: DictConfig, trajectories, surface: str, controls: list[str] |
     """Replay rows of one surface.
 
     The run's own surface gets the configured controls; any other surface (the transfer
-    sources) gets every control that applies to it, so its rows — and its activation-cache
-    entry — are exactly those of a run on that surface, and a ``-m surface=...`` sweep or an
-    ``extract.py`` run before it fills each entry once. ``controls`` overrides both.
-    ``wording`` is the held-out wording plan of the split (:func:`split_folds`), or None.
-
-    Every row's token count is checked against the backbone's context (:func:`check_context`);
-    ``context``, when given, receives its record and the steps it left out (``skipped_steps``).
-
-    In a ``-m`` sweep the rows of an earlier job with the same trajectories (the same objects:
-    :func:`load_data` reuses its import), surface, controls, attacks, tokenizer, backbone loader and
-    wording plan are reused (:func:`sweep_memo`); rows are frozen dataclasses, never changed after building.
-    """
+    sources) gets every control that applies to it, so its rows and cache entry are those of a
+    run on that surface. ``controls`` overrides both. ``wording`` is the held-out wording plan
+    (:func:`split_folds`), or None. Token counts are checked by :func:`check_context`, whose
+    record and skipped steps go to ``context`` when given. In a ``-m`` sweep rows of an earlier
+    job with the same inputs are reused (:func:`sweep_memo`).
+"""
     if controls is None:
         controls = (resolved_controls(cfg) if _value(cfg.surface.name) == surface
                     else list(get_surface(surface).controls))
@@ -658,12 +648,10 @@ def fit_folds(cfg: DictConfig, meta: pd.DataFrame, x: np.ndarray, features, laye
               transfer: TransferSource | None = None, **extra) -> CrossFit:
     """The detector and its baselines on the same training rows of every fold (PROTOCOL.md §4–§6).
 
-    C1 on the row metadata, C2 collapse only, the permuted-label fit and the permutation test
-    as ``cfg.evaluation`` asks, through :func:`ipi.run.detection.fit_detector` (the one
-    :func:`ipi.detectors.crossfit.cross_fit`); ``x`` are the detector's features (hidden states,
-    or its own attention features); ``extra``: logger, root dir. Leakage is asserted per fold on
-    ids and on the rows of every fit (docs/detectors.md).
-    """
+    Through :func:`ipi.run.detection.fit_detector` (the one
+    :func:`ipi.detectors.crossfit.cross_fit`), as ``cfg.evaluation`` asks; ``x`` are the
+    detector's features; ``extra``: logger, root dir.
+"""
     li = [features.layers.index(i) for i in layers]
     metadata = meta[METADATA_COLUMNS].to_numpy(dtype=np.float64)
     collapse = features.collapse[:, li].double().numpy() if cfg.evaluation.collapse_only else None

@@ -166,10 +166,9 @@ def extract_inputs(run: TrainRun) -> bool:
     """The features of the rows (cached), the detector and its inputs, the random-weight twins'
     features and the transfer source; False on a non-zero DDP rank (rank 0 goes on alone).
 
-    The twins (verdict check 6; :mod:`ipi.run.twin`) are the same rows through the same
-    architecture with seeded random weights, one cache entry per seed, scored by the same
-    detector: hidden-state detectors only (for attention_focus / external check 6 is NOT RUN).
-    """
+    Twins (:mod:`ipi.run.twin`) are extracted for hidden-state detectors only (for
+    attention_focus / external check 6 is NOT RUN).
+"""
     cfg, layers, groups = run.cfg, run.layers, run.groups
     run.features, run.info = extract_features(extract_settings(cfg), run.rows, layers, list(TOKEN_GROUPS))
     if run.features is None:
@@ -300,12 +299,10 @@ def attack_source_record(cfg: DictConfig, pool, rows, meta, x, fits, det, plan) 
 def evaluate_split(cfg: DictConfig, trajs, seed: int, layers, groups, settings) -> dict:
     """Results of the run on the split of ``seed`` (``split.repeats``), as a dict.
 
-    The same pipeline as the pre-registered split — held-out wording families of that split
-    (so its own rows and cache entry), probe, C1, collapse-only and permuted baselines, and the
-    same assessment (:func:`ipi.evaluation.assess.assess` with the run's ``settings``: shared
-    bootstrap draws, verdict, reportability) — without the transfer probe (it does not enter the
-    verdict) and the random twins.
-    """
+    The pre-registered split's pipeline and assessment (its own wording families, rows and
+    cache entry; probe and baselines; :func:`ipi.evaluation.assess.assess`) without the
+    transfer probe and the random twins.
+"""
     folds, plan = split_folds(cfg, trajs, seed)
     rows = make_rows(cfg, trajs, _value(cfg.surface.name), wording=plan)
     trajs, folds = drop_rowless(cfg, trajs, folds, rows)  # steps over the backbone's context left out
@@ -321,16 +318,13 @@ def evaluate_split(cfg: DictConfig, trajs, seed: int, layers, groups, settings) 
 def extract(cfg: DictConfig) -> tuple[dict, dict]:
     """Extract (or reuse) every activation-cache entry a ``train.py`` run with this config reads.
 
-    That is the configured surface and, when ``evaluation.transfer`` is on, the transfer source
-    surfaces — so a sweep started after ``extract.py`` forwards nothing — and, when
-    ``evaluation.random_twin`` is on, the random-weight twins' entries (one per seed of
-    ``evaluation.random_twin_seeds``) for the configured surface (the twins are probed on the
-    run's own surface only; their transfer is not reported).
+    The configured surface, the transfer source surfaces (with ``evaluation.transfer``) and the
+    random-weight twins' entries for the configured surface (with ``evaluation.random_twin``).
 
     Returns:
         ``(info of the configured surface, {"features": ..., "extraction_by_surface": ...,
         "extraction_random_twin": {seed: info} or None})``.
-    """
+"""
     prepare(cfg)
     surfaces = extraction_surfaces(cfg)
     trajs, _, _ = load_data(cfg)

@@ -1,16 +1,11 @@
 """The random-weight twin of a backbone: the selectivity baseline of verdict check 6.
 
-A probe result says something about a model only relative to the same probe on an untrained
-twin (control tasks and selectivity, Hewitt & Liang 2019; random-initialisation baselines):
-token identity alone (gibberish sub-words vs English words, the attack bank's vocabulary vs the
-benign bank's) can separate attacks from nuisance-matched controls in a network with random
-weights, which cannot read malicious intent. The twin is the same architecture and config as
-the run's backbone, with the architecture's own seeded random initialisation
-(:func:`ipi.backbone.random_init_from_config`), the same processor/tokenizer and the same rows;
-its features get their own activation-cache entry (the loader node, which the cache key
-hashes, carries ``random_init_seed``), and the same probe is fitted on the same folds.
-See docs/backbones.md and docs/estimands.md.
-"""
+Token identity alone can separate attacks from nuisance-matched controls in a network with
+random weights (control tasks and selectivity, Hewitt & Liang 2019). The twin is the run's
+backbone architecture and config with its own seeded random initialisation
+(:func:`ipi.backbone.random_init_from_config`), the same processor and rows, its own
+activation-cache entry, and the same probe fitted on the same folds. See docs/backbones.md and
+docs/estimands.md."""
 
 from __future__ import annotations
 
@@ -76,16 +71,10 @@ def twin_seeds(cfg: DictConfig) -> list[int]:
 def twin_config(cfg: DictConfig, seed: int) -> DictConfig:
     """A copy of the run config whose backbone is the random-weight twin of seed ``seed``.
 
-    Only ``backbone.loader`` changes: it gains ``random_init_seed = seed`` (one of
-    ``evaluation.random_twin_seeds``); for a constructed backbone (a loader with ``plant`` and
-    ``base``, :mod:`ipi.backbone_planted`) the loader becomes ``base`` (the architecture without
-    the plant) and ``backbone.name`` the architecture's name,
-    which every backbone builder (:func:`ipi.backbone.build_tiny_qwen2_5_vl`,
-    :func:`ipi.backbone.build_pretrained_qwen2_5_vl`,
-    :func:`ipi.backbone_text.build_gguf_causal_lm`) takes as "build this architecture from its
-    config with seeded random weights". Because the cache key hashes the loader node, the twin's
-    features have their own cache entry; everything else (rows, layers, token groups, processor,
-    system prompt, batch size, cache dtype) is the run's.
+    Only ``backbone.loader`` changes: it gains ``random_init_seed = seed``; for a constructed
+    backbone (:mod:`ipi.backbone_planted`) the loader becomes ``base`` and ``backbone.name`` the
+    architecture's name. The cache key hashes the loader node, so the twin has its own cache
+    entry; everything else is the run's.
 
     Args:
         cfg: Composed ``train``/``extract`` config.
@@ -97,7 +86,7 @@ def twin_config(cfg: DictConfig, seed: int) -> DictConfig:
     Raises:
         ValueError: The loader node has no ``_target_`` (not a builder), or the tiny backbone's
             own weight seed equals the twin seed.
-    """
+"""
     twin = copy.deepcopy(cfg)
     loader = twin.backbone.loader
     if isinstance(loader, DictConfig) and "plant" in loader and isinstance(loader.get("base"), DictConfig):

@@ -1,13 +1,10 @@
 """Cross-field rules of a composed config, checked before any work (one line, no torch imported).
 
-The schemas (:mod:`ipi.run.schemas`) type each config group, so a typo fails at composition; the
-rules here read several groups at once: the surface's class and name, a control that does not
-apply to the surface, a text-only backbone with the ``image`` token group or a surface that
-needs the screenshot, layer fractions outside (0, 1], the attack source, the behaviour stage,
-DDP in a sweep. :func:`validate` is what the Hydra callback
-:class:`ipi.run.hydra_callbacks.ConfigCheck` runs on every job's composed config before any job
-starts.
-"""
+The schemas (:mod:`ipi.run.schemas`) type each config group; the rules here read several groups
+at once (the surface's class and name, controls that do not apply to the surface, a text-only
+backbone with image inputs, layer specs, the attack source, the behaviour stage, DDP in a
+sweep). :class:`ipi.run.hydra_callbacks.ConfigCheck` runs :func:`validate` on every job's
+composed config before any job starts."""
 
 from __future__ import annotations
 

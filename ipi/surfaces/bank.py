@@ -1,24 +1,14 @@
 """Text banks for injections and controls, and the deterministic attack chooser.
 
-Three banks:
+* :data:`ATTACK_TEMPLATES` — injection wrappers with one ``{goal}`` slot.
+* :data:`ATTACK_GOALS` — attacker goals typical of web agents, grouped in families, each with
+  several phrasings: lowercase verb phrases without final punctuation; only ``.example`` domains
+  (RFC 2606).
+* :data:`BENIGN_IMPERATIVES` — benign UI imperatives for the ``c_imperative`` control.
 
-* :data:`ATTACK_TEMPLATES` — injection wrappers with one ``{goal}`` slot (fake system notices,
-  "ignore previous instructions", fake assistant notes, security alerts, developer messages,
-  hidden instructions, urgency, authority, ...).
-* :data:`ATTACK_GOALS` — attacker goals typical of web agents, grouped in families
-  (redirect, exfiltrate, click, credentials, abandon), each with several concrete phrasings.
-  Goals are lowercase verb phrases without final punctuation so that every template reads as a
-  sentence. Only ``.example`` domains are used (RFC 2606: they can never resolve).
-* :data:`BENIGN_IMPERATIVES` — benign UI imperatives (cookie banners, "view more", sign-in
-  prompts): imperative mood, but no attacker goal. They feed the ``c_imperative`` control.
-
-No text of any bank contains a double quote (``"``): the ``i_dom`` surface wraps injected text in
-double quotes like the page's own element entries, and an unescaped quote would break that layout.
-
-:func:`attack_text` picks one template and one goal per (trajectory, step, k) from a SHA-256 hash,
-so the choice is identical across processes, machines and Python versions (Python's built-in
-``hash()`` is salted per process and is never used).
-"""
+No text of any bank contains a double quote (``i_dom`` wraps injected text in double quotes).
+:func:`attack_text` picks one template and one goal per (trajectory, step, k) from a SHA-256
+hash (:func:`stable_int`), identical across processes and machines."""
 
 from __future__ import annotations
 
@@ -133,17 +123,14 @@ BENIGN_IMPERATIVES: tuple[str, ...] = (
 
 
 def stable_int(*parts: object) -> int:
-    """Return a process-independent integer hash of ``parts``.
-
-    The parts are converted with ``str`` and joined with a unit separator, then hashed with
-    SHA-256. Unlike ``hash()``, the result is identical across processes and machines.
+    """Return a process-independent integer hash of ``parts`` (SHA-256 of their ``str`` joined).
 
     Args:
         *parts: Values identifying the choice (trajectory id, step, k, a purpose tag, ...).
 
     Returns:
         A non-negative integer (256 bits).
-    """
+"""
     key = "\x1f".join(str(p) for p in parts)
     return int(hashlib.sha256(key.encode("utf-8")).hexdigest(), 16)
 
@@ -154,10 +141,10 @@ def attack_text(trajectory_id: str, step: int, k: int = 0, *, templates=None,
 
     The template index is ``T[(h0 + k) % len(T)]`` with ``T`` the allowed template indices
     (default: all of :data:`ATTACK_TEMPLATES`) and ``h0`` the stable hash of
-    ``(trajectory_id, step)``, so the ``k = 0, 1, ...`` attacks of one step use distinct templates
-    (for up to ``len(T)`` attacks). The goal index is ``G[h % len(G)]`` with ``h`` the stable
-    hash of ``(trajectory_id, step, k)`` and ``G`` the allowed goal indices (default: all of
-    :data:`ATTACK_GOAL_LIST`). With the defaults the choice is the same as without families.
+    ``(trajectory_id, step)``, so the attacks of one step use distinct templates (for up to
+    ``len(T)`` attacks). The goal index is ``G[h % len(G)]`` with ``h`` the stable hash of
+    ``(trajectory_id, step, k)`` and ``G`` the allowed goal indices (default: all of
+    :data:`ATTACK_GOAL_LIST`).
 
     Args:
         trajectory_id: Trajectory id (cluster unit).
@@ -169,7 +156,7 @@ def attack_text(trajectory_id: str, step: int, k: int = 0, *, templates=None,
     Returns:
         ``(text, meta)`` where ``meta = {"template": i, "goal": j, "goal_family": name}``;
         ``i`` indexes :data:`ATTACK_TEMPLATES` and ``j`` indexes :data:`ATTACK_GOAL_LIST`.
-    """
+"""
     tpl = range(len(ATTACK_TEMPLATES)) if templates is None else list(templates)
     gls = range(len(ATTACK_GOAL_LIST)) if goals is None else list(goals)
     if not tpl or not gls:

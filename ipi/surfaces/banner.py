@@ -1,16 +1,10 @@
 """``i_vis`` banners: geometry, font and colours per step, and drawing.
 
 A banner is a filled rectangle with text wrapped inside it. Its :class:`BannerSpec` depends only
-on (trajectory, step, image size) — never on the text drawn — so the attack and every control of
-one step share the box, the colours and the font (PROTOCOL.md §2: only the content changes).
-
-Font: by default Pillow's bundled scalable font (``ImageFont.load_default(size=...)``, Pillow
-≥ 10.1), identical on every machine with the same Pillow and independent of system fonts. A TTF
-path may be given instead.
-
-Box coordinates are half-open pixel ranges, like ``Image.crop``: the box covers columns
-``x0 .. x1 - 1`` and rows ``y0 .. y1 - 1``.
-"""
+on (trajectory, step, image size), never on the text drawn, so the attack and every control of
+one step share the box, the colours and the font (PROTOCOL.md §2). The default font is Pillow's
+bundled scalable font (independent of system fonts); a TTF path may be given instead. Boxes are
+half-open pixel ranges, like ``Image.crop``."""
 
 from __future__ import annotations
 
@@ -107,14 +101,9 @@ def line_height(font: ImageFont.ImageFont, font_size: int) -> int:
 def wrap_text(text: str, font: ImageFont.ImageFont, max_width: int) -> list[str]:
     """Greedy word wrap by measured pixel width.
 
-    Words are separated by single spaces (runs of spaces are kept inside the words' spacing);
-    newlines start a new line. A word wider than ``max_width`` is broken between characters.
-
-    The greedy rule: a line takes words while the measured line fits. Widths grow as words
-    are appended, so the words a line takes are found by a galloping search over how many
-    of the next words fit (about ``2 log2`` measurements per line instead of one per word and
-    one per character of a line's first word); the lines are those of the word-by-word loop
-    (``tests/surfaces/test_banner.py`` checks both on every bank text and random texts).
+    Words are separated by single spaces; newlines start a new line; a word wider than
+    ``max_width`` is broken between characters. A line takes words while it fits, found by a
+    galloping search over how many of the next words fit (the same lines as a word-by-word loop).
 
     Args:
         text: Text to wrap.
@@ -123,7 +112,7 @@ def wrap_text(text: str, font: ImageFont.ImageFont, max_width: int) -> list[str]
 
     Returns:
         The lines, without trailing spaces.
-    """
+"""
     def fits(s: str) -> bool:
         return font.getlength(s) <= max_width
 
@@ -206,22 +195,18 @@ def banner_spec(
 
     A ``random.Random`` seeded by the SHA-256 of ``(trajectory_id, step)`` draws, in order: the
     box width (35–70 % of the image width), the initial font size (2.6–3.6 % of the image
-    height), the palette entry, and the box position (uniform over positions fully inside the
-    image). The box height is what the longest text to hold needs when wrapped at the box
-    width, sized for wide letters ("m"/"W") plus one spare line; if that exceeds half the image
-    height, the font shrinks one pixel at a time (not below 8 px) until it fits.
+    height), the palette entry, and the box position (fully inside the image). The box height
+    is what the longest text to hold needs when wrapped (wide letters, one spare line); over half
+    the image height, the font shrinks one pixel at a time (not below 8 px).
 
-    The text to hold is the longest attack text of the whole bank (every template × goal), so
-    any attack ``k`` of the step, and its same-length controls, fit. ``text_len_hint`` replaces
-    it by that bank text cut or repeated to ``text_len_hint`` characters.
-
-    The result never depends on which variant is drawn.
+    The text to hold is the longest attack text of the bank, so any attack ``k`` of the step and
+    its same-length controls fit; the result never depends on which variant is drawn.
 
     Args:
         trajectory_id: Trajectory id.
         step: 0-based step index.
         image_size: Screenshot ``(width, height)`` in pixels.
-        text_len_hint: Characters the box must hold (default: longest bank attack text).
+        text_len_hint: Characters the box must hold (the bank text cut or repeated to it).
         font_path: TTF file, or ``None`` for Pillow's bundled scalable font.
         reference_text: The longest text to hold instead of the bank's (a run's attack pool:
             :attr:`ipi.attacks.pool.AttackPool.longest_text`).
@@ -231,7 +216,7 @@ def banner_spec(
 
     Raises:
         ValueError: The image is too small for a banner (under 32 × 32 pixels).
-    """
+"""
     width, height = int(image_size[0]), int(image_size[1])
     if width < 32 or height < 32:
         raise ValueError(f"image too small for a banner: {width}x{height}")

@@ -97,25 +97,24 @@ def _imperative_stream(seed_key: str, min_len: int, bank=None) -> str:
 def benign_imperative(target_len: int, seed_key: str, bank=None) -> str:
     """Return benign UI imperatives of exactly ``target_len`` characters.
 
-    Rule: the imperatives of :data:`~ipi.surfaces.bank.BENIGN_IMPERATIVES` are shuffled (seeded
-    by ``seed_key``; more shuffled rounds are appended when one round is too short) and joined by
-    single spaces. If the join has a word boundary exactly at ``target_len``, it is cut there.
-    Otherwise it is cut at the last word boundary that leaves a gap of at least 3 characters, and
-    the gap is filled with a space plus benign filler words ("ok", "now", "more", ... joined by
-    single spaces) of exactly the missing length. Targets below 3 characters are a plain prefix.
+    The imperatives of ``bank`` are shuffled (seeded by ``seed_key``; more rounds appended when
+    one is too short) and joined by single spaces, then cut at a word boundary exactly at
+    ``target_len``, or else at the last word boundary leaving a gap of at least 3 characters,
+    the gap filled with a space plus benign filler words of exactly the missing length. Targets
+    below 3 characters are a plain prefix.
 
     Args:
         target_len: Number of characters wanted (``>= 0``).
         seed_key: Seed (e.g. ``"<trajectory>|<step>|c_imperative"``).
         bank: Imperatives to draw from (a held-out wording family); default every entry of
-            :data:`~ipi.surfaces.bank.BENIGN_IMPERATIVES` (the same output as before families).
+            :data:`~ipi.surfaces.bank.BENIGN_IMPERATIVES`.
 
     Returns:
         A string with ``len(result) == target_len`` that never ends with a space.
 
     Raises:
         ValueError: ``target_len`` is negative.
-    """
+"""
     if target_len < 0:
         raise ValueError(f"target_len must be >= 0, got {target_len}")
     stream = _imperative_stream(seed_key, target_len + 1, bank)
@@ -145,24 +144,17 @@ def match_token_count(
 ) -> str:
     """Trim or extend ``text`` until ``count_tokens`` gives exactly ``target_tokens``.
 
-    Only the text's own material is used: the result is a prefix of the stream
-    ``text + " " + text + " " + text ...`` (so extension repeats the text's words in order),
-    possibly followed by one or two words of the text. Search order, stopping at the first
-    exact match:
+    The result is a prefix of the stream ``text + " " + text + ...``, possibly followed by one
+    or two words of the text. Search order, stopping at the first exact match:
 
-    1. the longest prefix ending at a word boundary whose count is ``<= target_tokens``
-       (binary search over boundaries, then a scan of the neighbouring boundaries because token
-       counts of prefixes are only nearly monotone);
-    2. that prefix, or one of the (up to four) shorter word-boundary prefixes before it, plus one
-       whole word of ``text`` (distinct words in order of first occurrence, then the same words
-       with surrounding punctuation stripped), or plus two such words (punctuation inside the
-       text adds tokens in steps a single word can miss); tried from the longest prefix down;
-    3. the prefix of step 1 extended character by character into the next word (a cut inside
-       a word).
+    1. the longest word-boundary prefix whose count is ``<= target_tokens`` (binary search, then
+       a scan of neighbouring boundaries: prefix counts are only nearly monotone);
+    2. that prefix, or one of up to four shorter word-boundary prefixes, plus one or two whole
+       words of ``text`` (as written, then with surrounding punctuation stripped);
+    3. the prefix of step 1 extended character by character into the next word.
 
-    If no exact match is found within ``max_calls`` calls of ``count_tokens``, the candidate
-    closest to the target (ties: the shorter) is returned; the caller sees the mismatch by
-    counting again.
+    Within ``max_calls`` calls of ``count_tokens`` and no exact match, the candidate closest to
+    the target (ties: the shorter) is returned.
 
     Args:
         text: Source text (its words are the only material used).
@@ -172,7 +164,7 @@ def match_token_count(
 
     Returns:
         The matched text (``""`` if ``target_tokens <= 0`` or ``text`` is blank).
-    """
+"""
     if target_tokens <= 0 or not text.strip():
         return ""
     calls = 0
@@ -249,9 +241,8 @@ def scramble_tokens(
 ) -> str:
     """Scramble ``text`` and match the result's token count to the original's.
 
-    Scrambled text usually tokenizes into more tokens than the words it replaces, so the result
-    is typically a prefix of :func:`scramble` ``(text, seed_key)`` (shorter in characters, same
-    token count).
+    The result is typically a prefix of :func:`scramble` ``(text, seed_key)`` (scrambled text
+    tokenizes into more tokens).
 
     Args:
         text: The text to scramble (the attack text).
@@ -262,7 +253,7 @@ def scramble_tokens(
     Returns:
         Gibberish with ``count_tokens(result) == target`` where :func:`match_token_count` can
         reach it exactly.
-    """
+"""
     target = count_tokens(text) if target_tokens is None else target_tokens
     return match_token_count(scramble(text, seed_key), target, count_tokens)
 
@@ -290,24 +281,20 @@ def imperative_sentences(target_tokens: int, seed_key: str, count_tokens: CountT
                          max_calls: int = 600, bank=None) -> str:
     """Whole benign imperative sentences with exactly ``target_tokens`` tokens (where reachable).
 
-    The ``c_imperative`` control of the text surfaces (PROTOCOL.md §2). Decision (documented in
-    docs/surfaces.md): the text is made of **complete sentences only**; the exact token count
-    comes from *choosing* sentences, then *padding* with short neutral sentences
-    (:data:`~ipi.surfaces.bank.NEUTRAL_SENTENCES`: "Thanks.", "Thank you.", ...); when no
-    combination within the budget hits the count, the closest one is returned and the mismatch is
-    *reported* (the row's ``token_delta``, and ``counts`` of the run), never hidden by cutting a
-    sentence.
+    The ``c_imperative`` control of the text surfaces (PROTOCOL.md §2; docs/surfaces.md,
+    *Token matching*): **complete sentences only**, the exact count reached by choosing
+    sentences and padding with neutral ones (:data:`~ipi.surfaces.bank.NEUTRAL_SENTENCES`);
+    when no combination within the budget hits the count, the closest one is returned and the
+    mismatch is reported (the row's ``token_delta``), never hidden by cutting a sentence.
 
-    Search (deterministic; the order is a seeded shuffle of
-    :data:`~ipi.surfaces.bank.BENIGN_IMPERATIVES`):
+    Search (deterministic, over a seeded shuffle of the bank):
 
-    1. greedy fill: walk the shuffled sentences, appending each one that keeps the count
-       ``<= target`` (then ``<= target - 2``, ``- 3``, ``- 4``: room for padding);
+    1. greedy fill: append each sentence that keeps the count ``<= target`` (then
+       ``<= target - 2``, ``- 3``, ``- 4``: room for padding);
     2. pad the fill with one to three neutral sentences until the count is exact;
-    3. if no fill and padding hits the target, start the walk at a later sentence and repeat;
-    4. if every sentence once is shorter than the target (a small bank: a held-out family of an
-       external source's few benign texts), the same search on the order walked several times,
-       so that sentences recur (still whole, still benign) instead of the control falling short.
+    3. otherwise start the walk at a later sentence and repeat;
+    4. if every sentence once is shorter than the target, walk the order several times, so
+       sentences recur.
 
     Args:
         target_tokens: Token count wanted.
@@ -318,7 +305,7 @@ def imperative_sentences(target_tokens: int, seed_key: str, count_tokens: CountT
 
     Returns:
         Space-joined complete sentences (``""`` when ``target_tokens <= 0``).
-    """
+"""
     if target_tokens <= 0:
         return ""
     rng = _rng(seed_key, "imperative-sentences")

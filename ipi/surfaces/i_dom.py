@@ -1,14 +1,12 @@
 """``i_dom``: a new entry in the page's element list (PROTOCOL.md §2; docs/surfaces.md).
 
 WebVoyager page text is a list of entries ``[<label>]: "<text>", …`` separated by ``";\\t"``. The
-injection becomes a new entry formatted like the page's own, ``[<n>]: "<text>";`` with ``n`` one
-past the largest existing label, inserted after the ``p``-th entry, ``p`` drawn uniformly from
-``0 … number of entries`` by a stable hash of ``(trajectory_id, step)``. An empty element text
-becomes just ``[0]: "<text>";``. A text with a double quote or a line break (published corpora) is
-carried as one line with ``'`` for ``"`` (:meth:`_ElementEntry.adapt`, flagged ``meta["adapted"]``).
-Controls go to the same position with the same label, wrapper
-and token count (:class:`~ipi.surfaces.surface.TextSurface`).
-"""
+injection becomes a new entry ``[<n>]: "<text>";`` with ``n`` one past the largest existing
+label, inserted after the ``p``-th entry, ``p`` drawn from ``0 … number of entries`` by a stable
+hash of ``(trajectory_id, step)``. A text with a double quote or a line break is carried as one
+line with ``'`` for ``"`` (:meth:`_ElementEntry.adapt`, flagged ``meta["adapted"]``). Controls go
+to the same position with the same label, wrapper and token count
+(:class:`~ipi.surfaces.surface.TextSurface`)."""
 
 from __future__ import annotations
 

@@ -52,8 +52,7 @@ class ToolResultSurface(TextSurface):
                                     "(controls: same place and prefix, same token count)")
     field: ClassVar[str] = "tool_result"
     new_line: ClassVar[bool] = True
-    # ipi.replay's template: "...action:\n{tool_result}\nPage elements:\n..."; without it 309 of
-    # the 355 shared steps' c_scrambled rows were one prompt token longer than their attack's
+    # ipi.replay's template: "...action:\n{tool_result}\nPage elements:\n..." (TextSurface.follows)
     follows: ClassVar[str] = "\n"
 
     def insertion(self, trajectory_id: str, step: Step) -> Insertion:

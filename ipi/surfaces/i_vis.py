@@ -1,13 +1,10 @@
 """``i_vis``: a banner drawn on the screenshot (PROTOCOL.md §2; docs/surfaces.md).
 
-The attack text is drawn in a filled box (:mod:`ipi.surfaces.banner`) whose geometry, colours
-and font are a function of ``(trajectory_id, step, image size)`` only, so the attack and every
-control of a step share the box; only the content changes. Controls match the attack's
-characters: ``c_scrambled`` is :func:`~ipi.surfaces.controls.scramble` of the attack text (same
-character count and layout), ``c_imperative`` is :func:`~ipi.surfaces.controls.benign_imperative`
-of the attack's character count, ``c_occlusion`` the empty box. Page text and tool result are
-unchanged, so the prompt length is too (the text reaches the model only through pixels).
-"""
+The attack text is drawn in a filled box (:mod:`ipi.surfaces.banner`) that every variant of a
+step shares. Controls match the attack's characters: ``c_scrambled`` is
+:func:`~ipi.surfaces.controls.scramble` of the attack text, ``c_imperative``
+:func:`~ipi.surfaces.controls.benign_imperative` of its character count, ``c_occlusion`` the
+empty box. Page text and tool result are unchanged, so the prompt length is too."""
 
 from __future__ import annotations
 

@@ -1,25 +1,18 @@
 """The registry of injection surfaces: one :class:`~ipi.surfaces.surface.Surface` object per name.
 
 ``conf/surface/<name>.yaml`` names each surface's class in ``_target_``; the registry reads the
-repository's ``conf/surface/`` once and builds one object per class (without arguments: a surface
-holds no state; the file's other keys, ``name`` and ``n_attacks``, are run settings). These are
-the surfaces that *ship* (``i_vis``, ``i_dom``, ``i_tool``): :func:`surfaces` lists them, and
-:data:`ipi.protocol.SURFACES`, the controls per surface, the transfer sources, the gallery rows
-and the attention detector's untrusted groups come from that list. So a fourth surface is one
-module and one YAML file (docs/surfaces.md, "Adding a surface").
+repository's ``conf/surface/`` once and builds one object per class. These are the surfaces that
+*ship*: :func:`surfaces` lists them, and :data:`ipi.protocol.SURFACES`, the controls per surface,
+the transfer sources, the gallery rows and the attention detector's untrusted groups come from
+that list (docs/surfaces.md, "Adding a surface").
 
 A config file found elsewhere (a Hydra searchpath entry) names a surface that does not ship: the
-run whose config names it resolves it (:func:`ipi.run.validation.run_surface` calls :func:`register`),
-and :func:`get_surface` finds it by name from then on, but it is never *listed*: what a run lists
-depends on its own config only, so a job of a ``-m`` sweep that includes such a surface gives the
-same results as the same run alone.
+run naming it registers it (:func:`register`, via :func:`ipi.run.validation.run_surface`) and
+:func:`get_surface` finds it from then on, but it is never *listed*, so a job of a ``-m`` sweep
+gives the same results as the same run alone.
 
 Order (:func:`surfaces`): the surfaces that need the screenshot first, then the text surfaces,
-by name within each (``i_vis, i_dom, i_tool``): the order of reports, the gallery rows and the
-transfer sources.
-
-Torch-free; imports nothing of :mod:`ipi.protocol` (which imports this module).
-"""
+by name within each. Torch-free; imports nothing of :mod:`ipi.protocol`."""
 
 from __future__ import annotations
 

@@ -4,22 +4,11 @@ A *surface* is where an injection lands. Each surface is one module (``ipi.surfa
 ``ipi.surfaces.i_dom``, ``ipi.surfaces.i_tool``) holding one :class:`Surface` subclass, and one
 config file ``conf/surface/<name>.yaml`` whose ``_target_`` names that class
 (:mod:`ipi.surfaces.registry`). The object answers every question the rest of the code would
-otherwise ask by comparing surface names:
-
-* ``name``; ``controls`` that apply (in build order) and ``required_controls``, the ones
-  verdict check 3 needs (``c_scrambled`` always, ``c_imperative`` where the surface has it);
-* ``needs_image`` (a text-only backbone cannot run it), ``token_matched`` (the controls match the
-  attack's token count, so building them needs the backbone's tokenizer);
-* ``untrusted_group``: the token group the injected content lands in (PROTOCOL.md §3; the
-  attention-focus detector's untrusted span);
-* :meth:`Surface.make_variants`: the clean, attack and control variants of one step;
-* ``gallery_title`` and :meth:`Surface.construction_note` (what C1's E1 is expected to be on this
-  surface, and why) for the reports.
+otherwise ask by comparing surface names (its attributes: :class:`Surface`).
 
 :class:`TextSurface` is the shared machinery of surfaces whose injection is text in one recorded
-field of the prompt (the element list, the tool result): the subclass says where and how a text
-lands (:class:`Insertion`), the base class builds the token-matched controls.
-"""
+field of the prompt: the subclass says where and how a text lands (:class:`Insertion`), the base
+class builds the token-matched controls."""
 
 from __future__ import annotations
 
@@ -101,17 +90,16 @@ class Variant:
         Args:
             step: The step this variant was made from (its ``screenshot`` is opened).
             screenshot: ``step``'s screenshot already decoded (:func:`ipi.data.images.load_rgb`),
-                shared by the variants of one step so the file is decoded once; it is returned
-                as is for clean rows and never modified (the banner is drawn on a copy).
+                shared by the variants of one step; returned as is for clean rows and never
+                modified (the banner is drawn on a copy).
 
         Returns:
             The clean screenshot, or, for non-clean variants with a banner, the screenshot with
             the banner drawn (the empty box for ``c_occlusion``).
 
         Raises:
-            DataError: The screenshot cannot be decoded (message names the file and step; the
-                importer's header check cannot see a compressed stream forged with valid CRCs).
-        """
+            DataError: The screenshot cannot be decoded (message names the file and step).
+"""
         # Any mode Pillow opens, as a person sees it (16-bit grey, transparency, CMYK, ...).
         img = screenshot if screenshot is not None else load_rgb(step.screenshot, step.step)
         if self.banner is None or self.variant == "clean":

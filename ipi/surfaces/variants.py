@@ -32,27 +32,11 @@ def make_variants(
 ) -> list[Variant]:
     """Build the clean, attack and control variants of one (trajectory, step, surface).
 
-    Order: ``clean``, ``attack`` for ``k = 0 .. n_attacks - 1``, then the controls in the order
-    given, each matched to attack ``k = 0`` (:meth:`ipi.surfaces.surface.Surface.make_variants`).
-
-    Args:
-        trajectory_id: Trajectory id (seeds every choice together with ``step.step``).
-        step: The recorded step.
-        surface: A registered surface's name (``i_vis``, ``i_dom``, ``i_tool``, ...) or object.
-        controls: Controls to build, a subset of the surface's ``controls``.
-        n_attacks: Number of attack rows (``>= 1``).
-        count_tokens: Token counter of the backbone's tokenizer; required on token-matched
-            surfaces (``i_dom``, ``i_tool``), unused on ``i_vis``.
-        wording: The trajectory's held-out wording family (:mod:`ipi.attacks.wording`):
-            attack templates, goals and ``c_imperative`` sentences are drawn from it only.
-            None: the whole bank.
-
-    Returns:
-        The variants.
+    :meth:`ipi.surfaces.surface.Surface.make_variants` of ``surface`` (a registered surface's
+    name, or the object); the other arguments and the order of the variants are that method's.
 
     Raises:
-        ValueError: Unknown surface, a control not applicable to the surface, a duplicate
-            control, ``n_attacks < 1``, or ``count_tokens`` missing on a token-matched surface.
-    """
+        ValueError: Unknown surface, or as :meth:`~ipi.surfaces.surface.Surface.make_variants`.
+"""
     return get_surface(surface).make_variants(trajectory_id, step, controls, n_attacks=n_attacks,
                                               count_tokens=count_tokens, wording=wording)

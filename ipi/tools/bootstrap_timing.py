@@ -188,10 +188,9 @@ TARGET_S = 2.0
 def bench_bootstrap(n_rows: int = 5000, n_boot: int = 1000, seed: int = 0) -> dict:
     """The ``bootstrap`` section of ``python -m ipi.tools.bench``: one JSON-ready record.
 
-    Runs :func:`bootstrap_benchmark` pinned to one core and adds ``"bench": "bootstrap"``, the
-    target (``target_s`` = 2 s for the vectorised path) and whether it was met
-    (``meets_target``), and whether both paths' replicates agree (``agree``: max abs difference
-    ≤ 1e-9).
+    :func:`bootstrap_benchmark` pinned to one core, plus ``"bench": "bootstrap"``, ``target_s``
+    (the vectorised path's target), ``meets_target`` and ``agree`` (max abs difference of the
+    two paths' replicates ≤ 1e-9).
 
     Args:
         n_rows: Rows of the synthetic score table.
@@ -201,7 +200,7 @@ def bench_bootstrap(n_rows: int = 5000, n_boot: int = 1000, seed: int = 0) -> di
     Returns:
         The record (see :func:`bootstrap_benchmark`) plus ``bench``, ``target_s``,
         ``meets_target``, ``agree``.
-    """
+"""
     res = bootstrap_benchmark(n_rows=n_rows, n_boot=n_boot, seed=seed, single_core=True)
     return {
         "bench": "bootstrap",
@@ -216,32 +215,23 @@ def bench_permutation(n_train: int = 1000, n_test: int = 600, n_features: int = 
                       sklearn_fits: int = 2, seed: int = 0, sequential_fits: int = 5) -> dict:
     """Cost of the exact permutation test's refits vs scikit-learn fits (PROTOCOL.md §7.4).
 
-    Synthetic features at the given width: trajectories of 5 steps, one clean and one attack row
-    per step (``n_train`` training rows), Gaussian features with a trajectory effect and an
-    attack shift along a random direction, float32 as the activation cache stores them. Timed:
+    Synthetic float32 features at the given width (trajectories of 5 steps, one clean and one
+    attack row per step, a trajectory effect and an attack shift). Timed:
 
-    * **ours** — what ``train.py`` runs (:func:`ipi.detectors.crossfit.cross_fit`):
-      :class:`ipi.probe.dual.ReducedDesign` (standardise, Gram matrices, eigen decomposition —
-      once), then all ``m`` refits on labels permuted within each (trajectory, step) in one
-      :func:`ipi.probe.dual.fit_reduced_batch` call, and the test rows scored;
-    * **sequential refits** (for the batching gain): ``sequential_fits`` single refits
-      (:func:`ipi.probe.dual.fit_reduced`, the pre-batching path) on the first labellings;
-      ``sequential_refits_s`` is ``m`` × their mean; their coefficients are compared with the
-      batched ones (``max_batch_vs_sequential_diff``);
-    * **scikit-learn**: ``sklearn_fits`` fits of :func:`ipi.probe.fit.fit_sklearn_reference`
-      (``StandardScaler`` + ``LogisticRegression(C=1, class_weight="balanced")``, lbfgs,
-      ``tol=1e-10``) on the first permuted labellings; the cost of 20 fits is 20 × their mean.
-
-    The scikit-learn fits' test AUCs are compared with the corresponding refits'
-    (``max_auc_diff``, must be ≤ 1e-4).
+    * **ours** — :class:`ipi.probe.dual.ReducedDesign` once, then all ``m`` permuted-label refits
+      in one :func:`ipi.probe.dual.fit_reduced_batch` call, and the test rows scored;
+    * **sequential refits**: ``sequential_fits`` single refits (:func:`ipi.probe.dual.fit_reduced`),
+      scaled to ``m``; their coefficients are compared with the batched ones;
+    * **scikit-learn**: ``sklearn_fits`` fits of :func:`ipi.probe.fit.fit_sklearn_reference`,
+      scaled to 20; their test AUCs are compared with the refits' (``max_auc_diff`` ≤ 1e-4).
 
     Returns:
         JSON-ready dict with the shapes, ``ours_s`` (design + batched refits), ``design_s``,
-        ``refits_s`` (the batched refits), ``sequential_refit_s`` (mean of one) and
-        ``sequential_refits_s`` (× ``m``), ``batch_speedup``, ``sklearn_fit_s`` (mean),
+        ``refits_s``, ``sequential_refit_s`` (mean of one) and ``sequential_refits_s`` (× ``m``),
+        ``batch_speedup``, ``max_batch_vs_sequential_diff``, ``sklearn_fit_s`` (mean),
         ``sklearn_20_fits_s``, ``ratio`` (ours / 20 scikit-learn fits; ≤ 1 is the
         requirement), ``max_auc_diff``, ``threads`` (CPU cores), ``torch_threads``.
-    """
+"""
     import torch
     from sklearn.metrics import roc_auc_score
 

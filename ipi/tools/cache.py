@@ -1,19 +1,15 @@
 """List and prune activation-cache entries: ``python -m ipi.tools.cache list|prune``.
 
-Each entry of the cache folder (``extract.cache_dir``: ``$IPI_CACHE_DIR`` or ``outputs/cache``) is
-a folder named by the first 24 hex digits of its key (:mod:`ipi.extraction.activation_cache`). ``list``
-shows, per entry, its status, rows, bytes on disk, layers, backbone and creation time (when its
-manifest was written); ``prune`` deletes entries chosen by age, key, status or all of them::
+Each entry of the cache folder (``extract.cache_dir``) is a folder named by the first 24 hex
+digits of its key (:mod:`ipi.extraction.activation_cache`)::
 
     python -m ipi.tools.cache list [--cache-dir DIR] [--verify]
     python -m ipi.tools.cache prune [--older-than DAYS] [--key PREFIX] [--incomplete] [--invalid]
                               [--all] [--dry-run] [--cache-dir DIR]
 
 Status: ``ok`` (manifest matches its shards; with ``--verify`` also every shard's sha256),
-``incomplete`` (no manifest: an interrupted extraction, resumed by rerunning the same command),
-or ``invalid: <why>`` (the manifest and the shards disagree: the run refuses to read it).
-Only folders named like cache entries are ever deleted. See ``docs/reliability.md``.
-"""
+``incomplete`` (no manifest: an interrupted extraction) or ``invalid: <why>``. Only folders named
+like cache entries are ever deleted. See ``docs/reliability.md``."""
 
 from __future__ import annotations
 

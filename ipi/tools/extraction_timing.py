@@ -3,28 +3,19 @@
 Three ways of turning replay rows into pooled features (all layers × token groups, collapse
 statistic), timed on the same rows of real shared trajectories, surface by surface:
 
-* **TaskTracker-style** (key ``speedup``): per row, the processor's own call (screenshot decoded,
-  banner drawn, image processed, template rendered, tokenised), then the full
-  ``...ForConditionalGeneration`` forward with ``output_hidden_states=True`` — vision tower,
-  every decoder block, final norm and LM head — one row at a time, pooling in Python.
+* **TaskTracker-style** (key ``speedup``): per row, the processor's own call, then the full
+  ``...ForConditionalGeneration`` forward with ``output_hidden_states=True`` (LM head included),
+  one row at a time, pooling in Python.
 * **elk-style** (key ``speedup_vs_elk_style``): the base model without the LM head, the
-  variants of one step batched (right padded, each row with its own image inputs), every
-  decoder block with ``output_hidden_states=True``, per-row preparation as above.
-* **ours**: :func:`ipi.extraction.forward.extract_features` exactly as ``train.py`` runs it, into a
-  fresh temporary cache entry each repetition: the base model without LM head and without the
-  blocks above the deepest one read (``ipi.backbone.build_backbone(..., max_layer=...)``), each
-  screenshot encoded once per step group, and each step group's shared token prefix forwarded
-  once (``extract.prefix_reuse``, default ``auto``; reported per surface as ``prefix_reuse``).
+  variants of one step batched, every decoder block with ``output_hidden_states=True``.
+* **ours**: :func:`ipi.extraction.forward.extract_features` exactly as ``train.py`` runs it, into
+  a fresh temporary cache entry each repetition (``prefix_reuse`` reported per surface).
 
-Start-up (building the backbone: processor files parsed, model built and initialised) is timed
-apart from the steady state (everything after it). The steady state is repeated ``reps`` times
-and reported as median, min and max; CPU-seconds (this process, user + system), load average
-before and after, torch threads, tokens and FLOPs per row (``torch.utils.flop_counter.
-FlopCounterMode``, counted in a separate untimed pass), achieved FLOP/s against a measured fp32
-matmul peak, the share of data preparation (rendering + tokenising + collating, timed alone)
-and the relative feature error of the two other ways against the TaskTracker-style features
-(max-abs difference over max-abs value).
-"""
+Start-up (building the backbone) is timed apart from the steady state, which is repeated
+``reps`` times (median, min, max). Also reported: CPU-seconds, load averages, torch threads,
+tokens and FLOPs per row (``torch.utils.flop_counter.FlopCounterMode``, an untimed pass),
+achieved FLOP/s against a measured fp32 matmul peak, the share of data preparation, and the
+relative feature error of the two other ways against the TaskTracker-style features."""
 
 from __future__ import annotations
 
@@ -385,16 +376,15 @@ def entry_timings(repo_root, out_dir, *, sweep: bool = True, python: str | None 
                   extra: Sequence[str] = ()) -> dict:
     """``warm_run_s`` and ``sweep30_s``: the real entry scripts on the real shared data, as subprocesses.
 
-    1. ``python extract.py surface=i_vis`` fills the activation cache (or finds it): its time
-       is reported as ``extract_s`` (a cold extraction when the cache was empty).
+    1. ``extract_s``: ``python extract.py surface=i_vis`` fills the activation cache (or finds it).
     2. ``warm_run_s``: ``python train.py surface=i_vis layers=six`` with that cache (a hit).
-    3. ``imports_s``: ``python -c "import train, ipi.run.tasks"`` — what every entry script pays
-       before any work; ``warm_run_cpu_beyond_imports_s`` subtracts its CPU-seconds.
+    3. ``imports_s``: ``python -c "import train, ipi.run.tasks"``;
+       ``warm_run_cpu_beyond_imports_s`` subtracts its CPU-seconds.
     4. ``sweep30_s``: ``python train.py -m layers=six_1,...,six_6
        token_group=last_prompt,image,task,observation,action`` (30 jobs in one process).
 
-    Each figure is wall seconds; ``*_cpu_s`` are the subprocess's CPU-seconds (user + system,
-    all threads), beside the load averages before and after.
+    Each figure is wall seconds; ``*_cpu_s`` are the subprocess's CPU-seconds, beside the load
+    averages before and after.
 
     Args:
         repo_root: Repository root (where ``train.py`` is).
@@ -405,7 +395,7 @@ def entry_timings(repo_root, out_dir, *, sweep: bool = True, python: str | None 
 
     Returns:
         A JSON-able dict with the keys above.
-    """
+"""
     import sys
 
     py = python or sys.executable

@@ -1,38 +1,20 @@
 """Known answers end to end: ``python -m ipi.tools.known_answers`` (docs/selftest.md, "Known answers").
 
-Runs ``train.py`` — the command a user runs, as a subprocess, on the real shared trajectories —
-on constructed backbones whose answer is planted (:mod:`ipi.backbone_planted`,
-``conf/backbone/planted_*.yaml``) and on the random tiny backbone, over a matrix of cells
-(backbone × surface × held-out wording) and repeats (``split.seed = 0 .. R-1``: a new split,
-hence new held-out wording, every repeat), then reads every run's ``results.json`` and writes a
-table of claim counts per cell, with the checks that stopped each refused claim:
+Runs ``train.py`` as a subprocess on the real shared trajectories, on constructed backbones whose
+answer is planted (:mod:`ipi.backbone_planted`, ``conf/backbone/planted_*.yaml``) and on the
+random tiny backbones, over a matrix of cells (backbone × surface × held-out wording) and repeats
+(``split.seed = 0 .. R-1``), then reads every run's ``results.json`` and writes a table of claim
+counts per cell, with the checks that stopped each refused claim. The cells and their known
+answers are :data:`CELLS` (docs/selftest.md lists them).
 
-=====================  ===============  ==================  ==================================
-backbone               surfaces         held-out wording    known answer
-=====================  ===============  ==================  ==================================
-planted_semantic       i_dom, i_tool    on                  "detects" (≥ 90 %)
-planted_lexical        i_dom, i_tool    on and off          never "detects"
-planted_surface        i_dom, i_tool    on                  never "detects"
-planted_surface_vis    i_vis            on                  never "detects"
-tiny_qwen2_text        i_dom, i_tool    on                  never "detects" (random weights)
-tiny_qwen2_5_vl        i_vis            on                  never "detects" (random weights)
-=====================  ===============  ==================  ==================================
-
-i_vis carries no planted content: the random vision tower cannot read the banner's words, so
-the content kinds are not run there; the surface case (banner darkness) covers it.
-
-Jobs of one (surface, held-out wording) run as ONE Hydra multirun (one process: imports, the
-data import and the replay rows of each split are done once, ``ipi.run.stages.sweep_memo``), and
-the activation cache is shared: a cell's rows are extracted once per split seed, and the
-random-weight twins of every constructed backbone are the tiny backbone's twins (one entry per
-seed and split, read by every kind). Nothing in a run is special-cased for this tool: it reads
-``verdict.claim`` and ``verdict.checks`` of ``results.json`` as any reader would.
+Jobs of one (surface, held-out wording) run as one Hydra multirun and share the activation
+cache. Nothing in a run is special-cased for this tool: it reads ``verdict.claim`` and
+``verdict.checks`` of ``results.json`` as any reader would.
 
 Examples::
 
     python -m ipi.tools.known_answers                       # the full matrix, 10 repeats
-    python -m ipi.tools.known_answers --repeats 2 --cells semantic:i_dom,lexical:i_dom
-"""
+    python -m ipi.tools.known_answers --repeats 2 --cells semantic:i_dom,lexical:i_dom"""
 
 from __future__ import annotations
 
@@ -68,8 +50,7 @@ RUN_OVERRIDES = ("evaluation.transfer=false", "report.plots=false", "report.html
 TEXT_OVERRIDES = ("token_group=text", "layers=six_1", "extract.layers=[]", "data.max_element_chars=500",
                   "split.test_fraction=0.5")
 #: i_vis: the tiny Qwen2.5-VL, the same probe block and split; 3 twins instead of the default 19
-#: (each VL twin runs its own vision tower over five bannered screenshots per step: 19 would cost
-#: ~3 hours on this CPU; the surface case's answer is stopped before check 6, which states its level).
+#: (each VL twin runs its own vision tower; the surface case's answer is stopped before check 6).
 VIS_OVERRIDES = ("layers=six_1", "extract.layers=[]", "split.test_fraction=0.5", "evaluation.random_twin_seeds=[1,2,3]")
 
 
@@ -266,18 +247,16 @@ def run_group(cells: list[Cell], seeds: list[int], out: Path, extra: list[str], 
     """One multirun of ``train.py`` for cells that share a surface and a held-out setting.
 
     A group whose ``logs/<tag>.done.json`` holds the same command and the same code
-    (:func:`_code_version`) is read, not rerun. Otherwise the group's run folder is emptied first,
-    so that no run of an earlier invocation (other seeds, cells or overrides) is left beside the
-    new ones; and whatever the folder holds, only runs whose recorded overrides are exactly this
-    command's, one per (cell, split seed) asked for, are read (``--collect`` of a folder another
-    command wrote reads none of its runs).
+    (:func:`_code_version`) is read, not rerun. Otherwise the group's run folder is emptied
+    first; whatever the folder holds, only runs whose recorded overrides are exactly this
+    command's, one per (cell, split seed) asked for, are read.
 
     Returns:
         ``(records, wall seconds)``; the wall is ``None`` for runs collected, not timed.
 
     Raises:
         RuntimeError: ``train.py`` failed (its log is named).
-    """
+"""
     surface, heldout = cells[0].surface, cells[0].heldout
     tag = f"{surface}_{'heldout' if heldout else 'shared'}"
     sweep = out / "runs" / tag

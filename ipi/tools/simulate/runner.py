@@ -68,17 +68,16 @@ def run_dataset(p: SimParams, truth: str, index: int, seed: int, key: tuple | No
     """Simulate dataset ``index`` of ``truth`` and run the real pipeline on it.
 
     Seeds: ``numpy.random.SeedSequence(seed, spawn_key=key or (truth_index, index))`` drives the
-    data, the split, the label permutation and the bootstrap draws, so a dataset's result does
-    not depend on how many workers ran; twin ``j`` (``p.n_twins`` of them, 0: no twin and check
-    6 NOT RUN) draws from ``spawn_key=(*key, 1, j)``, the networks' token-identity gains of
-    truth ``twin_seed`` from ``(*key, 2)``. The split (and with it the held-out wording family of
-    each trajectory, :func:`ipi.attacks.wording.wording_plan`) is drawn first; each attack row's
-    template comes from the real chooser restricted to its trajectory's family.
+    data, the split, the label permutation and the bootstrap draws, so a result does not depend
+    on the number of workers; twin ``j`` (``p.n_twins`` of them, 0: check 6 NOT RUN) draws from
+    ``spawn_key=(*key, 1, j)``, the token-identity gains of truth ``twin_seed`` from
+    ``(*key, 2)``. Attack templates come from the real chooser restricted to each trajectory's
+    held-out wording family (:func:`ipi.attacks.wording.wording_plan`).
 
     Returns:
         A JSON-ready record: truth, index, the claim, every check's status, each estimand's
         estimate/CI with its true value and whether the CI covers it, and the wall time.
-    """
+"""
 
     t0 = time.perf_counter()
     pt = (replace(p, heldout_wording=False).for_truth("c") if truth == "c_shared" else p.for_truth(truth))
@@ -227,22 +226,17 @@ def coverage_dataset(p: SimParams, n_test: int, index: int, seed: int,
 def sweep_dataset(p: SimParams, index: int, seed: int, n_cells: int = SWEEP_CELLS) -> dict:
     """One simulated ``n_cells``-cell sweep under truth (b); claims with and without Holm.
 
-    Every cell is a full :func:`run_dataset` under truth (b) (nothing to detect) with its own
-    features — cells are independent, the least favourable case for a family of tests (Holm
-    holds under any dependence; positively dependent cells, as real layers are, make a false
-    claim somewhere *less* likely). The family-wise claim of each cell is what
-    ``python -m ipi.reporting.sweep`` licenses (:func:`ipi.reporting.sweep.familywise`).
-
-    With twins, check 6's family-wise rank part is applied as the sweep report applies it
-    (:func:`ipi.reporting.sweep.familywise_rank`: the same seeds ``1..S`` in every cell; each
-    cell's S + 1 networks are exchangeable and cells are independent, so they are exchangeable
-    jointly over the family).
+    Every cell is a full :func:`run_dataset` under truth (b) with its own features (independent
+    cells: the least favourable case for a family of tests). The family-wise claim of each cell
+    is what ``python -m ipi.reporting.sweep`` licenses (:func:`ipi.reporting.sweep.familywise`);
+    with twins, check 6's family-wise rank part is applied as
+    :func:`ipi.reporting.sweep.familywise_rank` applies it.
 
     Returns:
         ``{"index", "n_cells", "nominal_any_detects", "familywise_any_detects",
         "familywise_any_separates", "rank_familywise_any" (None without twins), "p_detects_min",
         "seconds"}``.
-    """
+"""
 
     cells = [run_dataset(p, "b", index, seed, key=(30, index, j)) for j in range(n_cells)]
     df = pd.DataFrame({"job": [str(j) for j in range(n_cells)], "overrides": [f"cell={j}" for j in range(n_cells)],

@@ -37,8 +37,8 @@ from ipi.reporting.layout import (
     split_columns,
 )
 
-__all__ = ["FIGURES", "REPORT_CSS", "html_escape", "img_tag", "render_html", "render_report", "write_report",
-           "write_results", "write_run_report"]
+__all__ = ["FIGURES", "REPORT_CSS", "html_escape", "img_tag", "render_html", "render_report", "write_results",
+           "write_run_report"]
 
 
 def _clean(obj):
@@ -74,6 +74,71 @@ def _title(results: Mapping) -> str:
 def _sources(results: Mapping) -> list[str]:
     return [f"{what}: {results[key]}" for key, what in ((SOURCE, "score table"), (SOURCE_TWIN, "twin score table"))
             if results.get(key)]
+
+
+# -------------------------------------------------------------------------------------------- HTML
+
+#: Stylesheet of report.html and sweep.html. Tables wrap their cells (no horizontal scroll at
+#: 900 px and wider); the verdict's checks are one line each until opened.
+REPORT_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:1100px;margin:2em auto;
+padding:0 1em;color:#1a1a1a;line-height:1.45}
+h1{font-size:1.6em;margin-bottom:.2em}h2{font-size:1.3em;border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.4em}
+nav.toc{font-size:.9em;color:#555;margin:.2em 0 1em}nav.toc a{color:#2457a6;text-decoration:none}
+section>details>summary{cursor:pointer;border-bottom:1px solid #ddd;padding:.35em 0;margin-top:.5em}
+section>details>summary h2{display:inline;border:0;margin:0;padding:0;font-size:1.15em}
+section>details>summary .sum{color:#555;font-size:.9em;margin-left:.8em}
+section>details[open]>summary{margin-bottom:.6em}
+.claim{font-size:1.25em;padding:.6em 1em;border-radius:6px;margin:.6em 0}
+.claim.detects{background:#e3f5e1;border:1px solid #6fbf73}.claim.separates{background:#fff6dc;border:1px solid #e0b84d}
+.claim.none{background:#fde7e7;border:1px solid #e07b7b}
+table{border-collapse:collapse;margin:.5em 0;font-size:.92em;max-width:100%}
+td,th{border:1px solid #ccc;padding:.3em .6em;text-align:left;vertical-align:top;overflow-wrap:break-word}
+th{background:#f3f3f3}td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+td.iv{text-align:right;font-variant-numeric:tabular-nums}td.iv .ci{display:block;font-size:.85em;color:#555;white-space:nowrap}
+td.iv.unreportable{color:#8a8a8a;background:#f4f4f4}td.iv.unreportable span{text-decoration:line-through}
+table.kv th{font-weight:normal;background:#f8f8f8}table.kv td{overflow-wrap:anywhere}
+.PASS{color:#1b7a1b;font-weight:600}.FAIL{color:#b21f1f;font-weight:600}.INCONCLUSIVE{color:#a86b00;font-weight:600}
+.NOTRUN{color:#777;font-weight:600;white-space:nowrap}
+details.check{border-bottom:1px solid #eee}
+details.check>summary{display:flex;gap:.7em;align-items:baseline;cursor:pointer;padding:.3em 0;list-style:none}
+details.check>summary::-webkit-details-marker{display:none}
+details.check>summary::before{content:"\\25B8";color:#888}details.check[open]>summary::before{content:"\\25BE"}
+details.check .status{flex:0 0 8.6em}
+details.check .cname{flex:0 0 22.5em;font-weight:600;white-space:nowrap;overflow:hidden;text-overflow:ellipsis}
+details.check .lead{flex:1 1 0;min-width:0;white-space:nowrap;overflow:hidden;text-overflow:ellipsis;color:#333}
+details.check[open] .lead,details.check[open] .cname{white-space:normal}details.check table{margin-left:1.6em}
+@media (max-width:1100px){details.check>summary{flex-wrap:wrap;row-gap:0}details.check .cname{flex:1 1 auto}details.check .lead{flex:1 1 100%;padding-left:1.4em}}
+.side{display:flex;flex-wrap:wrap;gap:0 2em;align-items:flex-start}.side>div{flex:1 1 520px;min-width:0}
+.side>div:has(figure){flex:0 1 440px}
+figure{margin:1em 0}figure img{max-width:100%;box-sizing:border-box;border:1px solid #ddd}figcaption{font-size:.9em;color:#555}
+pre{background:#f6f8fa;padding:.8em;white-space:pre-wrap;overflow-wrap:anywhere;font-size:.85em;border-radius:4px}
+.muted{color:#666;font-size:.9em}li{overflow-wrap:anywhere}
+tr.unreportable td{color:#8a8a8a;background:#f4f4f4}tr.unreportable td.est{text-decoration:line-through}
+td.why{font-size:.88em}.warn{background:#fff3cd;border:1px solid #e0b84d;padding:.5em .8em;border-radius:4px}
+figure img{cursor:zoom-in}
+#lightbox{display:none;position:fixed;inset:0;z-index:10;background:rgba(20,20,20,.9);overflow:auto;cursor:zoom-out}
+#lightbox img{display:block;margin:1em auto;max-width:none;background:#fff;border:0}
+#lightbox p{color:#eee;text-align:center;margin:.5em;font-size:.9em}
+"""
+
+#: Contents-line names of the sections (their titles otherwise).
+_NAV = {"verdict": "Verdict", "estimands": "E1 · E2 · E3", "figures": "Figures", "baselines": "Baselines",
+        "twins": "Random-weight twins", "differences": "Paired differences", "other": "Other estimands",
+        "permutation": "Permutation test", "spread": "Split spread", "counts": "Data counts", "run": "Run",
+        "behaviour": "Behaviour (free run)", "behaviour_likelihood": "Behaviour (likelihood)",
+        "config": "Config"}
+
+
+def html_escape(x) -> str:
+    """``str(x)`` escaped for HTML text and attribute values (quotes included)."""
+    return html.escape(str(x), quote=True)
+
+
+def img_tag(path: Path, alt: str) -> str:
+    """An ``<img>`` tag with the PNG at ``path`` embedded as a data URI (self-contained HTML)."""
+    data = base64.b64encode(path.read_bytes()).decode("ascii")
+    return f'<img alt="{html_escape(alt)}" src="data:image/png;base64,{data}">'
 
 
 # ------------------------------------------------------------------------------------------ blocks
@@ -227,7 +292,10 @@ list ({{ more|length }})</summary><ul>{% for x in more %}<li>{{ x }}</li>{% endf
 """),
 }
 
-#: The page around the sections: ``(Markdown, HTML)``.
+#: The page around the sections: ``(Markdown, HTML)``. In HTML, opening ``report.html#twins`` (or
+#: following a contents link) unfolds that section; a click on a figure shows it at full size (the
+#: gallery is far wider than the page), a click or Esc closes it; ``report.html#full-gallery`` (or
+#: ``#full-forest``, ``#full-roc``) opens with it shown.
 PAGE: tuple[str, str] = (
     """\
 # ipi report — {{ title }}
@@ -250,9 +318,23 @@ PAGE: tuple[str, str] = (
 {% endfor %}
 <nav class="toc">{% for s in sections %}<a href="#{{ s.id }}">{{ nav.get(s.id, s.title) }}</a>\
 {% if not loop.last %} · {% endif %}{% endfor %}</nav>
-{{ body }}{{ open_on_hash }}
+{{ body }}<script>
+(function(){function open(){var t=location.hash&&document.getElementById(location.hash.slice(1));
+var d=t&&t.querySelector('details');if(d){d.open=true;}}
+window.addEventListener('hashchange',open);open();})();
+</script>
 {% if lightbox %}
-{{ lightbox }}
+<div id="lightbox" title="click to close"><p>full size: click anywhere or press Esc to close</p>
+<img alt="figure at full size"></div>
+<script>
+(function(){var lb=document.getElementById('lightbox'),big=lb.querySelector('img');
+document.querySelectorAll('figure img').forEach(function(im){im.title='click for full size';
+im.addEventListener('click',function(){big.setAttribute('src',im.getAttribute('src'));lb.style.display='block';});});
+lb.addEventListener('click',function(){lb.style.display='none';});
+document.addEventListener('keydown',function(e){if(e.key==='Escape'){lb.style.display='none';}});
+var m=/^#full-(\\w+)$/.exec(location.hash),f=m&&document.querySelector('img[alt="'+m[1]+'"]');
+if(f){big.setAttribute('src',f.getAttribute('src'));lb.style.display='block';}})();
+</script>
 {% endif %}
 </body></html>
 """)
@@ -349,12 +431,11 @@ def _render(results: Mapping, figures, config_yaml, html_out: bool, base_dir: Pa
     blocks = _Renderer(html_out, base_dir)
     body = blocks.render(sections)
     page = _PAGE[html_out].render(title=_title(results), sources=_sources(results), sections=sections, body=body,
-                                  nav=_NAV, css=Markup(REPORT_CSS), open_on_hash=Markup(_OPEN_ON_HASH),
-                                  lightbox=Markup(_LIGHTBOX) if blocks.figures else None)
+                                  nav=_NAV, css=Markup(REPORT_CSS), lightbox=blocks.figures > 0)
     return page[:-1]  # every line ends in a newline; the file's last does not
 
 
-# ---------------------------------------------------------------------------------------- Markdown
+# ----------------------------------------------------------------------------------------- reports
 
 
 def render_report(results: Mapping, figures: Mapping[str, str] | None = None, config_yaml: str | None = None) -> str:
@@ -371,102 +452,6 @@ def render_report(results: Mapping, figures: Mapping[str, str] | None = None, co
     """
     return _render(results, figures, config_yaml, html_out=False)
 
-
-def write_report(results: Mapping, out_dir: str | Path, figures: Mapping[str, str] | None = None,
-                 config_yaml: str | None = None) -> Path:
-    """Write ``report.md`` atomically and return its path (arguments as in :func:`render_report`)."""
-    path = Path(out_dir) / "report.md"
-    atomic_write_text(path, render_report(results, figures, config_yaml))
-    return path
-
-
-
-# -------------------------------------------------------------------------------------------- HTML
-
-#: Stylesheet of report.html and sweep.html. Tables wrap their cells (no horizontal scroll at
-#: 900 px and wider); the verdict's checks are one line each until opened.
-REPORT_CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:1100px;margin:2em auto;
-padding:0 1em;color:#1a1a1a;line-height:1.45}
-h1{font-size:1.6em;margin-bottom:.2em}h2{font-size:1.3em;border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.4em}
-nav.toc{font-size:.9em;color:#555;margin:.2em 0 1em}nav.toc a{color:#2457a6;text-decoration:none}
-section>details>summary{cursor:pointer;border-bottom:1px solid #ddd;padding:.35em 0;margin-top:.5em}
-section>details>summary h2{display:inline;border:0;margin:0;padding:0;font-size:1.15em}
-section>details>summary .sum{color:#555;font-size:.9em;margin-left:.8em}
-section>details[open]>summary{margin-bottom:.6em}
-.claim{font-size:1.25em;padding:.6em 1em;border-radius:6px;margin:.6em 0}
-.claim.detects{background:#e3f5e1;border:1px solid #6fbf73}.claim.separates{background:#fff6dc;border:1px solid #e0b84d}
-.claim.none{background:#fde7e7;border:1px solid #e07b7b}
-table{border-collapse:collapse;margin:.5em 0;font-size:.92em;max-width:100%}
-td,th{border:1px solid #ccc;padding:.3em .6em;text-align:left;vertical-align:top;overflow-wrap:break-word}
-th{background:#f3f3f3}td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
-td.iv{text-align:right;font-variant-numeric:tabular-nums}td.iv .ci{display:block;font-size:.85em;color:#555;white-space:nowrap}
-td.iv.unreportable{color:#8a8a8a;background:#f4f4f4}td.iv.unreportable span{text-decoration:line-through}
-table.kv th{font-weight:normal;background:#f8f8f8}table.kv td{overflow-wrap:anywhere}
-.PASS{color:#1b7a1b;font-weight:600}.FAIL{color:#b21f1f;font-weight:600}.INCONCLUSIVE{color:#a86b00;font-weight:600}
-.NOTRUN{color:#777;font-weight:600;white-space:nowrap}
-details.check{border-bottom:1px solid #eee}
-details.check>summary{display:flex;gap:.7em;align-items:baseline;cursor:pointer;padding:.3em 0;list-style:none}
-details.check>summary::-webkit-details-marker{display:none}
-details.check>summary::before{content:"\\25B8";color:#888}details.check[open]>summary::before{content:"\\25BE"}
-details.check .status{flex:0 0 8.6em}
-details.check .cname{flex:0 0 22.5em;font-weight:600;white-space:nowrap;overflow:hidden;text-overflow:ellipsis}
-details.check .lead{flex:1 1 0;min-width:0;white-space:nowrap;overflow:hidden;text-overflow:ellipsis;color:#333}
-details.check[open] .lead,details.check[open] .cname{white-space:normal}details.check table{margin-left:1.6em}
-@media (max-width:1100px){details.check>summary{flex-wrap:wrap;row-gap:0}details.check .cname{flex:1 1 auto}details.check .lead{flex:1 1 100%;padding-left:1.4em}}
-.side{display:flex;flex-wrap:wrap;gap:0 2em;align-items:flex-start}.side>div{flex:1 1 520px;min-width:0}
-.side>div:has(figure){flex:0 1 440px}
-figure{margin:1em 0}figure img{max-width:100%;box-sizing:border-box;border:1px solid #ddd}figcaption{font-size:.9em;color:#555}
-pre{background:#f6f8fa;padding:.8em;white-space:pre-wrap;overflow-wrap:anywhere;font-size:.85em;border-radius:4px}
-.muted{color:#666;font-size:.9em}li{overflow-wrap:anywhere}
-tr.unreportable td{color:#8a8a8a;background:#f4f4f4}tr.unreportable td.est{text-decoration:line-through}
-td.why{font-size:.88em}.warn{background:#fff3cd;border:1px solid #e0b84d;padding:.5em .8em;border-radius:4px}
-figure img{cursor:zoom-in}
-#lightbox{display:none;position:fixed;inset:0;z-index:10;background:rgba(20,20,20,.9);overflow:auto;cursor:zoom-out}
-#lightbox img{display:block;margin:1em auto;max-width:none;background:#fff;border:0}
-#lightbox p{color:#eee;text-align:center;margin:.5em;font-size:.9em}
-"""
-
-#: Opening ``report.html#twins`` (or following a contents link) unfolds that section.
-_OPEN_ON_HASH = """<script>
-(function(){function open(){var t=location.hash&&document.getElementById(location.hash.slice(1));
-var d=t&&t.querySelector('details');if(d){d.open=true;}}
-window.addEventListener('hashchange',open);open();})();
-</script>"""
-
-#: Click any figure to see it at full size (the gallery is far wider than the page); click again to
-#: close. ``report.html#full-gallery`` (or ``#full-forest``, ``#full-roc``) opens with it shown.
-_LIGHTBOX = """<div id="lightbox" title="click to close"><p>full size: click anywhere or press Esc to close</p>
-<img alt="figure at full size"></div>
-<script>
-(function(){var lb=document.getElementById('lightbox'),big=lb.querySelector('img');
-document.querySelectorAll('figure img').forEach(function(im){im.title='click for full size';
-im.addEventListener('click',function(){big.setAttribute('src',im.getAttribute('src'));lb.style.display='block';});});
-lb.addEventListener('click',function(){lb.style.display='none';});
-document.addEventListener('keydown',function(e){if(e.key==='Escape'){lb.style.display='none';}});
-var m=/^#full-(\\w+)$/.exec(location.hash),f=m&&document.querySelector('img[alt="'+m[1]+'"]');
-if(f){big.setAttribute('src',f.getAttribute('src'));lb.style.display='block';}})();
-</script>"""
-
-#: Contents-line names of the sections (their titles otherwise).
-_NAV = {"verdict": "Verdict", "estimands": "E1 · E2 · E3", "figures": "Figures", "baselines": "Baselines",
-        "twins": "Random-weight twins", "differences": "Paired differences", "other": "Other estimands",
-        "permutation": "Permutation test", "spread": "Split spread", "counts": "Data counts", "run": "Run",
-        "behaviour": "Behaviour (free run)", "behaviour_likelihood": "Behaviour (likelihood)",
-        "config": "Config"}
-
-
-def html_escape(x) -> str:
-    """``str(x)`` escaped for HTML text and attribute values (quotes included)."""
-    return html.escape(str(x), quote=True)
-
-
-
-
-def img_tag(path: Path, alt: str) -> str:
-    """An ``<img>`` tag with the PNG at ``path`` embedded as a data URI (self-contained HTML)."""
-    data = base64.b64encode(path.read_bytes()).decode("ascii")
-    return f'<img alt="{html_escape(alt)}" src="data:image/png;base64,{data}">'
 
 def render_html(results: Mapping, figures: Mapping[str, str | Path] | None = None,
                 config_yaml: str | None = None, base_dir: str | Path | None = None) -> str:
@@ -539,7 +524,7 @@ def write_run_report(results: dict, out_dir: str | Path, *, scores=None, config:
         from omegaconf import OmegaConf
 
         cfg_yaml = OmegaConf.to_yaml(OmegaConf.create(dict(config)))
-    paths["report_md"] = write_report(results, out_dir, figures, cfg_yaml)
+    paths["report_md"] = atomic_write_text(out_dir / "report.md", render_report(results, figures, cfg_yaml))
     if html_report:
         paths["report_html"] = atomic_write_text(
             out_dir / "report.html", render_html(results, figures, cfg_yaml, base_dir=out_dir))

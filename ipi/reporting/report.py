@@ -145,9 +145,9 @@ def img_tag(path: Path, alt: str) -> str:
 
 #: One template per block kind: ``{kind: (Markdown, HTML)}``, Jinja2 source. A block kind of
 #: :mod:`ipi.reporting.layout` is shown by adding its two templates here and nowhere else. Each
-#: template sees the block as ``b`` and the helpers of :class:`_Renderer` (``render`` for nested
-#: blocks, ``cell`` for a grid cell); every line it writes ends in a newline. In HTML every ``{{ }}``
-#: is escaped unless it is already HTML (nested blocks, the stylesheet).
+#: template sees the block as ``b``, the helpers of :class:`_Renderer` (``render`` for nested
+#: blocks) and the filter ``cell`` (a grid cell); every line it writes ends in a newline. In HTML
+#: every ``{{ }}`` is escaped unless it is already HTML (nested blocks, the stylesheet).
 TEMPLATES: dict[str, tuple[str, str]] = {
     "Text": (
         "{% if b.label %}{{ b.label }} {% endif %}{{ md_style.get(b.style, ('', ''))[0] }}{{ b.text }}"
@@ -171,8 +171,7 @@ Licensed claim: <b>{{ b.text }}</b></div>
   - rule: {{ b.rule }}
 {% endif %}
 {% if b.numbers %}
-  - numbers: {% for k, v in b.numbers %}{{ k }} {{ v }}{% if not loop.last %}; {% endif %}{% endfor %}
-
+  - numbers: {{ b.numbers|map("join", " ")|join("; ") }}
 {% endif %}
 {% if not next_same %}
 
@@ -211,10 +210,10 @@ Licensed claim: <b>{{ b.text }}</b></div>
         """\
 {% set parts = split_columns(b) %}
 {% for g in parts %}
-| {% for h in g.head %}{{ h|md }}{% if not loop.last %} | {% endif %}{% endfor %} |
+| {{ g.head|map("md")|join(" | ") }} |
 {{ "|---" * g.head|length }}|
 {% for row in g.rows %}
-| {% for c in row %}{{ cell(c) }}{% if not loop.last %} | {% endif %}{% endfor %} |
+| {{ row|map("cell")|join(" | ") }} |
 {% endfor %}
 
 {% endfor %}
@@ -233,7 +232,7 @@ Struck through, not reportable:
 {% for g in parts %}
 <table class="grid"><tr>{% for h in g.head %}<th>{{ h }}</th>{% endfor %}</tr>
 {% for row in g.rows %}
-<tr>{% for c in row %}{{ cell(c) }}{% endfor %}</tr>
+<tr>{% for c in row %}{{ c|cell }}{% endfor %}</tr>
 {% endfor %}
 </table>
 {% endfor %}
@@ -268,12 +267,8 @@ list ({{ more|length }})</summary><ul>{% for x in more %}<li>{{ x }}</li>{% endf
 """),
     "Figure": (  # embedded in HTML; left out there when its file is missing
         "![{{ b.name }}]({{ b.src }})\n\n*{{ b.caption }}*\n\n",
-        """\
-{% set img = embed(b) %}
-{% if img %}
-<figure>{{ img }}<figcaption>{{ b.caption }} Click the figure for full size.</figcaption></figure>
-{% endif %}
-"""),
+        "{% set img = embed(b) %}{% if img %}<figure>{{ img }}<figcaption>{{ b.caption }} Click the figure for full "
+        "size.</figcaption></figure>\n{% endif %}"),
     "Code": ("```{{ b.lang }}\n{{ b.text.rstrip(newline) }}\n```\n\n", "<pre>{{ b.text }}</pre>\n"),
     "Side": (  # one after the other in Markdown
         "{% for col in b.columns %}{{ render(col) }}{% endfor %}",
@@ -377,6 +372,8 @@ def _environment(html_out: bool) -> Environment:
     env = Environment(trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, autoescape=False,
                       finalize=(lambda x: x if isinstance(x, Markup) else html_escape(x)) if html_out else None)
     env.filters["md"] = _md_escape
+    env.filters["cell"] = lambda c: (Markup if html_out else str)(  # a grid cell: an Estimate or any value
+        _COMPILED[html_out]["Estimate" if isinstance(c, Estimate) else "str"].render(b=c))
     env.globals.update(interval_text=interval_text, split_columns=split_columns, unreportable=_unreportable,
                        estimand_rows=_estimand_rows, md_style=_MD_STYLE, newline="\n")
     return env
@@ -394,7 +391,7 @@ class _Renderer:
 
     def __init__(self, html_out: bool, base_dir: Path = Path(".")):
         self.html, self.base, self.figures = html_out, base_dir, 0
-        self.helpers = {"render": self.render, "cell": self.cell, "embed": self.embed}
+        self.helpers = {"render": self.render, "embed": self.embed}
 
     def _wrap(self, text: str) -> str:
         return Markup(text) if self.html else text
@@ -410,10 +407,6 @@ class _Renderer:
         blocks = tuple(blocks) if isinstance(blocks, (list, tuple)) else (blocks,)
         return self._wrap("".join(self._one(b, i + 1 < len(blocks) and type(blocks[i + 1]) is type(b))
                                   for i, b in enumerate(blocks)))
-
-    def cell(self, c) -> str:
-        """A grid cell: an :class:`Estimate` or any other value (as text)."""
-        return self._wrap(_COMPILED[self.html]["Estimate" if isinstance(c, Estimate) else "str"].render(b=c))
 
     def embed(self, b: Figure) -> str | None:
         """The ``<img>`` of a figure, its PNG embedded; None when its file is missing."""

@@ -146,20 +146,10 @@ def _check(res: dict, cid: int) -> dict | None:
     return None
 
 
-def _check_status(res: dict, cid: int) -> str | None:
-    c = _check(res, cid)
-    return None if c is None else c.get("status")
-
-
 def _permutation_p(res: dict) -> float | None:
     """The check-4 permutation p-value when the run has one (exact permutation test)."""
-    for path in ((PERMUTATION, P_VALUE), (PERMUTATION, "p")):
-        cur = res
-        for k in path:
-            cur = cur.get(k) if isinstance(cur, dict) else None
-        if isinstance(cur, (int, float)):
-            return float(cur)
-    return None
+    p = res.get(PERMUTATION) if isinstance(res.get(PERMUTATION), dict) else {}
+    return next((float(p[k]) for k in (P_VALUE, "p") if isinstance(p.get(k), (int, float))), None)
 
 
 def claim_p_values(res: dict) -> tuple[float, float]:
@@ -175,8 +165,8 @@ def claim_p_values(res: dict) -> tuple[float, float]:
         return float(x) if isinstance(x, (int, float)) else 1.0
 
     p_e1 = pv.get(E1_PAIRED) if pv.get(E1_PAIRED) is not None else pv.get(E1)
-    p_sep = num(p_e1) if _check_status(res, 1) == "PASS" else 1.0
     one = _check(res, 1) or {}
+    p_sep = num(p_e1) if one.get("status") == "PASS" else 1.0
     if (one.get("numbers") or {}).get("split") == "kfold":  # check 1's K-fold rule: the permutation test too
         p_sep = max(p_sep, num((one.get("numbers") or {}).get("permutation_p")))
     if claim != CLAIM_DETECTS:

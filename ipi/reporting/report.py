@@ -150,8 +150,9 @@ def img_tag(path: Path, alt: str) -> str:
 #: every ``{{ }}`` is escaped unless it is already HTML (nested blocks, the stylesheet).
 TEMPLATES: dict[str, tuple[str, str]] = {
     "Text": (
-        "{% if b.label %}{{ b.label }} {% endif %}{{ md_style.get(b.style, ('', ''))[0] }}{{ b.text }}"
-        "{{ md_style.get(b.style, ('', ''))[1] }}\n\n",
+        "{% set w = {'claim': ('**Licensed claim: ', '**'), 'muted': ('*', '*'), 'warn': ('**', '**'), "
+        "'strong': ('**', '**')}.get(b.style, ('', '')) %}"
+        "{% if b.label %}{{ b.label }} {% endif %}{{ w[0] }}{{ b.text }}{{ w[1] }}\n\n",
         """\
 {% if b.style == "claim" %}
 <div class="claim {{ {"detects malicious content": "detects", "none": "none"}.get(b.text, "separates") }}">\
@@ -269,7 +270,7 @@ list ({{ more|length }})</summary><ul>{% for x in more %}<li>{{ x }}</li>{% endf
         "![{{ b.name }}]({{ b.src }})\n\n*{{ b.caption }}*\n\n",
         "{% set img = embed(b) %}{% if img %}<figure>{{ img }}<figcaption>{{ b.caption }} Click the figure for full "
         "size.</figcaption></figure>\n{% endif %}"),
-    "Code": ("```{{ b.lang }}\n{{ b.text.rstrip(newline) }}\n```\n\n", "<pre>{{ b.text }}</pre>\n"),
+    "Code": ("```{{ b.lang }}\n{{ b.text.rstrip('\\n') }}\n```\n\n", "<pre>{{ b.text }}</pre>\n"),
     "Side": (  # one after the other in Markdown
         "{% for col in b.columns %}{{ render(col) }}{% endfor %}",
         '<div class="side">\n{% for col in b.columns %}\n<div>\n{{ render(col) }}</div>\n{% endfor %}\n</div>\n'),
@@ -334,15 +335,6 @@ if(f){big.setAttribute('src',f.getAttribute('src'));lb.style.display='block';}})
 </body></html>
 """)
 
-#: Markdown's wrapping of a :class:`~ipi.reporting.layout.Text` per style.
-_MD_STYLE = {"claim": ("**Licensed claim: ", "**"), "muted": ("*", "*"), "warn": ("**", "**"),
-             "strong": ("**", "**")}
-
-
-def _md_escape(x) -> str:
-    return str(x).replace("|", "\\|").replace("\n", " ")
-
-
 def _unreportable(grids: list[Grid]) -> dict[str, list[str]]:
     """``{reason: [label, ...]}`` of the struck-through cells of a grid (each estimand once)."""
     seen: set = set()
@@ -371,11 +363,11 @@ def _estimand_rows(b: EstimandTable) -> list[dict]:
 def _environment(html_out: bool) -> Environment:
     env = Environment(trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, autoescape=False,
                       finalize=(lambda x: x if isinstance(x, Markup) else html_escape(x)) if html_out else None)
-    env.filters["md"] = _md_escape
+    env.filters["md"] = lambda x: str(x).replace("|", "\\|").replace("\n", " ")  # a Markdown table cell
     env.filters["cell"] = lambda c: (Markup if html_out else str)(  # a grid cell: an Estimate or any value
         _COMPILED[html_out]["Estimate" if isinstance(c, Estimate) else "str"].render(b=c))
     env.globals.update(interval_text=interval_text, split_columns=split_columns, unreportable=_unreportable,
-                       estimand_rows=_estimand_rows, md_style=_MD_STYLE, newline="\n")
+                       estimand_rows=_estimand_rows)
     return env
 
 
@@ -393,9 +385,6 @@ class _Renderer:
         self.html, self.base, self.figures = html_out, base_dir, 0
         self.helpers = {"render": self.render, "embed": self.embed}
 
-    def _wrap(self, text: str) -> str:
-        return Markup(text) if self.html else text
-
     def _one(self, b, next_same: bool = False) -> str:
         template = _COMPILED[self.html].get(type(b).__name__)
         if template is None:
@@ -405,8 +394,8 @@ class _Renderer:
     def render(self, blocks) -> str:
         """A sequence of blocks (or one block) as text."""
         blocks = tuple(blocks) if isinstance(blocks, (list, tuple)) else (blocks,)
-        return self._wrap("".join(self._one(b, i + 1 < len(blocks) and type(blocks[i + 1]) is type(b))
-                                  for i, b in enumerate(blocks)))
+        return (Markup if self.html else str)("".join(
+            self._one(b, i + 1 < len(blocks) and type(blocks[i + 1]) is type(b)) for i, b in enumerate(blocks)))
 
     def embed(self, b: Figure) -> str | None:
         """The ``<img>`` of a figure, its PNG embedded; None when its file is missing."""

@@ -383,19 +383,17 @@ class _Renderer:
 
     def __init__(self, html_out: bool, base_dir: Path = Path(".")):
         self.html, self.base, self.figures = html_out, base_dir, 0
-        self.helpers = {"render": self.render, "embed": self.embed}
-
-    def _one(self, b, next_same: bool = False) -> str:
-        template = _COMPILED[self.html].get(type(b).__name__)
-        if template is None:
-            raise TypeError(f"report.{'html' if self.html else 'md'}: no template for block {type(b).__name__}")
-        return template.render(b=b, next_same=next_same, **self.helpers)
 
     def render(self, blocks) -> str:
-        """A sequence of blocks (or one block) as text."""
-        blocks = tuple(blocks) if isinstance(blocks, (list, tuple)) else (blocks,)
-        return (Markup if self.html else str)("".join(
-            self._one(b, i + 1 < len(blocks) and type(blocks[i + 1]) is type(b)) for i, b in enumerate(blocks)))
+        """A sequence of blocks (or one block) as text; ``next_same``: the next block is of the same kind."""
+        blocks, out = tuple(blocks) if isinstance(blocks, (list, tuple)) else (blocks,), []
+        for i, b in enumerate(blocks):
+            if type(b).__name__ not in _COMPILED[self.html]:
+                raise TypeError(f"report.{'html' if self.html else 'md'}: no template for block {type(b).__name__}")
+            out.append(_COMPILED[self.html][type(b).__name__].render(
+                b=b, next_same=i + 1 < len(blocks) and type(blocks[i + 1]) is type(b), render=self.render,
+                embed=self.embed))
+        return (Markup if self.html else str)("".join(out))
 
     def embed(self, b: Figure) -> str | None:
         """The ``<img>`` of a figure, its PNG embedded; None when its file is missing."""

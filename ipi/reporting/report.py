@@ -7,8 +7,9 @@ baselines, random-weight twins, paired differences, permutation test, split spre
 run description and resolved config — folded (``<details>``) in the HTML, each with a one-line
 summary. The HTML embeds every figure as base64, so the one file can be mailed or archived on its
 own; no table has more than :data:`ipi.reporting.layout.MAX_COLUMNS` columns and every cell
-wraps, so the page has no horizontal scroll (docs/outputs.md, "report.html").
-:func:`write_run_report` writes them all.
+wraps, so the page has no horizontal scroll (docs/outputs.md, "report.html"). Each kind of block
+has one Jinja2 template per format, side by side in :data:`TEMPLATES`; :func:`write_run_report`
+writes them all.
 """
 
 from __future__ import annotations

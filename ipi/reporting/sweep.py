@@ -376,10 +376,8 @@ def collect(sweep: str | Path) -> pd.DataFrame:
         except json.JSONDecodeError as e:
             raise ValueError(f"{job / 'results.json'}: not valid JSON ({e})") from e
         run = res.get(RUN) or {}
-        layers = run.get("layers")
-        layer_label = str(run.get("layers_config", "?"))
-        if layers is not None:
-            layer_label += " " + str(list(layers))
+        layer_label = str(run.get("layers_config", "?")) + ("" if run.get("layers") is None
+                                                            else f" {list(run['layers'])}")
         row = {
             "job": job.name,
             "overrides": " ".join(_overrides(job)),
@@ -405,10 +403,8 @@ def collect(sweep: str | Path) -> pd.DataFrame:
         op = res.get(OPERATING_POINT) or {}
         ivs.update({f"tpr_at_fpr.{neg}": iv for neg, iv in (op.get("vs") or {}).items()})
         for k, iv in ivs.items():
-            iv = iv or {}
-            row[k] = iv.get("estimate")
-            row[f"{k}_ci_low"] = iv.get("ci_low")
-            row[f"{k}_ci_high"] = iv.get("ci_high")
+            row.update({k: (iv or {}).get("estimate"), f"{k}_ci_low": (iv or {}).get("ci_low"),
+                        f"{k}_ci_high": (iv or {}).get("ci_high")})
         rows.append(row)
     if not rows:
         raise FileNotFoundError(f"{sweep}: no job folder with results.json")

@@ -1,8 +1,8 @@
 """Report sections: the operating point, and the attack source's estimands and transfer.
 
-Self-contained: each section is a list of ``(title, caption, header, rows)`` tables read from
-``results.json`` (:func:`sections`), rendered to Markdown (:func:`markdown_lines`) or HTML
-(:func:`html_parts`), so the report layout places them without knowing their content.
+Self-contained: each is a :class:`ipi.reporting.layout.Section` of blocks read from
+``results.json`` (:func:`sections`), placed by :func:`with_sections` and rendered by the block
+templates of :mod:`ipi.reporting.report` like every other section.
 
 * **Operating point**: TPR at ``evaluation.operating_fpr`` for attack vs clean and attack vs each
   control, with its cluster-bootstrap interval (``operating_point``;
@@ -25,7 +25,7 @@ __all__ = ["sections", "with_sections"]
 _BEFORE = ("other", "permutation", "spread", "counts", "run", "config")
 
 
-def _operating(results: Mapping, layout) -> list:
+def _operating(results: Mapping) -> list:
     op = results.get(OPERATING_POINT)
     if not isinstance(op, Mapping) or not op.get("vs"):
         return []
@@ -42,7 +42,7 @@ def _operating(results: Mapping, layout) -> list:
                            summary=summary)]
 
 
-def _by(rec: Mapping, layout) -> tuple:
+def _by(rec: Mapping) -> tuple:
     rows = []
     for name, r in rec.items():
         est = r.get("estimands") or {}
@@ -52,7 +52,7 @@ def _by(rec: Mapping, layout) -> tuple:
     return tuple(rows)
 
 
-def _attack(results: Mapping, layout) -> list:
+def _attack(results: Mapping) -> list:
     att = (results.get(RUN) or {}).get("attack")
     if not isinstance(att, Mapping):
         return []
@@ -71,9 +71,9 @@ def _attack(results: Mapping, layout) -> list:
                     layout.Text(("E1 / E3 per held-out source (each fold tests one source, trained on the others)"
                                  if held else "E1 / E3 by source") + "; cluster-bootstrap CIs over the slice's test "
                                 "trajectories, n/a under min_clusters.", "strong"),
-                    layout.Grid(("source", "trajectories", "E1", "E3"), _by(att.get("by_source", {}), layout)),
+                    layout.Grid(("source", "trajectories", "E1", "E3"), _by(att.get("by_source", {}))),
                     layout.Text("E1 / E3 by goal family (goal families are confounded with sources).", "strong"),
-                    layout.Grid(("goal family", "trajectories", "E1", "E3"), _by(att.get("by_goal_family", {}), layout))]
+                    layout.Grid(("goal family", "trajectories", "E1", "E3"), _by(att.get("by_goal_family", {})))]
     tr = att.get("transfer")
     if isinstance(tr, Mapping):
         names = tr["sources"]
@@ -92,7 +92,7 @@ def _attack(results: Mapping, layout) -> list:
 def sections(results: Mapping) -> list:
     """This module's sections (:class:`ipi.reporting.layout.Section`) present in ``results``: the
     operating point, then the attack source; none for a run without them."""
-    return [*_operating(results, layout), *_attack(results, layout)]
+    return [*_operating(results), *_attack(results)]
 
 
 def with_sections(report: list, results: Mapping) -> list:

@@ -436,6 +436,11 @@ def _not_reportable_note(marks: Mapping[str, str | None], r: Mapping) -> str | N
             "or a degenerate interval). Do not report them as results.")
 
 
+def _table(r: Mapping, rows, readers: Mapping[str, list[int]]) -> EstimandTable:
+    """An :class:`EstimandTable` of ``rows`` at the run's interval level."""
+    return EstimandTable(tuple(rows), (r.get(BOOTSTRAP) or {}).get(LEVEL_KEY, DEFAULTS.level), readers)
+
+
 def _group(key: str) -> str:
     head = key.split(".")[0]
     if head in (E1, E1_PAIRED, E2, E3):
@@ -451,8 +456,7 @@ def _group(key: str) -> str:
 
 def _headline(r: Mapping, rows: list, marks: Mapping, figures: Mapping[str, str],
               readers: Mapping[str, list[int]]) -> Section:
-    level = (r.get(BOOTSTRAP) or {}).get(LEVEL_KEY, DEFAULTS.level)
-    table = EstimandTable(tuple(rows), level, readers)
+    table = _table(r, rows, readers)
     blocks: list = []
     note = _not_reportable_note(marks, r)
     if note:
@@ -516,13 +520,12 @@ BASELINE_NOTES = {
 def _baselines(r: Mapping, rows: list, readers: Mapping[str, list[int]]) -> Section | None:
     if not rows:
         return None
-    level = (r.get(BOOTSTRAP) or {}).get(LEVEL_KEY, DEFAULTS.level)
     present = [k for k in BASELINE_LABELS if isinstance(r.get(k), Mapping)]
     blocks: list = [Bullets(tuple(BASELINE_NOTES[k] for k in present if k in BASELINE_NOTES))]
     note = construction_note(r)
     if note:
         blocks.append(Text(note, label="C1 on this surface."))
-    blocks.append(EstimandTable(tuple(rows), level, readers))
+    blocks.append(_table(r, rows, readers))
     summary = " · ".join(f"{BASELINE_LABELS[k]} E1 {interval_text((r[k] or {}).get(E1)).split(' ')[0]}"
                          for k in present)
     return Section("baselines", "Baselines (PROTOCOL.md §5–§6)", tuple(blocks), summary=summary)
@@ -600,10 +603,9 @@ def _twins(r: Mapping, marks: Mapping, labels: Mapping[str, str]) -> Section | N
 def _differences(r: Mapping, rows: list, readers: Mapping[str, list[int]]) -> Section | None:
     if not rows:
         return None
-    level = (r.get(BOOTSTRAP) or {}).get(LEVEL_KEY, DEFAULTS.level)
     blocks: list = [Text("Paired differences: both estimands on the same bootstrap draws of test trajectories, "
                          "so the interval is that of the difference (docs/estimands.md).", "muted"),
-                    EstimandTable(tuple(rows), level, readers)]
+                    _table(r, rows, readers)]
     p = r.get(P_VALUES)
     if isinstance(p, Mapping) and p:
         blocks += [Text("One-sided bootstrap p-values (of E1 ≤ 0.5, E3[c] ≤ 0.5, each difference ≤ 0): "
@@ -790,8 +792,7 @@ def report_sections(results: Mapping, figures: Mapping[str, str] | None = None,
     other += [(k, _extra_label(k), at(r, k), marks.get(k)) for k in interval_keys(r)
               if k not in shown and k not in {row[0] for row in other}]
     if other:
-        level = (r.get(BOOTSTRAP) or {}).get(LEVEL_KEY, DEFAULTS.level)
-        sections.append(Section("other", "Other estimands", (EstimandTable(tuple(other), level, readers),),
+        sections.append(Section("other", "Other estimands", (_table(r, other, readers),),
                                 summary=f"{len(other)} estimands"))
     sections += [_permutation(r), _spread(r), _counts(r), _run(r)]
     if config_yaml:

@@ -159,30 +159,26 @@ def _iv(x) -> tuple[float, float, float] | None:
     return est, float(lo) if lo is not None else math.nan, float(hi) if hi is not None else math.nan
 
 
-def forest_rows(results: Mapping) -> tuple[list[tuple[str, float, float, float]], list[tuple[str, float, float, float]]]:
-    """The estimands of a ``results.json`` as forest-plot rows.
-
-    Args:
-        results: The dict written to ``results.json``.
-
-    Returns:
-        ``(auc_rows, difference_rows)``, each a list of ``(label, estimate, ci_low, ci_high)``
-        (``nan`` bounds where the interval is undefined). AUC rows: E1, E2, E3 per control, then
-        every baseline's E1 and E2; difference rows: the paired differences.
-    """
-    aucs, diffs = _marked_forest_rows(results)
-    return [r[:4] for r in aucs], [r[:4] for r in diffs]
-
-
 def _diff_label(key: str) -> str:
     parts = key.split(".")[1:]  # differences.<name>[.<control>]
     name = parts[0].replace("_minus_", " − ").replace("_", " ")
     return f"{name}[{parts[1]}]" if len(parts) > 1 else name
 
 
-def _marked_forest_rows(results: Mapping, *, readers: Mapping[str, list[int]] | None = None):
-    """As :func:`forest_rows`, each row with a fifth item: ``None`` or why it is not reportable;
-    with ``readers`` (:func:`ipi.evaluation.verdict.read_keys`) a label names the checks reading it."""
+def forest_rows(results: Mapping, *, readers: Mapping[str, list[int]] | None = None):
+    """The estimands of a ``results.json`` as forest-plot rows.
+
+    Args:
+        results: The dict written to ``results.json``.
+        readers: ``{key: [check ids]}`` (:func:`ipi.evaluation.verdict.read_keys`): a label then
+            names the checks reading it; or None.
+
+    Returns:
+        ``(auc_rows, difference_rows)``, each a list of ``(label, estimate, ci_low, ci_high, why)``
+        (``nan`` bounds where the interval is undefined; ``why`` None or why it is not
+        reportable). AUC rows: E1, E2, E3 per control, then every baseline's E1 and E2;
+        difference rows: the paired differences.
+    """
     marks = reportability_of(results)
     aucs, diffs = [], []
     for key, label, x in estimand_entries(results):
@@ -266,7 +262,7 @@ def plot_forest(results: Mapping, path: str | os.PathLike, title: str = "") -> P
     Raises:
         ValueError: ``results`` holds no estimand.
     """
-    aucs, diffs = _marked_forest_rows(results, readers=read_keys(results))
+    aucs, diffs = forest_rows(results, readers=read_keys(results))
     if not aucs:
         raise ValueError("plot_forest: no estimand in results")
     heights = [max(len(aucs), 1), max(len(diffs), 1)] if diffs else [len(aucs)]

@@ -7,8 +7,9 @@ baselines, random-weight twins, paired differences, permutation test, split spre
 run description and resolved config — folded (``<details>``) in the HTML, each with a one-line
 summary. The HTML embeds every figure as base64, so the one file can be mailed or archived on its
 own; no table has more than :data:`ipi.reporting.layout.MAX_COLUMNS` columns and every cell
-wraps, so the page has no horizontal scroll (docs/outputs.md, "report.html").
-:func:`write_run_report` writes them all.
+wraps, so the page has no horizontal scroll (docs/outputs.md, "report.html"). Each kind of block
+has one Jinja2 template per format, side by side in :data:`TEMPLATES`; :func:`write_run_report`
+writes them all.
 """
 
 from __future__ import annotations
@@ -20,29 +21,25 @@ import math
 from collections.abc import Mapping
 from pathlib import Path
 
+from jinja2 import Environment
+from markupsafe import Markup
+
 from ipi.io import atomic_write_text
 from ipi.metrics.keys import RUN, SOURCE, SOURCE_TWIN
 from ipi.reporting import attack_sections, behaviour_sections
 from ipi.reporting.layout import (
     FIGURES,
-    Bullets,
-    CheckLine,
-    Code,
     EstimandTable,
     Estimate,
     Figure,
     Grid,
-    KeyValues,
-    Section,
-    Side,
-    Text,
     interval_text,
     report_sections,
     split_columns,
 )
 
-__all__ = ["FIGURES", "REPORT_CSS", "html_escape", "img_tag", "render_html", "render_report", "write_report",
-           "write_results", "write_run_report"]
+__all__ = ["FIGURES", "REPORT_CSS", "html_escape", "img_tag", "render_html", "render_report", "write_results",
+           "write_run_report"]
 
 
 def _clean(obj):
@@ -78,120 +75,6 @@ def _title(results: Mapping) -> str:
 def _sources(results: Mapping) -> list[str]:
     return [f"{what}: {results[key]}" for key, what in ((SOURCE, "score table"), (SOURCE_TWIN, "twin score table"))
             if results.get(key)]
-
-
-# ---------------------------------------------------------------------------------------- Markdown
-
-
-def _md_escape(x) -> str:
-    return str(x).replace("|", "\\|").replace("\n", " ")
-
-
-def _md_cell(c) -> str:
-    if isinstance(c, Estimate):
-        t = interval_text(c.iv)
-        return f"~~{t}~~" if c.why else t
-    return _md_escape(c)
-
-
-def _unreportable(grids: list[Grid]) -> dict[str, list[str]]:
-    """``{reason: [label, ...]}`` of the struck-through cells of a grid (each estimand once)."""
-    seen: set = set()
-    out: dict[str, list[str]] = {}
-    for g in grids:
-        for row in g.rows:
-            for c in row:
-                if isinstance(c, Estimate) and c.why and c.key not in seen:
-                    seen.add(c.key)
-                    out.setdefault(c.why, []).append(c.label)
-    return out
-
-
-def _md_unreportable(grids: list[Grid]) -> list[str]:
-    by_reason = _unreportable(grids)
-    if not by_reason:
-        return []
-    return ["Struck through, not reportable:", "",
-            *(f"- {why}: {', '.join(labels)}" for why, labels in by_reason.items()), ""]
-
-
-def _md_blocks(blocks, out: list[str]) -> None:
-    for i, b in enumerate(blocks):
-        if isinstance(b, Text):
-            text = {"claim": f"**Licensed claim: {b.text}**", "muted": f"*{b.text}*", "warn": f"**{b.text}**",
-                    "strong": f"**{b.text}**"}.get(b.style, b.text)
-            out += [f"{b.label} {text}" if b.label else text, ""]
-        elif isinstance(b, Bullets):
-            out += [f"- {x}" for x in b.items] + [""]
-        elif isinstance(b, CheckLine):
-            out.append(f"- [{b.status}] {b.id}. {b.name}: {b.detail}")
-            if b.rule:
-                out.append(f"  - rule: {b.rule}")
-            if b.numbers:
-                out.append("  - numbers: " + "; ".join(f"{k} {v}" for k, v in b.numbers))
-            if i + 1 == len(blocks) or not isinstance(blocks[i + 1], CheckLine):
-                out.append("")  # the checks are one list
-        elif isinstance(b, EstimandTable):
-            out += [f"| estimand | estimate | {b.level:.0%} CI | replicates used | reportable | decides |",
-                    "|---|---|---|---|---|---|"]
-            for key, label, iv, why in b.rows:
-                iv = iv if isinstance(iv, Mapping) else {}
-                parts = interval_text(iv).split(" ", 1)
-                est, ci = (parts[0], parts[1]) if len(parts) == 2 else ("n/a", "n/a")
-                label = _md_escape(label) if why is None else f"~~{_md_escape(label)}~~"
-                mark = "yes" if why is None else f"**no**: {_md_escape(why)}"
-                out.append(f"| {label} | {est} | {ci} | {iv.get('n_boot_used', '')} | {mark} | {b.decides(key)} |")
-            out.append("")
-        elif isinstance(b, Grid):
-            parts = split_columns(b)
-            for g in parts:
-                out += ["| " + " | ".join(_md_escape(h) for h in g.head) + " |", "|---" * len(g.head) + "|"]
-                out += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in g.rows]
-                out.append("")
-            out += _md_unreportable(parts)
-        elif isinstance(b, KeyValues):
-            for k, v, more in b.items:
-                out.append(f"- {k}: {v}")
-                out += [f"  - {x}" for x in more]
-            out.append("")
-        elif isinstance(b, Figure):
-            out += [f"![{b.name}]({b.src})", "", f"*{b.caption}*", ""]
-        elif isinstance(b, Code):
-            out += [f"```{b.lang}", b.text.rstrip("\n"), "```", ""]
-        elif isinstance(b, Side):
-            for col in b.columns:
-                _md_blocks(col, out)
-        else:
-            raise TypeError(f"report.md: no rendering for block {type(b).__name__}")
-
-
-def render_report(results: Mapping, figures: Mapping[str, str] | None = None, config_yaml: str | None = None) -> str:
-    """``report.md``: the sections of :func:`~ipi.reporting.layout.report_sections` in Markdown.
-
-    Args:
-        results: The dict written to ``results.json``.
-        figures: ``{name: file name relative to the report}`` of figures to link (see
-            :data:`~ipi.reporting.layout.FIGURES`), or None.
-        config_yaml: The resolved run config as YAML (the last section), or None.
-
-    Returns:
-        Markdown text.
-    """
-    out = [f"# ipi report — {_title(results)}", ""]
-    out += [f"*{x}*" for x in _sources(results)] + ([""] if _sources(results) else [])
-    for s in behaviour_sections.with_behaviour(
-            attack_sections.with_sections(report_sections(results, figures, config_yaml), results), results):
-        out += [f"## {s.title}", ""]
-        _md_blocks(s.blocks, out)
-    return "\n".join(out)
-
-
-def write_report(results: Mapping, out_dir: str | Path, figures: Mapping[str, str] | None = None,
-                 config_yaml: str | None = None) -> Path:
-    """Write ``report.md`` atomically and return its path (arguments as in :func:`render_report`)."""
-    path = Path(out_dir) / "report.md"
-    atomic_write_text(path, render_report(results, figures, config_yaml))
-    return path
 
 
 # -------------------------------------------------------------------------------------------- HTML
@@ -240,27 +123,6 @@ figure img{cursor:zoom-in}
 #lightbox p{color:#eee;text-align:center;margin:.5em;font-size:.9em}
 """
 
-#: Opening ``report.html#twins`` (or following a contents link) unfolds that section.
-_OPEN_ON_HASH = """<script>
-(function(){function open(){var t=location.hash&&document.getElementById(location.hash.slice(1));
-var d=t&&t.querySelector('details');if(d){d.open=true;}}
-window.addEventListener('hashchange',open);open();})();
-</script>"""
-
-#: Click any figure to see it at full size (the gallery is far wider than the page); click again to
-#: close. ``report.html#full-gallery`` (or ``#full-forest``, ``#full-roc``) opens with it shown.
-_LIGHTBOX = """<div id="lightbox" title="click to close"><p>full size: click anywhere or press Esc to close</p>
-<img alt="figure at full size"></div>
-<script>
-(function(){var lb=document.getElementById('lightbox'),big=lb.querySelector('img');
-document.querySelectorAll('figure img').forEach(function(im){im.title='click for full size';
-im.addEventListener('click',function(){big.setAttribute('src',im.getAttribute('src'));lb.style.display='block';});});
-lb.addEventListener('click',function(){lb.style.display='none';});
-document.addEventListener('keydown',function(e){if(e.key==='Escape'){lb.style.display='none';}});
-var m=/^#full-(\\w+)$/.exec(location.hash),f=m&&document.querySelector('img[alt="'+m[1]+'"]');
-if(f){big.setAttribute('src',f.getAttribute('src'));lb.style.display='block';}})();
-</script>"""
-
 #: Contents-line names of the sections (their titles otherwise).
 _NAV = {"verdict": "Verdict", "estimands": "E1 · E2 · E3", "figures": "Figures", "baselines": "Baselines",
         "twins": "Random-weight twins", "differences": "Paired differences", "other": "Other estimands",
@@ -274,126 +136,302 @@ def html_escape(x) -> str:
     return html.escape(str(x), quote=True)
 
 
-_h = html_escape  # short name for the many f-strings below
-
-
 def img_tag(path: Path, alt: str) -> str:
     """An ``<img>`` tag with the PNG at ``path`` embedded as a data URI (self-contained HTML)."""
     data = base64.b64encode(path.read_bytes()).decode("ascii")
-    return f'<img alt="{_h(alt)}" src="data:image/png;base64,{data}">'
+    return f'<img alt="{html_escape(alt)}" src="data:image/png;base64,{data}">'
 
 
-def _html_cell(c) -> str:
-    if not isinstance(c, Estimate):
-        return f"<td>{_h(c)}</td>"
-    parts = interval_text(c.iv).split(" ", 1)
-    inner = f'<span class="est">{_h(parts[0])}</span>' + (f' <span class="ci">{_h(parts[1])}</span>'
-                                                          if len(parts) == 2 else "")
-    key = f' data-key="{_h(c.key)}"' if c.key else ""
-    if c.why:
-        return f'<td class="iv unreportable"{key} title="not reportable: {_h(c.why)}">{inner}</td>'
-    return f'<td class="iv"{key}>{inner}</td>'
+# ------------------------------------------------------------------------------------------ blocks
+
+#: One template per block kind: ``{kind: (Markdown, HTML)}``, Jinja2 source. A block kind of
+#: :mod:`ipi.reporting.layout` is shown by adding its two templates here and nowhere else. Each
+#: template sees the block as ``b``, the helpers of :class:`_Renderer` (``render`` for nested
+#: blocks) and the filter ``cell`` (a grid cell); every line it writes ends in a newline. In HTML
+#: every ``{{ }}`` is escaped unless it is already HTML (nested blocks, the stylesheet).
+TEMPLATES: dict[str, tuple[str, str]] = {
+    "Text": (
+        "{% set w = {'claim': ('**Licensed claim: ', '**'), 'muted': ('*', '*'), 'warn': ('**', '**'), "
+        "'strong': ('**', '**')}.get(b.style, ('', '')) %}"
+        "{% if b.label %}{{ b.label }} {% endif %}{{ w[0] }}{{ b.text }}{{ w[1] }}\n\n",
+        """\
+{% if b.style == "claim" %}
+<div class="claim {{ {"detects malicious content": "detects", "none": "none"}.get(b.text, "separates") }}">\
+Licensed claim: <b>{{ b.text }}</b></div>
+{% else %}
+<p{% if b.style in ("muted", "warn") %} class="{{ b.style }}"{% endif %}>{% if b.label %}<b>{{ b.label }}</b> \
+{% endif %}{% if b.style == "strong" %}<b>{{ b.text }}</b>{% else %}{{ b.text }}{% endif %}</p>
+{% endif %}
+"""),
+    "Bullets": (
+        "{% for x in b.items %}\n- {{ x }}\n{% endfor %}\n\n",
+        "<ul>{% for x in b.items %}<li>{{ x }}</li>{% endfor %}</ul>\n"),
+    "CheckLine": (  # consecutive checks are one list in Markdown
+        """\
+- [{{ b.status }}] {{ b.id }}. {{ b.name }}: {{ b.detail }}
+{% if b.rule %}
+  - rule: {{ b.rule }}
+{% endif %}
+{% if b.numbers %}
+  - numbers: {{ b.numbers|map("join", " ")|join("; ") }}
+{% endif %}
+{% if not next_same %}
+
+{% endif %}
+""",
+        """\
+<details class="check"><summary><span class="status {{ b.status.replace(" ", "") }}">{{ b.status }}</span>\
+<span class="cname">{{ b.id }}. {{ b.name }}</span><span class="lead">{{ b.detail }}</span></summary>
+{% if b.rule %}
+<p class="muted"><b>Rule.</b> {{ b.rule }}</p>
+{% endif %}
+{{ render(b.tables) }}</details>
+"""),
+    "EstimandTable": (
+        """\
+| estimand | estimate | {{ "{:.0%}".format(b.level) }} CI | replicates used | reportable | decides |
+|---|---|---|---|---|---|
+{% for r in estimand_rows(b) %}
+| {% if r.why is none %}{{ r.label|md }}{% else %}~~{{ r.label|md }}~~{% endif %} | {{ r.est }} | {{ r.ci }} \
+| {{ r.n }} | {% if r.why is none %}yes{% else %}**no**: {{ r.why|md }}{% endif %} | {{ r.decides }} |
+{% endfor %}
+
+""",
+        """\
+<table><tr><th>estimand</th><th>estimate</th><th>{{ "{:.0%}".format(b.level) }} CI</th><th>replicates used</th>\
+<th>reportable</th><th>decides</th></tr>
+{% for r in estimand_rows(b) %}
+<tr{% if r.why is not none %} class="unreportable"{% endif %}><td>{{ r.label }}</td>\
+<td class="num est" data-key="{{ r.key }}">{{ r.est }}</td><td class="num est">{{ r.ci }}</td>\
+<td class="num">{{ r.n }}</td><td class="why">{% if r.why is none %}yes{% else %}no: {{ r.why }}{% endif %}</td>\
+<td>{{ r.decides }}</td></tr>
+{% endfor %}
+</table>
+"""),
+    "Grid": (  # cut into tables of at most MAX_COLUMNS columns; struck-through cells listed below
+        """\
+{% set parts = split_columns(b) %}
+{% for g in parts %}
+| {{ g.head|map("md")|join(" | ") }} |
+{{ "|---" * g.head|length }}|
+{% for row in g.rows %}
+| {{ row|map("cell")|join(" | ") }} |
+{% endfor %}
+
+{% endfor %}
+{% set why = unreportable(parts) %}
+{% if why %}
+Struck through, not reportable:
+
+{% for reason, labels in why.items() %}
+- {{ reason }}: {{ labels|join(", ") }}
+{% endfor %}
+
+{% endif %}
+""",
+        """\
+{% set parts = split_columns(b) %}
+{% for g in parts %}
+<table class="grid"><tr>{% for h in g.head %}<th>{{ h }}</th>{% endfor %}</tr>
+{% for row in g.rows %}
+<tr>{% for c in row %}{{ c|cell }}{% endfor %}</tr>
+{% endfor %}
+</table>
+{% endfor %}
+{% set why = unreportable(parts) %}
+{% if why %}
+<p class="muted">Struck through, not reportable: {% for reason, labels in why.items() %}{{ reason }}: \
+{{ labels|join(", ") }}{% if not loop.last %}; {% endif %}{% endfor %}.</p>
+{% endif %}
+"""),
+    "Estimate": (  # a grid cell holding an interval (struck through when not reportable)
+        "{% if b.why %}~~{{ interval_text(b.iv) }}~~{% else %}{{ interval_text(b.iv) }}{% endif %}",
+        """\
+{% set p = interval_text(b.iv).split(" ", 1) %}
+<td class="iv{% if b.why %} unreportable{% endif %}"{% if b.key %} data-key="{{ b.key }}"{% endif %}\
+{% if b.why %} title="not reportable: {{ b.why }}"{% endif %}><span class="est">{{ p[0] }}</span>\
+{% if p|length == 2 %} <span class="ci">{{ p[1] }}</span>{% endif %}</td>"""),
+    "str": ("{{ b|md }}", "<td>{{ b }}</td>"),  # any other grid cell
+    "KeyValues": (
+        """\
+{% for k, v, more in b.items %}
+- {{ k }}: {{ v }}
+{% for x in more %}
+  - {{ x }}
+{% endfor %}
+{% endfor %}
+
+""",
+        """\
+<table class="kv">{% for k, v, more in b.items %}<tr><th>{{ k }}</th><td>{{ v }}{% if more %}<details><summary>\
+list ({{ more|length }})</summary><ul>{% for x in more %}<li>{{ x }}</li>{% endfor %}</ul></details>{% endif %}\
+</td></tr>{% endfor %}</table>
+"""),
+    "Figure": (  # embedded in HTML; left out there when its file is missing
+        "![{{ b.name }}]({{ b.src }})\n\n*{{ b.caption }}*\n\n",
+        "{% set img = embed(b) %}{% if img %}<figure>{{ img }}<figcaption>{{ b.caption }} Click the figure for full "
+        "size.</figcaption></figure>\n{% endif %}"),
+    "Code": ("```{{ b.lang }}\n{{ b.text.rstrip('\\n') }}\n```\n\n", "<pre>{{ b.text }}</pre>\n"),
+    "Side": (  # one after the other in Markdown
+        "{% for col in b.columns %}{{ render(col) }}{% endfor %}",
+        '<div class="side">\n{% for col in b.columns %}\n<div>\n{{ render(col) }}</div>\n{% endfor %}\n</div>\n'),
+    "Section": (
+        "## {{ b.title }}\n\n{{ render(b.blocks) }}",
+        """\
+<section id="{{ b.id }}">
+{% if b.folded %}
+<details><summary><h2>{{ b.title }}</h2>{% if b.summary %}<span class="sum">{{ b.summary }}</span>{% endif %}\
+</summary>
+{% else %}
+<h2>{{ b.title }}</h2>
+{% endif %}
+{{ render(b.blocks) }}{% if b.folded %}</details>{% endif %}</section>
+"""),
+}
+
+#: The page around the sections: ``(Markdown, HTML)``. In HTML, opening ``report.html#twins`` (or
+#: following a contents link) unfolds that section; a click on a figure shows it at full size (the
+#: gallery is far wider than the page), a click or Esc closes it; ``report.html#full-gallery`` (or
+#: ``#full-forest``, ``#full-roc``) opens with it shown.
+PAGE: tuple[str, str] = (
+    """\
+# ipi report — {{ title }}
+
+{% for x in sources %}
+*{{ x }}*
+{% endfor %}
+{% if sources %}
+
+{% endif %}
+{{ body }}""",
+    """\
+<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>ipi report — {{ title }}</title><style>{{ css }}</style></head><body>
+<h1>ipi report — {{ title }}</h1>
+{% for x in sources %}
+<p class="muted">{{ x }}</p>
+{% endfor %}
+<nav class="toc">{% for s in sections %}<a href="#{{ s.id }}">{{ nav.get(s.id, s.title) }}</a>\
+{% if not loop.last %} · {% endif %}{% endfor %}</nav>
+{{ body }}<script>
+(function(){function open(){var t=location.hash&&document.getElementById(location.hash.slice(1));
+var d=t&&t.querySelector('details');if(d){d.open=true;}}
+window.addEventListener('hashchange',open);open();})();
+</script>
+{% if lightbox %}
+<div id="lightbox" title="click to close"><p>full size: click anywhere or press Esc to close</p>
+<img alt="figure at full size"></div>
+<script>
+(function(){var lb=document.getElementById('lightbox'),big=lb.querySelector('img');
+document.querySelectorAll('figure img').forEach(function(im){im.title='click for full size';
+im.addEventListener('click',function(){big.setAttribute('src',im.getAttribute('src'));lb.style.display='block';});});
+lb.addEventListener('click',function(){lb.style.display='none';});
+document.addEventListener('keydown',function(e){if(e.key==='Escape'){lb.style.display='none';}});
+var m=/^#full-(\\w+)$/.exec(location.hash),f=m&&document.querySelector('img[alt="'+m[1]+'"]');
+if(f){big.setAttribute('src',f.getAttribute('src'));lb.style.display='block';}})();
+</script>
+{% endif %}
+</body></html>
+""")
+
+def _unreportable(grids: list[Grid]) -> dict[str, list[str]]:
+    """``{reason: [label, ...]}`` of the struck-through cells of a grid (each estimand once)."""
+    seen: set = set()
+    out: dict[str, list[str]] = {}
+    for g in grids:
+        for row in g.rows:
+            for c in row:
+                if isinstance(c, Estimate) and c.why and c.key not in seen:
+                    seen.add(c.key)
+                    out.setdefault(c.why, []).append(c.label)
+    return out
 
 
-class _HtmlBlocks:
-    """Renders blocks to HTML lines; figures are read from ``base_dir`` and embedded."""
+def _estimand_rows(b: EstimandTable) -> list[dict]:
+    """The rows of an :class:`EstimandTable`, each cell as text (``why`` None when reportable)."""
+    out = []
+    for key, label, iv, why in b.rows:
+        iv = iv if isinstance(iv, Mapping) else {}
+        parts = interval_text(iv).split(" ", 1)
+        est, ci = (parts[0], parts[1]) if len(parts) == 2 else ("n/a", "n/a")
+        out.append({"key": key, "label": label, "est": est, "ci": ci, "n": iv.get("n_boot_used", ""), "why": why,
+                    "decides": b.decides(key)})
+    return out
 
-    def __init__(self, base_dir: Path):
-        self.base = base_dir
-        self.figures = 0
 
-    def render(self, blocks, out: list[str]) -> None:
-        for b in blocks:
-            getattr(self, f"_{type(b).__name__.lower()}")(b, out)
+def _environment(html_out: bool) -> Environment:
+    env = Environment(trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, autoescape=False,
+                      finalize=(lambda x: x if isinstance(x, Markup) else html_escape(x)) if html_out else None)
+    env.filters["md"] = lambda x: str(x).replace("|", "\\|").replace("\n", " ")  # a Markdown table cell
+    env.filters["cell"] = lambda c: (Markup if html_out else str)(  # a grid cell: an Estimate or any value
+        _COMPILED[html_out]["Estimate" if isinstance(c, Estimate) else "str"].render(b=c))
+    env.globals.update(interval_text=interval_text, split_columns=split_columns, unreportable=_unreportable,
+                       estimand_rows=_estimand_rows)
+    return env
 
-    def _text(self, b: Text, out):
-        if b.style == "claim":
-            cls = {"detects malicious content": "detects", "none": "none"}.get(b.text, "separates")
-            out.append(f'<div class="claim {cls}">Licensed claim: <b>{_h(b.text)}</b></div>')
-            return
-        lead = f"<b>{_h(b.label)}</b> " if b.label else ""
-        cls = {"muted": ' class="muted"', "warn": ' class="warn"'}.get(b.style, "")
-        text = f"<b>{_h(b.text)}</b>" if b.style == "strong" else _h(b.text)
-        out.append(f"<p{cls}>{lead}{text}</p>")
 
-    def _bullets(self, b: Bullets, out):
-        out.append("<ul>" + "".join(f"<li>{_h(x)}</li>" for x in b.items) + "</ul>")
+_ENV = {False: _environment(False), True: _environment(True)}
+_COMPILED = {html_out: {kind: _ENV[html_out].from_string(t[html_out]) for kind, t in TEMPLATES.items()}
+             for html_out in (False, True)}
+_PAGE = {html_out: _ENV[html_out].from_string(PAGE[html_out]) for html_out in (False, True)}
 
-    def _checkline(self, b: CheckLine, out):
-        status_cls = b.status.replace(" ", "")
-        out.append(f'<details class="check"><summary><span class="status {_h(status_cls)}">{_h(b.status)}</span>'
-                   f'<span class="cname">{_h(b.id)}. {_h(b.name)}</span><span class="lead">{_h(b.detail)}</span>'
-                   "</summary>")
-        if b.rule:
-            out.append(f'<p class="muted"><b>Rule.</b> {_h(b.rule)}</p>')
-        self.render(b.tables, out)
-        out.append("</details>")
 
-    def _estimandtable(self, b: EstimandTable, out):
-        out.append(f"<table><tr><th>estimand</th><th>estimate</th><th>{b.level:.0%} CI</th>"
-                   "<th>replicates used</th><th>reportable</th><th>decides</th></tr>")
-        for key, label, iv, why in b.rows:
-            iv = iv if isinstance(iv, Mapping) else {}
-            parts = interval_text(iv).split(" ", 1)
-            est, ci = (parts[0], parts[1]) if len(parts) == 2 else ("n/a", "n/a")
-            cls = "" if why is None else ' class="unreportable"'
-            mark = "yes" if why is None else f"no: {_h(why)}"
-            out.append(f'<tr{cls}><td>{_h(label)}</td><td class="num est" data-key="{_h(key)}">{_h(est)}</td>'
-                       f'<td class="num est">{_h(ci)}</td><td class="num">{_h(iv.get("n_boot_used", ""))}</td>'
-                       f'<td class="why">{mark}</td><td>{_h(b.decides(key))}</td></tr>')
-        out.append("</table>")
+class _Renderer:
+    """Renders blocks through :data:`TEMPLATES` in one format; HTML figures are read from
+    ``base_dir`` and embedded (``figures`` counts them)."""
 
-    def _grid(self, b: Grid, out):
-        parts = split_columns(b)
-        for g in parts:
-            out.append('<table class="grid"><tr>' + "".join(f"<th>{_h(h)}</th>" for h in g.head) + "</tr>")
-            out += ["<tr>" + "".join(_html_cell(c) for c in row) + "</tr>" for row in g.rows]
-            out.append("</table>")
-        by_reason = _unreportable(parts)
-        if by_reason:
-            reasons = "; ".join(f"{_h(why)}: {_h(', '.join(labels))}" for why, labels in by_reason.items())
-            out.append(f'<p class="muted">Struck through, not reportable: {reasons}.</p>')
+    def __init__(self, html_out: bool, base_dir: Path = Path(".")):
+        self.html, self.base, self.figures = html_out, base_dir, 0
 
-    def _keyvalues(self, b: KeyValues, out):
-        rows = []
-        for k, v, more in b.items:
-            extra = ""
-            if more:
-                extra = (f"<details><summary>list ({len(more)})</summary><ul>"
-                         + "".join(f"<li>{_h(x)}</li>" for x in more) + "</ul></details>")
-            rows.append(f"<tr><th>{_h(k)}</th><td>{_h(v)}{extra}</td></tr>")
-        out.append('<table class="kv">' + "".join(rows) + "</table>")
+    def render(self, blocks) -> str:
+        """A sequence of blocks (or one block) as text; ``next_same``: the next block is of the same kind."""
+        blocks, out = tuple(blocks) if isinstance(blocks, (list, tuple)) else (blocks,), []
+        for i, b in enumerate(blocks):
+            if type(b).__name__ not in _COMPILED[self.html]:
+                raise TypeError(f"report.{'html' if self.html else 'md'}: no template for block {type(b).__name__}")
+            out.append(_COMPILED[self.html][type(b).__name__].render(
+                b=b, next_same=i + 1 < len(blocks) and type(blocks[i + 1]) is type(b), render=self.render,
+                embed=self.embed))
+        return (Markup if self.html else str)("".join(out))
 
-    def _figure(self, b: Figure, out):
+    def embed(self, b: Figure) -> str | None:
+        """The ``<img>`` of a figure, its PNG embedded; None when its file is missing."""
         path = Path(b.src) if Path(b.src).is_absolute() else self.base / b.src
         if not path.is_file():
-            return
+            return None
         self.figures += 1
-        out.append(f"<figure>{img_tag(path, b.name)}<figcaption>{_h(b.caption)} Click the figure for full size."
-                   "</figcaption></figure>")
-
-    def _code(self, b: Code, out):
-        out.append(f"<pre>{_h(b.text)}</pre>")
-
-    def _side(self, b: Side, out):
-        out.append('<div class="side">')
-        for col in b.columns:
-            out.append("<div>")
-            self.render(col, out)
-            out.append("</div>")
-        out.append("</div>")
+        return Markup(img_tag(path, b.name))
 
 
-def _html_section(s: Section, blocks: _HtmlBlocks) -> list[str]:
-    out = [f'<section id="{_h(s.id)}">']
-    if s.folded:
-        out.append(f"<details><summary><h2>{_h(s.title)}</h2>"
-                   + (f'<span class="sum">{_h(s.summary)}</span>' if s.summary else "") + "</summary>")
-    else:
-        out.append(f"<h2>{_h(s.title)}</h2>")
-    blocks.render(s.blocks, out)
-    out.append("</details></section>" if s.folded else "</section>")
-    return out
+def _render(results: Mapping, figures, config_yaml, html_out: bool, base_dir: Path = Path(".")) -> str:
+    """The page of :data:`PAGE` around the sections of ``results``, in one format."""
+    sections = behaviour_sections.with_behaviour(attack_sections.with_sections(
+        report_sections(results, {k: str(v) for k, v in (figures or {}).items()}, config_yaml), results), results)
+    blocks = _Renderer(html_out, base_dir)
+    body = blocks.render(sections)
+    page = _PAGE[html_out].render(title=_title(results), sources=_sources(results), sections=sections, body=body,
+                                  nav=_NAV, css=Markup(REPORT_CSS), lightbox=blocks.figures > 0)
+    return page[:-1]  # every line ends in a newline; the file's last does not
+
+
+# ----------------------------------------------------------------------------------------- reports
+
+
+def render_report(results: Mapping, figures: Mapping[str, str] | None = None, config_yaml: str | None = None) -> str:
+    """``report.md``: the sections of :func:`~ipi.reporting.layout.report_sections` in Markdown.
+
+    Args:
+        results: The dict written to ``results.json``.
+        figures: ``{name: file name relative to the report}`` of figures to link (see
+            :data:`~ipi.reporting.layout.FIGURES`), or None.
+        config_yaml: The resolved run config as YAML (the last section), or None.
+
+    Returns:
+        Markdown text.
+    """
+    return _render(results, figures, config_yaml, html_out=False)
 
 
 def render_html(results: Mapping, figures: Mapping[str, str | Path] | None = None,
@@ -415,24 +453,9 @@ def render_html(results: Mapping, figures: Mapping[str, str | Path] | None = Non
     Returns:
         HTML text.
     """
-    title = _title(results)
-    sections = behaviour_sections.with_behaviour(attack_sections.with_sections(
-        report_sections(results, {k: str(v) for k, v in (figures or {}).items()}, config_yaml), results), results)
-    out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-           '<meta name="viewport" content="width=device-width, initial-scale=1">',
-           f"<title>ipi report — {_h(title)}</title><style>{REPORT_CSS}</style></head><body>",
-           f"<h1>ipi report — {_h(title)}</h1>"]
-    out += [f'<p class="muted">{_h(x)}</p>' for x in _sources(results)]
-    out.append('<nav class="toc">' + " · ".join(f'<a href="#{_h(s.id)}">{_h(_NAV.get(s.id, s.title))}</a>'
-                                                for s in sections) + "</nav>")
-    blocks = _HtmlBlocks(Path(base_dir) if base_dir is not None else Path("."))
-    for s in sections:
-        out += _html_section(s, blocks)
-    out.append(_OPEN_ON_HASH)
-    if blocks.figures:
-        out.append(_LIGHTBOX)
-    out.append("</body></html>")
-    return "\n".join(out)
+    return _render(results, figures, config_yaml, html_out=True,
+                   base_dir=Path(base_dir) if base_dir is not None else Path("."))
+
 
 
 def write_run_report(results: dict, out_dir: str | Path, *, scores=None, config: Mapping | None = None,
@@ -482,7 +505,7 @@ def write_run_report(results: dict, out_dir: str | Path, *, scores=None, config:
         from omegaconf import OmegaConf
 
         cfg_yaml = OmegaConf.to_yaml(OmegaConf.create(dict(config)))
-    paths["report_md"] = write_report(results, out_dir, figures, cfg_yaml)
+    paths["report_md"] = atomic_write_text(out_dir / "report.md", render_report(results, figures, cfg_yaml))
     if html_report:
         paths["report_html"] = atomic_write_text(
             out_dir / "report.html", render_html(results, figures, cfg_yaml, base_dir=out_dir))

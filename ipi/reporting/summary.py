@@ -39,6 +39,7 @@ from ipi.metrics.keys import (
     RUN,
     TRANSFER,
     VERDICT,
+    at,
     dotted,
 )
 
@@ -63,14 +64,6 @@ def _columns(results: list[dict]) -> list[tuple[str, str]]:
     return cols
 
 
-def _get(res: dict, key: str) -> dict | None:
-    """The interval at dotted ``key`` (``e1``, ``e3.c_scrambled``, ``c1.e1``), or None."""
-    cur = res
-    for part in key.split("."):
-        cur = cur.get(part) if isinstance(cur, dict) else None
-    return cur if isinstance(cur, dict) and cur.get("estimate") is not None else None
-
-
 def summary_rows(jobs: list[tuple[str, dict]], familywise: dict[str, str] | None = None) -> pd.DataFrame:
     """The summary's long form: one row per job, every estimand as estimate / CI / reason.
 
@@ -91,11 +84,10 @@ def summary_rows(jobs: list[tuple[str, dict]], familywise: dict[str, str] | None
         row = {"job": job, "surface": run.get("surface"), "detector": _detector_label(run),
                "layers": str(run.get("layers_config", "")), "token_groups": "+".join(run.get("token_groups") or [])}
         for label, key in cols:
-            iv = _get(res, key)
-            row[label] = None if iv is None else iv.get("estimate")
-            row[f"{label} ci_low"] = None if iv is None else iv.get("ci_low")
-            row[f"{label} ci_high"] = None if iv is None else iv.get("ci_high")
-            row[f"{label} not_reportable"] = (marks.get(key) or "") if iv is not None else ""
+            iv = at(res, key)  # the interval at a dotted key (e3.c_scrambled), {} without an estimate
+            iv = iv if isinstance(iv, dict) and iv.get("estimate") is not None else {}
+            row.update({label: iv.get("estimate"), f"{label} ci_low": iv.get("ci_low"), f"{label} ci_high":
+                        iv.get("ci_high"), f"{label} not_reportable": (marks.get(key) or "") if iv else ""})
         perm = res.get(PERMUTATION) or {}
         row["permutation p"] = perm.get(P_VALUE)
         row["claim"] = (res.get(VERDICT) or {}).get(CLAIM)

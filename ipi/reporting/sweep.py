@@ -146,20 +146,10 @@ def _check(res: dict, cid: int) -> dict | None:
     return None
 
 
-def _check_status(res: dict, cid: int) -> str | None:
-    c = _check(res, cid)
-    return None if c is None else c.get("status")
-
-
 def _permutation_p(res: dict) -> float | None:
     """The check-4 permutation p-value when the run has one (exact permutation test)."""
-    for path in ((PERMUTATION, P_VALUE), (PERMUTATION, "p")):
-        cur = res
-        for k in path:
-            cur = cur.get(k) if isinstance(cur, dict) else None
-        if isinstance(cur, (int, float)):
-            return float(cur)
-    return None
+    p = res.get(PERMUTATION) if isinstance(res.get(PERMUTATION), dict) else {}
+    return next((float(p[k]) for k in (P_VALUE, "p") if isinstance(p.get(k), (int, float))), None)
 
 
 def claim_p_values(res: dict) -> tuple[float, float]:
@@ -175,8 +165,8 @@ def claim_p_values(res: dict) -> tuple[float, float]:
         return float(x) if isinstance(x, (int, float)) else 1.0
 
     p_e1 = pv.get(E1_PAIRED) if pv.get(E1_PAIRED) is not None else pv.get(E1)
-    p_sep = num(p_e1) if _check_status(res, 1) == "PASS" else 1.0
     one = _check(res, 1) or {}
+    p_sep = num(p_e1) if one.get("status") == "PASS" else 1.0
     if (one.get("numbers") or {}).get("split") == "kfold":  # check 1's K-fold rule: the permutation test too
         p_sep = max(p_sep, num((one.get("numbers") or {}).get("permutation_p")))
     if claim != CLAIM_DETECTS:
@@ -386,10 +376,8 @@ def collect(sweep: str | Path) -> pd.DataFrame:
         except json.JSONDecodeError as e:
             raise ValueError(f"{job / 'results.json'}: not valid JSON ({e})") from e
         run = res.get(RUN) or {}
-        layers = run.get("layers")
-        layer_label = str(run.get("layers_config", "?"))
-        if layers is not None:
-            layer_label += " " + str(list(layers))
+        layer_label = str(run.get("layers_config", "?")) + ("" if run.get("layers") is None
+                                                            else f" {list(run['layers'])}")
         row = {
             "job": job.name,
             "overrides": " ".join(_overrides(job)),
@@ -415,10 +403,8 @@ def collect(sweep: str | Path) -> pd.DataFrame:
         op = res.get(OPERATING_POINT) or {}
         ivs.update({f"tpr_at_fpr.{neg}": iv for neg, iv in (op.get("vs") or {}).items()})
         for k, iv in ivs.items():
-            iv = iv or {}
-            row[k] = iv.get("estimate")
-            row[f"{k}_ci_low"] = iv.get("ci_low")
-            row[f"{k}_ci_high"] = iv.get("ci_high")
+            row.update({k: (iv or {}).get("estimate"), f"{k}_ci_low": (iv or {}).get("ci_low"),
+                        f"{k}_ci_high": (iv or {}).get("ci_high")})
         rows.append(row)
     if not rows:
         raise FileNotFoundError(f"{sweep}: no job folder with results.json")

@@ -70,7 +70,7 @@ def test_forest_rows_cover_every_estimand():
                       "E3 attack vs c_scrambled",
                       "C1 metadata baseline E1", "C1 metadata baseline E2",
                       "C1 metadata baseline E3 attack vs c_scrambled"]  # the same rows as the table
-    assert aucs[0][1:] == (res["e1"]["estimate"], res["e1"]["ci_low"], res["e1"]["ci_high"])
+    assert aucs[0][1:4] == (res["e1"]["estimate"], res["e1"]["ci_low"], res["e1"]["ci_high"])
     assert {d[0] for d in diffs} == {"e1 − c1 e1", "e3 − c1 e3[c_scrambled]", "e1 − e3[c_scrambled]"}
 
 

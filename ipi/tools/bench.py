@@ -63,6 +63,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 import torch
+from hydra.utils import instantiate
 
 from ipi.tools.stopwatch import Stopwatch, best_of
 from ipi.backbone import Backbone, find_decoder_layers
@@ -500,7 +501,8 @@ def twin_benchmark(n_steps: int = 6, n_twins: int = 3, overrides: list[str] = ()
 
     Returns:
         A JSON-able dict: ``main_s``, per layer choice ``{"blocks", "twins_s", "fraction_per_seed"}``,
-        ``separate_fraction_per_seed``, ``load_before``/``load_after``.
+        ``separate_fraction_per_seed``, ``build_s_per_twin`` and ``build_fraction_per_seed`` (the
+        twins' construction alone, timed after the main pass), ``load_before``/``load_after``.
     """
     from ipi.extraction.twin_pass import extract_twin_features
     from ipi.run.twin import twin_config
@@ -528,6 +530,14 @@ def twin_benchmark(n_steps: int = 6, n_twins: int = 3, overrides: list[str] = ()
                 t.extract.cache_dir = sub
                 t.extract.layers = []  # nothing in the superset is cached here: the probe's blocks only
                 tcfgs[s] = t
+            if k == 0:  # building the twins alone (random init, processor): the part no block cut removes
+                from ipi.backbone import build_kwargs
+
+                with Stopwatch() as sw:
+                    for t in tcfgs.values():
+                        instantiate(t.backbone.loader, **build_kwargs(t.backbone.loader, max_layer=max(layers)))
+                out["build_s_per_twin"] = _sig(sw.wall_s / n_twins)
+                out["build_fraction_per_seed"] = _sig(sw.wall_s / n_twins / main_s)
             if k == 0:  # the same twins one extraction each, for comparison
                 sep = os.path.join(tmp, "separate")
                 with Stopwatch() as sw:

@@ -41,7 +41,10 @@ def test_two_extract_runs_started_together_forward_each_row_once(tmp_path, syn_r
     forwarded = sorted(i["rows_forwarded"] for i in infos)
     assert forwarded == [0, N_ROWS], forwarded  # every row once, between the two runs
     waiter = next(i for i in infos if i["rows_forwarded"] == 0)
-    assert waiter["extraction"]["lock_wait_s"] > 0 and waiter["extraction"]["cache_hit"] is True
+    # The waiter read the writer's entry: it waited on the lock, or (on a loaded machine, started after
+    # the writer had finished) found the entry complete; the lock itself is tested in
+    # tests/extraction/test_cache.py::test_writer_lock_waits_for_a_live_holder_and_breaks_a_dead_ones
+    assert waiter["extraction"]["cache_hit"] is True and waiter["extraction"]["lock_wait_s"] >= 0
     (entry,) = [p for p in cache.iterdir() if p.is_dir()]
     manifest = json.loads((entry / "manifest.json").read_text())
     assert manifest["n_rows"] == N_ROWS and manifest["duplicates_ignored"] == 0

@@ -65,6 +65,9 @@ def cell(r: dict, key: str) -> str:
 
 
 def main(paths: list[str]) -> None:
+    stems = [Path(p).stem for p in paths]
+    if len(set(stems)) != len(stems):
+        raise SystemExit(f"two runs share a name {stems}: copy each results.json as <surface>_<attack>.json")
     runs = {Path(p).stem: json.loads(Path(p).read_text()) for p in paths}
     controls = list(dict.fromkeys(c for r in runs.values() for c in r["run"]["controls"]))
     print("| estimand | " + " | ".join(runs) + " |")

@@ -36,6 +36,9 @@ cost no more than 20 scikit-learn fits).
 peak (:func:`matmul_peak`), for the default run and with the cuts a CPU audit takes (blocks above
 the deepest probed, bf16 autocast), and how far each cut moves the features.
 
+``paper_cost`` (:func:`paper_cost`): the FLOPs of the CPU audit's runs (``i_dom``, ``i_tool``) on
+Qwen2.5-VL-7B, counted from the real rows and processor, and the GPU hours they take.
+
 ``--gpu-7b-shapes`` (needs a CUDA GPU) builds the real Qwen2.5-VL architecture at 7B shapes with
 random bf16 weights and reports rows/s of the project path and the model FLOP utilisation.
 
@@ -46,6 +49,7 @@ Examples::
     python -m ipi.tools.bench --only all
     python -m ipi.tools.bench --only permutation               # 199 dual refits vs 20 sklearn fits
     python -m ipi.tools.bench --only profile --steps 16        # SmolLM2 extraction vs matmul peak
+    python -m ipi.tools.bench --only paper_cost                # the audit on the 7B, on paper
     python -m ipi.tools.bench --gpu-7b-shapes --steps 16       # on a GPU machine
 """
 

@@ -17,25 +17,36 @@ from ipi.metrics.bootstrap import INTERVAL, LEVEL, N_BOOT, SEED
 from ipi.metrics.compare import Estimates
 from ipi.metrics.keys import (
     BOOTSTRAP,
+    BACKBONE_WEIGHTS,
     BY_SEED,
+    CHECK_ID,
     CHECKS,
     CLAIM,
+    CLAIM_NOTE,
     CLUSTERS_BY_ESTIMAND,
     COUNTS,
+    DETAIL,
     DIFFERENCES,
     E1,
     E1_PAIRED,
     E3,
     EFFECTIVE_CLUSTERS_BY_ESTIMAND,
     GUARDS,
+    MIN_BOOT_FRACTION_KEY,
+    MIN_CLUSTERS_KEY,
     N_CLUSTERS,
+    NAME,
+    NUMBERS,
     OPERATING_POINT,
     PERMUTATION,
     RANDOM_TWIN,
     REPORTABILITY,
+    RULE,
+    RUN,
     SEEDS,
     SOURCE,
     SOURCE_TWIN,
+    STATUS,
     VERDICT,
 )
 from ipi.metrics.permutation import ALPHA
@@ -149,8 +160,8 @@ class Check:
 
     def to_dict(self) -> dict:
         """``{"id", "name", "rule", "status", "detail", "numbers"}``."""
-        return {"id": self.id, "name": self.name, "rule": self.rule, "status": self.status, "detail": self.detail,
-                "numbers": self.numbers}
+        return {CHECK_ID: self.id, NAME: self.name, RULE: self.rule, STATUS: self.status, DETAIL: self.detail,
+                NUMBERS: self.numbers}
 
 
 @dataclass(frozen=True)
@@ -171,8 +182,8 @@ class Verdict:
 
     def to_dict(self) -> dict:
         """``{"checks": [...], "claim", "claim_note", "min_clusters"}``."""
-        return {CHECKS: [c.to_dict() for c in self.checks], CLAIM: self.claim, "claim_note": self.claim_note,
-                "min_clusters": int(self.min_clusters)}
+        return {CHECKS: [c.to_dict() for c in self.checks], CLAIM: self.claim, CLAIM_NOTE: self.claim_note,
+                MIN_CLUSTERS_KEY: int(self.min_clusters)}
 
 
 @dataclass(frozen=True)
@@ -196,7 +207,7 @@ class Reportability:
 
     def to_dict(self) -> dict:
         """``{"min_clusters", "min_boot_fraction", "estimands", "not_reportable"}``."""
-        return {"min_clusters": int(self.min_clusters), "min_boot_fraction": float(self.min_boot_fraction),
+        return {MIN_CLUSTERS_KEY: int(self.min_clusters), MIN_BOOT_FRACTION_KEY: float(self.min_boot_fraction),
                 "estimands": self.estimands, "not_reportable": self.not_reportable}
 
 
@@ -243,7 +254,8 @@ class Results:
 class ResultsView:
     """Typed reads of a results dict: each method names a place of the layout (:mod:`ipi.metrics.keys`).
 
-    A missing entry (an older file, a hand-built dict, a run without twins) reads as None.
+    A missing entry (an older file, a hand-built dict, a run without twins) reads as None, a missing
+    section through :meth:`section` as an empty mapping; the key names are :mod:`ipi.metrics.keys`'.
     """
 
     def __init__(self, results: Mapping):
@@ -257,6 +269,30 @@ class ResultsView:
                 return None
             cur = cur[key]
         return cur
+
+    def section(self, *path) -> Mapping:
+        """The mapping at ``path``, or an empty one where that optional section is absent."""
+        value = self.get(*path)
+        return value if isinstance(value, Mapping) else {}
+
+    @property
+    def run(self) -> Mapping:
+        """``run``: what the run was (surface, backbone, layers, detector, ...)."""
+        return self.section(RUN)
+
+    @property
+    def verdict(self) -> Mapping:
+        """``verdict``: the claim, its note and the checks."""
+        return self.section(VERDICT)
+
+    @property
+    def backbone_weights(self) -> str | None:
+        """``run.backbone_weights``: ``"pretrained"``, ``"random"``, ``"constructed"`` or None."""
+        return self.get(RUN, BACKBONE_WEIGHTS)
+
+    def check(self, cid: int) -> Mapping | None:
+        """The verdict's check number ``cid`` (``verdict.checks[]``), or None."""
+        return next((c for c in self.verdict.get(CHECKS) or () if c.get(CHECK_ID) == cid), None)
 
     @property
     def e1(self):

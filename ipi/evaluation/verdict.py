@@ -31,17 +31,28 @@ from ipi.metrics.keys import (
     BY_SEED,
     C1,
     C2,
+    CI_HIGH,
+    CI_LOW,
     COLLAPSE_ONLY,
     DIFFERENCES,
     E1,
     E1_MINUS_C1_E1,
     E1_PAIRED,
+    E1_REFIT,
     E3,
     E3_MINUS_C1_E3,
     E3_MINUS_MEAN_TWIN_E3,
     ESTIMATE,
+    M_KEY,
+    N_BOOT_USED,
+    NULL_MEAN,
+    NULL_Q025,
+    NULL_Q975,
+    NULL_SD,
+    P_VALUE,
     PERMUTED,
     RANDOM_TWIN,
+    TOLERANCE,
     dotted,
 )
 
@@ -93,17 +104,17 @@ def _interval(obj) -> dict | None:
         return None
     if isinstance(obj, Mapping):
         get = obj.get
-    elif all(hasattr(obj, k) for k in ("estimate", "ci_low", "ci_high")):
+    elif all(hasattr(obj, k) for k in (ESTIMATE, CI_LOW, CI_HIGH)):
 
         def get(k):
             return getattr(obj, k, None)
 
     else:
         return None
-    out = {k: _num(get(k)) for k in ("estimate", "ci_low", "ci_high")}
-    used = get("n_boot_used")
+    out = {k: _num(get(k)) for k in (ESTIMATE, CI_LOW, CI_HIGH)}
+    used = get(N_BOOT_USED)
     if used is not None:
-        out["n_boot_used"] = int(used)
+        out[N_BOOT_USED] = int(used)
     return out
 
 
@@ -152,13 +163,6 @@ class _Context:
                            min_boot_fraction=self.settings.min_boot_fraction)
         return None if why is None else f"{label}: {why}; not evidence"
 
-    def controls(self) -> list[str]:
-        e3 = self.view.e3
-        return sorted(e3) if isinstance(e3, Mapping) else []
-
-    def collapse_key(self) -> str | None:
-        return next((k for k in COLLAPSE_KEYS if isinstance(self.view.get(k), Mapping)), None)
-
 
 # ------------------------------------------------------------------------------------------ rules
 
@@ -185,8 +189,15 @@ class Rule:
 
 
 def _controls_of(view: ResultsView) -> list[str]:
-    e3 = view.e3
-    return sorted(e3) if isinstance(e3, Mapping) else []
+    return sorted(view.section(E3))
+
+
+def _collapse_key(view: ResultsView) -> str | None:
+    return next((k for k in COLLAPSE_KEYS if isinstance(view.get(k), Mapping)), None)
+
+
+def _reads_none(view: ResultsView):
+    return (), ()
 
 
 def _e1_key(view: ResultsView) -> str:
@@ -209,11 +220,7 @@ def _describe_separates(s: Settings) -> str:
 
 
 def _check_separates(ctx: _Context) -> dict:
-    """1. E1 over the steps having both an attack and a clean row: CI low > 0.5; under K-fold
-    also the exact permutation test's p <= alpha (PROTOCOL.md §7.1).
-
-    Results without ``e1_paired`` are judged on E1, and the detail says so.
-"""
+    """1. Separates (PROTOCOL.md §7.1); results without ``e1_paired`` are judged on E1, and the detail says so."""
     key = _e1_key(ctx.view)
     label = ("E1 over the steps having attack and clean rows" if key == E1_PAIRED
              else "E1 (pooled; these results carry no E1 over the steps having both)")
@@ -229,7 +236,7 @@ def _check_separates(ctx: _Context) -> dict:
                           f"{'>' if ok else '<='} 0.5"))
     if ctx.settings.split == KFOLD:
         perm = ctx.view.permutation
-        p = _num(perm.get("p_value")) if isinstance(perm, Mapping) else None
+        p = _num(perm.get(P_VALUE)) if isinstance(perm, Mapping) else None
         if p is None:
             parts.append((None, "K-fold: check 4's exact permutation test did not run (evaluation.permutation.m = 0, "
                                 "or a score table), and the bootstrap of out-of-fold E1 alone is anti-conservative"))
@@ -260,23 +267,19 @@ def _describe_construction(s: Settings) -> str:
 
 
 def _check_construction(ctx: _Context) -> dict:
-    """2. For every control c: paired CI low of (E3[c] − C1 E3[c]) > 0 and C1's E3[c] point
-    estimate < c1_max (PROTOCOL.md §7.2, the content claim's form).
-
-    The E1 form is printed after the decision as the note on "separates" and decides nothing.
-"""
+    """2. Not a construction artifact (PROTOCOL.md §7.2); the E1 form is a note that decides nothing."""
     c1 = ctx.view.get(C1)
     if not isinstance(c1, Mapping):
         return _result(NOT_RUN, "C1 baseline missing")
-    controls = ctx.controls()
-    diffs = ctx.view.difference(E3_MINUS_C1_E3)
-    c1_e3 = c1.get(E3) if isinstance(c1.get(E3), Mapping) else {}
+    controls = _controls_of(ctx.view)
+    diffs = ctx.view.section(DIFFERENCES, E3_MINUS_C1_E3)
+    c1_e3 = ctx.view.section(C1, E3)
     parts: list[tuple[bool | None, str]] = []
     numbers: dict = {"c1_max": ctx.settings.c1_max}
     if not controls:
         parts.append((None, "no E3 (no control variants): check 2 is judged on E3[c] - C1 E3[c]"))
     for c in controls:
-        iv = _interval((diffs or {}).get(c)) if isinstance(diffs, Mapping) else None
+        iv = _interval(diffs.get(c))
         base = _interval(c1_e3.get(c))
         numbers[c] = {"e3_minus_c1_e3": iv, "c1_e3": base}
         why = ctx.not_evidence(dotted(DIFFERENCES, E3_MINUS_C1_E3, c), iv, f"{c}: E3 - C1 E3")
@@ -321,11 +324,7 @@ def _describe_surface(s: Settings) -> str:
 
 
 def _check_surface(ctx: _Context) -> dict:
-    """3. For every control c, E3[c] CI low > 0.5; the surface's required controls must be
-    there, and the test rows' wording held out from training (PROTOCOL.md §7.3).
-
-    A run without a required control (a score table of unknown surface needs both) is NOT RUN.
-"""
+    """3. Not surface statistics (PROTOCOL.md §7.3); NOT RUN without a required control."""
     e3 = ctx.view.e3
     if not isinstance(e3, Mapping) or not e3:
         return _result(NOT_RUN, "no E3 (no control variants)")
@@ -374,7 +373,7 @@ def _describe_permutation(s: Settings) -> str:
 def _check_permutation(ctx: _Context) -> dict:
     """4. Exact permutation test (PROTOCOL.md §7.4): p <= alpha and the null mean near 0.5."""
     perm = ctx.view.permutation
-    if not isinstance(perm, Mapping) or perm.get("p_value") is None:
+    if not isinstance(perm, Mapping) or perm.get(P_VALUE) is None:
         single = _interval(ctx.view.baseline(PERMUTED))
         extra = ""
         if single is not None and single["estimate"] is not None:
@@ -386,24 +385,20 @@ def _check_permutation(ctx: _Context) -> dict:
     few = too_few_clusters(ctx.results, E1, ctx.settings.min_clusters)
     if few:
         return _result(NOT_RUN, f"E1: {few}; not evidence")
-    m, p, alpha = int(perm["m"]), float(perm["p_value"]), ctx.settings.alpha
-    mean, sd, tol = float(perm["null_mean"]), float(perm["null_sd"]), float(perm["tolerance"])
+    m, p, alpha = int(perm[M_KEY]), float(perm[P_VALUE]), ctx.settings.alpha
+    mean, sd, tol = float(perm[NULL_MEAN]), float(perm[NULL_SD]), float(perm[TOLERANCE])
     off = abs(mean - 0.5)
     sig, centred = p <= alpha, off <= tol
-    text = (f"exact permutation test, M={m}: E1 {_f(perm['e1'])} vs null mean {_f(mean)} "
-            f"(SD {_f(sd)}, 2.5-97.5% [{_f(perm['null_q025'])}, {_f(perm['null_q975'])}]); "
+    text = (f"exact permutation test, M={m}: E1 {_f(perm[E1])} vs null mean {_f(mean)} "
+            f"(SD {_f(sd)}, 2.5-97.5% [{_f(perm[NULL_Q025])}, {_f(perm[NULL_Q975])}]); "
             f"p = {p:.3f} {'<=' if sig else '>'} {alpha:g}; "
             f"|null mean - 0.5| = {_f(off)} {'<=' if centred else '>'} {_f(tol)}")
     if not centred:
         text += ": a null off 0.5 means leakage or a bug"
-    numbers = {k: perm.get(k) for k in ("m", "e1", "null_mean", "null_sd", "null_q025", "null_q975",
-                                        "p_value", "tolerance", "e1_refit")}
+    numbers = {k: perm.get(k) for k in (M_KEY, E1, NULL_MEAN, NULL_SD, NULL_Q025, NULL_Q975, P_VALUE, TOLERANCE,
+                                        E1_REFIT)}
     numbers["alpha"] = alpha
     return _result(PASS if sig and centred else FAIL, text, **numbers)
-
-
-def _reads_permutation(view: ResultsView):
-    return (), ()
 
 
 # 5. not generic collapse ----------------------------------------------------------------------------------
@@ -416,19 +411,18 @@ def _describe_collapse(s: Settings) -> str:
 
 
 def _check_collapse(ctx: _Context) -> dict:
-    """5. Collapse-only E3[c] for every control: every CI below the ceiling (PASS), one above
-    (FAIL), else INCONCLUSIVE (PROTOCOL.md §7.5, the content claim's form)."""
-    key = ctx.collapse_key()
+    """5. Not generic collapse (PROTOCOL.md §7.5)."""
+    key = _collapse_key(ctx.view)
     if key is None:
         return _result(NOT_RUN, "collapse-only baseline missing")
-    col_e3 = ctx.view.get(key, E3)
-    controls = ctx.controls()
+    col_e3 = ctx.view.section(key, E3)
+    controls = _controls_of(ctx.view)
     ceil = ctx.settings.collapse_ceiling
     if not controls:
         return _result(NOT_RUN, "no E3 (no control variants): check 5 is judged on the collapse-only E3[c]")
     lines, statuses, numbers = [], [], {"ceiling": ceil}
     for c in controls:
-        iv = _interval((col_e3 or {}).get(c)) if isinstance(col_e3, Mapping) else None
+        iv = _interval(col_e3.get(c))
         numbers[c] = {"e3": iv}
         why = ctx.not_evidence(dotted(key, E3, c), iv, f"{c}: collapse-only E3")
         if why:
@@ -454,7 +448,7 @@ def _check_collapse(ctx: _Context) -> dict:
 
 
 def _reads_collapse(view: ResultsView):
-    key = next((k for k in COLLAPSE_KEYS if isinstance(view.get(k), Mapping)), None)
+    key = _collapse_key(view)
     return (() if key is None else tuple(dotted(key, E3, c) for c in _controls_of(view))), ()
 
 
@@ -472,17 +466,7 @@ def _describe_selectivity(s: Settings) -> str:
 
 
 def _check_selectivity(ctx: _Context) -> dict:
-    """6. Selective vs S random-weight twins: rank rule and paired interval (PROTOCOL.md §7.6).
-
-    For every control ``c``: the trained backbone's E3[c] strictly above **every** twin seed's
-    (ties count against it: rank p = ``(1 + #{s: E3_s >= E3})/(S+1)``) **and** the paired CI of
-    ``E3[c] − mean_s E3_s[c]`` above 0.
-
-    * FAIL: a backbone whose own weights are random (not constructed); some control fails
-      either part.
-    * NOT RUN: no twins; fewer twins than ``settings.twin_level`` needs; a twin guard
-      (``random_twin.guards``); a paired interval that is not evidence; a control the twins lack.
-"""
+    """6. Selective vs S random-weight twins: the rank rule and the paired interval (PROTOCOL.md §7.6)."""
     if ctx.weights == RANDOM:
         return _result(FAIL, RANDOM_BACKBONE, backbone_weights=RANDOM)
     by_seed = ctx.view.twin_by_seed
@@ -499,11 +483,11 @@ def _check_selectivity(ctx: _Context) -> dict:
     guards = ctx.view.twin_guards
     if guards:
         return _result(NOT_RUN, prefix + "; ".join(guards), guards=guards, **numbers)
-    controls = ctx.controls()
+    controls = _controls_of(ctx.view)
     if not controls:
         return _result(NOT_RUN, prefix + "no E3 (no control variants)", **numbers)
     e3 = ctx.view.e3
-    mean_diffs = ctx.view.difference(E3_MINUS_MEAN_TWIN_E3)
+    mean_diffs = ctx.view.section(DIFFERENCES, E3_MINUS_MEAN_TWIN_E3)
     parts: list[tuple[bool | None, str]] = []
     if s < need:
         parts.append((None, f"S = {s} twins: the rank test's level 1/(S+1) = {bound:.3f} is above "
@@ -513,7 +497,7 @@ def _check_selectivity(ctx: _Context) -> dict:
     p_all = []
     for c in controls:
         own = _interval(e3[c])
-        twin_est = [_num(((by_seed.get(sd) or {}).get(E3) or {}).get(c, {}).get(ESTIMATE)) for sd in seeds]
+        twin_est = [_num(ctx.view.get(RANDOM_TWIN, BY_SEED, sd, E3, c, ESTIMATE)) for sd in seeds]
         if own is None or own["estimate"] is None or any(t is None for t in twin_est):
             parts.append((None, f"{c}: E3 of the trained backbone or of some twin missing or undefined"))
             continue
@@ -521,7 +505,7 @@ def _check_selectivity(ctx: _Context) -> dict:
         n_ge = sum(t >= e0 for t in twin_est)  # ties count against the trained backbone
         p_rank = (1 + n_ge) / (s + 1)
         p_all.append(p_rank)
-        iv = _interval((mean_diffs or {}).get(c)) if isinstance(mean_diffs, Mapping) else None
+        iv = _interval(mean_diffs.get(c))
         numbers[c] = {"e3": e0, "twin_e3": twin_est, "n_twins_at_or_above": n_ge, "p_rank": p_rank,
                       "e3_minus_mean_twin_e3": iv}
         parts.append((n_ge == 0, f"{c}: E3 point estimate {_f(e0)} vs twins' max {_f(max(twin_est))} ({n_ge} of {s} "
@@ -562,11 +546,8 @@ def _describe_clusters(s: Settings) -> str:
 
 
 def _check_clusters(ctx: _Context) -> dict:
-    """0. Enough distinct clusters (PROTOCOL.md §7.0), over every interval checks 1–6 read.
-
-    PASS when every such interval present passes the gate; FAIL otherwise, naming each refused
-    interval, the checks reading it and why. A missing input is the reading check's own NOT RUN.
-"""
+    """0. Enough distinct clusters (PROTOCOL.md §7.0) over every interval checks 1–6 read; a missing one is the
+    reading check's own NOT RUN."""
     refused, numbers = [], {}
     for rule in CHECKS:
         if rule.id == 0:
@@ -587,19 +568,15 @@ def _check_clusters(ctx: _Context) -> dict:
     return _result(PASS, "every interval the checks read passes the gate", refused={})
 
 
-def _reads_clusters(view: ResultsView):
-    return (), ()
-
-
 
 #: The checklist of PROTOCOL.md §7, in order. Appending a :class:`Rule` adds a check; its
 #: description and the estimands it reads travel with it to every report.
 CHECKS: tuple[Rule, ...] = (
-    Rule(0, "enough distinct clusters", _check_clusters, _describe_clusters, _reads_clusters),
+    Rule(0, "enough distinct clusters", _check_clusters, _describe_clusters, _reads_none),
     Rule(1, "separates", _check_separates, _describe_separates, _reads_separates),
     Rule(2, "not a construction artifact", _check_construction, _describe_construction, _reads_construction),
     Rule(3, "not surface statistics", _check_surface, _describe_surface, _reads_surface),
-    Rule(4, "no memorisation", _check_permutation, _describe_permutation, _reads_permutation),
+    Rule(4, "no memorisation", _check_permutation, _describe_permutation, _reads_none),
     Rule(5, "not generic collapse", _check_collapse, _describe_collapse, _reads_collapse),
     Rule(6, "selective vs random-weight twins", _check_selectivity, _describe_selectivity, _reads_selectivity),
 )
@@ -651,7 +628,7 @@ def judge(results: Mapping, settings: Settings = DEFAULTS) -> Verdict:
     out = []
     for rule in CHECKS:
         r = rule.judge(ctx)
-        out.append(Check(rule.id, rule.name, r["status"], r["detail"], _jsonable(r.get("numbers", {})),
+        out.append(Check(rule.id, rule.name, r["status"], r["detail"], _jsonable(r["numbers"]),
                          rule.describe(settings)))
     one = next(c for c in out if c.id == 1)
     if all(c.status == PASS for c in out):
@@ -665,7 +642,7 @@ def judge(results: Mapping, settings: Settings = DEFAULTS) -> Verdict:
     six = next((c for c in out if c.id == 6), None)
     if six is not None and six.status == PASS:
         note = (note + "; " if note else "") + (f"check 6 at rank level {six.numbers['level_bound']:.3f} "
-                                                f"(S = {len(six.numbers.get('twin_seeds') or [])} twins)")
+                                                f"(S = {len(six.numbers['twin_seeds'])} twins)")
     if settings.constructed:
         note = (note + "; " if note else "") + "constructed backbone: planted truth, not a model of any agent"
     return Verdict(checks=tuple(out), claim=claim, claim_note=note, min_clusters=int(settings.min_clusters))

@@ -108,9 +108,78 @@ OPERATING_POINT = "operating_point"  # TPR at a fixed FPR (ipi.metrics.operating
 #: Free-run behaviour (docs/behaviour.md): written only by a run with behaviour.enabled
 BEHAVIOUR = "behaviour"
 
-# verdict.*
+# verdict.* and verdict.checks[].*
 CLAIM = "claim"
+CLAIM_NOTE = "claim_note"
 CHECKS = "checks"
+CHECK_ID = "id"
+NAME = "name"
+STATUS = "status"
+DETAIL = "detail"
+NUMBERS = "numbers"
+RULE = "rule"
+# verdict.min_clusters, reportability.{min_clusters, min_boot_fraction}
+MIN_CLUSTERS_KEY = "min_clusters"
+MIN_BOOT_FRACTION_KEY = "min_boot_fraction"
+
+# run.*
+SURFACE = "surface"
+BACKBONE = "backbone"
+BACKBONE_WEIGHTS = "backbone_weights"
+BACKBONE_PRETRAINED = "backbone_pretrained"  # run.random_twin.*
+LAYERS = "layers"
+LAYERS_CONFIG = "layers_config"
+TOKEN_GROUPS = "token_groups"
+DETECTOR = "detector"
+SPLIT = "split"
+DATA_ROOT = "data_root"
+ATTACK = "attack"  # run.attack: {name, pool, counts, by_source, by_goal_family, heldout_source, transfer, ...}
+LABEL = "label"  # run.detector.label
+POOL = "pool"
+BY_SOURCE = "by_source"
+BY_GOAL_FAMILY = "by_goal_family"
+HELDOUT_SOURCE = "heldout_source"
+ESTIMANDS_KEY = "estimands"  # run.attack.by_source.<s>.estimands, split_spread.estimands
+
+# operating_point.*
+VS = "vs"
+N_NEGATIVE_STEPS = "n_negative_steps"
+
+# counts.*
+REPLACED_CHARACTERS = "replaced_characters"
+COUNT = "count"
+
+# permutation.* (beside P_VALUE, NULL_MEAN)
+M_KEY = "m"
+NULL_SD = "null_sd"
+NULL_Q025 = "null_q025"
+NULL_Q975 = "null_q975"
+TOLERANCE = "tolerance"
+E1_REFIT = "e1_refit"
+DESIGN = "design"
+
+# behaviour.* (docs/behaviour.md)
+NOTE = "note"
+CLAIMS = "claims"
+LIKELIHOOD = "likelihood"
+SETTINGS = "settings"
+RATES = "rates"
+BY_VARIANT = "by_variant"
+E4 = "e4"
+C1_E4 = "c1_e4"
+E4_MINUS_C1_E4 = "e4_minus_c1_e4"
+REPORTABLE = "reportable"
+SHIFT_REPORTABLE = "shift_reportable"
+SPEARMAN = "spearman"
+MEAN_SHIFT = "mean_shift"
+NOT_ESTIMABLE = "not_estimable"
+ABLATION = "ablation"
+CHANGES = "changes"
+CHANGED_LABELS = "changed_labels"
+PROBE_MINUS_RANDOM = "probe_minus_random"
+N_ROWS = "n_rows"
+ARM_NONE, ARM_PROBE, ARM_RANDOM = "none", "probe", "random"  # ablation arms
+LOWERS_SHIFT = "lowers_shift"  # behaviour.likelihood.claims.*
 
 #: Keys of the results a baseline name may not take (they would collide with a section).
 RESERVED_KEYS = frozenset(

@@ -34,12 +34,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from ipi.io import atomic_path, atomic_write_text, text_lines  # noqa: F401  (re-exported)
-from ipi.io import (  # noqa: F401  (re-exported: content digests live in ipi.io, below the backbone)
-    WHOLE_FILE_BYTES,
-    content_addressed,
-    local_content_digest,
-)
+from ipi.io import atomic_path, atomic_write_text, content_addressed, text_lines
 
 CACHE_FORMAT = 1
 MANIFEST = "manifest.json"

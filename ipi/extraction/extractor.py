@@ -18,7 +18,7 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 
 from ipi.backbone import Backbone
 from ipi.extraction.activation_cache import ActivationCache, NonFiniteFeatures
-from ipi.extraction.prefix_reuse import PREFIX_REUSE_MODES, resolve_prefix_reuse  # noqa: F401 (re-exported)
+from ipi.extraction.prefix_reuse import resolve_prefix_reuse
 from ipi.protocol import TOKEN_GROUPS
 
 

@@ -399,6 +399,20 @@ def predict_rows(settings: ExtractSettings, backbone, rows: Sequence[ReplayRow],
     return trainer
 
 
+def _built(b: Mapping[str, Any], max_layer: int, backbone=None):
+    """``backbone``, or one built for this extraction (no LM head, no blocks above ``max_layer``).
+
+    Raises:
+        ValueError: The model's depth differs from ``backbone.n_layers``.
+    """
+    if backbone is None:
+        backbone = instantiate(b["loader"], **build_kwargs(b["loader"], max_layer=max_layer))
+    if backbone.n_layers != b["n_layers"]:
+        raise ValueError(f"backbone={b['name']}: model has {backbone.n_layers} decoder layers, "
+                         f"config says n_layers={b['n_layers']}")
+    return backbone
+
+
 def _forward_missing(settings: ExtractSettings, cache: ActivationCache, rows: Sequence[ReplayRow], layers: list[int],
                      token_groups: Sequence[str], backbone=None) -> int | dict:
     """Forward the rows that finished shards lack; return how many (a dict on a non-zero DDP rank)."""
@@ -410,14 +424,7 @@ def _forward_missing(settings: ExtractSettings, cache: ActivationCache, rows: Se
     log.info("extraction (%s): %d rows to forward (%d already in finished shards)", which, len(todo), len(done))
     if not todo:
         return 0
-    # Built for this extraction: no LM head, no decoder blocks above the deepest one read.
-    if backbone is None:
-        backbone = instantiate(b["loader"], **build_kwargs(b["loader"], max_layer=max(layers)))
-    if backbone.n_layers != b["n_layers"]:
-        raise ValueError(
-            f"backbone={b['name']}: model has {backbone.n_layers} decoder layers, "
-            f"config says n_layers={b['n_layers']}"
-        )
+    backbone = _built(b, max(layers), backbone)
     writer = ShardWriter(cache, shard_rows=settings.shard_rows, dtype=b["cache_dtype"],
                          layers=list(layers), token_groups=list(token_groups))
     module = HiddenStateExtractor(backbone, layers, token_groups, max_rows=b["batch_size"],

@@ -27,26 +27,22 @@ from contextlib import ExitStack
 
 import lightning as L
 import torch
-from hydra.utils import instantiate
 from lightning.pytorch.callbacks import BasePredictionWriter
 
-from ipi.backbone import build_kwargs
 from ipi.extraction.activation_cache import ActivationCache, FeatureSet
-from ipi.extraction.datamodule import ReplayDataModule, StepGroupDataset
 from ipi.extraction.extractor import HiddenStateExtractor, ShardWriter
 from ipi.extraction.rows import ReplayRow
 from ipi.extraction.forward import (
     ExtractSettings,
+    _built,
     _rank_zero_env,
     _uses_gpu,
     cache_key,
     extract_features,
     extraction_layers,
     feature_precision,
-    resolve_num_workers,
-    resolve_precision,
+    predict_rows,
 )
-from ipi.progress import extraction_callbacks
 
 log = logging.getLogger(__name__)
 
@@ -274,12 +270,7 @@ def _forward_pass(cfgs, caches, rows, layers, token_groups, seeds: list[int], fo
     for s in seeds:
         if len(backbones) >= n:
             break
-        loader = cfgs[s].backbone["loader"]
-        bb = instantiate(loader, **build_kwargs(loader, max_layer=deepest))
-        if bb.n_layers != cfgs[s].backbone["n_layers"]:
-            raise ValueError(f"backbone={cfgs[s].backbone['name']}: model has {bb.n_layers} decoder layers, "
-                             f"config says n_layers={cfgs[s].backbone['n_layers']}")
-        backbones[s] = bb
+        backbones[s] = bb = _built(cfgs[s].backbone, deepest)
         if len(backbones) == 1:
             twin_bytes = sum(p.numel() * p.element_size() for p in bb.model.parameters())
             free = torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else None
@@ -292,13 +283,6 @@ def _forward_pass(cfgs, caches, rows, layers, token_groups, seeds: list[int], fo
     log.info("extraction (%s, random-weight twins %s in one data pass): %d rows to forward",
              b0["name"], group, len(todo_rows))
     if todo_rows:
-        dataset = StepGroupDataset(todo_rows, first.processor, b0["system_prompt"], first.multimodal,
-                                   first.image_size, first.image_token_id)
-        tok = first.tokenizer
-        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-        per_step = max(len(g) for g in dataset.groups)
-        dm = ReplayDataModule(dataset, pad, batch_size=max(1, b0["batch_size"] // per_step),
-                              num_workers=resolve_num_workers(cfg0.num_workers, cfg0.accelerator))
         writers = {s: ShardWriter(caches[s], shard_rows=cfgs[s].shard_rows, dtype=cfgs[s].backbone["cache_dtype"])
                    for s in group}
         writer = TwinShardWriter(writers, todo)
@@ -306,16 +290,11 @@ def _forward_pass(cfgs, caches, rows, layers, token_groups, seeds: list[int], fo
                                                             max_rows=cfgs[s].backbone["batch_size"],
                                                             prefix_reuse=cfgs[s].prefix_reuse)
                                     for s in group})
-        bars = extraction_callbacks(True if cfg0.quiet else None, total_rows=len(todo_rows))
-        trainer = L.Trainer(accelerator=cfg0.accelerator, devices=1,
-                            precision=resolve_precision(cfg0.precision, cfg0.accelerator),
-                            callbacks=[writer, *bars], logger=False, enable_checkpointing=False,
-                            enable_model_summary=False, enable_progress_bar=False)
-        trainer.predict(module, datamodule=dm, return_predictions=False)
+        predict_rows(cfg0, first, todo_rows, module, writer, devices=1, strategy="auto")
         for s, k in writer.rows_written.items():
             forwarded[s] += k
         module.release_backbones()
-        del trainer, module
+        del module
     del backbones, first
     if torch.cuda.is_available():
         torch.cuda.empty_cache()

@@ -83,7 +83,7 @@ from ipi.progress import quiet_lightning, run_stages
 from ipi.protocol import SURFACES, TOKEN_GROUPS
 from ipi.run.stages import layer_indices, load_data, make_rows
 from ipi.backbone import build_backbone
-from ipi.tools.extraction_timing import entry_timings, speed_benchmark
+from ipi.tools.extraction_timing import entry_timings, matmul_peak_flops, speed_benchmark
 
 #: Qwen2.5-VL-7B-Instruct's architecture (config.json of the checkpoint).
 QWEN2_5_VL_7B_TEXT = dict(
@@ -273,25 +273,17 @@ def shapes_benchmark(n_steps: int, overrides: list[str], peak_tflops: float | No
             secs = sw.wall_s
     finally:
         ext.on_predict_end()
-    # Model FLOPs actually required: vision tower on each distinct image, decoder blocks up to the
-    # deepest chosen layer on every row (2 FLOPs per multiply-add; causal attention counted half).
-    v = vision
-    vd, vf = v["hidden_size"], v["intermediate_size"]
-    per_patch_block = 2 * (4 * vd * vd + 3 * vd * vf)
     depth = max(layers) + 1
-    d = text["hidden_size"]
     flops = 0.0
     for b in batches:
         flops += sum(decoder_flops(text, n, depth) for n in b["seq_len_list"])
         if b["images"] is not None:
-            patches = int(b["images"]["image_grid_thw"].prod(-1).sum())
-            merged, md = patches // 4, 4 * vd  # patch merger MLP on 2x2 groups of patches
-            flops += v["depth"] * patches * per_patch_block + merged * 2 * (md * md + md * v["out_hidden_size"])
+            flops += vision_flops(vision, int(b["images"]["image_grid_thw"].prod(-1).sum()))
     name = torch.cuda.get_device_name() if device == "cuda" else device
     if peak_tflops is None:
         peak_tflops = 989.0 if ("H100" in name or "H200" in name) else (312.0 if "A100" in name else None)
     n_rows = sum(len(b["row_ids"]) for b in batches)
-    out = {"benchmark": "shapes", "hidden_size": d, "n_layers": t["num_hidden_layers"], "device": name, "rows": n_rows, "steps": n_steps, "layers": layers,
+    out = {"benchmark": "shapes", "hidden_size": text["hidden_size"], "n_layers": text["num_hidden_layers"], "device": name, "rows": n_rows, "steps": n_steps, "layers": layers,
            "rows_per_s": _sig(n_rows / secs), "model_tflop": _sig(flops / 1e12),
            "achieved_tflops": _sig(flops / secs / 1e12)}
     out["prep_s"] = _sig(prep_secs)
@@ -327,9 +319,28 @@ def decoder_flops(text: Mapping, n_tokens: int, depth: int) -> float:
     return float(depth * (n_tokens * per_tok_layer + 2 * n_tokens * n_tokens * d))
 
 
+def vision_flops(vision: Mapping, patches: int) -> int:
+    """Model FLOPs of a Qwen2.5-VL vision tower on ``patches`` patches (2 FLOPs per multiply-add).
+
+    Every block's linear layers (q, k, v, o: ``d × d`` each; the gated MLP: three ``d × f``) on
+    every patch, and the patch merger's MLP on each 2×2 group; the windowed attention is left out.
+
+    Args:
+        vision: The vision config as a mapping: ``depth``, ``hidden_size``, ``intermediate_size``,
+            ``out_hidden_size``.
+        patches: Patches of the images (4 per image token).
+
+    Returns:
+        FLOPs (int).
+    """
+    vd, vf, md = vision["hidden_size"], vision["intermediate_size"], 4 * vision["hidden_size"]
+    per_patch = vision["depth"] * 2 * (4 * vd * vd + 3 * vd * vf)
+    return patches * per_patch + (patches // 4) * 2 * (md * md + md * vision["out_hidden_size"])
+
+
 def matmul_peak(n: int = 2048, reps: int = 5) -> dict:
-    """This machine's dense matmul throughput at the current torch thread count: the peak an
-    extraction's achieved FLOP/s is read against (best of ``reps`` ``[n, n] @ [n, n]``).
+    """This machine's dense matmul throughput per dtype (:func:`ipi.tools.extraction_timing.matmul_peak_flops`):
+    the peak an extraction's achieved FLOP/s is read against.
 
     Returns:
         ``{"float32": GFLOP/s, "bfloat16": GFLOP/s or None (no native bf16), "threads", "n"}``.
@@ -338,12 +349,8 @@ def matmul_peak(n: int = 2048, reps: int = 5) -> dict:
 
     out = {"threads": torch.get_num_threads(), "n": n}
     for name, dt in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
-        if dt == torch.bfloat16 and not cpu_supports_bf16():
-            out[name] = None
-            continue
-        a, b = torch.randn(n, n, dtype=dt), torch.randn(n, n, dtype=dt)
-        secs, _ = best_of(lambda: a @ b, reps)
-        out[name] = _sig(2 * n ** 3 / secs / 1e9)
+        native = dt != torch.bfloat16 or cpu_supports_bf16()
+        out[name] = _sig(matmul_peak_flops(n, reps, dt) / 1e9) if native else None
     return out
 
 
@@ -470,13 +477,10 @@ def paper_cost(surface: str = "i_dom", overrides: list[str] = (), layers: str = 
     lengths = sequence_lengths(rows, processor, str(c.backbone.system_prompt), True, dict(c.backbone.image_size))
     text, vision = QWEN2_5_VL_7B_TEXT, QWEN2_5_VL_7B_VISION
     depth = max(resolve_layers(list(c.layers.spec), text["num_hidden_layers"])) + 1
-    vd, vf = vision["hidden_size"], vision["intermediate_size"]
-    per_patch = vision["depth"] * 2 * (4 * vd * vd + 3 * vd * vf)
     if surface == "i_vis":
         raise ValueError("paper_cost counts one screenshot per step: a text surface (i_dom, i_tool)")
     images = {r.step.screenshot: n_img for r, (_, n_img) in zip(rows, lengths)}  # one per step on a text surface
-    patches = 4 * sum(images.values())  # 2x2 patches merged into one image token
-    vision_flop = patches * per_patch + (patches // 4) * 2 * (16 * vd * vd + 4 * vd * vision["out_hidden_size"])
+    vision_flop = vision_flops(vision, 4 * sum(images.values()))  # 2x2 patches merged into one image token
     main = sum(decoder_flops(text, n, depth) for n, _ in lengths) + vision_flop
     frac = float(c.split.test_fraction) if test_fraction is None else test_fraction
     lik_rows = [n for r, (n, _) in zip(rows, lengths) if r.variant.variant in ("attack", "clean")]

@@ -187,6 +187,14 @@ def _stats(xs: Sequence[float]) -> dict:
             "n": len(xs)}
 
 
+def _rates(rows: int, tokens: int, flops: float, prep_s: float, median_s: float, peak: float) -> dict:
+    """Rows/s, tokens and FLOPs per row, achieved FLOP/s and its share of ``peak``, and the
+    preparation share, of one way's work timed at ``median_s`` seconds."""
+    return {"rows_per_s": round(rows / median_s, 3), "tokens_per_row": round(tokens / rows, 1),
+            "gflop_per_row": round(flops / rows / 1e9, 4), "achieved_gflop_s": round(flops / median_s / 1e9, 3),
+            "fraction_of_matmul_peak": round(flops / median_s / peak, 4), "prep_share": round(prep_s / median_s, 3)}
+
+
 def _rel_err(a: np.ndarray, ref: np.ndarray) -> float:
     return float(np.max(np.abs(a - ref)) / max(float(np.max(np.abs(ref))), 1e-30))
 
@@ -222,15 +230,8 @@ def _time_surface(si: int, surface: str, rows: list, runners: dict, reps: int, w
                                    "step_groups": len({(r.trajectory_id, r.step.step) for r in rows})}
         else:
             prep = out["prep_s"]
-        med = statistics.median(secs)
-        entry = {
-            "steady_s": _stats(secs), "cpu_s": _stats(cpus), "rows_per_s": round(len(rows) / med, 3),
-            "tokens_per_row": round(out["tokens"] / len(rows), 1),
-            "gflop_per_row": round(flops / len(rows) / 1e9, 4),
-            "achieved_gflop_s": round(flops / med / 1e9, 3),
-            "fraction_of_matmul_peak": round(flops / med / peak, 4),
-            "prep_share": round(prep / med, 3),
-        }
+        entry = {"steady_s": _stats(secs), "cpu_s": _stats(cpus),
+                 **_rates(len(rows), out["tokens"], flops, prep, statistics.median(secs), peak)}
         if m == "tasktracker":
             ref = out
         else:
@@ -297,14 +298,9 @@ def speed_benchmark(settings: ExtractSettings, rows_by_surface: dict[str, list],
     mixed: dict = {"rows": totals["ours"]["rows"]}
     for m in METHODS:
         per_rep = [sum(wall[m][si][r] for si in range(len(rows_by_surface))) for r in range(reps)]
-        med = statistics.median(per_rep)
         t = totals[m]
         mixed[m] = {"steady_s": _stats(per_rep), "cpu_s_median_sum": round(t["cpu"], 3),
-                    "rows_per_s": round(t["rows"] / med, 3), "tokens_per_row": round(t["tokens"] / t["rows"], 1),
-                    "gflop_per_row": round(t["flops"] / t["rows"] / 1e9, 4),
-                    "achieved_gflop_s": round(t["flops"] / med / 1e9, 3),
-                    "fraction_of_matmul_peak": round(t["flops"] / med / peak, 4),
-                    "prep_share": round(t["prep"] / med, 3)}
+                    **_rates(t["rows"], t["tokens"], t["flops"], t["prep"], statistics.median(per_rep), peak)}
         if m != "tasktracker":
             mixed[m]["rel_feature_error"] = max(per_surface[s][m]["rel_feature_error"] for s in per_surface)
     mixed["speedup"] = round(mixed["tasktracker"]["steady_s"]["median"] / mixed["ours"]["steady_s"]["median"], 3)

@@ -56,7 +56,7 @@ def test_cache_key_follows_the_processor_files_not_their_path(tmp_path, trajecto
 
     from omegaconf import open_dict
 
-    from ipi.extraction.activation_cache import local_content_digest
+    from ipi.io import local_content_digest
     from ipi.extraction.rows import build_rows
     from ipi.extraction.forward import cache_key
     from tests.conftest import compose_train

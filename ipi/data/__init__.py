@@ -12,16 +12,13 @@ from dataclasses import replace
 from pathlib import Path
 
 from ipi.data.browser_use import import_browser_use_report
+from ipi.data.discover import bad_step, check_options
 from ipi.data.images import DEFAULT_LIMITS, ImageLimits, screenshot_problem
 from ipi.data.multimodal_mind2web import import_multimodal_mind2web_report
 from ipi.data.online_mind2web import import_online_mind2web_report
 from ipi.data.schema import DataError, Skip, Step, Trajectory, iter_native, read_native, write_native
 from ipi.data.text import clean_trajectory
-from ipi.data.webvoyager import (
-    UNKNOWN_ACTION_POLICIES,
-    import_webvoyager,
-    import_webvoyager_report,
-)
+from ipi.data.webvoyager import import_webvoyager, import_webvoyager_report
 
 
 def load_native(
@@ -56,12 +53,7 @@ def load_native(
         FileNotFoundError: ``path`` does not exist.
         ValueError: Bad ``on_bad_step`` or ``unknown_action``.
 """
-    if on_bad_step not in ("skip", "error"):
-        raise ValueError(f"on_bad_step must be 'skip' or 'error', not {on_bad_step!r}")
-    if unknown_action not in UNKNOWN_ACTION_POLICIES:
-        raise ValueError(
-            f"unknown_action must be one of {', '.join(UNKNOWN_ACTION_POLICIES)}, not {unknown_action!r}"
-        )
+    check_options(on_bad_step, unknown_action)
     trajectories, skipped = [], []
     for t in iter_native(path):
         if limit is not None and len(trajectories) >= limit:
@@ -79,9 +71,7 @@ def load_native(
                 skips.append(Skip(s.step, what, str(path)))
                 continue
             if problem is not None:
-                if on_bad_step == "error":
-                    raise DataError(f"{s.screenshot}: step {s.step}: {problem}")
-                skips.append(Skip(s.step, problem, s.screenshot))
+                bad_step(skips, on_bad_step, s.step, problem, s.screenshot)
                 continue
             steps.append(s)
         if not steps:

@@ -1,35 +1,20 @@
 """Importer for browser-use agent histories (github.com/browser-use/browser-use).
 
-browser-use saves a run with ``AgentHistoryList.save_to_file(path)`` as one JSON file with a
-``history`` list of ``{"model_output", "result", "state", "metadata"}`` entries. The mapping onto
-the native schema is in ``docs/data.md`` ("browser-use histories"); in short:
-
-* One trajectory per history file; ``trajectory_id`` is the file's path under the root without
-  ``.json``; the task comes from a top-level ``"task"`` string or a ``task.txt`` beside the file
-  (without either the file is a counted skip).
-* Every action of ``model_output.action`` becomes one step on the screenshot of ``state``
-  (captured before the model call); ``action`` is written as a call
-  (``click_element_by_index(index=12)``) and ``action_type`` maps onto the WebVoyager verbs.
-* ``thought`` joins ``thinking``, ``evaluation_previous_goal``, ``memory`` and ``next_goal``;
-  ``tool_result`` is the previous action's result; ``element_text = ""`` (not recorded).
-* A base64 ``screenshot`` is written once to
-  ``<image_dir>/root-<digest of the data root>/<trajectory_id>/<k>.png``; a ``screenshot_path``
-  that does not exist where it was written is looked up beside the history file."""
+One trajectory per ``AgentHistoryList.save_to_file`` JSON file, one step per action; the mapping
+onto the native schema is in ``docs/data.md`` ("browser-use histories")."""
 
 from __future__ import annotations
 
 import base64
 import binascii
-import json
 import os
 import tempfile
 from pathlib import Path
 
-from ipi.data.discover import walk
+from ipi.data.discover import Problem, bad_step, check_options, data_root, import_each, read_json, walk
 from ipi.data.images import DEFAULT_LIMITS, ImageLimits, root_image_dir, screenshot_problem, write_image_bytes
-from ipi.data.schema import DataError, Skip, Step, Trajectory
+from ipi.data.schema import Skip, Step, Trajectory
 from ipi.data.text import clean_trajectory
-from ipi.progress import track
 
 __all__ = ["SOURCE", "browser_use_action", "browser_use_action_type", "import_browser_use_report"]
 
@@ -98,12 +83,6 @@ def _result_text(results) -> str:
     return "\n".join(lines)
 
 
-class _Problem(Exception):
-    def __init__(self, path: Path, reason: str):
-        super().__init__(reason)
-        self.path, self.reason = path, reason
-
-
 def _screenshot(state: dict, file: Path, image_dir: Path, trajectory_id: str, k: int) -> Path | None:
     path = state.get("screenshot_path")
     if isinstance(path, str) and path:
@@ -126,19 +105,14 @@ def _screenshot(state: dict, file: Path, image_dir: Path, trajectory_id: str, k:
 
 def _import_file(file: Path, trajectory_id: str, image_dir: Path, on_bad_step: str, unknown_action: str,
                  limits: ImageLimits | None) -> Trajectory:
-    try:
-        data = json.loads(file.read_text(encoding="utf-8-sig"))
-    except UnicodeDecodeError as e:
-        raise _Problem(file, f"not valid UTF-8 ({e.reason})") from e
-    except json.JSONDecodeError as e:
-        raise _Problem(file, f"not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from e
+    data = read_json(file)
     if not isinstance(data, dict) or not isinstance(data.get("history"), list):
-        raise _Problem(file, NOT_A_HISTORY)
+        raise Problem(file, NOT_A_HISTORY)
     task = data.get("task")
     if not (isinstance(task, str) and task.strip()) and (file.parent / "task.txt").is_file():
         task = (file.parent / "task.txt").read_text(encoding="utf-8").strip()
     if not (isinstance(task, str) and task.strip()):
-        raise _Problem(file, NO_TASK)
+        raise Problem(file, NO_TASK)
     steps: list[Step] = []
     skipped: list[Skip] = []
     history: list[str] = []
@@ -146,7 +120,7 @@ def _import_file(file: Path, trajectory_id: str, image_dir: Path, on_bad_step: s
     prev_result = ""
     for i, item in enumerate(data["history"]):
         if not isinstance(item, dict):
-            raise _Problem(file, f"history[{i}] is not an object")
+            raise Problem(file, f"history[{i}] is not an object")
         out = item.get("model_output")
         state = item.get("state") if isinstance(item.get("state"), dict) else {}
         if isinstance(out, dict) and isinstance(out.get("action"), list) and out["action"]:
@@ -157,19 +131,15 @@ def _import_file(file: Path, trajectory_id: str, image_dir: Path, on_bad_step: s
                 try:
                     name, call = browser_use_action(action)
                 except ValueError as e:
-                    raise _Problem(file, f"history[{i}]: {e}") from e
+                    raise Problem(file, f"history[{i}]: {e}") from e
                 verb = browser_use_action_type(name)
                 tool_result = (prev_result or f"Action executed: {history[-1]}") if history else NO_PREVIOUS_ACTION
                 if shot is None or not shot.is_file():
                     skipped.append(Skip(k, "missing screenshot", str(shot or file)))
                 elif (problem := screenshot_problem(shot, limits=limits)) is not None:
-                    if on_bad_step == "error":
-                        raise DataError(f"{shot}: step {k}: unreadable screenshot: {problem}")
-                    skipped.append(Skip(k, f"unreadable screenshot: {problem}", str(shot)))
+                    bad_step(skipped, on_bad_step, k, f"unreadable screenshot: {problem}", shot)
                 elif verb == "unknown" and unknown_action != "keep":
-                    if unknown_action == "error":
-                        raise DataError(f"{file}: step {k}: unknown action {call!r}")
-                    skipped.append(Skip(k, f"unknown action {call!r}", str(file)))
+                    bad_step(skipped, unknown_action, k, f"unknown action {call!r}", file)
                 else:
                     steps.append(Step(step=k, screenshot=str(shot), element_text="", element_text_omitted=True,
                                       tool_result=tool_result, thought=thought, action=call, action_type=verb,
@@ -181,7 +151,7 @@ def _import_file(file: Path, trajectory_id: str, image_dir: Path, on_bad_step: s
         else:  # a failed model call: its result (an error) is feedback for the next action
             prev_result = _result_text(item.get("result")) or prev_result
     if k == 0:
-        raise _Problem(file, "no action in the history (every step lacks model output)")
+        raise Problem(file, "no action in the history (every step lacks model output)")
     meta = {"file": file.name}
     return clean_trajectory(Trajectory(trajectory_id, task.strip(), SOURCE, k, tuple(steps), tuple(skipped), meta),
                             str(file), on_bad_step)
@@ -218,13 +188,8 @@ def import_browser_use_report(
         FileNotFoundError: ``root`` does not exist.
         DataError: Malformed input under ``on_bad_step="error"`` (or ``unknown_action="error"``).
     """
-    if on_bad_step not in ("skip", "error"):
-        raise ValueError(f"on_bad_step must be 'skip' or 'error', not {on_bad_step!r}")
-    if unknown_action not in ("keep", "skip", "error"):
-        raise ValueError(f"unknown_action must be keep, skip or error, not {unknown_action!r}")
-    root = Path(os.path.abspath(root))
-    if not root.exists():
-        raise FileNotFoundError(f"browser-use root {root} does not exist")
+    check_options(on_bad_step, unknown_action)
+    root = data_root(root, "browser-use")
     # one folder per data root: two roots with equal trajectory ids never share a file
     image_dir = root_image_dir(Path(image_dir) if image_dir is not None
                                else Path(tempfile.gettempdir()) / "ipi_browser_use", root)
@@ -240,23 +205,5 @@ def import_browser_use_report(
                     f = folder / n
                     files.append((f.relative_to(root).as_posix()[: -len(".json")], f))
     files.sort()
-    trajectories: list[Trajectory] = []
-    for tid, f in track(files, "import browser_use"):
-        if limit is not None and len(trajectories) >= limit:
-            break
-        try:
-            t = _import_file(f, tid, image_dir, on_bad_step, unknown_action, image_limits)
-        except _Problem as e:
-            if on_bad_step == "error":
-                raise DataError(f"{e.path}: {e.reason}") from e
-            skipped.append({"path": str(e.path), "reason": e.reason})
-            continue
-        if not t.steps:
-            reasons = sorted({s.reason for s in t.skipped})
-            skipped.append({"path": str(f), "reason": f"no usable step: all {t.horizon} step(s) skipped "
-                                                       f"({'; '.join(reasons)})"})
-            continue
-        trajectories.append(t)
-    trajectories.sort(key=lambda t: t.trajectory_id)
-    skipped.sort(key=lambda d: d["path"])
-    return trajectories, skipped
+    return import_each(files, lambda tid, f: _import_file(f, tid, image_dir, on_bad_step, unknown_action,
+                                                          image_limits), on_bad_step, limit, SOURCE, skipped)

@@ -1,16 +1,8 @@
 """Importer for Multimodal-Mind2Web (Hugging Face dataset ``osunlp/Multimodal-Mind2Web``).
 
-The dataset has one row per **action** (step), in Parquet shards
-``data/<split>-XXXXX-of-YYYYY.parquet``. The loader uses :mod:`datasets` on a **local copy** only
-(a folder of Parquet files, one Parquet file, or a ``save_to_disk`` folder), streaming only the
-columns it reads; with ``limit`` only the first ``limit`` annotation ids (sorted) are
-materialised.
-
-The columns read and their mapping onto the native schema are in ``docs/data.md``
-("Multimodal-Mind2Web"); in short: trajectory = ``annotation_id``, step =
-``int(target_action_index)``, ``thought = ""``, screenshots written unchanged to
-``<image_dir>/<annotation_id>/<action_uid>.<png|jpg>``, ``element_text`` from ``cleaned_html``
-(:func:`html_to_element_text`). Missing rows and unreadable screenshots are counted skips."""
+Reads a local copy only (Parquet files or a ``save_to_disk`` folder; one row per action), streaming
+the columns it reads; the mapping onto the native schema is in ``docs/data.md``
+("Multimodal-Mind2Web")."""
 
 from __future__ import annotations
 
@@ -24,6 +16,7 @@ from pathlib import Path
 
 from PIL import Image
 
+from ipi.data.discover import bad_step, check_options, data_root, no_usable_step
 from ipi.data.images import DEFAULT_LIMITS, ImageLimits, root_image_dir, screenshot_problem, write_image_bytes
 from ipi.data.online_mind2web import NO_PREVIOUS_ACTION, mind2web_action_type
 from ipi.data.schema import DataError, Skip, Step, Trajectory
@@ -35,7 +28,6 @@ __all__ = ["COLUMNS", "SOURCE", "html_to_element_text", "import_multimodal_mind2
 SOURCE = "multimodal_mind2web"
 COLUMNS = ("annotation_id", "confirmed_task", "action_uid", "action_reprs", "target_action_index",
            "target_action_reprs", "operation", "screenshot", "cleaned_html")
-REQUIRED = ("annotation_id", "confirmed_task", "action_reprs", "target_action_index", "screenshot")
 
 _VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
 _FORM = {"input", "select", "textarea", "button", "option", "img"}
@@ -223,11 +215,8 @@ def import_multimodal_mind2web_report(
             rows of one task disagreeing on ``action_reprs``, or (under ``"error"``) an
             unreadable screenshot.
     """
-    if on_bad_step not in ("skip", "error"):
-        raise ValueError(f"on_bad_step must be 'skip' or 'error', not {on_bad_step!r}")
-    root = Path(os.path.abspath(root))
-    if not root.exists():
-        raise FileNotFoundError(f"Multimodal-Mind2Web root {root} does not exist")
+    check_options(on_bad_step)
+    root = data_root(root, "Multimodal-Mind2Web")
     base = root_image_dir(Path(image_dir) if image_dir is not None else (
         Path(os.environ.get("IPI_CACHE_DIR", "outputs/cache")) / "multimodal_mind2web"), root)
     keep = None
@@ -265,10 +254,10 @@ def import_multimodal_mind2web_report(
         task, reprs = meta[aid]
         horizon = max(len(reprs), max(rows_by_task[aid]) + 1)
         folder = base / _safe(aid)
+        where = f"{root} (annotation_id={aid})"
         steps, skipped = [], []
         for k in range(horizon):
             row = rows_by_task[aid].get(k)
-            where = f"{root} (annotation_id={aid})"
             if row is None:
                 skipped.append(Skip(k, "no row for this action in the loaded split", where))
                 continue
@@ -285,9 +274,7 @@ def import_multimodal_mind2web_report(
                 continue
             path = _write_image(row["image"], folder, _safe(row["action_uid"]))
             if (problem := screenshot_problem(path, limits=image_limits)) is not None:
-                if on_bad_step == "error":
-                    raise DataError(f"{where}: step {k}: unreadable screenshot: {problem}")
-                skipped.append(Skip(k, f"unreadable screenshot: {problem}", str(path)))
+                bad_step(skipped, on_bad_step, k, f"unreadable screenshot: {problem}", path, where)
                 continue
             history = tuple(reprs[:k])
             prev = reprs[k - 1] if 0 < k <= len(reprs) else None
@@ -298,11 +285,9 @@ def import_multimodal_mind2web_report(
                 thought="", action=row["action"].strip(), action_type=_op(row["op"], row["action"]),
                 history=history,
             ))
-        if not steps:
-            reasons = sorted({k.reason for k in skipped})
-            left_out.append({"path": f"{root} (annotation_id={aid})",
-                             "reason": f"no usable step: all {horizon} step(s) skipped ({'; '.join(reasons)})"})
-            continue
-        trajectories.append(clean_trajectory(Trajectory(aid, task.strip(), SOURCE, horizon, tuple(steps),
-                                                        tuple(skipped)), f"{root} (annotation_id={aid})", on_bad_step))
+        t = Trajectory(aid, task.strip(), SOURCE, horizon, tuple(steps), tuple(skipped))
+        if steps:
+            trajectories.append(clean_trajectory(t, where, on_bad_step))
+        else:
+            left_out.append(no_usable_step(where, t))
     return trajectories, left_out

@@ -1,29 +1,19 @@
 """Importer for Online-Mind2Web result folders (github.com/OSU-NLP-Group/Online-Mind2Web).
 
-Online-Mind2Web stores one folder per task, named by its ``task_id``::
-
-    <root>/<task_id>/result.json
-    <root>/<task_id>/trajectory/<k>_full_screenshot.png   (or any name starting with an integer)
-
-Both schemas of the official reader (``src/run.py``) are read: **v1** (``action_history`` of
-strings, frames ordered by the first integer in their names) and **v2** (``action_history`` of
-``{"action", "thought", "screenshot"}``, the final answer entry dropped). How each action is
-paired with the frame the agent saw (before- or after-action frames, batched actions; the
-``frames`` and ``batches`` options) and the other rules are in ``docs/data.md``
-("Online-Mind2Web result folders"). No page text is recorded: ``element_text = ""``."""
+One trajectory per task folder (``<root>/<task_id>/result.json`` and its ``trajectory/`` frames),
+schemas v1 and v2; how each action is paired with a frame (the ``frames`` and ``batches``
+options) and the other rules are in ``docs/data.md`` ("Online-Mind2Web result folders")."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
 
-from ipi.data.discover import walk
+from ipi.data.discover import Problem, bad_step, check_options, data_root, import_each, read_json, walk
 from ipi.data.images import DEFAULT_LIMITS, ImageLimits, screenshot_problem
-from ipi.data.schema import DataError, Skip, Step, Trajectory
+from ipi.data.schema import Skip, Step, Trajectory
 from ipi.data.text import clean_trajectory
-from ipi.progress import track
 
 __all__ = ["FRAME_LAYOUTS", "RESULT_NAME", "SOURCE", "import_online_mind2web_report", "mind2web_action_type"]
 
@@ -73,12 +63,6 @@ def mind2web_action_type(action: str) -> str:
     return verb if verb in _OPS else "unknown"
 
 
-class _Problem(Exception):
-    def __init__(self, path: Path, reason: str):
-        super().__init__(reason)
-        self.path, self.reason = path, reason
-
-
 def _frames(folder: Path) -> dict[int, Path]:
     """``{n: path}`` of ``trajectory/`` by the first integer in each image name (the reader's order)."""
     out: dict[int, Path] = {}
@@ -97,15 +81,11 @@ def _frames(folder: Path) -> dict[int, Path]:
 
 def _load_result(path: Path) -> dict:
     try:
-        data = json.loads(path.read_text(encoding="utf-8-sig"))
-    except UnicodeDecodeError as e:
-        raise _Problem(path, f"not valid UTF-8 ({e.reason})") from e
-    except json.JSONDecodeError as e:
-        raise _Problem(path, f"not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from e
+        data = read_json(path)
     except OSError as e:
-        raise _Problem(path, f"cannot read ({type(e).__name__})") from e
+        raise Problem(path, f"cannot read ({type(e).__name__})") from e
     if not isinstance(data, dict):
-        raise _Problem(path, f"not a JSON object (got {type(data).__name__})")
+        raise Problem(path, f"not a JSON object (got {type(data).__name__})")
     return data
 
 
@@ -125,36 +105,36 @@ def _import_task(folder: Path, rel: str, on_bad_step: str, frames: str, batches:
     data = _load_result(res_path)
     task = data.get("task") or data.get("confirmed_task")
     if not isinstance(task, str) or not task.strip():
-        raise _Problem(res_path, "no 'task' string")
+        raise Problem(res_path, "no 'task' string")
     history = data.get("action_history")
     if history is None or history == []:
         keys = ", ".join(sorted(data)) or "none"
-        raise _Problem(res_path, f"{NO_ACTION_HISTORY} (an evaluation record, not a trajectory; keys: {keys})")
+        raise Problem(res_path, f"{NO_ACTION_HISTORY} (an evaluation record, not a trajectory; keys: {keys})")
     if not isinstance(history, list):
-        raise _Problem(res_path, f"'action_history' is {type(history).__name__}, not a list")
+        raise Problem(res_path, f"'action_history' is {type(history).__name__}, not a list")
     traj_dir = folder / "trajectory"
     layout = "v2"
     if data.get("schema_version") == V2:
         for k, item in enumerate(history):
             if not isinstance(item, dict) or not isinstance(item.get("action"), str):
-                raise _Problem(res_path, f"action_history[{k}] is not an object with an 'action' string")
+                raise Problem(res_path, f"action_history[{k}] is not an object with an 'action' string")
         steps_v2 = history[:-1]  # the last entry is the agent's answer; the official reader drops it
         if not steps_v2:
-            raise _Problem(res_path, f"{NO_ACTION_HISTORY} (v2: only the final answer step)")
+            raise Problem(res_path, f"{NO_ACTION_HISTORY} (v2: only the final answer step)")
         actions = [it["action"] for it in steps_v2]
         thoughts = [str(it.get("thought") or "") for it in steps_v2]
         shots = [traj_dir / it["screenshot"] if it.get("screenshot") else None for it in steps_v2]
         expected = [s or traj_dir / f"<no screenshot for step {k}>" for k, s in enumerate(shots)]
     else:
         if not all(isinstance(a, str) for a in history):
-            raise _Problem(res_path, "'action_history' holds a non-string entry")
+            raise Problem(res_path, "'action_history' holds a non-string entry")
         actions = list(history)
         raw = data.get("thoughts")
         if raw is None:
             thoughts = [""] * len(actions)
         elif not isinstance(raw, list) or len(raw) != len(actions):
             n = len(raw) if isinstance(raw, list) else type(raw).__name__
-            raise _Problem(res_path, f"'thoughts' has {n} entries for {len(actions)} actions")
+            raise Problem(res_path, f"'thoughts' has {n} entries for {len(actions)} actions")
         else:
             thoughts = [str(t or "") for t in raw]
         index = _frames(traj_dir)
@@ -180,9 +160,7 @@ def _import_task(folder: Path, rel: str, on_bad_step: str, frames: str, batches:
             skipped.append(Skip(k, reason, str(expected[k] if reason == MISSING_SCREENSHOT else traj_dir)))
             continue
         if (problem := screenshot_problem(shot, limits=limits)) is not None:
-            if on_bad_step == "error":
-                raise DataError(f"{shot}: step {k}: unreadable screenshot: {problem}")
-            skipped.append(Skip(k, f"unreadable screenshot: {problem}", str(shot)))
+            bad_step(skipped, on_bad_step, k, f"unreadable screenshot: {problem}", shot)
             continue
         steps.append(Step(
             step=k, screenshot=str(shot), element_text="", element_text_omitted=True,
@@ -231,13 +209,10 @@ def import_online_mind2web_report(
         FileNotFoundError: ``root`` does not exist.
         DataError: Malformed input under ``on_bad_step="error"``.
     """
-    if on_bad_step not in ("skip", "error"):
-        raise ValueError(f"on_bad_step must be 'skip' or 'error', not {on_bad_step!r}")
+    check_options(on_bad_step)
     if frames not in FRAME_LAYOUTS:
         raise ValueError(f"frames must be one of {', '.join(FRAME_LAYOUTS)}, not {frames!r}")
-    root = Path(os.path.abspath(root))
-    if not root.exists():
-        raise FileNotFoundError(f"Online-Mind2Web root {root} does not exist")
+    root = data_root(root, "Online-Mind2Web")
     skipped: list[dict] = []
     folders: list[tuple[str, Path]] = []
     for folder, files, left_out in walk(root):
@@ -246,28 +221,14 @@ def import_online_mind2web_report(
             rel = folder.relative_to(root).as_posix()
             folders.append((root.name if rel == "." else rel, folder))
     folders.sort()
-    trajectories: list[Trajectory] = []
     first: dict[str, Path] = {}
-    for rel, folder in track(folders, "import online_mind2web"):
-        if limit is not None and len(trajectories) >= limit:
-            break
-        try:
-            t = _import_task(folder, rel, on_bad_step, frames, batches, image_limits)
-            if t.trajectory_id in first:
-                raise _Problem(folder / RESULT_NAME, f"duplicate trajectory id {t.trajectory_id!r} "
-                                                     f"(already imported from {first[t.trajectory_id]})")
-        except _Problem as e:
-            if on_bad_step == "error":
-                raise DataError(f"{e.path}: {e.reason}") from e
-            skipped.append({"path": str(e.path), "reason": e.reason})
-            continue
+
+    def read(rel: str, folder: Path) -> Trajectory:
+        t = _import_task(folder, rel, on_bad_step, frames, batches, image_limits)
+        if t.trajectory_id in first:
+            raise Problem(folder / RESULT_NAME, f"duplicate trajectory id {t.trajectory_id!r} "
+                                                f"(already imported from {first[t.trajectory_id]})")
         first[t.trajectory_id] = folder
-        if not t.steps:
-            reasons = sorted({k.reason for k in t.skipped})
-            skipped.append({"path": str(folder), "reason": f"no usable step: all {t.horizon} step(s) skipped "
-                                                            f"({'; '.join(reasons)})"})
-            continue
-        trajectories.append(t)
-    trajectories.sort(key=lambda t: t.trajectory_id)
-    skipped.sort(key=lambda d: d["path"])
-    return trajectories, skipped
+        return t
+
+    return import_each(folders, read, on_bad_step, limit, SOURCE, skipped)

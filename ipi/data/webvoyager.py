@@ -1,12 +1,8 @@
 """Importer for WebVoyager run logs (github.com/MinorJerry/WebVoyager, ``results/``).
 
-A WebVoyager *task folder* holds ``interact_messages.json`` (the chat the agent had) and
-``screenshot{k}.png`` for the page the k-th assistant turn acted on. Every task folder under a
-root becomes a :class:`~ipi.data.schema.Trajectory` of the native schema; the mapping is in
-``docs/data.md`` ("How the log maps to steps"), how steps are used in PROTOCOL.md §1–§3. In short:
-step ``k - 1`` is the k-th assistant turn with ``screenshot{k}.png``; ``element_text`` is the
-preceding observation's element list (``element_text_omitted=True`` where WebVoyager dropped
-it); ``tool_result`` is the environment feedback about the previous action."""
+A *task folder* holds ``interact_messages.json`` (the agent's chat) and ``screenshot{k}.png`` for
+the page the k-th assistant turn acted on; the mapping onto the native schema is in
+``docs/data.md`` ("How the log maps to steps")."""
 
 from __future__ import annotations
 
@@ -19,7 +15,15 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from ipi.data.discover import walk
+from ipi.data.discover import (
+    UNKNOWN_ACTION_POLICIES,
+    Problem,
+    bad_step,
+    check_options,
+    data_root,
+    import_each,
+    walk,
+)
 from ipi.data.images import (
     DEFAULT_LIMITS,
     MAX_SCREENSHOT_PIXELS,
@@ -29,7 +33,6 @@ from ipi.data.images import (
 )
 from ipi.data.schema import DataError, Skip, Step, Trajectory
 from ipi.data.text import clean_trajectory
-from ipi.progress import track
 
 __all__ = [
     "ACTION_TYPES",
@@ -37,7 +40,6 @@ __all__ = [
     "MAX_SCREENSHOT_PIXELS",
     "MIN_SCREENSHOT_SIDE",
     "SOURCE",
-    "UNKNOWN_ACTION_POLICIES",
     "screenshot_problem",
     "import_webvoyager",
     "import_webvoyager_report",
@@ -49,16 +51,12 @@ LOG_NAME = "interact_messages.json"
 SOURCE = "webvoyager"
 #: Action verbs WebVoyager's system prompt defines (``action_type`` values besides "unknown").
 ACTION_TYPES = ("click", "type", "scroll", "wait", "goback", "google", "answer")
-
-#: What the importer does with a step whose action is not one of :data:`ACTION_TYPES`.
-UNKNOWN_ACTION_POLICIES = ("keep", "skip", "error")
 NO_PREVIOUS_ACTION = "No previous action."
 MISSING_SCREENSHOT = "missing screenshot"
 #: Reason of a missing screenshot that the log does not explain (WebVoyager saves no screenshot
 #: only for a turn whose observation was replaced by feedback on a failed action).
 MISSING_SCREENSHOT_UNEXPECTED = "missing screenshot (the log has an observation for this step)"
 NO_LOG = f"screenshots but no {LOG_NAME}"
-NO_USABLE_STEP = "no usable step"
 OTHER_LAYOUT = "an Online-Mind2Web result folder, not a WebVoyager task folder (data=online_mind2web reads it)"
 
 _TASK_PREFIX = "Now given a task:"
@@ -82,15 +80,6 @@ _INVENTED_TURN = re.compile(r"\n\s*(?:(?:user|human|assistant|system)\s*:|Observ
 _OBSERVATION_AT = re.compile(r"(?:^|\n)[ \t]*Observation:")
 
 
-class _TrajectoryProblem(Exception):
-    """A whole task folder is unusable; ``reason`` says why (without the path)."""
-
-    def __init__(self, path: Path, reason: str):
-        super().__init__(reason)
-        self.path = path
-        self.reason = reason
-
-
 @dataclass
 class _Observation:
     element_text: str
@@ -112,39 +101,39 @@ def _text_of(content: object, log: Path, index: int) -> str:
         parts = []
         for part in content:
             if not isinstance(part, dict):
-                raise _TrajectoryProblem(log, f"message {index}: content part is not an object")
+                raise Problem(log, f"message {index}: content part is not an object")
             if part.get("type") == "text":
                 text = part.get("text")
                 if not isinstance(text, str):
-                    raise _TrajectoryProblem(log, f"message {index}: text part without text")
+                    raise Problem(log, f"message {index}: text part without text")
                 parts.append(text)
         return "".join(parts)
-    raise _TrajectoryProblem(
+    raise Problem(
         log, f"message {index}: content is {type(content).__name__}, not a string or list"
     )
 
 
 def _load_messages(log: Path, raw: bytes) -> list[dict]:
     if not raw.strip():
-        raise _TrajectoryProblem(log, f"empty file ({len(raw)} bytes)")
+        raise Problem(log, f"empty file ({len(raw)} bytes)")
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
-        raise _TrajectoryProblem(log, f"not valid UTF-8 (byte {e.start}: {e.reason})") from e
+        raise Problem(log, f"not valid UTF-8 (byte {e.start}: {e.reason})") from e
     try:
         messages = json.loads(text)
     except json.JSONDecodeError as e:
-        raise _TrajectoryProblem(
+        raise Problem(
             log, f"not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})"
         ) from e
     if not isinstance(messages, list):
         kind = type(messages).__name__
-        raise _TrajectoryProblem(log, f"not a list of chat messages (got {kind})")
+        raise Problem(log, f"not a list of chat messages (got {kind})")
     if not messages:
-        raise _TrajectoryProblem(log, "empty list of chat messages")
+        raise Problem(log, "empty list of chat messages")
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or "role" not in m or "content" not in m:
-            raise _TrajectoryProblem(log, f"message {i} is not an object with 'role' and 'content'")
+            raise Problem(log, f"message {i} is not an object with 'role' and 'content'")
     return messages
 
 
@@ -152,7 +141,7 @@ def _parse_task(text: str, log: Path) -> tuple[str, int]:
     """Task of the first user turn and the offset where its observation part may start."""
     start = text.find(_TASK_PREFIX)
     if start < 0:
-        raise _TrajectoryProblem(log, f"no task in the first user turn (no {_TASK_PREFIX!r})")
+        raise Problem(log, f"no task in the first user turn (no {_TASK_PREFIX!r})")
     start += len(_TASK_PREFIX)
     end = text.find(_TASK_END, start)
     if end < 0:
@@ -163,7 +152,7 @@ def _parse_task(text: str, log: Path) -> tuple[str, int]:
         end = len(text)
     task = text[start:end].strip()
     if not task:
-        raise _TrajectoryProblem(log, "no task in the first user turn (empty task text)")
+        raise Problem(log, "no task in the first user turn (empty task text)")
     return task, end
 
 
@@ -230,11 +219,11 @@ def _read_turns(log: Path, raw: bytes | None = None) -> tuple[str, list[_Turn]]:
         try:
             raw = log.read_bytes()
         except OSError as e:
-            raise _TrajectoryProblem(log, f"cannot read ({e})") from e
+            raise Problem(log, f"cannot read ({e})") from e
     messages = _load_messages(log, raw)
     first_user = next((i for i, m in enumerate(messages) if m["role"] == "user"), None)
     if first_user is None:
-        raise _TrajectoryProblem(log, "no user turn (no task)")
+        raise Problem(log, "no user turn (no task)")
     turns: list[_Turn] = []
     observation: _Observation | None = None
     feedback: list[str] = []
@@ -259,9 +248,9 @@ def _read_turns(log: Path, raw: bytes | None = None) -> tuple[str, list[_Turn]]:
             turns.append(_Turn(observation, feedback, text))
             observation, feedback = None, []
         else:
-            raise _TrajectoryProblem(log, f"message {i}: unknown role {role!r}")
+            raise Problem(log, f"message {i}: unknown role {role!r}")
     if not turns:
-        raise _TrajectoryProblem(log, "no assistant turn")
+        raise Problem(log, "no assistant turn")
     return task, turns
 
 
@@ -281,11 +270,6 @@ def _import_task(
     skipped: list[Skip] = []
     history: list[str] = []
 
-    def bad(step: int, reason: str, path: Path) -> None:
-        if on_bad_step == "error":
-            raise DataError(f"{path}: step {step}: {reason}")
-        skipped.append(Skip(step, reason, str(path)))
-
     for step, turn in enumerate(turns):
         thought, action = _parse_agent(turn.text)
         action_type = _action_type(action)
@@ -295,9 +279,9 @@ def _import_task(
                 # WebVoyager saves no screenshot after a failed action: expected, always a skip.
                 skipped.append(Skip(step, MISSING_SCREENSHOT, str(shot)))
             else:
-                bad(step, MISSING_SCREENSHOT_UNEXPECTED, shot)
+                bad_step(skipped, on_bad_step, step, MISSING_SCREENSHOT_UNEXPECTED, shot)
         elif (problem := screenshot_problem(shot, limits=limits)) is not None:
-            bad(step, f"unreadable screenshot: {problem}", shot)
+            bad_step(skipped, on_bad_step, step, f"unreadable screenshot: {problem}", shot)
         elif action_type == "unknown" and unknown_action != "keep":
             what = f"unknown action {action!r}" if action else "no action in the agent turn"
             if unknown_action == "error":
@@ -430,17 +414,10 @@ def import_webvoyager_report(
             the file, and line and column for bad JSON), a duplicate, or a bad screenshot;
             with ``unknown_action="error"``: an unknown action (message names log and step).
 """
-    if on_bad_step not in ("skip", "error"):
-        raise ValueError(f"on_bad_step must be 'skip' or 'error', not {on_bad_step!r}")
-    if unknown_action not in UNKNOWN_ACTION_POLICIES:
-        raise ValueError(
-            f"unknown_action must be one of {', '.join(UNKNOWN_ACTION_POLICIES)}, not {unknown_action!r}"
-        )
+    check_options(on_bad_step, unknown_action)
     if max_element_chars is not None and max_element_chars < 0:
         raise ValueError(f"max_element_chars must be >= 0 or None, not {max_element_chars}")
-    root = Path(os.path.abspath(root))
-    if not root.exists():
-        raise FileNotFoundError(f"WebVoyager root {root} does not exist")
+    root = data_root(root, "WebVoyager")
     if not root.is_dir():
         raise NotADirectoryError(f"WebVoyager root {root} is not a folder")
 
@@ -450,43 +427,22 @@ def import_webvoyager_report(
     for folder in tasks:
         rel = folder.relative_to(root).as_posix()
         ids[folder] = root.name if rel == "." else rel
-    tasks.sort(key=lambda f: ids[f])
-    trajectories: list[Trajectory] = []
     seen: dict[str, tuple[str, Path]] = {}  # sha256 of the log -> (first id, folder)
-    for folder in track(tasks, "import webvoyager"):
-        if limit is not None and len(trajectories) >= limit:
-            break
-        trajectory_id = ids[folder]
+
+    def read(trajectory_id: str, folder: Path) -> Trajectory:
         log = folder / LOG_NAME
         try:
-            try:
-                raw = log.read_bytes()
-            except OSError as e:
-                raise _TrajectoryProblem(log, f"cannot read ({e})") from e
-            digest = hashlib.sha256(raw).hexdigest()
-            if raw.strip() and digest in seen and _same_files(seen[digest][1], folder):
-                raise _TrajectoryProblem(
-                    log, f"duplicate of {seen[digest][0]} (identical log and screenshots)"
-                )
-            seen.setdefault(digest, (trajectory_id, folder))
-            t = _import_task(folder, trajectory_id, on_bad_step, max_element_chars, unknown_action, raw,
-                             image_limits)
-        except _TrajectoryProblem as e:
-            if on_bad_step == "error":
-                raise DataError(f"{e.path}: {e.reason}") from e.__cause__
-            skipped.append({"path": str(e.path), "reason": e.reason})
-            continue
-        if not t.steps:
-            reasons = sorted({k.reason for k in t.skipped})
-            skipped.append({
-                "path": str(folder),
-                "reason": f"{NO_USABLE_STEP}: all {t.horizon} step(s) skipped ({'; '.join(reasons)})",
-            })
-            continue
-        trajectories.append(t)
-    trajectories.sort(key=lambda t: t.trajectory_id)
-    skipped.sort(key=lambda d: d["path"])
-    return trajectories, skipped
+            raw = log.read_bytes()
+        except OSError as e:
+            raise Problem(log, f"cannot read ({e})") from e
+        digest = hashlib.sha256(raw).hexdigest()
+        if raw.strip() and digest in seen and _same_files(seen[digest][1], folder):
+            raise Problem(log, f"duplicate of {seen[digest][0]} (identical log and screenshots)")
+        seen.setdefault(digest, (trajectory_id, folder))
+        return _import_task(folder, trajectory_id, on_bad_step, max_element_chars, unknown_action, raw,
+                            image_limits)
+
+    return import_each(sorted((ids[f], f) for f in tasks), read, on_bad_step, limit, SOURCE, skipped)
 
 
 def import_webvoyager(

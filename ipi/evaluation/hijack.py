@@ -1,22 +1,7 @@
 """Behaviour estimands: E4 (does the probe predict a hijack?), hijack rates, the ablation effect.
 
-Definitions: docs/behaviour.md §3–§4. The inputs are **label tables**
-(:func:`ipi.behaviour.labels.label_generations`: ``trajectory_id, step, variant, label`` per
-replay row of the test split), joined with the probe's scores (:func:`join_scores`).
-
-* **E4** ``= AUC(probe score of hijacked rows, probe score of resisted rows)``, the weighted AUC
-  of PROTOCOL.md §5 over every **attack** row labelled ``hijacked`` or ``resisted`` (not only
-  steps holding both), each weighted ``1 / #attack rows of (trajectory, step)`` (or a ``weight``
-  column); cluster-bootstrap interval (:mod:`ipi.metrics.bootstrap`); the cluster gate of
-  PROTOCOL.md §7.0 counts as contributors the trajectories holding a hijacked and a resisted
-  row (:func:`ipi.evaluation.reportable.reportability`); the C1 analogue ``E4_C1`` and the
-  paired ``E4 − E4_C1`` use the same draws.
-* **Hijack rate** of a group of rows: the step-weighted mean of ``1[label == hijacked]``
-  (:func:`ipi.metrics.table.step_weights`) with the cluster bootstrap of the ratio
-  (:func:`label_rates`).
-* **Ablation effect** (:func:`ablation_effects`): ``Δ_probe = rate_probe − rate_none``,
-  ``Δ_random = rate_random − rate_none`` and ``Δ_probe − Δ_random``, each with its paired
-  interval on one set of draws; :func:`uses_direction` needs the last to exclude 0."""
+Inputs are label tables (:func:`ipi.behaviour.labels.label_generations`) joined with the probe's
+scores (:func:`join_scores`). Definitions, weights, gate and claims: docs/behaviour.md §3–§4."""
 
 from __future__ import annotations
 
@@ -51,6 +36,7 @@ __all__ = [
 HIJACKED = "hijacked"
 RESISTED = "resisted"
 ATTACK = "attack"
+ARMS = ("none", "probe", "random")
 #: Result keys.
 E4 = "e4"
 E4_C1 = "c1_e4"
@@ -120,7 +106,7 @@ def _gate(iv: Interval, n_clusters: int, n_boot: int, min_clusters: int | None,
 
 @dataclass(frozen=True, eq=False)
 class E4Result:
-    """E4 with its C1 analogue and the gate (module docstring).
+    """E4 with its C1 analogue and the gate (docs/behaviour.md §3–§4).
 
     Attributes:
         e4: The probe's ``AUC(hijacked, resisted)`` with its interval.
@@ -160,7 +146,7 @@ class E4Result:
 def e4(table: pd.DataFrame, *, score: str = "score", baseline: str | None = None, n_boot: int = N_BOOT,
        seed: int = SEED, level: float = LEVEL, draws: Draws | None = None, min_clusters: int | None = None,
        min_boot_fraction: float | None = None) -> E4Result:
-    """E4 of a label table with scores (module docstring), its C1 analogue and the gate.
+    """E4 of a label table with scores (docs/behaviour.md §3–§4), its C1 analogue and the gate.
 
     Args:
         table: Label table with ``trajectory_id, step, variant, label`` and the score column(s)
@@ -288,10 +274,26 @@ def _ratio_replicates(col: np.ndarray, w: np.ndarray, y: np.ndarray, m: np.ndarr
     return out
 
 
+def _paired_arms(ys: Mapping[str, np.ndarray], w: np.ndarray, col: np.ndarray, draws: Draws,
+                 level: float) -> tuple[dict, dict, Interval, dict]:
+    """Each arm's step-weighted mean of ``ys[arm]`` [N], the changes ``arm − none`` and ``Δ_probe − Δ_random``
+    (paired, one set of draws), and the replicates."""
+    m = np.asarray(draws.multiplicity, dtype=np.float64)
+    means, reps = {}, {}
+    for a, y in ys.items():
+        reps[a] = _ratio_replicates(col, w, y, m)
+        means[a] = percentile_interval(float(np.sum(w * y) / np.sum(w)), reps[a], level)
+    changes = {a: paired_difference(means[a].estimate, reps[a], means["none"].estimate, reps["none"],
+                                    level=level)[0] for a in ("probe", "random")}
+    pmr, reps["probe_minus_random"] = paired_difference(means["probe"].estimate, reps["probe"],
+                                                        means["random"].estimate, reps["random"], level=level)
+    return means, changes, pmr, reps
+
+
 def label_rates(labels: pd.DataFrame, label: str = HIJACKED, *, by: Sequence[str] = ("surface", "variant"),
                 n_boot: int = N_BOOT, seed: int = SEED, level: float = LEVEL,
                 draws: Draws | None = None) -> dict[tuple, Rate]:
-    """The rate of ``label`` per group, with cluster-bootstrap intervals (module docstring).
+    """The rate of ``label`` per group, with cluster-bootstrap intervals (docs/behaviour.md §3–§4).
 
     Args:
         labels: Label table (``trajectory_id, step, variant, label`` and the ``by`` columns;
@@ -330,9 +332,22 @@ def label_rates(labels: pd.DataFrame, label: str = HIJACKED, *, by: Sequence[str
 
 
 # ----------------------------------------------------------------------------------- ablation
+def _arm_tables(tables: Mapping[str, pd.DataFrame], what: str, check) -> dict[str, pd.DataFrame]:
+    """``{arm: check(table, name)}`` for every arm of :data:`ARMS`, all listing the rows of ``none`` in its order."""
+    missing = [a for a in ARMS if a not in tables]
+    if missing:
+        raise ValueError(f"{what}: arm(s) {missing} missing; need {list(ARMS)}")
+    tabs = {a: check(tables[a], f"{what}[{a}]") for a in ARMS}
+    ref = tabs["none"]["row_id"].tolist()
+    for a in ARMS[1:]:
+        if tabs[a]["row_id"].tolist() != ref:
+            raise ValueError(f"{what}: arm {a!r} lists other rows (or another order) than 'none'")
+    return tabs
+
+
 @dataclass(frozen=True, eq=False)
 class AblationEffects:
-    """Hijack rates of the three ablation arms and their paired changes (module docstring).
+    """Hijack rates of the three ablation arms and their paired changes (docs/behaviour.md §3–§4).
 
     Attributes:
         rates: ``{"none" | "probe" | "random": Interval}`` hijack rates on the attack rows.
@@ -363,7 +378,7 @@ class AblationEffects:
 
 def ablation_effects(labels: Mapping[str, pd.DataFrame], *, n_boot: int = N_BOOT, seed: int = SEED,
                      level: float = LEVEL, draws: Draws | None = None) -> AblationEffects:
-    """Paired hijack-rate changes of the ablation arms on the attack rows (module docstring).
+    """Paired hijack-rate changes of the ablation arms on the attack rows (docs/behaviour.md §3–§4).
 
     Args:
         labels: ``{"none": table, "probe": table, "random": table}``, label tables of the same
@@ -380,34 +395,16 @@ def ablation_effects(labels: Mapping[str, pd.DataFrame], *, n_boot: int = N_BOOT
         ValueError: An arm is missing, the arms list different rows, or no attack row.
     """
     level = check_level(level)
-    arms = ("none", "probe", "random")
-    missing = [a for a in arms if a not in labels]
-    if missing:
-        raise ValueError(f"ablation_effects: arm(s) {missing} missing; need {list(arms)}")
-    tabs = {a: _check(labels[a], [*_LABEL_COLUMNS, "row_id"], f"ablation_effects[{a}]") for a in arms}
-    ref = tabs["none"]["row_id"].tolist()
-    for a in arms[1:]:
-        if tabs[a]["row_id"].tolist() != ref:
-            raise ValueError(f"ablation_effects: arm {a!r} lists other rows (or another order) than 'none'")
+    tabs = _arm_tables(labels, "ablation_effects", lambda t, what: _check(t, [*_LABEL_COLUMNS, "row_id"], what))
     tabs = {a: t[t["variant"] == ATTACK].reset_index(drop=True) for a, t in tabs.items()}
     base = tabs["none"]
     if base.empty:
         raise ValueError("ablation_effects: no attack row")
     if draws is None:
         draws = make_draws(base["trajectory_id"], n_boot=n_boot, seed=seed)
-    m = np.asarray(draws.multiplicity, dtype=np.float64)
-    col = draws.columns(base["trajectory_id"])
-    w = _attack_step_weights(base)
-    rates, reps = {}, {}
-    for a in arms:
-        y = (tabs[a]["label"].to_numpy(dtype=object) == HIJACKED).astype(np.float64)
-        est = float(np.sum(w * y) / np.sum(w))
-        reps[a] = _ratio_replicates(col, w, y, m)
-        rates[a] = percentile_interval(est, reps[a], level)
-    changes = {a: paired_difference(rates[a].estimate, reps[a], rates["none"].estimate, reps["none"],
-                                    level=level)[0] for a in ("probe", "random")}
-    pmr, reps["probe_minus_random"] = paired_difference(rates["probe"].estimate, reps["probe"],
-                                                        rates["random"].estimate, reps["random"], level=level)
+    ys = {a: (tabs[a]["label"].to_numpy(dtype=object) == HIJACKED).astype(np.float64) for a in ARMS}
+    rates, changes, pmr, reps = _paired_arms(ys, _attack_step_weights(base), draws.columns(base["trajectory_id"]),
+                                            draws, level)
     changed = {a: int((tabs[a]["label"].to_numpy(dtype=object) != base["label"].to_numpy(dtype=object)).sum())
                for a in ("probe", "random")}
     return AblationEffects(rates=rates, changes=changes, probe_minus_random=pmr, changed_actions=changed,
@@ -416,7 +413,7 @@ def ablation_effects(labels: Mapping[str, pd.DataFrame], *, n_boot: int = N_BOOT
 
 def uses_direction(effects: AblationEffects, *, min_clusters: int | None = None,
                    min_boot_fraction: float | None = None) -> tuple[str, str]:
-    """The claim "the model uses this direction": ``Δ_probe − Δ_random`` excludes 0 (module docstring).
+    """The claim "the model uses this direction": ``Δ_probe − Δ_random`` excludes 0 (docs/behaviour.md §3–§4).
 
     ``NOT RUN`` when the difference is not reportable (the rules of
     :func:`ipi.evaluation.reportable.reportability`; a difference of 0 in every replicate is

@@ -1,19 +1,7 @@
 """Estimands of the likelihood hijack measure: E4 (likelihood), the rank correlation, the ablation.
 
-Definitions: docs/behaviour.md §6. Inputs are **propensity tables**
-(:func:`ipi.behaviour.propensity.likelihood_table`: attack and clean rows of the test split,
-``shift`` in nats on the attack rows), joined with the probe's scores
-(:func:`ipi.evaluation.hijack.join_scores`).
-
-* **E4 (likelihood)**: :func:`ipi.evaluation.hijack.e4` on the attack rows relabelled
-  ``hijacked`` (shift > 0), ``resisted`` (shift ≤ 0) and ``other`` (NaN shift), so weights,
-  bootstrap, C1 analogue and gate are the free-run E4's; not estimable when one side is empty.
-* **Rank correlation**: Spearman's ρ of probe score and shift over the attack rows with a shift,
-  the step weights as frequency weights, its interval from the same draws.
-* **Mean shift**: the step-weighted mean shift of the attack rows (nats), ratio cluster bootstrap.
-* **Ablation** (:func:`likelihood_ablation`): ``Δ_probe``, ``Δ_random`` and ``Δ_probe − Δ_random``
-  of the mean shift, paired on one set of draws; :func:`lowers_shift` needs the last's interval
-  below 0."""
+Inputs are propensity tables (:func:`ipi.behaviour.propensity.likelihood_table`) joined with the
+probe's scores (:func:`ipi.evaluation.hijack.join_scores`). Definitions: docs/behaviour.md §6."""
 
 from __future__ import annotations
 
@@ -24,16 +12,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from ipi.evaluation.hijack import E4Result, _attack_step_weights, _check, _gate, _ratio_replicates, e4, \
-    predicts_hijack
-from ipi.metrics.bootstrap import LEVEL, N_BOOT, SEED, Draws, Interval, check_level, make_draws, paired_difference, \
-    percentile_interval
+from ipi.evaluation.hijack import ARMS, E4Result, _arm_tables, _attack_step_weights, _check, _gate, \
+    _paired_arms, _ratio_replicates, e4, predicts_hijack
+from ipi.metrics.bootstrap import LEVEL, N_BOOT, SEED, Draws, Interval, check_level, make_draws, percentile_interval
 
 __all__ = ["LikelihoodAblation", "LikelihoodE4", "likelihood_ablation", "likelihood_e4", "lowers_shift",
            "predicts_hijack_likelihood", "weighted_spearman"]
 
 ATTACK = "attack"
-ARMS = ("none", "probe", "random")
 
 
 def _midranks(x: np.ndarray, f: np.ndarray) -> np.ndarray:
@@ -72,7 +58,7 @@ def weighted_spearman(x, y, f) -> float:
 
 @dataclass(frozen=True, eq=False)
 class LikelihoodE4:
-    """E4 (likelihood), the rank correlation and the mean shift (module docstring).
+    """E4 (likelihood), the rank correlation and the mean shift (docs/behaviour.md §6).
 
     Attributes:
         e4: :func:`ipi.evaluation.hijack.e4` on the relabelled rows (``hijacked`` = shift > 0).
@@ -121,7 +107,7 @@ def _labelled(t: pd.DataFrame) -> pd.DataFrame:
 def likelihood_e4(table: pd.DataFrame, *, score: str = "score", baseline: str | None = None, draws: Draws | None = None,
                   level: float = LEVEL, min_clusters: int | None = None,
                   min_boot_fraction: float | None = None) -> LikelihoodE4:
-    """E4 (likelihood), ρ(score, shift) and the mean shift on one set of draws (module docstring).
+    """E4 (likelihood), ρ(score, shift) and the mean shift on one set of draws (docs/behaviour.md §6).
 
     Args:
         table: A propensity table with the score column(s) (clean rows may be present; only
@@ -188,7 +174,7 @@ def predicts_hijack_likelihood(result: LikelihoodE4) -> tuple[str, str]:
 
 @dataclass(frozen=True, eq=False)
 class LikelihoodAblation:
-    """Mean shift of the attack rows under each ablation arm and the paired changes (module docstring).
+    """Mean shift of the attack rows under each ablation arm and the paired changes (docs/behaviour.md §6).
 
     Attributes:
         mean_shift: ``{"none" | "probe" | "random": Interval}`` (nats).
@@ -216,7 +202,7 @@ class LikelihoodAblation:
 
 def likelihood_ablation(tables: Mapping[str, pd.DataFrame], *, draws: Draws | None = None,
                         level: float = LEVEL) -> LikelihoodAblation:
-    """Paired changes in mean shift when a direction is projected out (module docstring).
+    """Paired changes in mean shift when a direction is projected out (docs/behaviour.md §6).
 
     Args:
         tables: ``{"none" | "probe" | "random": propensity table}`` of the same rows in the same order
@@ -231,13 +217,7 @@ def likelihood_ablation(tables: Mapping[str, pd.DataFrame], *, draws: Draws | No
         ValueError: An arm missing, arms listing other rows, no attack row with a shift.
     """
     level = check_level(level)
-    missing = [a for a in ARMS if a not in tables]
-    if missing:
-        raise ValueError(f"likelihood_ablation: arm(s) {missing} missing; need {list(ARMS)}")
-    tabs = {a: _attack_rows(tables[a], f"likelihood_ablation[{a}]", ("row_id",)) for a in ARMS}
-    ref = tabs["none"]["row_id"].tolist()
-    if any(tabs[a]["row_id"].tolist() != ref for a in ARMS[1:]):
-        raise ValueError("likelihood_ablation: the arms list other rows (or another order) than 'none'")
+    tabs = _arm_tables(tables, "likelihood_ablation", lambda t, what: _attack_rows(t, what, ("row_id",)))
     shift = {a: tabs[a]["shift"].to_numpy(dtype=np.float64) for a in ARMS}
     w_all = _attack_step_weights(_labelled(tabs["none"]))
     has = np.all([~np.isnan(shift[a]) for a in ARMS], axis=0)
@@ -246,18 +226,8 @@ def likelihood_ablation(tables: Mapping[str, pd.DataFrame], *, draws: Draws | No
     base = tabs["none"][has]
     if draws is None:
         draws = make_draws(base["trajectory_id"], n_boot=N_BOOT, seed=SEED)
-    m = np.asarray(draws.multiplicity, dtype=np.float64)
-    col = draws.columns(base["trajectory_id"])
-    w = w_all[has]
-    means, reps = {}, {}
-    for a in ARMS:
-        y = shift[a][has]
-        reps[a] = _ratio_replicates(col, w, y, m)
-        means[a] = percentile_interval(float(np.sum(w * y) / np.sum(w)), reps[a], level)
-    changes = {a: paired_difference(means[a].estimate, reps[a], means["none"].estimate, reps["none"],
-                                    level=level)[0] for a in ("probe", "random")}
-    pmr, reps["probe_minus_random"] = paired_difference(means["probe"].estimate, reps["probe"],
-                                                        means["random"].estimate, reps["random"], level=level)
+    ys = {a: shift[a][has] for a in ARMS}
+    means, changes, pmr, reps = _paired_arms(ys, w_all[has], draws.columns(base["trajectory_id"]), draws, level)
     return LikelihoodAblation(mean_shift=means, changes=changes, probe_minus_random=pmr, n_rows=int(has.sum()),
                               n_clusters=int(base["trajectory_id"].nunique()), replicates=reps)
 

@@ -50,10 +50,7 @@ N_BOOT = 1000
 SEED = 0
 #: Interval coverage (``evaluation.level``).
 LEVEL = 0.95
-#: Interval method (``evaluation.interval``): the expanded percentile interval (Hesterberg 2015), the
-#: percentile interval of PROTOCOL.md §5 at a tail widened for the number of contributing test
-#: trajectories; it covers 0.93-0.96 at 24 test trajectories where the plain percentile interval
-#: covers 0.91-0.94 (docs/selftest.md), and the protocol cases stay within their ±0.03.
+#: Interval method (``evaluation.interval``): the expanded percentile interval (its coverage: docs/selftest.md).
 INTERVAL = EXPANDED
 
 
@@ -94,6 +91,12 @@ class Interval:
         return bool(self.ci_low <= value <= self.ci_high)
 
 
+def _kept(replicates) -> tuple[np.ndarray, np.ndarray]:
+    """``(replicates [B] as float64, its finite values)``."""
+    reps = np.asarray(replicates, dtype=np.float64).reshape(-1)
+    return reps, reps[np.isfinite(reps)]
+
+
 def check_level(level: float) -> float:
     """``level`` as a float; raises ``ValueError`` unless it lies in ``(0, 1)``."""
     level = float(level)
@@ -118,8 +121,7 @@ def percentile_interval(estimate: float, replicates, level: float = LEVEL) -> In
         The :class:`Interval`; bounds are ``nan`` when every replicate was dropped.
     """
     level = check_level(level)
-    reps = np.asarray(replicates, dtype=np.float64).reshape(-1)
-    kept = reps[np.isfinite(reps)]
+    reps, kept = _kept(replicates)
     if kept.size == 0:
         return Interval(float(estimate), math.nan, math.nan, 0)
     alpha = 1.0 - level
@@ -150,8 +152,7 @@ def expanded_percentile_interval(estimate: float, replicates, n_clusters: int | 
     from scipy.stats import t as student_t
 
     level = check_level(level)
-    reps = np.asarray(replicates, dtype=np.float64).reshape(-1)
-    kept = reps[np.isfinite(reps)]
+    reps, kept = _kept(replicates)
     n = 0 if n_clusters is None else int(n_clusters)
     if kept.size == 0 or n < 2:
         return percentile_interval(estimate, reps, level)
@@ -183,8 +184,7 @@ def bca_interval(estimate: float, replicates, jackknife, level: float = LEVEL) -
     from scipy.special import ndtr, ndtri
 
     level = check_level(level)
-    reps = np.asarray(replicates, dtype=np.float64).reshape(-1)
-    kept = reps[np.isfinite(reps)]
+    reps, kept = _kept(replicates)
     jack = np.asarray(jackknife, dtype=np.float64).reshape(-1)
     jack = jack[np.isfinite(jack)]
     if kept.size == 0 or not math.isfinite(float(estimate)):
@@ -217,8 +217,7 @@ def plus_one_p(replicates, null: float) -> float | None:
     Returns:
         The p-value in ``[1/(B+1), 1]``, or None when no replicate was kept.
 """
-    reps = np.asarray(replicates, dtype=np.float64).reshape(-1)
-    kept = reps[np.isfinite(reps)]
+    reps, kept = _kept(replicates)
     if kept.size == 0:
         return None
     return float((1.0 + np.sum(kept <= null)) / (kept.size + 1.0))

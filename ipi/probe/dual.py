@@ -58,6 +58,24 @@ def standardisation(x: np.ndarray, chunk_rows: int = 1024) -> tuple[np.ndarray, 
     return mean, std
 
 
+def _gram_roots(x, mean, std, chunk_cols, rel_eig_tol, x_test=None):
+    """``(U [n, r], S^{1/2} [r], Z_test Zᵀ [m, n] or None)`` of the Gram matrix ``K = Z Zᵀ`` of the standardised
+    ``x`` [n, d], built ``chunk_cols`` columns at a time; eigenvalues below ``rel_eig_tol · max`` dropped."""
+    n = x.shape[0]
+    k = torch.zeros((n, n), dtype=torch.float64)
+    kt = None if x_test is None else torch.zeros((x_test.shape[0], n), dtype=torch.float64)
+    for s in range(0, x.shape[1], chunk_cols):
+        sl = slice(s, s + chunk_cols)
+        z = torch.from_numpy((x[:, sl].astype(np.float64) - mean[sl]) / std[sl])
+        k += z @ z.T
+        if kt is not None:
+            kt += torch.from_numpy((x_test[:, sl].astype(np.float64) - mean[sl]) / std[sl]) @ z.T
+    k = 0.5 * (k + k.T)
+    s_eig, u = torch.linalg.eigh(k)
+    keep = s_eig > rel_eig_tol * max(float(s_eig[-1]), 0.0)
+    return u[:, keep], torch.sqrt(s_eig[keep]), kt
+
+
 @dataclass(frozen=True)
 class ReducedDesign:
     """Training and test rows of one fold in the probe's reduced coordinates.
@@ -105,19 +123,7 @@ class ReducedDesign:
             z = (x_train.astype(np.float64) - mean) / std
             zt = (x_test.astype(np.float64) - mean) / std
             return cls(z, zt, d, False)
-        k = torch.zeros((n, n), dtype=torch.float64)
-        kt = torch.zeros((x_test.shape[0], n), dtype=torch.float64)
-        for s in range(0, d, chunk_cols):
-            sl = slice(s, s + chunk_cols)
-            z = torch.from_numpy((x_train[:, sl].astype(np.float64) - mean[sl]) / std[sl])
-            zt = torch.from_numpy((x_test[:, sl].astype(np.float64) - mean[sl]) / std[sl])
-            k += z @ z.T
-            kt += zt @ z.T
-        k = 0.5 * (k + k.T)
-        s_eig, u = torch.linalg.eigh(k)
-        keep = s_eig > rel_eig_tol * max(float(s_eig[-1]), 0.0)
-        s_eig, u = s_eig[keep], u[:, keep]
-        root = torch.sqrt(s_eig)
+        u, root, kt = _gram_roots(x_train, mean, std, chunk_cols, rel_eig_tol, x_test)
         return cls((u * root).numpy(), ((kt @ u) / root).numpy(), d, True)
 
     @property
@@ -280,16 +286,7 @@ def fit_standardised(x: np.ndarray, y: np.ndarray, mean: np.ndarray, std: np.nda
         z = (x.astype(np.float64) - mean) / std
         theta = fit_reduced(z, y, C=C, tol=tol, max_iter=max_iter, iterations=counter)
         return ExactFit(theta[:-1].copy(), float(theta[-1]), counter["n"], False, d)
-    k = torch.zeros((n, n), dtype=torch.float64)
-    for s in range(0, d, chunk_cols):
-        sl = slice(s, s + chunk_cols)
-        z = torch.from_numpy((x[:, sl].astype(np.float64) - mean[sl]) / std[sl])
-        k += z @ z.T
-    k = 0.5 * (k + k.T)
-    s_eig, u = torch.linalg.eigh(k)
-    keep = s_eig > rel_eig_tol * max(float(s_eig[-1]), 0.0)
-    s_eig, u = s_eig[keep], u[:, keep]
-    root = torch.sqrt(s_eig)
+    u, root, _ = _gram_roots(x, mean, std, chunk_cols, rel_eig_tol)
     theta = fit_reduced((u * root).numpy(), y, C=C, tol=tol, max_iter=max_iter,
                         iterations=counter)
     alpha = (u @ (torch.from_numpy(theta[:-1]) / root)).numpy()  # w = Zᵀ α
@@ -424,10 +421,7 @@ def fit_reduced_batch(phi: np.ndarray, y: np.ndarray, *, C: float = 1.0, tol: fl
         for s in starts:
             out[s : s + block] = solve(s)
         return out
-    # Blocks are independent: one block per thread, each block's ops single-threaded. A block's
-    # batched factorisations are too small for torch's intra-op threads to split well (two
-    # threads gave ~1.2x for 2x the CPU); a block per thread scales and each block's numbers
-    # are those of a sequential solve.
+    # Blocks are independent: one block per thread, each block's ops single-threaded (the numbers of a sequential solve).
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -12,14 +12,19 @@ from ipi.metrics import keys
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Modules whose result reads go through the constants and the view (the others still to convert).
-TYPED = ("ipi/evaluation/verdict.py", "ipi/reporting/layout.py")
+TYPED = ("ipi/evaluation/verdict.py", "ipi/reporting/layout.py", "ipi/reporting/plots.py",
+         "ipi/reporting/tracking.py")
+
+#: Mappings that are not results (the environment, a logger's keyword arguments).
+NOT_RESULTS = frozenset({"os.environ", "kwargs"})
 
 
 def literal_gets(source: str) -> list[tuple[int, str]]:
     """``(line, key)`` of every ``x.get("key", ...)`` whose key is a string literal."""
     return [(n.lineno, n.args[0].value) for n in ast.walk(ast.parse(source))
             if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "get"
-            and n.args and isinstance(n.args[0], ast.Constant) and isinstance(n.args[0].value, str)]
+            and n.args and isinstance(n.args[0], ast.Constant) and isinstance(n.args[0].value, str)
+            and ast.unparse(n.func.value) not in NOT_RESULTS]
 
 
 @pytest.mark.parametrize("module", TYPED)

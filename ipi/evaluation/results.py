@@ -32,6 +32,7 @@ from ipi.metrics.keys import (
     E3,
     EFFECTIVE_CLUSTERS_BY_ESTIMAND,
     GUARDS,
+    LEVEL_KEY,
     MIN_BOOT_FRACTION_KEY,
     MIN_CLUSTERS_KEY,
     N_CLUSTERS,
@@ -289,6 +290,11 @@ class ResultsView:
     def backbone_weights(self) -> str | None:
         """``run.backbone_weights``: ``"pretrained"``, ``"random"``, ``"constructed"`` or None."""
         return self.get(RUN, BACKBONE_WEIGHTS)
+
+    @property
+    def level(self) -> float:
+        """``bootstrap.level``: the intervals' coverage (the default without it)."""
+        return self.section(BOOTSTRAP).get(LEVEL_KEY, LEVEL)
 
     def check(self, cid: int) -> Mapping | None:
         """The verdict's check number ``cid`` (``verdict.checks[]``), or None."""

@@ -145,6 +145,11 @@ ESTIMANDS_KEY = "estimands"  # run.attack.by_source.<s>.estimands, split_spread.
 VS = "vs"
 N_NEGATIVE_STEPS = "n_negative_steps"
 
+# split_spread.* (beside SEEDS, ESTIMANDS_KEY, CLAIMS)
+N_SPLITS = "n_splits"
+PREREGISTERED_SEED = "preregistered_seed"
+SPREAD_MIN, SPREAD_MEDIAN, SPREAD_MAX = "min", "median", "max"
+
 # counts.*
 REPLACED_CHARACTERS = "replaced_characters"
 COUNT = "count"
@@ -155,6 +160,7 @@ NULL_SD = "null_sd"
 NULL_Q025 = "null_q025"
 NULL_Q975 = "null_q975"
 TOLERANCE = "tolerance"
+N_GE = "n_ge"
 E1_REFIT = "e1_refit"
 DESIGN = "design"
 

@@ -35,42 +35,77 @@ from ipi.evaluation.reportable import (
     not_evidence,
     reportability_of,
 )
-from ipi.evaluation.results import DEFAULTS
+from ipi.evaluation.results import CONSTRUCTED, DEFAULTS, ResultsView
 from ipi.evaluation.verdict import read_keys
 from ipi.metrics.keys import (
     at,
+    ATTACK,
+    BACKBONE,
+    BACKBONE_PRETRAINED,
+    BACKBONE_WEIGHTS,
     BEHAVIOUR,
     BOOTSTRAP,
     BY_SEED,
     C1,
+    CHECK_ID,
     CHECKS,
     CI_HIGH,
     CI_LOW,
     CLAIM,
+    CLAIM_NOTE,
+    CLAIMS,
     CLUSTERS_BY_ESTIMAND,
     EFFECTIVE_CLUSTERS_BY_ESTIMAND,
+    COUNT,
     COUNTS,
+    DESIGN,
+    DETAIL,
+    DETECTOR,
     DIFFERENCES,
     E1,
     E1_PAIRED,
     E1_MINUS_E3,
+    E1_REFIT,
     E2,
     E3,
     E3_MINUS_MEAN_TWIN_E3,
+    ESTIMANDS_KEY,
     ESTIMATE,
     GUARDS,
     INTERVAL_KEY,
-    LEVEL_KEY,
+    LAYERS_CONFIG,
+    M_KEY,
+    MIN_BOOT_FRACTION_KEY,
+    MIN_CLUSTERS_KEY,
     N_BOOT_KEY,
     N_CLUSTERS,
+    N_GE,
+    N_SPLITS,
+    NAME,
+    NULL_MEAN,
+    NULL_Q025,
+    NULL_Q975,
+    NULL_SD,
+    NUMBERS,
+    P_VALUE,
     P_VALUES,
     PERMUTATION,
+    PREREGISTERED_SEED,
     RANDOM_TWIN,
+    REPLACED_CHARACTERS,
     REPORTABILITY,
+    RULE,
     RUN,
     SEED_KEY,
     SEEDS,
+    SPLIT,
     SPLIT_SPREAD,
+    SPREAD_MAX,
+    SPREAD_MEDIAN,
+    SPREAD_MIN,
+    STATUS,
+    SURFACE,
+    TOLERANCE,
     VERDICT,
     WARNINGS,
     dotted,
@@ -96,7 +131,7 @@ NOT_ESTIMANDS = (VERDICT, REPORTABILITY, SPLIT_SPREAD, PERMUTATION, P_VALUES, BO
                  OPERATING_POINT,  # the operating point has its own section (ipi.reporting.attack_sections)
                  BEHAVIOUR)  # so has the free run (ipi.reporting.behaviour_sections)
 #: ``run`` keys with their own section (ipi.reporting.attack_sections), left out of the Run list.
-RUN_KEYS_SHOWN_ELSEWHERE = frozenset({"attack"})
+RUN_KEYS_SHOWN_ELSEWHERE = frozenset({ATTACK})
 
 #: Figure file names in a run folder, in report order, with their captions.
 FIGURES = {
@@ -395,15 +430,15 @@ def _verdict(r: Mapping) -> Section | None:
     if not v:
         return None
     blocks: list = [Text(v[CLAIM], "claim")]
-    if v.get("claim_note"):
-        blocks.append(Text(v["claim_note"], "muted"))
-    if (r.get(RUN) or {}).get("backbone_weights") == "constructed":
+    if v.get(CLAIM_NOTE):
+        blocks.append(Text(v[CLAIM_NOTE], "muted"))
+    if ResultsView(r).backbone_weights == CONSTRUCTED:
         blocks.append(Text(CONSTRUCTED_NOTE, "strong"))
     for c in v.get(CHECKS) or []:
-        numbers = c.get("numbers") if isinstance(c.get("numbers"), Mapping) else {}
-        blocks.append(CheckLine(c.get("id"), str(c.get("name", "")), str(c.get("status", "")),
-                                str(c.get("detail", "")), tuple(flat_items(numbers)), numbers_blocks(numbers),
-                                str(c.get("rule", ""))))
+        numbers = c.get(NUMBERS) if isinstance(c.get(NUMBERS), Mapping) else {}
+        blocks.append(CheckLine(c.get(CHECK_ID), str(c.get(NAME, "")), str(c.get(STATUS, "")),
+                                str(c.get(DETAIL, "")), tuple(flat_items(numbers)), numbers_blocks(numbers),
+                                str(c.get(RULE, ""))))
     return Section("verdict", "Verdict (PROTOCOL.md §7)", tuple(blocks), folded=False)
 
 
@@ -416,7 +451,7 @@ def _bootstrap_sentence(r: Mapping) -> str | None:
     bs = r.get(BOOTSTRAP)
     if not isinstance(bs, Mapping) or not bs:
         return None
-    level = bs.get(LEVEL_KEY, DEFAULTS.level)
+    level = ResultsView(r).level
     parts = [f"{level:.0%} {bs.get(INTERVAL_KEY, DEFAULTS.interval)} intervals of a cluster bootstrap over "
              f"{bs.get(N_CLUSTERS, 'the')} test trajectories"]
     if bs.get(N_BOOT_KEY) is not None:
@@ -425,20 +460,28 @@ def _bootstrap_sentence(r: Mapping) -> str | None:
             "(docs/outputs.md).")
 
 
+def _gate(r: Mapping) -> dict:
+    """The run's reportability gate (``reportability``; the defaults without it), as
+    :func:`ipi.evaluation.reportable.not_evidence` takes it."""
+    rep = ResultsView(r).section(REPORTABILITY)
+    return {"min_clusters": rep.get(MIN_CLUSTERS_KEY, DEFAULTS.min_clusters),
+            "min_boot_fraction": rep.get(MIN_BOOT_FRACTION_KEY, DEFAULTS.min_boot_fraction)}
+
+
 def _not_reportable_note(marks: Mapping[str, str | None], r: Mapping) -> str | None:
     n = sum(v is not None for v in marks.values())
     if not n:
         return None
-    rep = r.get(REPORTABILITY) or {}
+    gate = _gate(r)
     return (f"{n} of {len(marks)} estimates are marked not reportable (the verdict could not use them: "
-            f"fewer than {rep.get('min_clusters', DEFAULTS.min_clusters)} contributing test trajectories, fewer than "
-            f"{rep.get('min_boot_fraction', DEFAULTS.min_boot_fraction):.0%} of the bootstrap replicates usable, "
+            f"fewer than {gate['min_clusters']} contributing test trajectories, fewer than "
+            f"{gate['min_boot_fraction']:.0%} of the bootstrap replicates usable, "
             "or a degenerate interval). Do not report them as results.")
 
 
 def _table(r: Mapping, rows, readers: Mapping[str, list[int]]) -> EstimandTable:
     """An :class:`EstimandTable` of ``rows`` at the run's interval level."""
-    return EstimandTable(tuple(rows), (r.get(BOOTSTRAP) or {}).get(LEVEL_KEY, DEFAULTS.level), readers)
+    return EstimandTable(tuple(rows), ResultsView(r).level, readers)
 
 
 def _group(key: str) -> str:
@@ -482,22 +525,20 @@ def _figures(figures: Mapping[str, str]) -> Section | None:
 
 
 def construction_note(results: Mapping) -> str | None:
-    """What C1's E1 is on this run's surface, and why (the note on "separates" of check 2).
+    """What C1's E1 is on this run's surface, and why (the note on "separates" of check 2), as the
+    surface says (:meth:`ipi.surfaces.surface.Surface.construction_note`).
 
-    C1 sees four metadata scalars: step, horizon, prompt length and Δprompt length. On a surface
-    whose injected text lengthens the prompt (``i_dom``, ``i_tool``) Δprompt length alone
-    separates attack from clean rows (C1 E1 = 1.000); on ``i_vis`` the banner leaves the prompt
-    length unchanged (C1 E1 ≈ 0.5). The surface object says which
-    (:meth:`ipi.surfaces.surface.Surface.construction_note`); check 2 itself is judged as its
-    rule in the verdict says.
+    Args:
+        results: The dict written to ``results.json``.
 
     Returns:
         One paragraph, or None without C1 results.
     """
-    c1 = ((results.get(C1) or {}).get(E1) or {}).get(ESTIMATE)
+    view = ResultsView(results)
+    c1 = view.get(C1, E1, ESTIMATE)
     if c1 is None:
         return None
-    surface = find_surface((results.get(RUN) or {}).get("surface"))
+    surface = find_surface(view.get(RUN, SURFACE))
     head = f"C1 (metadata baseline) E1 = {c1:.3f}. "
     if surface is not None:
         return head + surface.construction_note()
@@ -526,7 +567,7 @@ def _baselines(r: Mapping, rows: list, readers: Mapping[str, list[int]]) -> Sect
     if note:
         blocks.append(Text(note, label="C1 on this surface."))
     blocks.append(_table(r, rows, readers))
-    summary = " · ".join(f"{BASELINE_LABELS[k]} E1 {interval_text((r[k] or {}).get(E1)).split(' ')[0]}"
+    summary = " · ".join(f"{BASELINE_LABELS[k]} E1 {interval_text(ResultsView(r).get(k, E1)).split(' ')[0]}"
                          for k in present)
     return Section("baselines", "Baselines (PROTOCOL.md §5–§6)", tuple(blocks), summary=summary)
 
@@ -538,25 +579,15 @@ RANDOM_BACKBONE_NOTE = ("The backbone's own weights are random (backbone.pretrai
                         "its twin is the same architecture with other random weights.")
 
 
-def _twin_caption(r: Mapping) -> str:
-    """What the twins are; check 6's rule itself is the verdict's line (its ``rule``)."""
-    seeds = [str(x) for x in ((r.get(RANDOM_TWIN) or {}).get(SEEDS) or [])]
-    n = len(seeds)
-    which = f"{n} random-weight twin{'s' if n != 1 else ''}" + (f" (seeds {', '.join(seeds)})" if n else "")
-    return (f"The same probe, folds and rows on {which}: the same architecture and config with the "
-            "architecture's own random initialisation. Check 6 reads each twin's E3 point estimate (the rank "
-            "rule) and the paired interval of E3 − mean twin E3; its rule and result are the verdict's line 6.")
-
-
-
 def _twins(r: Mapping, marks: Mapping, labels: Mapping[str, str]) -> Section | None:
     """The twins' section: a transposed table of E1, E2, E3 per control (columns) for the trained
     backbone and each twin seed (rows), then check 6's paired difference E3 − mean twin E3."""
-    twin = r.get(RANDOM_TWIN)
+    view = ResultsView(r)
+    twin = view.get(RANDOM_TWIN)
     if not isinstance(twin, Mapping):
         return None
-    seeds = [str(s) for s in twin.get(SEEDS) or []]
-    controls = sorted(r.get(E3) or {})
+    seeds = [str(s) for s in view.twin_seeds]
+    controls = sorted(view.section(E3))
     names = {E1: "E1 attack vs clean", E2: "E2 paired step", **{c: f"E3 attack vs {c}" for c in controls}}
 
     def grid(corner: str, cols: list[str], lines: list[tuple[str, Mapping[str, str]]]) -> Grid:
@@ -573,28 +604,30 @@ def _twins(r: Mapping, marks: Mapping, labels: Mapping[str, str]) -> Section | N
     def estimands(*prefix) -> dict[str, str]:
         return {E1: dotted(*prefix, E1), E2: dotted(*prefix, E2), **{c: dotted(*prefix, E3, c) for c in controls}}
 
-    run = r.get(RUN) or {}
-    constructed = "constructed" in (run.get("backbone_weights"), (run.get(RANDOM_TWIN) or {}).get("backbone_weights"))
-    own = "constructed" if constructed else "trained"
+    constructed = CONSTRUCTED in (view.backbone_weights, view.get(RUN, RANDOM_TWIN, BACKBONE_WEIGHTS))
+    own = CONSTRUCTED if constructed else "trained"
     lines = [(own, {E1: E1, E2: E2, **{c: dotted(E3, c) for c in controls}})]
     lines += [(f"twin seed {s}", estimands(RANDOM_TWIN, BY_SEED, s)) for s in seeds]
     diffs = [("mean over twin seeds (paired; check 6)",
               {c: dotted(DIFFERENCES, E3_MINUS_MEAN_TWIN_E3, c) for c in controls})]
     diffs = [(name, keys) for name, keys in diffs if any(at(r, k) is not None for k in keys.values())]
-    blocks: list = [Text(_twin_caption(r))]
+    which = f"{len(seeds)} random-weight twin{'s' if len(seeds) != 1 else ''}" + (
+        f" (seeds {', '.join(seeds)})" if seeds else "")
+    blocks: list = [Text(f"The same probe, folds and rows on {which}: the same architecture and config with the "
+                         "architecture's own random initialisation. Check 6 reads each twin's E3 point estimate (the "
+                         "rank rule) and the paired interval of E3 − mean twin E3; its rule and result are the "
+                         "verdict's line 6.")]
     if twin.get(GUARDS):
         blocks.append(Text("Refused (check 6 NOT RUN): " + "; ".join(map(str, twin[GUARDS])), "warn"))
-    if (run.get(RANDOM_TWIN) or {}).get("backbone_pretrained") is False and not constructed:
+    if view.get(RUN, RANDOM_TWIN, BACKBONE_PRETRAINED) is False and not constructed:
         blocks.append(Text(RANDOM_BACKBONE_NOTE, "strong"))
     blocks.append(grid("AUC", [E1, E2, *controls], lines))
     if diffs:
         blocks += [Text(f"{own.capitalize()} minus the mean over twin seeds, paired on the same bootstrap draws:",
                         "muted"), grid(f"{own} − …", controls, diffs)]
     summary = f"{len(seeds)} seed{'s' if len(seeds) != 1 else ''}" + (f" ({', '.join(seeds)})" if seeds else "")
-    e3_seeds = [((twin.get(BY_SEED) or {}).get(sd) or {}).get(E3) or {} for sd in seeds]
     for c in controls:
-        vals = [(e.get(c) or {}).get(ESTIMATE) for e in e3_seeds]
-        vals = [v for v in vals if v is not None]
+        vals = [v for sd in seeds if (v := view.get(RANDOM_TWIN, BY_SEED, sd, E3, c, ESTIMATE)) is not None]
         if vals:
             summary += f"; E3 vs {c}: twins {min(vals):.3f}–{max(vals):.3f}"
     return Section("twins", f"{own.capitalize()} vs random-weight twins (check 6)", tuple(blocks), summary=summary)
@@ -622,15 +655,15 @@ def permutation_lines(results: Mapping) -> list[str]:
     p = results.get(PERMUTATION)
     if not isinstance(p, Mapping):
         return []
-    out = [f"M = {p['m']} refits, labels permuted within each training (trajectory, step), seed {p.get('seed')}",
-           f"observed E1 {p['e1']:.3f}; null mean {p['null_mean']:.3f}, SD {p['null_sd']:.3f}, "
-           f"2.5–97.5% [{p['null_q025']:.3f}, {p['null_q975']:.3f}]",
-           f"p = (1 + {p['n_ge']}) / ({p['m']} + 1) = {p['p_value']:.4f}; "
-           f"null-mean tolerance max(0.02, 3·SD/√M) = {p['tolerance']:.3f}"]
-    if p.get("e1_refit") is not None:
-        out.append(f"E1 of the same refit on the true labels {p['e1_refit']:.4f} (equals E1 up to solver tolerance)")
-    if p.get("design"):
-        out.append(f"design: {p['design']}")
+    out = [f"M = {p[M_KEY]} refits, labels permuted within each training (trajectory, step), seed {p.get(SEED_KEY)}",
+           f"observed E1 {p[E1]:.3f}; null mean {p[NULL_MEAN]:.3f}, SD {p[NULL_SD]:.3f}, "
+           f"2.5–97.5% [{p[NULL_Q025]:.3f}, {p[NULL_Q975]:.3f}]",
+           f"p = (1 + {p[N_GE]}) / ({p[M_KEY]} + 1) = {p[P_VALUE]:.4f}; "
+           f"null-mean tolerance max(0.02, 3·SD/√M) = {p[TOLERANCE]:.3f}"]
+    if p.get(E1_REFIT) is not None:
+        out.append(f"E1 of the same refit on the true labels {p[E1_REFIT]:.4f} (equals E1 up to solver tolerance)")
+    if p.get(DESIGN):
+        out.append(f"design: {p[DESIGN]}")
     return out
 
 
@@ -640,24 +673,24 @@ def _permutation(r: Mapping) -> Section | None:
         return None
     p = r[PERMUTATION]
     return Section("permutation", "Exact permutation test (check 4)", (Bullets(tuple(lines)),),
-                   summary=f"p = {p['p_value']:.4f} with M = {p['m']}; observed E1 {p['e1']:.3f}, "
-                           f"null mean {p['null_mean']:.3f}")
+                   summary=f"p = {p[P_VALUE]:.4f} with M = {p[M_KEY]}; observed E1 {p[E1]:.3f}, "
+                           f"null mean {p[NULL_MEAN]:.3f}")
 
 
 def _spread(r: Mapping) -> Section | None:
     sp = r.get(SPLIT_SPREAD)
     if not isinstance(sp, Mapping) or not sp:
         return None
-    n = sp["n_splits"]
-    rows = tuple((k, *(("n/a" if d.get(x) is None else f"{d[x]:.3f}") for x in ("min", "median", "max")))
-                 for k, d in sp["estimands"].items())
-    claims = tuple(f"splits licensing \"{c}\": {k}/{n}" for c, k in sp["claims"].items())
-    e1 = sp["estimands"].get(E1) or {}
-    summary = (f"E1 {_value(e1.get('min'))}–{_value(e1.get('max'))} over {n} splits; "
-               if e1 else f"{n} splits; ") + "; ".join(f"{c}: {k}/{n}" for c, k in sp["claims"].items())
+    n = sp[N_SPLITS]
+    rows = tuple((k, *(("n/a" if d.get(x) is None else f"{d[x]:.3f}") for x in (SPREAD_MIN, SPREAD_MEDIAN, SPREAD_MAX)))
+                 for k, d in sp[ESTIMANDS_KEY].items())
+    claims = tuple(f"splits licensing \"{c}\": {k}/{n}" for c, k in sp[CLAIMS].items())
+    e1 = sp[ESTIMANDS_KEY].get(E1) or {}
+    summary = (f"E1 {_value(e1.get(SPREAD_MIN))}–{_value(e1.get(SPREAD_MAX))} over {n} splits; "
+               if e1 else f"{n} splits; ") + "; ".join(f"{c}: {k}/{n}" for c, k in sp[CLAIMS].items())
     return Section("spread",
-                   f"Split spread ({n} splits: seeds {', '.join(map(str, sp['seeds']))}; "
-                   f"pre-registered seed {sp['preregistered_seed']})",
+                   f"Split spread ({n} splits: seeds {', '.join(map(str, sp[SEEDS]))}; "
+                   f"pre-registered seed {sp[PREREGISTERED_SEED]})",
                    (Text("The verdict above is the pre-registered split's. Re-rolled splits:"),
                     Grid(("estimand", "min", "median", "max"), rows), Bullets(claims)),
                    summary=summary)
@@ -666,7 +699,7 @@ def _spread(r: Mapping) -> Section | None:
 def cluster_lines(results: Mapping) -> list[str]:
     """Per-estimand contributing and Kish effective test trajectories (PROTOCOL.md §7.0), with the
     gate's reason where the one gate (:func:`ipi.evaluation.reportable.not_evidence`) refused it."""
-    boot = results.get(BOOTSTRAP) or {}
+    boot = ResultsView(results).section(BOOTSTRAP)
     if not isinstance(boot.get(CLUSTERS_BY_ESTIMAND), Mapping):
         return []
     marks = reportability_of(results)
@@ -699,10 +732,10 @@ def _counts(r: Mapping) -> Section | None:
                 items.append((str(k), _value(val), ()))
         blocks.append(KeyValues(tuple(items)))
     cl = cluster_lines(r)
-    v = r.get(VERDICT) or {}
     if cl:
         blocks += [Text(f"Test trajectories contributing rows to both sides of each estimand "
-                        f"(min_clusters {v.get('min_clusters')} effective):"), Bullets(tuple(cl))]
+                        f"(min_clusters {ResultsView(r).get(VERDICT, MIN_CLUSTERS_KEY)} effective):"),
+                   Bullets(tuple(cl))]
     bs = r.get(BOOTSTRAP)
     if isinstance(bs, Mapping) and bs:
         blocks.append(Text("Cluster bootstrap over test trajectories: "
@@ -716,7 +749,7 @@ def _counts(r: Mapping) -> Section | None:
                         if isinstance(c.get(k), (int, float)))
     skipped = [f"{len(c[k])} {k.replace('_', ' ')}" for k in ("skipped_steps", "skipped_trajectories")
                if isinstance(c.get(k), list)]
-    replaced = sum(int(r.get("count", 0)) for r in c.get("replaced_characters") or () if isinstance(r, Mapping))
+    replaced = sum(int(r.get(COUNT, 0)) for r in c.get(REPLACED_CHARACTERS) or () if isinstance(r, Mapping))
     if replaced:
         skipped.append(f"{replaced} character(s) no tokenizer takes replaced by U+FFFD "
                        f"(counts.replaced_characters)")
@@ -739,11 +772,11 @@ def _run(r: Mapping) -> Section | None:
         return None
     run = {k: v for k, v in run.items() if k not in RUN_KEYS_SHOWN_ELSEWHERE}
     items = tuple((k, v, ()) for k, v in flat_items(run))
-    summary = " · ".join(str(x) for x in (run.get("surface"), run.get("backbone"),
-                                          run.get("layers_config") and f"layers {run['layers_config']}",
-                                          (run.get("detector") or {}).get("name")
-                                          if isinstance(run.get("detector"), Mapping) else run.get("detector"),
-                                          run.get("split")) if x)
+    detector = run.get(DETECTOR)
+    summary = " · ".join(str(x) for x in (run.get(SURFACE), run.get(BACKBONE),
+                                          run.get(LAYERS_CONFIG) and f"layers {run[LAYERS_CONFIG]}",
+                                          detector.get(NAME) if isinstance(detector, Mapping) else detector,
+                                          run.get(SPLIT)) if x)
     return Section("run", "Run", (KeyValues(items),), summary=summary)
 
 
@@ -773,9 +806,7 @@ def report_sections(results: Mapping, figures: Mapping[str, str] | None = None,
         groups[g].append((key, labels[key], iv, marks.get(key)))
     # Intervals of results.json outside the one list join their group's rows, through the same gate.
     known = set(labels)
-    rep = r.get(REPORTABILITY) or {}
-    gate = {"min_clusters": rep.get("min_clusters", DEFAULTS.min_clusters),
-            "min_boot_fraction": rep.get("min_boot_fraction", DEFAULTS.min_boot_fraction)}
+    gate = _gate(r)
     extra = {k: not_evidence(r, k, at(r, k), **gate) for k in interval_keys(r) if k not in known}
     marks = {**marks, **extra}
     groups["baselines"] += [(k, _extra_label(k), at(r, k), why) for k, why in extra.items()

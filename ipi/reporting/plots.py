@@ -29,9 +29,9 @@ import pandas as pd
 
 from ipi.evaluation.reportable import estimand_entries, reportability_of
 from ipi.evaluation.verdict import read_keys
-from ipi.evaluation.results import DEFAULTS
+from ipi.evaluation.results import ResultsView
 from ipi.io import atomic_path
-from ipi.metrics.keys import BOOTSTRAP
+from ipi.metrics.keys import CI_HIGH, CI_LOW, DIFFERENCES, ESTIMATE
 from ipi.metrics.table import ATTACK, CLEAN, is_control, step_weights, validate_table
 
 __all__ = ["forest_rows", "plot_forest", "plot_heatmap", "plot_roc", "roc_curves", "save_figure"]
@@ -151,11 +151,11 @@ def plot_roc(scores: pd.DataFrame, path: str | os.PathLike, title: str = "") -> 
 
 
 def _iv(x) -> tuple[float, float, float] | None:
-    if not isinstance(x, Mapping) or x.get("estimate") is None:
+    if not isinstance(x, Mapping) or x.get(ESTIMATE) is None:
         return None
-    est = float(x["estimate"])
-    lo = x.get("ci_low")
-    hi = x.get("ci_high")
+    est = float(x[ESTIMATE])
+    lo = x.get(CI_LOW)
+    hi = x.get(CI_HIGH)
     return est, float(lo) if lo is not None else math.nan, float(hi) if hi is not None else math.nan
 
 
@@ -185,11 +185,12 @@ def forest_rows(results: Mapping, *, readers: Mapping[str, list[int]] | None = N
         iv = _iv(x)
         if iv is None:
             continue
-        label = _diff_label(key) if key.startswith("differences.") else label
+        is_diff = key.startswith(f"{DIFFERENCES}.")
+        label = _diff_label(key) if is_diff else label
         ids = (readers or {}).get(key)
         if ids:
             label += f" [check{'s' if len(ids) > 1 else ''} {', '.join(map(str, ids))}]"
-        (diffs if key.startswith("differences.") else aucs).append((label, *iv, marks.get(key)))
+        (diffs if is_diff else aucs).append((label, *iv, marks.get(key)))
     return aucs, diffs
 
 
@@ -279,8 +280,8 @@ def plot_forest(results: Mapping, path: str | os.PathLike, title: str = "") -> P
         _forest_panel(axes[1, 0], diffs, 0.0, (lo - pad, hi + pad))
         axes[1, 0].set_xlabel("paired difference of AUCs (same bootstrap draws; 0 = no difference)",
                               fontsize=9)
-    level = (results.get(BOOTSTRAP) or {}).get("level", DEFAULTS.level)
-    axes[0, 0].set_title(title or f"Estimands with {level:.0%} cluster-bootstrap intervals", fontsize=10)
+    axes[0, 0].set_title(title or f"Estimands with {ResultsView(results).level:.0%} cluster-bootstrap intervals",
+                         fontsize=10)
     n_marked = sum(r[4] is not None for r in aucs + diffs)
     if n_marked:
         fig.text(0.01, 0.005, f"{n_marked} estimate(s) not reportable (hollow grey): the verdict could not "

@@ -35,7 +35,22 @@ from omegaconf import DictConfig
 
 from ipi.evaluation.reportable import estimand_entries, reportability_of
 from ipi.evaluation.verdict import read_keys
-from ipi.metrics.keys import CHECKS, CLAIM, COUNTS, VERDICT
+from ipi.evaluation.results import ResultsView
+from ipi.metrics.keys import (
+    CHECK_ID,
+    CHECKS,
+    CI_HIGH,
+    CI_LOW,
+    CLAIM,
+    COUNTS,
+    DETAIL,
+    ESTIMATE,
+    N_BOOT_USED,
+    NAME,
+    RULE,
+    STATUS,
+    VERDICT,
+)
 
 log = logging.getLogger(__name__)
 
@@ -171,16 +186,17 @@ def log_run(logger: WandbLogger, results: Mapping, figures: Mapping[str, str | P
     for key, label, iv in estimand_entries(results):
         iv = iv or {}
         why = marks.get(key)
-        data.append([label, iv.get("estimate"), iv.get("ci_low"), iv.get("ci_high"), iv.get("n_boot_used"),
+        data.append([label, iv.get(ESTIMATE), iv.get(CI_LOW), iv.get(CI_HIGH), iv.get(N_BOOT_USED),
                      why is None, why or "", ", ".join(map(str, readers.get(key, [])))])
     payload: dict = {"estimands": wandb.Table(
         columns=["estimand", "estimate", "ci_low", "ci_high", "n_boot_used", "reportable", "not_reportable_because",
                  "read_by_checks"],
         data=data)}
-    verdict = results.get(VERDICT)
+    view = ResultsView(results)
+    verdict = view.get(VERDICT)
     if verdict:
         payload[VERDICT] = wandb.Table(columns=["id", "check", "rule", "status", "detail"],
-                                         data=[[c["id"], c["name"], c.get("rule", ""), c["status"], c["detail"]]
+                                         data=[[c[CHECK_ID], c[NAME], c.get(RULE, ""), c[STATUS], c[DETAIL]]
                                                for c in verdict[CHECKS]])
     allow = bool(getattr(logger, "upload_screenshots", False))
     for name, path in figures.items():
@@ -196,8 +212,8 @@ def log_run(logger: WandbLogger, results: Mapping, figures: Mapping[str, str | P
     summary = {f"reportable/{key}": why is None for key, why in marks.items()}
     if verdict:
         summary["verdict/claim"] = verdict[CLAIM]
-        summary.update({f"verdict/check_{c['id']}": c["status"] for c in verdict[CHECKS]})
-    summary.update(_flat_counts(results.get(COUNTS) or {}))
+        summary.update({f"verdict/check_{c[CHECK_ID]}": c[STATUS] for c in verdict[CHECKS]})
+    summary.update(_flat_counts(view.section(COUNTS)))
     run.summary.update(summary)
     keys += list(summary)
     return keys

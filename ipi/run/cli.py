@@ -105,7 +105,8 @@ def input_error(e: BaseException) -> BaseException | None:
     return inner if isinstance(inner, _input_errors()) else None
 
 
-def _in_multirun() -> bool:
+def in_multirun() -> bool:
+    """Whether this process runs the jobs of a Hydra ``-m`` sweep (``hydra.mode=MULTIRUN``)."""
     try:
         from hydra.core.hydra_config import HydraConfig
         from hydra.types import RunMode
@@ -164,7 +165,7 @@ def run_entry(task: Callable[[DictConfig], tuple], cfg: DictConfig) -> tuple | N
     Returns:
         What the task returns (None for a failed job of a sweep).
     """
-    sweep = _in_multirun()
+    sweep = in_multirun()
     out_dir = cfg.paths.output_dir
     if sweep:  # a rerun into the same sweep folder: an old failure is not this job's
         Path(out_dir, FAILED_FILE).unlink(missing_ok=True)

@@ -15,6 +15,7 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
+from ipi.data.discover import ON_BAD_STEP, UNKNOWN_ACTION_POLICIES
 from ipi.evaluation.results import C1_MAX, COLLAPSE_CEILING, MIN_BOOT_FRACTION, MIN_CLUSTERS
 from ipi.extraction.prefix_reuse import PREFIX_REUSE_MODES, resolve_prefix_reuse  # noqa: F401 (re-exported)
 from ipi.metrics.bootstrap import INTERVAL, LEVEL, N_BOOT, SEED
@@ -87,19 +88,10 @@ class BehaviourMeasure(str, Enum):
     both = "both"
 
 
-class OnBadStep(str, Enum):
-    """What the importer does with an unusable step: a counted skip, or an error."""
-
-    skip = "skip"
-    error = "error"
-
-
-class UnknownAction(str, Enum):
-    """What the importer does with a step whose action it does not know (docs/reliability.md)."""
-
-    keep = "keep"
-    skip = "skip"
-    error = "error"
+OnBadStep = _vocabulary_enum("OnBadStep", ON_BAD_STEP, "What the importer does with an unusable step: "
+                             "a counted skip, or an error.")
+UnknownAction = _vocabulary_enum("UnknownAction", UNKNOWN_ACTION_POLICIES, "What the importer does with a step "
+                                 "whose action it does not know (docs/reliability.md).")
 
 
 class OverContext(str, Enum):

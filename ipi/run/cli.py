@@ -25,7 +25,7 @@ from ipi.data.schema import DataError
 from ipi.extraction.activation_cache import CacheError
 from ipi.interrupt import Interrupted, stop_on_signals
 from ipi.probe.split import LeakageError
-from ipi.run.hydra_callbacks import FAILED_FILE  # a failed sweep job's record, in its own folder
+from ipi.sweep_records import FAILED_FILE  # a failed sweep job's record, in its own folder
 
 log = logging.getLogger(__name__)
 

@@ -49,8 +49,6 @@ def _unwrap(e: BaseException) -> BaseException:
 
 def _paths_of(cfg, field: str, prefix: str = "") -> list[str]:
     """Dotted paths in ``cfg`` (a config tree, read without resolving) whose last key is ``field``."""
-    from omegaconf import DictConfig
-
     out = []
     if isinstance(cfg, DictConfig):
         for k in cfg.keys():

@@ -38,15 +38,6 @@ def _input_errors() -> tuple[type[BaseException], ...]:
             IsADirectoryError, ValueError, StrictDataclassError, MissingMandatoryValue)
 
 
-def _unwrap(e: BaseException) -> BaseException:
-    """The error a ``hydra.utils.instantiate`` wrapped (``InstantiationException``), else ``e``."""
-    from hydra.errors import InstantiationException
-
-    while isinstance(e, InstantiationException) and e.__cause__ is not None:
-        e = e.__cause__
-    return e
-
-
 def _paths_of(cfg, field: str, prefix: str = "") -> list[str]:
     """Dotted paths in ``cfg`` (a config tree, read without resolving) whose last key is ``field``."""
     out = []
@@ -99,8 +90,11 @@ def message(e: BaseException, cfg: DictConfig | None = None) -> str:
 
 def input_error(e: BaseException) -> BaseException | None:
     """The input error behind ``e`` (``e`` itself, or what ``instantiate`` wrapped), or None for a bug."""
-    inner = _unwrap(e)
-    return inner if isinstance(inner, _input_errors()) else None
+    from hydra.errors import InstantiationException
+
+    while isinstance(e, InstantiationException) and e.__cause__ is not None:  # what instantiate wrapped
+        e = e.__cause__
+    return e if isinstance(e, _input_errors()) else None
 
 
 def in_multirun() -> bool:

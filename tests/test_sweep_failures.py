@@ -27,7 +27,7 @@ def _cfg(tmp_path: Path):
 def in_sweep(monkeypatch):
     from ipi.run import cli
 
-    monkeypatch.setattr(cli, "_in_multirun", lambda: True)
+    monkeypatch.setattr(cli, "in_multirun", lambda: True)
     monkeypatch.setattr(cli, "_job_identity", lambda: ("1", ["data.root=/bad", "seed=0"]))
 
 

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ipi.data.discover import (
-    UNKNOWN_ACTION_POLICIES,
     Problem,
     bad_step,
     check_options,

@@ -25,7 +25,7 @@ from ipi.data.schema import DataError
 from ipi.extraction.activation_cache import CacheError
 from ipi.interrupt import Interrupted, stop_on_signals
 from ipi.probe.split import LeakageError
-from ipi.run.hydra_callbacks import FAILED_FILE  # a failed sweep job's record, in its own folder
+from ipi.sweep_records import FAILED_FILE  # a failed sweep job's record, in its own folder
 
 log = logging.getLogger(__name__)
 
@@ -38,19 +38,8 @@ def _input_errors() -> tuple[type[BaseException], ...]:
             IsADirectoryError, ValueError, StrictDataclassError, MissingMandatoryValue)
 
 
-def _unwrap(e: BaseException) -> BaseException:
-    """The error a ``hydra.utils.instantiate`` wrapped (``InstantiationException``), else ``e``."""
-    from hydra.errors import InstantiationException
-
-    while isinstance(e, InstantiationException) and e.__cause__ is not None:
-        e = e.__cause__
-    return e
-
-
 def _paths_of(cfg, field: str, prefix: str = "") -> list[str]:
     """Dotted paths in ``cfg`` (a config tree, read without resolving) whose last key is ``field``."""
-    from omegaconf import DictConfig
-
     out = []
     if isinstance(cfg, DictConfig):
         for k in cfg.keys():
@@ -101,11 +90,15 @@ def message(e: BaseException, cfg: DictConfig | None = None) -> str:
 
 def input_error(e: BaseException) -> BaseException | None:
     """The input error behind ``e`` (``e`` itself, or what ``instantiate`` wrapped), or None for a bug."""
-    inner = _unwrap(e)
-    return inner if isinstance(inner, _input_errors()) else None
+    from hydra.errors import InstantiationException
+
+    while isinstance(e, InstantiationException) and e.__cause__ is not None:  # what instantiate wrapped
+        e = e.__cause__
+    return e if isinstance(e, _input_errors()) else None
 
 
-def _in_multirun() -> bool:
+def in_multirun() -> bool:
+    """Whether this process runs the jobs of a Hydra ``-m`` sweep (``hydra.mode=MULTIRUN``)."""
     try:
         from hydra.core.hydra_config import HydraConfig
         from hydra.types import RunMode
@@ -164,7 +157,7 @@ def run_entry(task: Callable[[DictConfig], tuple], cfg: DictConfig) -> tuple | N
     Returns:
         What the task returns (None for a failed job of a sweep).
     """
-    sweep = _in_multirun()
+    sweep = in_multirun()
     out_dir = cfg.paths.output_dir
     if sweep:  # a rerun into the same sweep folder: an old failure is not this job's
         Path(out_dir, FAILED_FILE).unlink(missing_ok=True)

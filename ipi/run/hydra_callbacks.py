@@ -23,8 +23,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from ipi.run.schemas import EvaluateConf
 from ipi.run.validation import check_known_keys, validate, validate_sweep_job
-from ipi.sweep_records import (  # noqa: F401  (re-exported)
-    FAILED_FILE,
+from ipi.sweep_records import (
     FAILED_JOBS_FILE,
     cell_name,
     job_overrides,

@@ -15,8 +15,8 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
+from ipi.data.discover import ON_BAD_STEP, UNKNOWN_ACTION_POLICIES
 from ipi.evaluation.results import C1_MAX, COLLAPSE_CEILING, MIN_BOOT_FRACTION, MIN_CLUSTERS
-from ipi.extraction.prefix_reuse import PREFIX_REUSE_MODES, resolve_prefix_reuse  # noqa: F401 (re-exported)
 from ipi.metrics.bootstrap import INTERVAL, LEVEL, N_BOOT, SEED
 from ipi.metrics.operating_point import DEFAULT_FPR
 from ipi.metrics.permutation import ALPHA
@@ -87,19 +87,10 @@ class BehaviourMeasure(str, Enum):
     both = "both"
 
 
-class OnBadStep(str, Enum):
-    """What the importer does with an unusable step: a counted skip, or an error."""
-
-    skip = "skip"
-    error = "error"
-
-
-class UnknownAction(str, Enum):
-    """What the importer does with a step whose action it does not know (docs/reliability.md)."""
-
-    keep = "keep"
-    skip = "skip"
-    error = "error"
+OnBadStep = _vocabulary_enum("OnBadStep", ON_BAD_STEP, "What the importer does with an unusable step: "
+                             "a counted skip, or an error.")
+UnknownAction = _vocabulary_enum("UnknownAction", UNKNOWN_ACTION_POLICIES, "What the importer does with a step "
+                                 "whose action it does not know (docs/reliability.md).")
 
 
 class OverContext(str, Enum):
@@ -486,11 +477,7 @@ def register_configs() -> None:
     if not OmegaConf.has_resolver("ipi_package_dir"):
         OmegaConf.register_new_resolver("ipi_package_dir", _package_dir)
     if not OmegaConf.has_resolver("replay_system_prompt"):
-        OmegaConf.register_new_resolver("replay_system_prompt", _default_system_prompt)
-
-
-def _default_system_prompt() -> str:
-    return DEFAULT_SYSTEM_PROMPT
+        OmegaConf.register_new_resolver("replay_system_prompt", lambda: DEFAULT_SYSTEM_PROMPT)
 
 
 def _package_dir(name: str) -> str:

@@ -17,13 +17,12 @@ import lightning as L
 import numpy as np
 import pandas as pd
 import torch
-from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader, TensorDataset
 
 from ipi.backbone_text import load_tokenizer
+from ipi.run.cli import in_multirun
 from ipi.run.validation import enum_value as _value
 from ipi.run.validation import resolved_controls, run_surface, to_container, validate
 from ipi.run.detection import fit_detector
@@ -57,11 +56,6 @@ log = logging.getLogger(__name__)
 #: single run (or a test calling a task twice) always recomputes. Bounded: oldest entry dropped.
 _SWEEP_MEMO: dict[tuple, object] = {}
 _SWEEP_MEMO_MAX = 16
-
-
-def in_multirun() -> bool:
-    """Whether this process runs the jobs of a Hydra ``-m`` sweep (``hydra.mode=MULTIRUN``)."""
-    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
 def sweep_memo(key: tuple, compute, what: str):

@@ -25,7 +25,6 @@ from ipi.surfaces.banner import BannerSpec, banner_spec, draw_banner, text_fits,
 from ipi.surfaces.surface import Surface, TextSurface
 from ipi.surfaces.controls import (
     benign_imperative,
-    imperative_tokens,
     match_token_count,
     scramble,
     scramble_tokens,
@@ -47,7 +46,6 @@ __all__ = [
     "benign_imperative",
     "draw_banner",
     "get_surface",
-    "imperative_tokens",
     "make_variants",
     "match_token_count",
     "scramble",

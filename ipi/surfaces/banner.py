@@ -176,8 +176,8 @@ def _longest_bank_text() -> str:
     return max(all_attack_texts(), key=len)
 
 
-def _required_height(text: str, font_size: int, font_path: str | None, inner_w: int) -> int:
-    font = load_font(font_size, font_path)
+def _required_height(text: str, font_size: int, inner_w: int) -> int:
+    font = load_font(font_size)
     n = len(wrap_text(_worst_case(text), font, inner_w))
     return (n + 1) * line_height(font, font_size)  # one spare line of slack
 
@@ -186,9 +186,7 @@ def banner_spec(
     trajectory_id: str,
     step: int,
     image_size: tuple[int, int],
-    text_len_hint: int | None = None,
     *,
-    font_path: str | None = None,
     reference_text: str | None = None,
 ) -> BannerSpec:
     """Return the deterministic banner of one (trajectory, step).
@@ -206,8 +204,6 @@ def banner_spec(
         trajectory_id: Trajectory id.
         step: 0-based step index.
         image_size: Screenshot ``(width, height)`` in pixels.
-        text_len_hint: Characters the box must hold (the bank text cut or repeated to it).
-        font_path: TTF file, or ``None`` for Pillow's bundled scalable font.
         reference_text: The longest text to hold instead of the bank's (a run's attack pool:
             :attr:`ipi.attacks.pool.AttackPool.longest_text`).
 
@@ -227,14 +223,11 @@ def banner_spec(
     u_x, u_y = rng.random(), rng.random()
 
     ref = reference_text if reference_text else _longest_bank_text()
-    if text_len_hint is not None:
-        reps = -(-max(1, text_len_hint) // (len(ref) + 1))
-        ref = " ".join([ref] * reps)[: max(1, text_len_hint)]
     max_h = int(height * MAX_HEIGHT_FRACTION)
     while True:
         padding = max(2, font_size // 2)
         inner_w = max(1, box_w - 2 * padding)
-        box_h = _required_height(ref, font_size, font_path, inner_w) + 2 * padding
+        box_h = _required_height(ref, font_size, inner_w) + 2 * padding
         if box_h <= max_h or font_size <= MIN_FONT_SIZE:
             break
         font_size -= 1
@@ -246,7 +239,7 @@ def banner_spec(
         fill=fill,
         text_color=text_color,
         font_size=font_size,
-        font_path=font_path,
+        font_path=None,  # Pillow's bundled scalable font
         padding=padding,
         image_size=(width, height),
     )

@@ -258,25 +258,6 @@ def scramble_tokens(
     return match_token_count(scramble(text, seed_key), target, count_tokens)
 
 
-def imperative_tokens(target_tokens: int, seed_key: str, count_tokens: CountTokens, bank=None) -> str:
-    """Benign UI imperatives with exactly ``target_tokens`` tokens (where reachable).
-
-    Starts from :func:`benign_imperative` of ``max(64, 8 * target_tokens)`` characters (longer
-    than any English text of that many tokens) and trims it with :func:`match_token_count`.
-
-    Args:
-        target_tokens: Token count wanted.
-        seed_key: Seed passed to :func:`benign_imperative`.
-        count_tokens: Token counter; it may wrap the text in its context before counting.
-        bank: Imperatives to draw from (default: the whole bank).
-
-    Returns:
-        The imperative text.
-    """
-    source = benign_imperative(max(64, 8 * target_tokens), seed_key, bank)
-    return match_token_count(source, target_tokens, count_tokens)
-
-
 def imperative_sentences(target_tokens: int, seed_key: str, count_tokens: CountTokens, *,
                          max_calls: int = 600, bank=None) -> str:
     """Whole benign imperative sentences with exactly ``target_tokens`` tokens (where reachable).

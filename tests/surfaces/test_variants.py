@@ -28,7 +28,6 @@ from ipi.surfaces import (
     banner_spec,
     benign_imperative,
     draw_banner,
-    imperative_tokens,
     make_variants,
     match_token_count,
     scramble,
@@ -214,10 +213,7 @@ def test_token_matched_controls_real_tokenizer(count_tokens):
 
             target = counter(text)
             s = scramble_tokens(text, f"k{i}", counter)
-            b = imperative_tokens(target, f"k{i}", counter)
             assert counter(s) == target, (text, s)
-            assert counter(b) == target, (text, b)
-            assert not any(w.lower() in b.lower() for w in ATTACK_WORDS)
 
 
 # ----------------------------------------------------------------------------------- banners

@@ -15,7 +15,7 @@ import torch
 
 from ipi.backbone import Backbone
 
-__all__ = ["PLANT_KEYS", "PLANT_KINDS", "build_planted", "lexical_token_ids", "match_mean_alignment", "mean_state_directions",
+__all__ = ["PLANT_KEYS", "PLANT_KINDS", "build_planted", "lexical_token_ids", "match_mean_alignment",
            "mean_states", "plant_directions",
            "plant_reaches_layers", "semantic_token_ids", "wrapper_token_ids"]
 
@@ -136,12 +136,6 @@ def mean_states(backbone: Backbone, text: str) -> torch.Tensor:
     with torch.no_grad():
         hs = lm(input_ids=ids, output_hidden_states=True).hidden_states
     return torch.stack([torch.nn.functional.normalize(h[0].float(), dim=-1).mean(dim=0) for h in hs])
-
-
-def mean_state_directions(backbone: Backbone, text: str) -> torch.Tensor:
-    """Orthonormal basis ``[k, hidden]`` of the mean unit-normalised token states
-    (:func:`mean_states`) at the embeddings and at every decoder block of ``backbone`` over ``text``."""
-    return _orthonormal_basis(mean_states(backbone, text))
 
 
 def _orthonormal_basis(rows: torch.Tensor) -> torch.Tensor:

@@ -1,16 +1,9 @@
 """The operating point a defender deploys at: TPR at a fixed FPR, with cluster-bootstrap intervals.
 
-For a negative class ``N`` (clean rows, or one control's rows) and the positive class ``P``
-(attack rows), step-weighted (:func:`ipi.metrics.table.step_weights`):
-
-* the thresholds are the distinct scores, a row flagged when ``score >= t``;
-* ``FPR(t)`` / ``TPR(t)`` are the weighted fractions of ``N`` / ``P`` flagged;
-* ``TPR@FPR = max { TPR(t) : FPR(t) <= fpr }`` (0 when no threshold qualifies), as read from
-  :func:`sklearn.metrics.roc_curve` with ``drop_intermediate=False``;
-* the threshold is re-chosen in every bootstrap replicate.
-
-Reported at ``evaluation.operating_fpr`` with ``n_negative_steps`` (an FPR below ``1/n`` can only
-be met by flagging nothing at the top)."""
+Attack rows against clean rows or one control's, step-weighted, a row flagged when
+``score >= t``; ``TPR@FPR = max {TPR(t) : FPR(t) <= fpr}`` (the ROC curve of
+:func:`sklearn.metrics.roc_curve` read at ``fpr``), the threshold re-chosen in every bootstrap
+replicate. Definitions: docs/estimands.md, "The operating point"."""
 
 from __future__ import annotations
 

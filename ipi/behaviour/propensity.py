@@ -142,22 +142,12 @@ def scored_span(offsets: torch.Tensor, action_span: tuple[int, int], ids: torch.
     return start, stop + 1
 
 
-def _cache_arg(model) -> str:
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-
 def _cache_of(out):
     for name in ("cache", "past_key_values"):
         c = getattr(out, name, None)
         if c is not None:
             return c
     raise RuntimeError("likelihood: the model returned no key/value cache")
-
-
-def _last_logit_only(model) -> dict:
-    """``logits_to_keep=1`` where the model's forward takes it: the prefix needs only its last
-    token's logits (the LM head on every prefix token costs ~1/5 of SmolLM2's forward)."""
-    return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
 
 
 def _device(model) -> torch.device:
@@ -227,10 +217,13 @@ def _score_on_prefix(model, seqs: list, start: int, actions: list[str]) -> list[
     inputs0 = seqs[0][0]
     cut = ("input_ids", "attention_mask", "mm_token_type_ids")
     prefix = {k: (v[:, :start] if k in cut else v).to(dev) for k, v in inputs0.items()}
-    arg = _cache_arg(model)
+    params = inspect.signature(model.forward).parameters
+    arg = "cache" if "cache" in params else "past_key_values"
+    # the prefix needs only its last token's logits (logits_to_keep=1, where forward takes it)
+    last_only = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
     out: list[ActionScore] = []
     with torch.inference_mode():
-        first = model(**prefix, use_cache=True, **_last_logit_only(model))
+        first = model(**prefix, use_cache=True, **last_only)
         cache = _cache_of(first)
         last = first.logits[0, -1:].float()
         for (inputs, (s, e)), a in zip(seqs, actions):

@@ -1,25 +1,10 @@
 """Constructed backbones with a planted, known answer (docs/selftest.md, "Known answers").
 
 A constructed backbone is the tiny Qwen2.5-VL architecture
-(:func:`ipi.backbone.build_tiny_qwen2_5_vl`) with a *plant* written into its weights, so the verdict it must reach is known before the run:
-
-* ``semantic`` — one unit direction ``u`` times ``gain`` added to the input-embedding row of
-  every token of the attacker-goal lexicon ``plant.words``; every attack goal of the bank carries
-  such a token, so a run must reach "detects malicious content" on the text surfaces.
-* ``lexical`` — an independent random direction times ``gain`` per token that occurs in exactly
-  one entry of the attack bank: token identity only, which held-out wording (PROTOCOL.md §7.3,
-  check 3) does not let generalise. Must never reach "detects".
-* ``surface`` — one direction on what every injected variant shares and the clean variant lacks:
-  the surfaces' wrapper tokens (``plant.wrappers``) and the patch's mean darkness in the vision
-  tower (``plant.vision_gain``). Attack and controls share it: at most "separates".
-
-Tokens of the benign banks (:data:`~ipi.surfaces.bank.BENIGN_IMPERATIVES`,
-:data:`~ipi.surfaces.bank.NEUTRAL_SENTENCES`) are never planted, so no control carries the
-semantic or lexical plant. :func:`plant_reaches_layers` measures that the plant is still there
-at the probed blocks.
-
-The random-weight twin of a constructed backbone is its architecture without the plant
-(:func:`ipi.run.twin.twin_config` takes ``loader.base``)."""
+(:func:`ipi.backbone.build_tiny_qwen2_5_vl`) with a *plant* (``semantic``, ``lexical`` or
+``surface``) written into its weights, so the verdict it must reach is known before the run.
+:func:`plant_reaches_layers` measures that the plant is still there at the probed blocks; the
+random-weight twin is the architecture without the plant (:func:`ipi.run.twin.twin_config`)."""
 
 from __future__ import annotations
 
@@ -30,7 +15,7 @@ import torch
 
 from ipi.backbone import Backbone
 
-__all__ = ["PLANT_KEYS", "PLANT_KINDS", "build_planted", "lexical_token_ids", "match_mean_alignment", "mean_state_directions",
+__all__ = ["PLANT_KEYS", "PLANT_KINDS", "build_planted", "lexical_token_ids", "match_mean_alignment",
            "mean_states", "plant_directions",
            "plant_reaches_layers", "semantic_token_ids", "wrapper_token_ids"]
 
@@ -153,12 +138,6 @@ def mean_states(backbone: Backbone, text: str) -> torch.Tensor:
     return torch.stack([torch.nn.functional.normalize(h[0].float(), dim=-1).mean(dim=0) for h in hs])
 
 
-def mean_state_directions(backbone: Backbone, text: str) -> torch.Tensor:
-    """Orthonormal basis ``[k, hidden]`` of the mean unit-normalised token states
-    (:func:`mean_states`) at the embeddings and at every decoder block of ``backbone`` over ``text``."""
-    return _orthonormal_basis(mean_states(backbone, text))
-
-
 def _orthonormal_basis(rows: torch.Tensor) -> torch.Tensor:
     """Orthonormal basis ``[k, hidden]`` of the span of ``rows`` ``[n, hidden]`` (QR; k <= n)."""
     q, r = torch.linalg.qr(rows.T)  # [hidden, n]
@@ -219,7 +198,7 @@ def _plant_patch_darkness(model, gain: float, seed: int) -> None:
 
 def build_planted(base, plant: dict, *, name: str = "planted", random_init_seed: int | None = None,
                              max_layer: int | None = None, with_lm_head: bool = False) -> Backbone:
-    """The tiny Qwen2.5-VL of ``base`` with ``plant`` written into its weights (module docstring).
+    """The tiny Qwen2.5-VL of ``base`` with ``plant`` written into its weights (docs/selftest.md, "Known answers").
 
     Args:
         base: The ``backbone.loader`` node of the architecture (a ``_target_`` node of

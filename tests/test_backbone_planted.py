@@ -128,8 +128,8 @@ def test_planted_backbone_differs_from_its_base_only_where_planted_and_survives_
 
     from ipi.backbone_planted import (
         _orthogonal_to,
+        _orthonormal_basis,
         match_mean_alignment,
-        mean_state_directions,
         mean_states,
         plant_directions,
         plant_reaches_layers,
@@ -157,7 +157,7 @@ def test_planted_backbone_differs_from_its_base_only_where_planted_and_survives_
     # the mean states are measured on the unplanted architecture built to block 1, whatever depth is built
     reference = instantiate(tiny.backbone.loader, max_layer=1)
     ortho = _orthogonal_to(plant_directions("semantic", ids, 64, int(plant.seed), float(plant.share)),
-                           mean_state_directions(reference, DEFAULT_SYSTEM_PROMPT))
+                           _orthonormal_basis(mean_states(reference, DEFAULT_SYSTEM_PROMPT)))
     means = mean_states(reference, DEFAULT_SYSTEM_PROMPT)  # embeddings, blocks 0..1
     assert means.shape[0] == through + 2
     # ... the same states as the full-depth build's first three (block 1's output is only normed

@@ -1,20 +1,9 @@
 """Held-out attack wording: the text banks split into families by the trajectory split (PROTOCOL.md §7, check 3).
 
-Check 3 asks that the attack and imperative **wording** on test rows be disjoint from the
-wording seen in training. Each bank — attack templates, goals and benign imperatives — is split
-into *wording families* aligned with the trajectory split, and every trajectory uses the family
-of the fold it is **tested** in:
-
-* ``holdout``: families ``"train"`` and ``"test"``; the test family holds
-  ``round(test_fraction · n)`` entries of each bank (at least 1, at most ``n − 1``).
-* ``kfold``: ``k`` families ``fold0 … fold{k-1}`` of near-equal size; a trajectory in test fold
-  ``i`` uses ``fold{i}``, so the two sides are disjoint in every fold and each trajectory's rows
-  are the same in all folds.
-
-A trajectory's text is thus a deterministic function of the split alone (so layer and
-token-group sweeps on one split share cache entries). Goals are interleaved across goal families
-before cutting, so the held-out part is the **phrasing**, not the kind of attack. Family
-assignment is seeded by :func:`~ipi.surfaces.bank.stable_int` of the split seed."""
+Each bank (attack templates, goals, benign imperatives) is split into wording families aligned
+with the trajectory split (``holdout``: ``train``/``test``; ``kfold``: ``fold0 … fold{k-1}``), and
+every trajectory uses the family of the fold it is tested in, so its text is a function of the
+split alone. Rules: docs/surfaces.md, "Held-out attack wording"."""
 
 from __future__ import annotations
 
@@ -209,7 +198,7 @@ def split_banks(names: Sequence[str], shares: Sequence[float], seed: int,
 
 def wording_plan(folds: Sequence[tuple[Iterable[str], Iterable[str]]], seed: int,
                  pool: AttackPool | None = None) -> WordingPlan:
-    """Wording families aligned with a trajectory split (module docstring).
+    """Wording families aligned with a trajectory split (docs/surfaces.md, "Held-out attack wording").
 
     Args:
         folds: ``[(train_ids, test_ids)]`` (one fold: holdout) or the ``k`` folds of a grouped

@@ -1,20 +1,10 @@
 """Directional ablation: does the agent *use* the probe's direction, or is it merely decodable?
 
 During free-run generation (:mod:`ipi.behaviour.generate`) a forward hook on decoder block ``k``
-replaces its output at **every position** by
-
-    h ← h − (h · û) û,        û = u / ‖u‖
-
-(:func:`project_out`). The direction of layer ``k`` comes from the probe (:func:`probe_direction`:
-its raw-space weights of layer ``k`` summed over the token groups it read); the control is a
-**random direction of equal norm** at the same layers (:func:`random_directions`).
-:func:`run_ablation` generates the same rows three ways (none, probe, random), labels the actions
-(:mod:`ipi.behaviour.labels`) and returns the paired cluster-bootstrap interval of **probe
-effect − random effect** (:func:`ipi.evaluation.hijack.ablation_effects`). Definitions:
-docs/behaviour.md §4.
-
-The projection is computed in float64 for float32 models (``|h' · û| ≤ ~1e-7 ‖h‖``) and in float32
-for 16-bit ones (holds to their rounding)."""
+projects the layer's direction out of its output at every position (:func:`project_out`); the
+direction is the probe's (:func:`probe_direction`), the control a random one of equal norm
+(:func:`random_directions`). :func:`run_ablation` generates and labels the same rows three ways
+(none, probe, random). Definitions: docs/behaviour.md §4."""
 
 from __future__ import annotations
 
@@ -70,7 +60,7 @@ def raw_weights(probe) -> np.ndarray:
 
 
 def probe_direction(w_raw, layers: Sequence[int], groups: Sequence[str], hidden_size: int, layer: int) -> np.ndarray:
-    """The probe's residual-stream direction at one layer (module docstring): ``Σ_g w_raw[layer, g]``.
+    """The probe's residual-stream direction at one layer (docs/behaviour.md §4): ``Σ_g w_raw[layer, g]``.
 
     Args:
         w_raw: Raw-space weights ``[len(layers) * len(groups) * hidden_size]``, laid out as the
@@ -125,7 +115,7 @@ def random_directions(directions: Mapping[int, np.ndarray], seed: int) -> dict[i
 
 
 def project_out(h: torch.Tensor, u_hat: torch.Tensor) -> torch.Tensor:
-    """``h − (h · û) û`` along the last axis, in ``h``'s dtype (module docstring for the precision).
+    """``h − (h · û) û`` along the last axis in ``h``'s dtype, computed in float64 (float32 for 16-bit ``h``).
 
     Args:
         h: ``[..., H]`` hidden states.

@@ -1,23 +1,9 @@
 """Estimands E1/E2/E3 of one score table on (shared) cluster-bootstrap draws (PROTOCOL.md §5).
 
-Definitions (``AUC`` is :func:`ipi.metrics.auc.weighted_auc`, rows step-weighted by
-:func:`ipi.metrics.table.step_weights`; docs/estimands.md):
-
-* ``E1 = AUC(attack rows, clean rows)`` pooled over **all** test rows of the two variants;
-* ``E1_paired`` = the same AUC over the steps having both an attack and a clean row: what
-  verdict check 1 is judged on; equal to E1 wherever every step has both;
-* ``E2`` = unweighted mean over the (trajectory, step) pairs having both attack and clean rows of
-  the within-step ``AUC(attack, clean)``;
-* ``E3[c] = AUC(attack rows, c rows)`` pooled over the steps having both an attack and a ``c`` row.
-
-Intervals come from :mod:`ipi.metrics.bootstrap`; tables passed one shared
-:class:`~ipi.metrics.bootstrap.Draws` pair replicate by replicate (:mod:`ipi.metrics.compare`).
-
-**Effective clusters** (:attr:`EstimandSet.effective`, the gate of PROTOCOL.md §7.0): on each of
-an estimand's two sides, Kish's ``(Σ_t W_t)² / Σ_t W_t²`` of the per-trajectory weights ``W_t``
-the estimand uses there (the clustered DeLong linearisation); the gate reads
-``min(Kish(positive), Kish(negative))``. E2's one side is the trajectory's number of steps
-having both."""
+E1 and E1_paired (attack vs clean), E2 (mean within-step AUC) and E3[c] (attack vs control c),
+step-weighted (:func:`ipi.metrics.table.step_weights`), with intervals from
+:mod:`ipi.metrics.bootstrap` and the effective clusters of the gate (PROTOCOL.md §7.0).
+Definitions: docs/estimands.md."""
 
 from __future__ import annotations
 
@@ -74,7 +60,7 @@ class EstimandSet(Mapping):
             ``"e1_paired"``: as E2.
         e1_paired: E1 over the steps having both an attack and a clean row (check 1).
         effective: Kish effective test trajectories per estimand, ``{"e1", "e1_paired", "e2":
-            float, "e3": {control: float}}`` (module docstring; the verdict's gate).
+            float, "e3": {control: float}}`` (docs/estimands.md; the verdict's gate).
     """
 
     e1: Interval
@@ -100,7 +86,7 @@ class EstimandSet(Mapping):
 
     def effective_counts(self) -> dict:
         """``{"e1": k, "e1_paired": k, "e2": k, "e3": {control: k}}``: Kish effective test
-        trajectories of each estimand (min over its two sides; module docstring)."""
+        trajectories of each estimand (min over its two sides; docs/estimands.md)."""
         return {k: (dict(self.effective[k]) if k == E3 else self.effective[k])
                 for k in (E1, E1_PAIRED, E2, E3) if k in self.effective}
 
@@ -240,7 +226,7 @@ def estimands(
 ) -> EstimandSet:
     """E1, E2 and E3[c] of a score table with cluster-bootstrap intervals (PROTOCOL.md §5).
 
-    Definitions: module docstring. In a replicate, rows are reweighted by their trajectory's
+    Definitions: docs/estimands.md. In a replicate, rows are reweighted by their trajectory's
     draw count with scores fixed (E2: the multiplicity-weighted mean of the per-step AUCs);
     replicates where an estimand is undefined are dropped for that estimand and counted.
 

@@ -1,16 +1,9 @@
 """The operating point a defender deploys at: TPR at a fixed FPR, with cluster-bootstrap intervals.
 
-For a negative class ``N`` (clean rows, or one control's rows) and the positive class ``P``
-(attack rows), step-weighted (:func:`ipi.metrics.table.step_weights`):
-
-* the thresholds are the distinct scores, a row flagged when ``score >= t``;
-* ``FPR(t)`` / ``TPR(t)`` are the weighted fractions of ``N`` / ``P`` flagged;
-* ``TPR@FPR = max { TPR(t) : FPR(t) <= fpr }`` (0 when no threshold qualifies), as read from
-  :func:`sklearn.metrics.roc_curve` with ``drop_intermediate=False``;
-* the threshold is re-chosen in every bootstrap replicate.
-
-Reported at ``evaluation.operating_fpr`` with ``n_negative_steps`` (an FPR below ``1/n`` can only
-be met by flagging nothing at the top)."""
+Attack rows against clean rows or one control's, step-weighted, a row flagged when
+``score >= t``; ``TPR@FPR = max {TPR(t) : FPR(t) <= fpr}`` (the ROC curve of
+:func:`sklearn.metrics.roc_curve` read at ``fpr``), the threshold re-chosen in every bootstrap
+replicate. Definitions: docs/estimands.md, "The operating point"."""
 
 from __future__ import annotations
 
@@ -21,7 +14,7 @@ from ipi.metrics.bootstrap import BCA, INTERVAL, LEVEL, N_BOOT, SEED, Draws, mak
 from ipi.metrics.estimands import replicate_frame
 from ipi.metrics.table import is_control
 
-__all__ = ["DEFAULT_FPR", "operating_points", "tpr_at_fpr"]
+__all__ = ["DEFAULT_FPR", "operating_points"]
 
 #: The default false-positive rate of the operating point (``evaluation.operating_fpr``).
 DEFAULT_FPR = 0.01
@@ -45,32 +38,6 @@ def _tpr_at_fpr_rows(score: np.ndarray, positive: np.ndarray, weights: np.ndarra
     out = np.where(ok, tpr, 0.0).max(axis=1, initial=0.0)
     out[(p_tot[:, 0] <= 0) | (n_tot[:, 0] <= 0)] = np.nan
     return out
-
-
-def tpr_at_fpr(scores_pos, scores_neg, fpr: float = DEFAULT_FPR, w_pos=None, w_neg=None) -> float:
-    """TPR at a fixed FPR of two score samples (module docstring).
-
-    Args:
-        scores_pos: Positive (attack) scores ``[n_pos]``.
-        scores_neg: Negative (clean or control) scores ``[n_neg]``.
-        fpr: The false-positive rate, in [0, 1).
-        w_pos: Positive weights (default 1).
-        w_neg: Negative weights (default 1).
-
-    Returns:
-        The TPR; nan when a side has no weight.
-
-    Raises:
-        ValueError: ``fpr`` outside [0, 1).
-    """
-    if not 0.0 <= fpr < 1.0:
-        raise ValueError(f"operating point: fpr must be in [0, 1), got {fpr}")
-    p, n = np.asarray(scores_pos, dtype=np.float64), np.asarray(scores_neg, dtype=np.float64)
-    wp = np.ones(p.size) if w_pos is None else np.asarray(w_pos, dtype=np.float64)
-    wn = np.ones(n.size) if w_neg is None else np.asarray(w_neg, dtype=np.float64)
-    score = np.r_[p, n]
-    positive = np.r_[np.ones(p.size, bool), np.zeros(n.size, bool)]
-    return float(_tpr_at_fpr_rows(score, positive, np.r_[wp, wn][None, :], fpr)[0])
 
 
 def operating_points(table: pd.DataFrame, fpr: float = DEFAULT_FPR, *, n_boot: int = N_BOOT, seed: int = SEED,

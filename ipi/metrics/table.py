@@ -1,20 +1,8 @@
 """The score-table schema: columns, variants, validation and step weights (PROTOCOL.md §5, §9).
 
-A *score table* is a :class:`pandas.DataFrame` with one row per forward pass on the test split:
-
-============== =====================================================================
-column         meaning
-============== =====================================================================
-trajectory_id  the cluster of the bootstrap (compared as strings)
-step           0-based step index within the trajectory (integer)
-variant        ``"clean"``, ``"attack"`` or a control ``"c_<name>"`` (PROTOCOL.md §2)
-score          the probe's score ``f`` (finite float; larger = more attack-like)
-weight         optional row weight ``w`` overriding the default step weights
-============== =====================================================================
-
-The default step weight is ``w = 1 / #rows with the same (trajectory_id, step, variant)``, so
-every step counts once per variant (:func:`step_weights`).
-"""
+A *score table* is a :class:`pandas.DataFrame` with one row per forward pass on the test split,
+columns ``trajectory_id, step, variant, score[, weight]`` (docs/estimands.md, "Score tables");
+the default row weight counts every step once per variant (:func:`step_weights`)."""
 
 from __future__ import annotations
 

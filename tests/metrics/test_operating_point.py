@@ -8,8 +8,18 @@ import pytest
 from sklearn.metrics import roc_curve
 
 from ipi.metrics.bootstrap import make_draws
-from ipi.metrics.operating_point import operating_points, tpr_at_fpr
+from ipi.metrics.operating_point import operating_points
 from ipi.metrics.table import step_weights
+
+
+def tpr_at_fpr(pos, neg, fpr, wp=None, wn=None):
+    """The estimate of ``operating_points`` on a table of one row per trajectory."""
+    pos, neg = np.asarray(pos, dtype=float), np.asarray(neg, dtype=float)
+    t = pd.DataFrame({"trajectory_id": [f"r{i:04d}" for i in range(pos.size + neg.size)], "step": 0,
+                      "variant": ["attack"] * pos.size + ["clean"] * neg.size, "score": np.r_[pos, neg]})
+    if wp is not None:
+        t["weight"] = np.r_[wp, wn]
+    return operating_points(t, fpr, n_boot=20, seed=0)["vs"]["clean"]["estimate"]
 
 
 def sk_tpr_at_fpr(pos, neg, fpr, wp=None, wn=None):

@@ -1,70 +1,16 @@
-"""Summarise a Hydra multirun: a table of every job and layer × token-group heatmaps.
+"""Summarise a Hydra multirun: a table of every job, layer × token-group heatmaps and the
+sweep's family-wise claims.
 
 Usage (from the repository root)::
 
     python train.py -m layers=six_1,six_6 token_group=last_prompt,task
     python -m ipi.reporting.sweep outputs/train/multiruns/<time>
 
-Every job folder (``<sweep>/<n>/``) holding a ``results.json`` is read: the estimands come from
-it, the layer and token-group labels from its ``run`` section (``layers_config`` and the resolved
-``layers``; ``token_groups``) and, when present, from ``.hydra/config.yaml`` (the
-``token_group.name`` that was swept). The command writes into the sweep folder:
-
-* ``sweep.csv`` — one row per job: job, overrides, surface, backbone, layers, token groups, E1,
-  E3[c_scrambled] (and every other E3), each with its interval;
-* ``heatmap_e1.png`` and ``heatmap_e3_c_scrambled.png`` — the estimate (with its CI) of each
-  layer × token-group cell; one pair per surface/backbone when the sweep varies those too;
-* ``sweep_report.md`` and a self-contained ``sweep_report.html`` with the heatmaps embedded;
-* ``summary.md``, ``summary.csv``, ``summary.tex`` — the paper's table, rows surface × detector
-  (:mod:`ipi.reporting.summary`).
-
-A cell that two jobs claim (the sweep varied something else too) is an error naming both jobs.
-
-**Failed cells.** A job that failed (its folder holds ``failed.json``, written by
-:func:`ipi.run.cli.run_entry`; docs/sweeps.md) has no estimates: the report lists it under "Failed
-cells" with its overrides and reason (``failed_cells.csv`` too), and it stays a member of the
-family below with p = 1 (it licenses nothing, and leaving it out would shrink the Holm family
-to the cells that happened to finish).
-
-**Family-wise error control** (PROTOCOL.md §7: "a claim for one cell of a sweep needs
-family-wise error control over the sweep's cells, or a cell named as pre-registered before the
-sweep"). Every job of the folder is one cell of the family (``N`` cells, stated in the report).
-A cell's claim as its own run states it (``claim``, nominal level) is re-licensed under Holm's
-step-down procedure over the ``N`` cells (``claim_familywise``; :func:`familywise`):
-
-* p-values are ``(1 + k)/(B + 1)`` (:func:`ipi.metrics.bootstrap.plus_one_p`): never 0, so
-  Holm's first threshold ``α/N`` can be met only when ``B + 1 >= N/α`` (1,199 replicates for 30
-  cells at α = 0.025); the report says whether the sweep's ``B`` clears it (:func:`family_sentence`).
-* ``p_separates`` = the one-sided bootstrap p-value of ``E1 <= 0.5`` over the steps having both
-  (``results.json`` ``p_values.e1_paired``, check 1's estimand; ``p_values.e1`` for older
-  files), when the cell's check 1 passed; 1 otherwise. Under K-fold check 1 also needs the exact
-  permutation test, so ``p_separates`` is the larger of the two p-values there (its floor
-  ``1/(M+1)`` must clear Holm's threshold too: :func:`family_sentence` says when it cannot).
-* ``p_detects`` = the largest of the bootstrap p-values of the claim's tests — E1 over the steps
-  having both (check 1), every paired ``E3[c] − C1 E3[c] <= 0`` (check 2), every ``E3[c] <= 0.5``
-  (check 3), and with random-weight twins every paired ``E3[c] − mean_s E3_s[c] <= 0`` (check 6's
-  interval) — when the cell's own verdict licenses "detects malicious content"; 1 otherwise. The claim holds only if every
-  test rejects (an intersection-union test), so the largest p is a valid p-value for it
-  (Berger 1982). The other conditions (C1 E3[c] below 0.95, check 4's permutation test with its
-  null centred on 0.5, check 5, the cluster gate) must hold in the cell's own verdict at their
-  nominal levels: they guard against a broken pipeline and generic collapse rather than against
-  chance separation, and with M = 199 refits a permutation p cannot fall below 1/200, above any
-  Holm threshold of a 30-cell family (0.025/30). ``p_permutation`` is reported beside them.
-* Holm at one-sided ``α = (1 − level)/2`` (0.025 for 95% intervals: the level of a single
-  cell's "CI low > 0.5" check): sort the ``N`` p-values; the ``i``-th smallest is rejected while
-  ``p_(i) <= α / (N − i + 1)`` for it and every smaller one. Holm controls the family-wise error
-  under any dependence between cells (they share test trajectories). Run separately for the two
-  claims; a cell gets "detects" when its ``p_detects`` is rejected (and, with twins, its rank
-  part holds family-wise, below), else "separates" when its ``p_separates`` is, else "none".
-* Check 6's rank part is family-wise by the **max-over-cells rank test**
-  (:func:`familywise_rank`): the same S twin seeds serve every cell, so under exchangeability of
-  the S + 1 networks the trained network's best margin over all cells is the largest with
-  probability ``<= 1/(S+1)`` — for the whole family, where Holm over per-cell rank p-values
-  (floor ``1/(S+1)``) could never reach ``α/N``. The report states S and that level.
-* ``evaluation.preregistered`` (the same in every job: set it on the sweep's command line, e.g.
-  ``'evaluation.preregistered="layers=six_3 token_group=last_prompt"'``) names one cell by its
-  overrides before the sweep runs; that cell keeps its nominal claim. The other cells still get
-  Holm over all ``N`` cells.
+Every job folder holding a ``results.json`` (or a ``failed.json``) is one cell. What the command
+writes (``sweep.csv``, the heatmaps, ``sweep_report.md``/``.html``, ``failed_cells.csv``,
+``summary.*``) and the family-wise rules it applies (Holm over every cell's ``p_separates`` and
+``p_detects``, the max-over-cells rank test of check 6, pre-registration, failed cells at p = 1;
+PROTOCOL.md §7) are described once, in docs/sweeps.md "Claims from a sweep".
 """
 
 from __future__ import annotations

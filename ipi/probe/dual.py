@@ -146,8 +146,7 @@ def _loss_grad(theta: torch.Tensor, phi: torch.Tensor, y: torch.Tensor, cw: torc
 
 
 def fit_reduced(phi: np.ndarray, y: np.ndarray, *, C: float = 1.0, tol: float = 1e-10,
-                max_iter: int = 100, theta0: np.ndarray | None = None,
-                iterations: dict | None = None) -> np.ndarray:
+                max_iter: int = 100, iterations: dict | None = None) -> np.ndarray:
     """Balanced L2 logistic regression on reduced coordinates by damped Newton (PROTOCOL.md §4).
 
     Minimises ``J/n`` of the module docstring in float64 torch linear algebra, with Armijo
@@ -159,7 +158,6 @@ def fit_reduced(phi: np.ndarray, y: np.ndarray, *, C: float = 1.0, tol: float = 
         C: Inverse regularisation strength (scikit-learn's ``C``, the probe's ``l2``).
         tol: Stop when the max-abs gradient of ``J/n`` is below ``tol``.
         max_iter: Newton iterations at most.
-        theta0: Warm start ``[r + 1]`` (``β`` then ``b``); zeros by default.
         iterations: If given, ``iterations["n"]`` is set to the Newton iterations taken.
 
     Returns:
@@ -178,7 +176,7 @@ def fit_reduced(phi: np.ndarray, y: np.ndarray, *, C: float = 1.0, tol: float = 
     y_t = torch.from_numpy(y_np)
     cw = torch.from_numpy(np.where(y_np == 1, n / (2.0 * n_pos), n / (2.0 * (n - n_pos))) / n)  # J/n
     lam = 1.0 / (C * n)
-    theta = torch.zeros(r + 1, dtype=torch.float64) if theta0 is None else torch.tensor(theta0, dtype=torch.float64)
+    theta = torch.zeros(r + 1, dtype=torch.float64)
     design = torch.cat([phi_t, torch.ones(n, 1, dtype=torch.float64)], dim=1)
     reg = torch.full((r + 1,), lam, dtype=torch.float64)
     reg[-1] = 0.0

@@ -51,15 +51,12 @@ def _is_foreign(handler) -> bool:
 
 
 @contextmanager
-def stop_on_signals(signals=STOP_SIGNALS) -> Iterator[None]:
+def stop_on_signals() -> Iterator[None]:
     """Raise :class:`Interrupted` in the main thread on SIGTERM / SIGINT while the block runs.
 
     Handlers that submitit installed (a SLURM job run by ``hydra/launcher=slurm``) are kept, so
     its requeue on preemption works. Outside the main thread (where Python cannot install signal
     handlers) this does nothing. The previous handlers are restored on exit.
-
-    Args:
-        signals: Signals to handle.
 
     Yields:
         Nothing.
@@ -83,8 +80,8 @@ def stop_on_signals(signals=STOP_SIGNALS) -> Iterator[None]:
         state["raised"] = signum
         raise Interrupted(signum)
 
-    previous = {s: signal.getsignal(s) for s in signals}
-    mine = [s for s in signals if not _is_foreign(previous[s])]
+    previous = {s: signal.getsignal(s) for s in STOP_SIGNALS}
+    mine = [s for s in STOP_SIGNALS if not _is_foreign(previous[s])]
     for s in mine:
         signal.signal(s, handler)
     try:

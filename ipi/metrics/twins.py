@@ -157,8 +157,7 @@ def rank_correlations(scores: Mapping[str, np.ndarray]) -> dict[tuple[str, str],
     return {(a, b): float(corr[i, j]) for i, a in enumerate(names) for j, b in enumerate(names) if j > i}
 
 
-def twin_guards(main: pd.DataFrame, twins: Mapping[str, pd.DataFrame],
-                max_rank_correlation: float = DISTINCT_MAX_RANK_CORRELATION) -> list[str]:
+def twin_guards(main: pd.DataFrame, twins: Mapping[str, pd.DataFrame]) -> list[str]:
     """Why check 6 cannot be judged on these twin score tables (empty list: it can).
 
     Rows are matched on (trajectory, step, variant, occurrence within that triple). Refused:
@@ -166,15 +165,13 @@ def twin_guards(main: pd.DataFrame, twins: Mapping[str, pd.DataFrame],
     * a twin's rows differ from the main table's;
     * a twin scores every row the same;
     * a twin's scores agree with the main table's beyond what distinct networks give (Spearman
-      rank correlation >= ``max_rank_correlation``): not a random-weight twin;
+      rank correlation >= :data:`DISTINCT_MAX_RANK_CORRELATION`): not a random-weight twin;
     * two twins agree so: one network counted twice, so the rank level ``1/(S+1)`` would be
       wrong. Every such pair is named.
 
     Args:
         main: The probe's validated score table.
         twins: ``{seed: validated score table}``.
-        max_rank_correlation: The agreement at which two tables are one network
-            (:data:`DISTINCT_MAX_RANK_CORRELATION`).
 
     Returns:
         One reason per finding, naming the seed(s).
@@ -199,15 +196,15 @@ def twin_guards(main: pd.DataFrame, twins: Mapping[str, pd.DataFrame],
     rho = rank_correlations({main_key: a.to_numpy(dtype=np.float64), **aligned})
     for (s1, s2), r in rho.items():
         # a sign-flipped copy (|rho| near 1, negative) is the same network read backwards
-        if not abs(r) >= max_rank_correlation:  # nan (a constant main table) never flags
+        if not abs(r) >= DISTINCT_MAX_RANK_CORRELATION:  # nan (a constant main table) never flags
             continue
         if s1 == main_key:
             reasons.append(f"twin seed {s2}: its scores agree with the trained backbone's (|Spearman| {abs(r):.4f} >= "
-                           f"{max_rank_correlation:g}): not a random-weight twin")
+                           f"{DISTINCT_MAX_RANK_CORRELATION:g}): not a random-weight twin")
         else:
             reasons.append(f"twin seeds {s1} and {s2}: their scores agree beyond what distinct random "
-                           f"initialisations give (|Spearman| {abs(r):.4f} >= {max_rank_correlation:g}): one network "
-                           "counted twice, so the rank level 1/(S+1) would be wrong")
+                           f"initialisations give (|Spearman| {abs(r):.4f} >= {DISTINCT_MAX_RANK_CORRELATION:g}): one "
+                           "network counted twice, so the rank level 1/(S+1) would be wrong")
     return reasons
 
 

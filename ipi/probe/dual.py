@@ -58,21 +58,28 @@ def standardisation(x: np.ndarray, chunk_rows: int = 1024) -> tuple[np.ndarray, 
     return mean, std
 
 
-def _gram_roots(x, mean, std, chunk_cols, rel_eig_tol, x_test=None):
+#: Feature columns standardised (float64) at a time: bounds memory to ``(n + m) · CHUNK_COLS``
+#: float64 values besides the ``[n, n]`` Gram matrix.
+CHUNK_COLS = 8192
+#: Eigenvalues of ``K`` below ``REL_EIG_TOL · max`` are treated as 0 (the centred ``K`` has rank ≤ n − 1).
+REL_EIG_TOL = 1e-12
+
+
+def _gram_roots(x, mean, std, x_test=None):
     """``(U [n, r], S^{1/2} [r], Z_test Zᵀ [m, n] or None)`` of the Gram matrix ``K = Z Zᵀ`` of the standardised
-    ``x`` [n, d], built ``chunk_cols`` columns at a time; eigenvalues below ``rel_eig_tol · max`` dropped."""
+    ``x`` [n, d], built :data:`CHUNK_COLS` columns at a time; eigenvalues below :data:`REL_EIG_TOL` · max dropped."""
     n = x.shape[0]
     k = torch.zeros((n, n), dtype=torch.float64)
     kt = None if x_test is None else torch.zeros((x_test.shape[0], n), dtype=torch.float64)
-    for s in range(0, x.shape[1], chunk_cols):
-        sl = slice(s, s + chunk_cols)
+    for s in range(0, x.shape[1], CHUNK_COLS):
+        sl = slice(s, s + CHUNK_COLS)
         z = torch.from_numpy((x[:, sl].astype(np.float64) - mean[sl]) / std[sl])
         k += z @ z.T
         if kt is not None:
             kt += torch.from_numpy((x_test[:, sl].astype(np.float64) - mean[sl]) / std[sl]) @ z.T
     k = 0.5 * (k + k.T)
     s_eig, u = torch.linalg.eigh(k)
-    keep = s_eig > rel_eig_tol * max(float(s_eig[-1]), 0.0)
+    keep = s_eig > REL_EIG_TOL * max(float(s_eig[-1]), 0.0)
     return u[:, keep], torch.sqrt(s_eig[keep]), kt
 
 
@@ -93,17 +100,12 @@ class ReducedDesign:
     dual: bool
 
     @classmethod
-    def build(cls, x_train: np.ndarray, x_test: np.ndarray, *, chunk_cols: int = 8192,
-              rel_eig_tol: float = 1e-12) -> ReducedDesign:
+    def build(cls, x_train: np.ndarray, x_test: np.ndarray) -> ReducedDesign:
         """Standardise on ``x_train`` and reduce to at most ``n`` coordinates.
 
         Args:
             x_train: Training rows ``[n, d]`` (float16/32/64).
             x_test: Rows to score ``[m, d]``.
-            chunk_cols: Feature columns standardised (float64) at a time; bounds memory to
-                ``(n + m) · chunk_cols`` float64 values besides the ``[n, n]`` Gram matrix.
-            rel_eig_tol: Eigenvalues of ``K`` below ``rel_eig_tol · max`` are treated as 0
-                (the centred Gram matrix has rank ≤ n − 1).
 
         Returns:
             The design.
@@ -123,7 +125,7 @@ class ReducedDesign:
             z = (x_train.astype(np.float64) - mean) / std
             zt = (x_test.astype(np.float64) - mean) / std
             return cls(z, zt, d, False)
-        u, root, kt = _gram_roots(x_train, mean, std, chunk_cols, rel_eig_tol, x_test)
+        u, root, kt = _gram_roots(x_train, mean, std, x_test)
         return cls((u * root).numpy(), ((kt @ u) / root).numpy(), d, True)
 
     @property
@@ -146,8 +148,7 @@ def _loss_grad(theta: torch.Tensor, phi: torch.Tensor, y: torch.Tensor, cw: torc
 
 
 def fit_reduced(phi: np.ndarray, y: np.ndarray, *, C: float = 1.0, tol: float = 1e-10,
-                max_iter: int = 100, theta0: np.ndarray | None = None,
-                iterations: dict | None = None) -> np.ndarray:
+                max_iter: int = 100, iterations: dict | None = None) -> np.ndarray:
     """Balanced L2 logistic regression on reduced coordinates by damped Newton (PROTOCOL.md §4).
 
     Minimises ``J/n`` of the module docstring in float64 torch linear algebra, with Armijo
@@ -159,7 +160,6 @@ def fit_reduced(phi: np.ndarray, y: np.ndarray, *, C: float = 1.0, tol: float = 
         C: Inverse regularisation strength (scikit-learn's ``C``, the probe's ``l2``).
         tol: Stop when the max-abs gradient of ``J/n`` is below ``tol``.
         max_iter: Newton iterations at most.
-        theta0: Warm start ``[r + 1]`` (``β`` then ``b``); zeros by default.
         iterations: If given, ``iterations["n"]`` is set to the Newton iterations taken.
 
     Returns:
@@ -178,7 +178,7 @@ def fit_reduced(phi: np.ndarray, y: np.ndarray, *, C: float = 1.0, tol: float = 
     y_t = torch.from_numpy(y_np)
     cw = torch.from_numpy(np.where(y_np == 1, n / (2.0 * n_pos), n / (2.0 * (n - n_pos))) / n)  # J/n
     lam = 1.0 / (C * n)
-    theta = torch.zeros(r + 1, dtype=torch.float64) if theta0 is None else torch.tensor(theta0, dtype=torch.float64)
+    theta = torch.zeros(r + 1, dtype=torch.float64)
     design = torch.cat([phi_t, torch.ones(n, 1, dtype=torch.float64)], dim=1)
     reg = torch.full((r + 1,), lam, dtype=torch.float64)
     reg[-1] = 0.0
@@ -249,14 +249,13 @@ class ExactFit:
 
 
 def fit_standardised(x: np.ndarray, y: np.ndarray, mean: np.ndarray, std: np.ndarray, *, C: float = 1.0,
-                     tol: float = 1e-10, max_iter: int = 100, chunk_cols: int = 8192,
-                     rel_eig_tol: float = 1e-12) -> ExactFit:
+                     tol: float = 1e-10, max_iter: int = 100) -> ExactFit:
     """The probe's exact minimiser by Newton's method, primal or dual (PROTOCOL.md §4).
 
     Minimises ``J/n`` of the module docstring on ``z = (x − mean) / std``: Newton on the
     ``d + 1`` primal coefficients when ``d ≤ n``; otherwise on the reduced coordinates of
     :class:`ReducedDesign`, the weights mapped back by ``w = Zᵀ U S^{-1/2} β`` (the same unique
-    minimiser). Memory: ``n · chunk_cols`` float64 values besides ``[n, n]`` (dual) or one
+    minimiser). Memory: ``n ·`` :data:`CHUNK_COLS` float64 values besides ``[n, n]`` (dual) or one
     float64 ``[n, d]`` copy (primal).
 
     Args:
@@ -267,8 +266,6 @@ def fit_standardised(x: np.ndarray, y: np.ndarray, mean: np.ndarray, std: np.nda
         C: Inverse regularisation strength (scikit-learn's ``C``).
         tol: Max-abs gradient of ``J/n`` in the solved coordinates at which Newton stops.
         max_iter: Newton iterations at most.
-        chunk_cols: Feature columns standardised at a time (dual route).
-        rel_eig_tol: Relative eigenvalue cut of the Gram matrix (dual route).
 
     Returns:
         An :class:`ExactFit`.
@@ -286,13 +283,13 @@ def fit_standardised(x: np.ndarray, y: np.ndarray, mean: np.ndarray, std: np.nda
         z = (x.astype(np.float64) - mean) / std
         theta = fit_reduced(z, y, C=C, tol=tol, max_iter=max_iter, iterations=counter)
         return ExactFit(theta[:-1].copy(), float(theta[-1]), counter["n"], False, d)
-    u, root, _ = _gram_roots(x, mean, std, chunk_cols, rel_eig_tol)
+    u, root, _ = _gram_roots(x, mean, std)
     theta = fit_reduced((u * root).numpy(), y, C=C, tol=tol, max_iter=max_iter,
                         iterations=counter)
     alpha = (u @ (torch.from_numpy(theta[:-1]) / root)).numpy()  # w = Zᵀ α
     coef = np.empty(d, dtype=np.float64)
-    for s in range(0, d, chunk_cols):
-        sl = slice(s, s + chunk_cols)
+    for s in range(0, d, CHUNK_COLS):
+        sl = slice(s, s + CHUNK_COLS)
         coef[sl] = (alpha @ x[:, sl].astype(np.float64) - alpha.sum() * mean[sl]) / std[sl]
     return ExactFit(coef, float(theta[-1]), counter["n"], True, int(root.numel()))
 

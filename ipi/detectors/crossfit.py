@@ -214,12 +214,9 @@ def _score_baselines(scores: dict[str, np.ndarray], det, x: np.ndarray, y: np.nd
     collapse-only on ``collapse`` (scikit-learn reference, ``C = l2``), the detector refitted on
     labels permuted by ``rng``, and the detector fitted on ``transfer``'s rows of the training
     trajectories (scored on the labelled test rows). Returns the fold's extra record."""
-    if metadata is not None:
-        m = fit_sklearn_reference(metadata[fit], y, l2=l2)
-        scores["c1"][is_te] = m.decision_function(metadata[is_te])
-    if collapse is not None:
-        m = fit_sklearn_reference(collapse[fit], y, l2=l2)
-        scores["collapse_only"][is_te] = m.decision_function(collapse[is_te])
+    for name, feats in (("c1", metadata), ("collapse_only", collapse)):
+        if feats is not None:
+            scores[name][is_te] = fit_sklearn_reference(feats[fit], y, l2=l2).decision_function(feats[is_te])
     if rng is not None:
         scores["permuted"][is_te] = det.fit(x[fit], rng.permutation(y), tid[fit]).score(x[is_te])
     if transfer is None:

@@ -82,11 +82,8 @@ class LogisticDetector:
     def fit_logged(self, x, y, groups, *, logger=None, default_root_dir=None) -> LogisticDetector:
         """:meth:`fit` through a Lightning ``logger`` and trainer root (:func:`ipi.probe.fit.fit_probe`)."""
         check_fit_inputs(x, y, groups, self.name)
-        if logger is None and default_root_dir is None:
-            probe = self.fit_fn(x, y, self.probe_config)
-        else:
-            probe = self.fit_fn(x, y, self.probe_config, logger=logger, default_root_dir=default_root_dir)
-        return replace(self, probe_=probe)
+        return replace(self, probe_=self.fit_fn(x, y, self.probe_config, logger=logger,
+                                                default_root_dir=default_root_dir))
 
     def score(self, x) -> np.ndarray:
         if self.probe_ is None:

@@ -70,15 +70,10 @@ def stable_hash(obj) -> str:
                           .encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def file_sha256(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+def file_sha256(path: str | os.PathLike) -> str:
     """SHA-256 hex digest of a file's bytes."""
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        while b := f.read(chunk):
-            h.update(b)
-    return h.hexdigest()
-
-
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 #: Spec fields whose local paths enter the cache key by content (:func:`content_addressed`): the
@@ -241,8 +236,7 @@ class ActivationCache:
             for r in ids:
                 seen[r] = seen.get(r, 0) + 1
             shards.append({"name": p.name, "rows": len(ids), "bytes": p.stat().st_size, "sha256": file_sha256(p)})
-        for p in self.shard_paths():  # a shard an older version wrote before the finite check
-            if (why := _nonfinite_shard(p)) is not None:
+            if (why := _nonfinite_shard(p)) is not None:  # a shard written before the finite check
                 raise NonFiniteFeatures(
                     f"cache {self.dir}: {why}; not finalised. Delete the entry (extract.force=true "
                     "rebuilds it) and use backbone.cache_dtype=bfloat16 or float32")

@@ -358,10 +358,6 @@ class HiddenStateExtractor(L.LightningModule):
             inputs["mm_encoder_outputs"] = self._image_outputs(vision, batch, a, b)
         return self._forward(inputs, {"pool": pool[a:b, :, :t], "prompt_mask": batch["prompt_mask"][a:b, :t]})
 
-    def _prefix_for(self, batch: dict, a: int, b: int) -> int:
-        """The shared prefix of rows ``a:b`` (one step group) to forward once, or 0 (forward whole)."""
-        return planned_prefix_len(batch, a, b, self.prefix_reuse)
-
     def _prefix_group(self, batch: dict, pool: torch.Tensor, vision, a: int, b: int, p: int):
         """One step group (rows ``a:b``) with its shared prefix of ``p`` tokens forwarded once.
 
@@ -444,7 +440,7 @@ class HiddenStateExtractor(L.LightningModule):
             for size in batch.get("group_sizes") or [len(lens)]:
                 a, b = start, start + size
                 start = b
-                p = self._prefix_for(batch, a, b)
+                p = planned_prefix_len(batch, a, b, self.prefix_reuse)
                 self.prefix_stats["groups"] += 1
                 self.prefix_stats["positions"] += sum(lens[a:b])
                 if p > 0:

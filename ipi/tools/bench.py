@@ -283,11 +283,10 @@ def shapes_benchmark(n_steps: int, overrides: list[str], peak_tflops: float | No
     if peak_tflops is None:
         peak_tflops = 989.0 if ("H100" in name or "H200" in name) else (312.0 if "A100" in name else None)
     n_rows = sum(len(b["row_ids"]) for b in batches)
-    out = {"benchmark": "shapes", "hidden_size": text["hidden_size"], "n_layers": text["num_hidden_layers"], "device": name, "rows": n_rows, "steps": n_steps, "layers": layers,
-           "rows_per_s": _sig(n_rows / secs), "model_tflop": _sig(flops / 1e12),
-           "achieved_tflops": _sig(flops / secs / 1e12)}
-    out["prep_s"] = _sig(prep_secs)
-    out["forward_s"] = _sig(secs)
+    out = {"benchmark": "shapes", "hidden_size": text["hidden_size"], "n_layers": text["num_hidden_layers"],
+           "device": name, "rows": n_rows, "steps": n_steps, "layers": layers, "rows_per_s": _sig(n_rows / secs),
+           "model_tflop": _sig(flops / 1e12), "achieved_tflops": _sig(flops / secs / 1e12),
+           "prep_s": _sig(prep_secs), "forward_s": _sig(secs)}
     if peak_tflops:
         out["mfu"] = _sig(flops / secs / (peak_tflops * 1e12))
         # serial CPU preparation (num_workers=0) added to the device time: the floor without workers

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from ipi.extraction.datamodule import StepGroupDataset, collate_steps
-from ipi.extraction.extractor import AUTO_MIN_SAVED_SHARE, HiddenStateExtractor, shared_prefix_len
+from ipi.extraction.extractor import AUTO_MIN_SAVED_SHARE, HiddenStateExtractor, planned_prefix_len, shared_prefix_len
 from ipi.protocol import DEFAULT_SYSTEM_PROMPT, TOKEN_GROUPS
 from tests.extraction.test_scale import _rows as _step_rows
 
@@ -133,7 +133,7 @@ def test_auto_reuses_where_it_saves_positions(small_backbone, trajectories):
                               batch["images"]["index_list"])
         ext = HiddenStateExtractor(bb, [0], ["last_prompt"], prefix_reuse="auto")
         expect = p if (len(lens) - 1) * p >= AUTO_MIN_SAVED_SHARE * sum(lens) else 0
-        assert ext._prefix_for(batch, 0, len(lens)) == expect
+        assert planned_prefix_len(batch, 0, len(lens), ext.prefix_reuse) == expect
         print(surface, "prefix", p, "of", lens, "auto ->", expect)
 
 

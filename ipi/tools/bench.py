@@ -70,19 +70,16 @@ import torch
 from hydra.utils import instantiate
 
 from ipi.tools.stopwatch import Stopwatch, best_of
-from ipi.backbone import Backbone, find_decoder_layers
+from ipi.backbone import Backbone, build_backbone, find_decoder_layers
 from ipi.run.schemas import REPO_ROOT, register_configs
 from ipi.extraction.datamodule import StepGroupDataset, collate_steps
-from ipi.extraction.extractor import (
-    HiddenStateExtractor,
-)
-from ipi.extraction.forward import ExtractSettings, extract_features, extraction_layers
+from ipi.extraction.extractor import HiddenStateExtractor
+from ipi.extraction.forward import extract_features, extraction_layers
 from ipi.run.settings import extract_settings
 from ipi.tools.bootstrap_timing import bench_bootstrap, bench_permutation
 from ipi.progress import quiet_lightning, run_stages
 from ipi.protocol import SURFACES, TOKEN_GROUPS
 from ipi.run.stages import layer_indices, load_data, make_rows
-from ipi.backbone import build_backbone
 from ipi.tools.extraction_timing import entry_timings, matmul_peak_flops, speed_benchmark
 
 #: Qwen2.5-VL-7B-Instruct's architecture (config.json of the checkpoint).
@@ -140,25 +137,13 @@ def subset_rows(overrides: list[str], n_steps: int, surfaces=SURFACES):
     return cfg, rows
 
 
-def project_features(settings: ExtractSettings, rows, layers: list[int], cache_dir: str):
-    """The project's path: :func:`ipi.extraction.forward.extract_features` into a fresh cache entry.
-
-    Returns:
-        ``(features [N, L, G, H], collapse [N, L], seconds, info)``.
-    """
-    settings = replace(settings, cache_dir=cache_dir, layers=())  # exactly `layers`: the same work as the baseline
-    secs, (fs, info) = best_of(lambda: extract_features(settings, rows, layers, list(TOKEN_GROUPS)), 1)
-    li = [fs.layers.index(k) for k in layers]
-    return fs.features[:, li].float().numpy(), fs.collapse[:, li].float().numpy(), secs, info
-
-
 def _rss_probe(overrides: list[str], n_steps: int, shard_rows: int) -> dict:
     """Run the project path alone in this process and report its peak RSS."""
 
     cfg, rows = subset_rows(overrides, n_steps)
-    with tempfile.TemporaryDirectory() as tmp:
-        _, _, secs, _ = project_features(replace(extract_settings(cfg), shard_rows=shard_rows), rows,
-                                         layer_indices(cfg), tmp)
+    with tempfile.TemporaryDirectory() as tmp:  # exactly the run's layers into a fresh cache entry
+        settings = replace(extract_settings(cfg), shard_rows=shard_rows, cache_dir=tmp, layers=())
+        secs, _ = best_of(lambda: extract_features(settings, rows, layer_indices(cfg), list(TOKEN_GROUPS)), 1)
     return {"rows": len(rows), "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
             "seconds": round(secs, 2)}
 
@@ -431,8 +416,7 @@ def profile_benchmark(n_steps: int = 8, overrides: list[str] = (), surface: str 
     return out
 
 
-def paper_cost(surface: str = "i_dom", overrides: list[str] = (), layers: str = "six_1", twins: int = 19,
-               test_fraction: float | None = None, arms: int = 3, peak_tflops: float = 989.0) -> dict:
+def paper_cost(surface: str = "i_dom", overrides: list[str] = ()) -> dict:
     """The FLOPs of the CPU audit's run on Qwen2.5-VL-7B, counted from the real rows (on paper).
 
     The run's rows are built as ``train.py`` builds them (every trajectory of ``data``, the audit's
@@ -442,19 +426,16 @@ def paper_cost(surface: str = "i_dom", overrides: list[str] = (), layers: str = 
     (2 FLOPs per multiply-add, prefix reuse ignored: an upper bound):
 
     * main pass: every row through the vision tower (each distinct screenshot once) and the
-      decoder blocks up to the deepest one probed (:func:`decoder_flops`);
-    * ``twins`` random-weight twins: the same again per twin (their own vision tower too);
-    * the likelihood measure: the attack and clean test rows through all 28 blocks, ``arms``
-      times (no ablation, probe direction, random direction).
+      decoder blocks up to the deepest one probed (``layers=six_1``; :func:`decoder_flops`);
+    * 19 random-weight twins (check 6's S): the same again per twin (their own vision tower too);
+    * the likelihood measure: the attack and clean test rows (``split.test_fraction``) through
+      all 28 blocks, 3 times (no ablation, probe direction, random direction).
+
+    The GPU hours are given at an H100 SXM's dense bf16 peak, 989 TFLOP/s.
 
     Args:
         surface: The audit's surface.
         overrides: Hydra overrides of the ``train`` config (e.g. ``data.max_element_chars=500``).
-        layers: The ``layers`` config the probe reads.
-        twins: Random-weight twins (check 6's S).
-        test_fraction: Test share of the trajectories (None: the split config's).
-        arms: Likelihood passes over the test rows.
-        peak_tflops: The GPU's dense bf16 peak (H100 SXM: 989) the hours are given at.
 
     Returns:
         ``{"rows", "mean_tokens", "mean_image_tokens", "depth", "tflop": {...}, "gpu_hours_at_peak",
@@ -464,8 +445,8 @@ def paper_cost(surface: str = "i_dom", overrides: list[str] = (), layers: str = 
 
     from ipi.extraction.rows import sequence_lengths
     from ipi.protocol import resolve_layers
-    from ipi.run.stages import load_data, make_rows
 
+    layers, twins, arms, peak_tflops = "six_1", 19, 3, 989.0
     seven = compose(["backbone=qwen2_5_vl_7b"]).backbone
     c = compose([*overrides, f"surface={surface}", f"layers={layers}",
                  f"backbone.image_size.longest_edge={seven.image_size.longest_edge}",
@@ -481,7 +462,7 @@ def paper_cost(surface: str = "i_dom", overrides: list[str] = (), layers: str = 
     images = {r.step.screenshot: n_img for r, (_, n_img) in zip(rows, lengths)}  # one per step on a text surface
     vision_flop = vision_flops(vision, 4 * sum(images.values()))  # 2x2 patches merged into one image token
     main = sum(decoder_flops(text, n, depth) for n, _ in lengths) + vision_flop
-    frac = float(c.split.test_fraction) if test_fraction is None else test_fraction
+    frac = float(c.split.test_fraction)
     lik_rows = [n for r, (n, _) in zip(rows, lengths) if r.variant.variant in ("attack", "clean")]
     likelihood = arms * frac * (sum(decoder_flops(text, n, text["num_hidden_layers"]) for n in lik_rows) + vision_flop)
     total = main * (1 + twins) + likelihood

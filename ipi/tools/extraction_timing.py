@@ -28,6 +28,7 @@ from dataclasses import replace
 
 import numpy as np
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from ipi.tools.stopwatch import Stopwatch, best_of
 from ipi.backbone import _processor
@@ -37,7 +38,7 @@ from ipi.extraction.forward import ExtractSettings, extract_features
 from ipi.progress import progress_bar
 from ipi.protocol import TOKEN_GROUPS
 
-__all__ = ["matmul_peak_flops", "measurement_warnings", "speed_benchmark", "count_flops"]
+__all__ = ["matmul_peak_flops", "measurement_warnings", "speed_benchmark"]
 
 
 def matmul_peak_flops(n: int = 1024, reps: int = 8, dtype: torch.dtype = torch.float32) -> float:
@@ -52,16 +53,6 @@ def matmul_peak_flops(n: int = 1024, reps: int = 8, dtype: torch.dtype = torch.f
     b = torch.randn(n, n, dtype=dtype)
     a @ b
     return 2.0 * n**3 / best_of(lambda: a @ b, reps)[0]
-
-
-def count_flops(fn: Callable[[], object]) -> float:
-    """FLOPs of the torch operators ``fn`` runs (``FlopCounterMode``: matmuls, convolutions, SDPA)."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    mode = FlopCounterMode(display=False)
-    with mode:
-        fn()
-    return float(mode.get_total_flops())
 
 
 @contextlib.contextmanager
@@ -215,7 +206,9 @@ def _time_surface(si: int, surface: str, rows: list, runners: dict, reps: int, w
     ref = None
     for m in METHODS:
         bar.describe(f"speed: {surface}, {m} ({len(rows)} rows x {reps + 1} passes)")
-        flops = count_flops(lambda: runners[m](rows))  # untimed pass (also warms caches)
+        with FlopCounterMode(display=False) as mode:  # untimed pass (also warms caches)
+            runners[m](rows)
+        flops = float(mode.get_total_flops())
         secs, cpus, out = [], [], None
         for r in range(reps):
             with Stopwatch() as sw:
@@ -368,8 +361,7 @@ SWEEP_LAYERS = ("six_1", "six_2", "six_3", "six_4", "six_5", "six_6")
 SWEEP_GROUPS = ("last_prompt", "image", "task", "observation", "action")
 
 
-def entry_timings(repo_root, out_dir, *, sweep: bool = True, python: str | None = None,
-                  extra: Sequence[str] = ()) -> dict:
+def entry_timings(repo_root, out_dir, *, sweep: bool = True) -> dict:
     """``warm_run_s`` and ``sweep30_s``: the real entry scripts on the real shared data, as subprocesses.
 
     1. ``extract_s``: ``python extract.py surface=i_vis`` fills the activation cache (or finds it).
@@ -386,22 +378,19 @@ def entry_timings(repo_root, out_dir, *, sweep: bool = True, python: str | None 
         repo_root: Repository root (where ``train.py`` is).
         out_dir: Folder for the runs' Hydra outputs.
         sweep: Also time the 30-job sweep.
-        python: Interpreter (default: this one).
-        extra: Further Hydra overrides for every command (e.g. ``data.max_trajectories=6``).
 
     Returns:
         A JSON-able dict with the keys above.
 """
     import sys
 
-    py = python or sys.executable
+    py = sys.executable
     env = {**os.environ, "IPI_QUIET": "1", "TOKENIZERS_PARALLELISM": "false"}
-    extra = list(extra)
     res: dict = {}
     with progress_bar("entry scripts", 4 if sweep else 3) as bar:  # subprocesses run, elapsed, ETA
         bar.describe("entry scripts: extract.py surface=i_vis")
-        ext = _timed_run([py, "extract.py", "surface=i_vis", "quiet=true", f"hydra.run.dir={out_dir}/extract",
-                          *extra], repo_root, env)
+        ext = _timed_run([py, "extract.py", "surface=i_vis", "quiet=true", f"hydra.run.dir={out_dir}/extract"],
+                         repo_root, env)
         bar.advance()
         res["extract_s"] = ext
         bar.describe("entry scripts: imports")
@@ -409,7 +398,7 @@ def entry_timings(repo_root, out_dir, *, sweep: bool = True, python: str | None 
         bar.advance()
         bar.describe("entry scripts: train.py surface=i_vis layers=six (warm cache)")
         warm = _timed_run([py, "train.py", "surface=i_vis", "layers=six", "quiet=true",
-                           f"hydra.run.dir={out_dir}/warm", *extra], repo_root, env)
+                           f"hydra.run.dir={out_dir}/warm"], repo_root, env)
         bar.advance()
         res.update({"warm_run_s": warm["wall_s"], "warm_run_cpu_s": warm["cpu_s"], "warm_run": warm,
                     "imports_s": imp["wall_s"], "imports_cpu_s": imp["cpu_s"],
@@ -418,7 +407,7 @@ def entry_timings(repo_root, out_dir, *, sweep: bool = True, python: str | None 
             bar.describe(f"entry scripts: train.py -m ({len(SWEEP_LAYERS) * len(SWEEP_GROUPS)} jobs)")
             sw = _timed_run([py, "train.py", "-m", "surface=i_vis", "layers=" + ",".join(SWEEP_LAYERS),
                              "token_group=" + ",".join(SWEEP_GROUPS), "quiet=true",
-                             f"hydra.sweep.dir={out_dir}/sweep", *extra], repo_root, env)
+                             f"hydra.sweep.dir={out_dir}/sweep"], repo_root, env)
             bar.advance()
     if sweep:
         n_jobs = sum(1 for p in __import__("pathlib").Path(out_dir, "sweep").rglob("results.json"))

@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 
 from ipi.metrics import weighted_auc
+from ipi.protocol import CONTROLS, VARIANTS
 from ipi.tools.simulate import (
-    CONTROLS,
-    VARIANTS,
     SimParams,
     main,
     run_dataset,

@@ -19,14 +19,11 @@ effect + row noise``, the truths, the random-weight twins, metadata and collapse
 specified in docs/selftest.md, "What is simulated", and implemented in
 :mod:`ipi.tools.simulate.truths`."""
 
-from ipi.protocol import CONTROLS, VARIANTS
 from ipi.tools.simulate.command import main, summarise
 from ipi.tools.simulate.runner import run_dataset
 from ipi.tools.simulate.truths import SimParams, simulate_dataset, true_estimands
 
 __all__ = [
-    "CONTROLS",
-    "VARIANTS",
     "SimParams",
     "main",
     "run_dataset",

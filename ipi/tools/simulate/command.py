@@ -25,22 +25,17 @@ from ipi.tools.simulate.truths import (ALL_TRUTHS, COVERAGE_N_TEST, NULL_KFOLD_T
                                        SWEEP_CELLS, TRUTHS, SimParams)
 
 
-def _clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
-    from scipy.stats import binomtest
-
-    ci = binomtest(k, n).proportion_ci(confidence_level=level, method="exact")
-    return float(ci.low), float(ci.high)
-
-
 def summarise(records: list[dict]) -> dict:
     """Rates per truth: the claim, each check's PASS rate, CI coverage per estimand.
 
     Each rate comes with its exact (Clopper–Pearson) 95% interval over datasets.
     """
 
+    from scipy.stats import binomtest
+
     def rate(k: int, n: int) -> dict:
-        lo, hi = _clopper_pearson(k, n)
-        return {"rate": k / n, "k": k, "n": n, "ci": [lo, hi]}
+        ci = binomtest(k, n).proportion_ci(confidence_level=0.95, method="exact")
+        return {"rate": k / n, "k": k, "n": n, "ci": [float(ci.low), float(ci.high)]}
 
     out: dict = {}
     cov = [r for r in records if r.get("kind") == "coverage"]
@@ -228,16 +223,12 @@ def format_table(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def _package_doc() -> str:
-    """The docstring of :mod:`ipi.tools.simulate` (the CLI's description)."""
-    import ipi.tools.simulate
-
-    return ipi.tools.simulate.__doc__
-
-
 def _parser() -> argparse.ArgumentParser:
     """The command line's arguments."""
-    ap = argparse.ArgumentParser(prog="python -m ipi.tools.simulate", description=_package_doc().split("\n")[0])
+    import ipi.tools.simulate
+
+    ap = argparse.ArgumentParser(prog="python -m ipi.tools.simulate",
+                                 description=ipi.tools.simulate.__doc__.split("\n")[0])
     ap.add_argument("--n-datasets", type=int, default=200, help="datasets per truth (default 200)")
     ap.add_argument("--trajectories", type=int, default=80, help="trajectories per dataset (default 80)")
     ap.add_argument("--features", type=int, default=SimParams.n_features, help="feature dimension d")

@@ -190,13 +190,12 @@ def null_params(p: SimParams, split: str, n_test: int) -> SimParams:
                    permutation_m=0 if split == "holdout" else p.permutation_m)
 
 
-def coverage_dataset(p: SimParams, n_test: int, index: int, seed: int,
-                     intervals: tuple[str, ...] = ("expanded", "percentile")) -> dict:
+def coverage_dataset(p: SimParams, n_test: int, index: int, seed: int) -> dict:
     """Interval coverage on one truth-(a) dataset with ``n_test`` test trajectories.
 
     The dataset has ``n`` trajectories with ``round(test_fraction · n) == n_test``; only the
     probe is fitted (the baselines do not enter E1/E2/E3), its test rows are scored and
-    bootstrapped once per interval method on the same draws, and each interval is checked
+    bootstrapped once per interval method (expanded, percentile) on the same draws, and each interval is checked
     against the fitted probe's analytic population estimand (:func:`true_estimands`).
 
     Returns:
@@ -214,7 +213,7 @@ def coverage_dataset(p: SimParams, n_test: int, index: int, seed: int,
     w, _ = fits.fitted[0].probe_.effective_weights()
     truth_vals = true_estimands(w.detach().numpy(), pt, dirs, test_templates)
     covered, width = {}, {}
-    for method in intervals:
+    for method in ("expanded", "percentile"):
         res = _flat(assess(ScoreTables(table), Settings(n_boot=pt.n_boot, seed=boot_seed, interval=method)).estimates)
         covered[method] = {k: bool(iv["ci_low"] is not None and iv["ci_low"] <= truth_vals[k] <= iv["ci_high"])
                            for k, iv in res.items()}

@@ -160,18 +160,17 @@ def load_data(cfg: DictConfig):
     return trajs, traj_skips, step_skips
 
 
-def check_split_feasible(cfg: DictConfig, trajectory_ids: list[str], min_per_side: int | None = None) -> None:
-    """Refuse, before any heavy work, a split with fewer than ``min_per_side`` trajectories on a side.
+def check_split_feasible(cfg: DictConfig, trajectory_ids: list[str]) -> None:
+    """Refuse, before any heavy work, a split with a fold side too small.
 
-    Every fold of ``cfg.split`` (PROTOCOL.md §4) needs at least ``min_per_side`` training and
-    ``min_per_side`` test trajectories (default ``split.min_per_side``, 2).
+    Every fold of ``cfg.split`` (PROTOCOL.md §4) needs at least ``split.min_per_side`` (default 2)
+    training and as many test trajectories.
 
     Raises:
         ValueError: The split cannot be made or a fold side is too small (message gives the
             counts and what to change).
     """
-    if min_per_side is None:
-        min_per_side = cfg.split.get("min_per_side", 2)
+    min_per_side = cfg.split.get("min_per_side", 2)
     n = len(set(trajectory_ids))
     kind = _value(cfg.split.kind)
     design = (f"split=holdout test_fraction={cfg.split.test_fraction}" if kind == "holdout"
@@ -192,10 +191,21 @@ def check_split_feasible(cfg: DictConfig, trajectory_ids: list[str], min_per_sid
                 f"needs {advice}")
 
 
+def _tokenizer(backbone: DictConfig):
+    """The backbone's tokenizer (``tokenizer_path``, ``tokenizer_kwargs``; loaded once per process)."""
+    return load_tokenizer(backbone.tokenizer_path, **to_container(backbone.get("tokenizer_kwargs") or {}))
+
+
+def _tokenizer_key(backbone: DictConfig) -> tuple:
+    """What a memoised stage that tokenises reads of the backbone: path, kwargs, the files' content."""
+    return (str(backbone.tokenizer_path), _config_key(backbone.get("tokenizer_kwargs") or {}),
+            _content_of(backbone.tokenizer_path))
+
+
 def token_counter(cfg: DictConfig):
     """Token counter of the backbone's tokenizer (loaded once per process)."""
 
-    tok = load_tokenizer(cfg.backbone.tokenizer_path, **to_container(cfg.backbone.get("tokenizer_kwargs") or {}))
+    tok = _tokenizer(cfg.backbone)
     # Recorded and injected text is tokenised as plain characters in replay; count it the same way.
     return lambda s: count_plain_tokens(tok, s)
 
@@ -237,8 +247,7 @@ def replay_processor(backbone: DictConfig):
 
     if backbone.multimodal:
         return load_processor(str(backbone.tokenizer_path))
-    return TextChatProcessor(load_tokenizer(backbone.tokenizer_path,
-                                            **to_container(backbone.get("tokenizer_kwargs") or {})))
+    return TextChatProcessor(_tokenizer(backbone))
 
 
 def check_context(cfg: DictConfig, rows, surface: str, rebuild=None) -> tuple[list, dict, list[dict]]:
@@ -340,24 +349,19 @@ def _truncate_steps(rows, skips: list[dict], rebuild, fits) -> tuple[list, list[
     return out, still, truncated
 
 
-def make_rows(cfg: DictConfig, trajectories, surface: str, controls: list[str] | None = None, wording=None,
-              context: dict | None = None):
+def make_rows(cfg: DictConfig, trajectories, surface: str, wording=None, context: dict | None = None):
     """Replay rows of one surface.
 
     The run's own surface gets the configured controls; any other surface (the transfer
     sources) gets every control that applies to it, so its rows and cache entry are those of a
-    run on that surface. ``controls`` overrides both. ``wording`` is the held-out wording plan
+    run on that surface. ``wording`` is the held-out wording plan
     (:func:`split_folds`), or None. Token counts are checked by :func:`check_context`, whose
     record and skipped steps go to ``context`` when given. In a ``-m`` sweep rows of an earlier
     job with the same inputs are reused (:func:`sweep_memo`).
 """
-    if controls is None:
-        controls = (resolved_controls(cfg) if _value(cfg.surface.name) == surface
-                    else list(get_surface(surface).controls))
+    controls = resolved_controls(cfg) if _value(cfg.surface.name) == surface else list(get_surface(surface).controls)
     trajectories = list(trajectories)
     token_matched = get_surface(surface).token_matched
-    tokenizer = (str(cfg.backbone.tokenizer_path), _config_key(cfg.backbone.get("tokenizer_kwargs") or {}),
-                 _content_of(cfg.backbone.tokenizer_path))
 
     def build():
         count_tokens = token_counter(cfg) if token_matched else None
@@ -377,7 +381,7 @@ def make_rows(cfg: DictConfig, trajectories, surface: str, controls: list[str] |
 
     pool = attack_pool(cfg)
     key = ("make_rows", tuple(map(id, trajectories)), surface, tuple(controls), int(cfg.surface.n_attacks),
-           tokenizer, _config_key(cfg.backbone.loader), extract_settings(cfg).over_context,
+           _tokenizer_key(cfg.backbone), _config_key(cfg.backbone.loader), extract_settings(cfg).over_context,
            repr(wording), repr(pool))
     _, rows, record, skips = sweep_memo(key, build, f"rows of {surface}")
     if context is not None:
@@ -425,8 +429,7 @@ def write_gallery(cfg: DictConfig, trajectory, out_dir: Path) -> Path | None:
     shown = [*shipped, *([] if own in shipped else [own])]
     pool = attack_pool(cfg)
     key = ("gallery", id(trajectory), tuple(s.name for s in shown), int(cfg.surface.n_attacks),
-           str(cfg.backbone.tokenizer_path), _config_key(cfg.backbone.get("tokenizer_kwargs") or {}),
-           _content_of(cfg.backbone.tokenizer_path), repr(pool))
+           *_tokenizer_key(cfg.backbone), repr(pool))
     _, img = sweep_memo(key, lambda: (trajectory, build_gallery(
         trajectory.trajectory_id, trajectory.steps[0], token_counter(cfg), task=trajectory.task,
         n_attacks=cfg.surface.n_attacks, shown=shown, wording=full_family(pool).bind(trajectory.task))), "gallery")

@@ -141,17 +141,13 @@ class ActivationCache:
         return f"pid {lines[0]} on host {lines[1]}" if len(lines) >= 2 else "a run that recorded no pid"
 
     @contextmanager
-    def writer_lock(self, poll_s: float = 0.5, report_every_s: float = 60.0) -> Iterator[float]:
+    def writer_lock(self) -> Iterator[float]:
         """Hold the entry's writer lock while the block runs (one writer per entry).
 
-        Waits (polling every ``poll_s`` seconds; a signal ends the wait) while another live run
-        holds it, logging the holder at once and every ``report_every_s`` seconds. A lock file
-        whose holder died on this host is broken (``filelock.SoftFileLock`` checks pid, host and
-        the process start time). The lock is released when the block ends, whatever the reason.
-
-        Args:
-            poll_s: Seconds between attempts.
-            report_every_s: Seconds between "still waiting" messages.
+        Waits (trying every 0.5 s; a signal ends the wait) while another live run holds it,
+        logging the holder at once and every 60 s. A lock file whose holder died on this host is
+        broken (``filelock.SoftFileLock`` checks pid, host and the process start time). The lock
+        is released when the block ends, whatever the reason.
 
         Yields:
             Seconds spent waiting for the lock.
@@ -164,11 +160,11 @@ class ActivationCache:
         reported = False
         while True:
             try:
-                lock.acquire(timeout=poll_s, poll_interval=min(0.05, poll_s))
+                lock.acquire(timeout=0.5, poll_interval=0.05)
                 break
             except Timeout:
                 now = time.monotonic()
-                if not reported or now - last >= report_every_s:
+                if not reported or now - last >= 60.0:
                     log.warning("cache entry %s is being written by %s (lock file %s); waiting, then "
                                 "reading it (delete the lock file if that run is gone)",
                                 self.dir, self.lock_holder(), self.lock_path)

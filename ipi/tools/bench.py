@@ -555,8 +555,8 @@ def _entry_timings(sweep: bool) -> dict:
         return entry_timings(REPO_ROOT, tmp, sweep=sweep)
 
 
-def _sig(x: float, digits: int = 4) -> float:
-    return float(f"{x:.{digits}g}")
+def _sig(x: float) -> float:
+    return float(f"{x:.4g}")
 
 
 def main(argv: list[str] | None = None) -> None:

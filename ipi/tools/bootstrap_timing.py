@@ -25,21 +25,21 @@ from ipi.probe.fit import fit_sklearn_reference
 __all__ = ["bench_bootstrap", "bench_permutation", "synthetic_score_table"]
 
 
-def synthetic_score_table(n_rows: int = 5000, seed: int = 0, steps_per_trajectory: int = 10):
+def synthetic_score_table(n_rows: int = 5000, seed: int = 0):
     """A synthetic score table of about ``n_rows`` rows (PROTOCOL.md §5 layout).
 
-    Trajectories of ``steps_per_trajectory`` steps, each step with one clean, one attack and three
+    Trajectories of 10 steps, each step with one clean, one attack and three
     control rows (five variants); scores are Gaussian, attack shifted by +1, rounded to 2
     decimals so that ties occur.
 
     Args:
         n_rows: Target number of rows (rounded down to whole trajectories, at least one).
         seed: Seed of the score generator.
-        steps_per_trajectory: Steps per trajectory.
 
     Returns:
         DataFrame with ``trajectory_id, step, variant, score``.
     """
+    steps_per_trajectory = 10
     per_traj = steps_per_trajectory * len(VARIANTS)
     n_traj = max(1, n_rows // per_traj)
     rng = np.random.default_rng(seed)

@@ -145,8 +145,7 @@ def format_table(entries: list[Entry]) -> str:
 
 
 def select(entries: list[Entry], *, older_than_days: float | None = None, key: str | None = None,
-           incomplete: bool = False, invalid: bool = False, all_entries: bool = False,
-           now: float | None = None) -> list[Entry]:
+           incomplete: bool = False, invalid: bool = False, all_entries: bool = False) -> list[Entry]:
     """Entries a ``prune`` with these options removes (an entry matching any selector).
 
     Raises:
@@ -154,7 +153,7 @@ def select(entries: list[Entry], *, older_than_days: float | None = None, key: s
     """
     if not (all_entries or older_than_days is not None or key or incomplete or invalid):
         raise ValueError("prune needs --all, --older-than DAYS, --key PREFIX, --incomplete or --invalid")
-    now = time.time() if now is None else now
+    now = time.time()
     chosen = []
     for e in entries:
         if (all_entries

@@ -145,15 +145,13 @@ def run_record(results_path: Path, cell: Cell, seed: int) -> dict:
     }
 
 
-def summarise(records: list[dict], cells=CELLS, min_rate: float = MIN_DETECT_RATE,
-              seeds: dict[str, list[int]] | list[int] | None = None) -> list[dict]:
+def summarise(records: list[dict], cells=CELLS, seeds: dict[str, list[int]] | list[int] | None = None) -> list[dict]:
     """Claim counts per cell, the checks that stopped the refused claims, and whether the answer was met.
 
     Args:
         records: :func:`run_record` lines.
         cells: The cells asked for. A cell with no run is a row with ``repeats`` 0 and ``met``
-            False (never a silent omission).
-        min_rate: :data:`MIN_DETECT_RATE`.
+            False (never a silent omission). "detects" is met at :data:`MIN_DETECT_RATE` of the repeats.
         seeds: The split seeds asked for (one list for every cell, or per cell name): a seed
             without a run is listed in ``missing`` and the cell is not met. ``None``: not checked.
 
@@ -176,7 +174,7 @@ def summarise(records: list[dict], cells=CELLS, min_rate: float = MIN_DETECT_RAT
         kinds = Counter(r["claim_kind"] for r in rs)
         stops = Counter(s for r in rs if r["claim_kind"] != "detects" for s in r["stopped_by"])
         n, d = len(rs), kinds.get("detects", 0)
-        met = n > 0 and not missing and (d >= min_rate * n if cell.expect == "detects" else d == 0)
+        met = n > 0 and not missing and (d >= MIN_DETECT_RATE * n if cell.expect == "detects" else d == 0)
         names = {k: v for r in rs for k, v in (r.get("check_names") or {}).items()}
         out.append({"cell": cell.name, "backbone": cell.backbone, "surface": cell.surface,
                     "heldout_wording": cell.heldout, "expect": cell.expect, "repeats": n,

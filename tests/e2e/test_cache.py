@@ -49,7 +49,7 @@ def test_two_extract_runs_started_together_forward_each_row_once(tmp_path, syn_r
     manifest = json.loads((entry / "manifest.json").read_text())
     assert manifest["n_rows"] == N_ROWS and manifest["duplicates_ignored"] == 0
     assert list(cache.glob("*.lock")) == []
-    # the waiter says so once its first 0.5 s poll times out (writer_lock's poll_s); a waiter that
+    # the waiter says so once its first 0.5 s poll times out (writer_lock's); a waiter that
     # started late, as the writer was finishing, may get the lock within that first poll, silently
     if waiter["extraction"]["lock_wait_s"] >= 0.5:
         assert any("is being written by pid" in text for text in logs)

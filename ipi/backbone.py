@@ -117,24 +117,27 @@ def keep_decoder_layers(model: nn.Module, n_keep: int | None) -> nn.ModuleList:
     return kept
 
 
-@lru_cache(maxsize=8)
-def _processor(path: str, items: tuple, content: str | None = None):
-    from transformers import AutoProcessor
+@lru_cache(maxsize=16)
+def _pretrained(auto_class: str, path: str, items: tuple, content: str | None = None):
+    import transformers
 
-    return AutoProcessor.from_pretrained(path, **dict(items))
+    return getattr(transformers, auto_class).from_pretrained(path, **dict(items))
+
+
+def load_pretrained(auto_class: str, path: str | os.PathLike, **kwargs):
+    """``transformers.<auto_class>.from_pretrained(path, **kwargs)``, loaded once per process.
+
+    A local folder is remembered by its content (:func:`ipi.io.local_content_digest`), so
+    changed files are loaded again. What is loaded (processors, tokenizers) is only read, never changed.
+"""
+    local = os.path.isdir(str(path))
+    return _pretrained(auto_class, os.path.abspath(path) if local else str(path), tuple(sorted(kwargs.items())),
+                       local_content_digest(path) if local else None)
 
 
 def load_processor(path: str | os.PathLike, **kwargs):
-    """``AutoProcessor.from_pretrained(path, **kwargs)``, loaded once per process.
-
-    A local folder is remembered by its content (:func:`ipi.io.local_content_digest`), so
-    changed processor files are loaded again. Processors are only read, never changed.
-"""
-    local = os.path.isdir(str(path))
-    content = None
-    if local:
-        content = local_content_digest(path)
-    return _processor(os.path.abspath(path) if local else str(path), tuple(sorted(kwargs.items())), content)
+    """``AutoProcessor.from_pretrained(path, **kwargs)``, loaded once per process (:func:`load_pretrained`)."""
+    return load_pretrained("AutoProcessor", path, **kwargs)
 
 
 def build_kwargs(loader, *, max_layer: int | None = None, with_lm_head: bool = False) -> dict:

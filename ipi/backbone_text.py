@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from functools import lru_cache
 from pathlib import Path
 
 import torch
 
-from ipi.backbone import Backbone, _freeze, keep_decoder_layers, random_init_from_config
-from ipi.io import local_content_digest
+from ipi.backbone import Backbone, _freeze, keep_decoder_layers, load_pretrained, random_init_from_config
 
 __all__ = ["TextChatProcessor", "build_gguf_causal_lm", "build_tiny_qwen2_text", "find_gguf", "load_tokenizer",
            "package_dir"]
@@ -72,15 +70,8 @@ def find_gguf(folder: str | os.PathLike, gguf_file: str | None = None) -> str:
     return found[0]
 
 
-@lru_cache(maxsize=8)
-def _tokenizer(path: str, items: tuple, content: str | None = None):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(path, **dict(items))
-
-
 def load_tokenizer(path: str | os.PathLike, **kwargs):
-    """``AutoTokenizer.from_pretrained(path, **kwargs)``, cached per process.
+    """``AutoTokenizer.from_pretrained(path, **kwargs)``, cached per process (:func:`ipi.backbone.load_pretrained`).
 
     Args:
         path: Tokenizer folder or hub id.
@@ -89,10 +80,7 @@ def load_tokenizer(path: str | os.PathLike, **kwargs):
     Returns:
         The tokenizer (a local folder is remembered by its content, so changed files load again).
 """
-    content = None
-    if os.path.isdir(str(path)):
-        content = local_content_digest(path)
-    return _tokenizer(str(path), tuple(sorted(kwargs.items())), content)
+    return load_pretrained("AutoTokenizer", path, **kwargs)
 
 
 class TextChatProcessor:

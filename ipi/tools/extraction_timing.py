@@ -31,7 +31,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from ipi.tools.stopwatch import Stopwatch, best_of
-from ipi.backbone import _processor
+from ipi.backbone import _pretrained
 from ipi.extraction.datamodule import ReplayDataset, StepGroupDataset, collate_rows, collate_steps, step_groups
 from ipi.extraction.extractor import base_model, collapse_statistic, planned_prefix_len, pool_groups
 from ipi.extraction.forward import ExtractSettings, extract_features
@@ -268,11 +268,11 @@ def speed_benchmark(settings: ExtractSettings, rows_by_surface: dict[str, list],
     load_before = os.getloadavg()
     peak = matmul_peak_flops()
     startup = {}
-    _processor.cache_clear()  # each start-up parses the processor files itself
+    _pretrained.cache_clear()  # each start-up parses the processor files itself
     with Stopwatch() as sw:
         bb = build_backbone()
     startup["baselines"] = {"wall_s": round(sw.wall_s, 3), "cpu_s": round(sw.cpu_s, 3)}
-    _processor.cache_clear()
+    _pretrained.cache_clear()
     with Stopwatch() as sw:
         ours_bb = build_ours()
     startup["ours"] = {"wall_s": round(sw.wall_s, 3), "cpu_s": round(sw.cpu_s, 3)}

@@ -245,12 +245,12 @@ def test_quantization_through_the_config(tmp_path, monkeypatch):
     class FakeProcessor:
         tokenizer = type("T", (), {"convert_tokens_to_ids": staticmethod(lambda t: 7)})()
 
-    from ipi.backbone import _processor
+    from ipi.backbone import _pretrained
 
     monkeypatch.setattr(transformers.Qwen2_5_VLForConditionalGeneration, "from_pretrained", fake_from_pretrained)
     monkeypatch.setattr(transformers.Qwen2_5_VLModel, "from_pretrained", fake_from_pretrained)  # no LM head
     monkeypatch.setattr(transformers.AutoProcessor, "from_pretrained", lambda *a, **k: FakeProcessor())
-    _processor.cache_clear()  # load_processor caches per process: not the fake one beyond this test
+    _pretrained.cache_clear()  # load_processor caches per process: not the fake one beyond this test
     bb = instantiate(cfg.backbone.loader)
     q = seen["quantization_config"]
     assert q.load_in_4bit and q.bnb_4bit_quant_type == "nf4"
@@ -271,7 +271,7 @@ def test_quantization_through_the_config(tmp_path, monkeypatch):
         compose_train(tmp_path, ["backbone=qwen2_5_vl_7b", "backbone.quantization=int4"], small=False)
     with pytest.raises(Exception, match="quantization=int8 needs a pretrained checkpoint"):
         instantiate(compose_train(tmp_path, ["backbone.quantization=int8"]).backbone.loader)
-    _processor.cache_clear()
+    _pretrained.cache_clear()
 
 
 def _has_bnb_gpu() -> bool:

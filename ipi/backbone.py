@@ -259,20 +259,19 @@ def _quantised_device_map(device_map):
     return device_map if device_map is not None else "auto"
 
 
-def _tiny_qwen2_5_vl_config(processor_path: str, *, text: dict, vision: dict, **_):
-    """The ``Qwen2_5_VLConfig`` :func:`build_tiny_qwen2_5_vl` builds its model from (no weights)."""
+def qwen2_5_vl_config(tok, text: dict, vision: dict):
+    """A ``Qwen2_5_VLConfig`` of the given text and vision configs, its special-token ids read from ``tok``."""
     from transformers import Qwen2_5_VLConfig
 
+    ids = {f"{k}_token_id": tok.convert_tokens_to_ids(f"<|{v}|>") for k, v in (
+        ("image", "image_pad"), ("video", "video_pad"), ("vision_start", "vision_start"), ("vision_end", "vision_end"))}
+    return Qwen2_5_VLConfig(text_config=dict(text), vision_config=dict(vision), **ids)
+
+
+def _tiny_qwen2_5_vl_config(processor_path: str, *, text: dict, vision: dict, **_):
+    """The ``Qwen2_5_VLConfig`` :func:`build_tiny_qwen2_5_vl` builds its model from (no weights)."""
     tok = load_processor(processor_path).tokenizer
-    text = dict(text)
-    text.setdefault("vocab_size", len(tok))
-    ids = {
-        "image_token_id": tok.convert_tokens_to_ids("<|image_pad|>"),
-        "video_token_id": tok.convert_tokens_to_ids("<|video_pad|>"),
-        "vision_start_token_id": tok.convert_tokens_to_ids("<|vision_start|>"),
-        "vision_end_token_id": tok.convert_tokens_to_ids("<|vision_end|>"),
-    }
-    return Qwen2_5_VLConfig(text_config=text, vision_config=dict(vision), **ids)
+    return qwen2_5_vl_config(tok, {"vocab_size": len(tok), **dict(text)}, vision)
 
 
 def build_tiny_qwen2_5_vl(

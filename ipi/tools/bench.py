@@ -70,7 +70,7 @@ import torch
 from hydra.utils import instantiate
 
 from ipi.tools.stopwatch import Stopwatch, best_of
-from ipi.backbone import Backbone, build_backbone, find_decoder_layers
+from ipi.backbone import Backbone, build_backbone, find_decoder_layers, qwen2_5_vl_config
 from ipi.run.schemas import REPO_ROOT, register_configs
 from ipi.extraction.datamodule import StepGroupDataset, collate_steps
 from ipi.extraction.extractor import HiddenStateExtractor
@@ -210,7 +210,7 @@ def shapes_benchmark(n_steps: int, overrides: list[str], peak_tflops: float | No
         out, so the MFU is a slight underestimate) and the decoder blocks up to the deepest chosen
         layer on every row (2 FLOPs per multiply-add, causal attention counted half).
     """
-    from transformers import AutoProcessor, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+    from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration
 
 
     if device == "cuda" and not torch.cuda.is_available():
@@ -218,10 +218,7 @@ def shapes_benchmark(n_steps: int, overrides: list[str], peak_tflops: float | No
     cfg, rows = subset_rows([*overrides, f"backbone.n_layers={text['num_hidden_layers']}"], n_steps)
     processor = AutoProcessor.from_pretrained(cfg.backbone.tokenizer_path)
     tok = processor.tokenizer
-    ids = {k: tok.convert_tokens_to_ids(v) for k, v in (
-        ("image_token_id", "<|image_pad|>"), ("video_token_id", "<|video_pad|>"),
-        ("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>"))}
-    config = Qwen2_5_VLConfig(text_config=dict(text), vision_config=dict(vision), **ids)
+    config = qwen2_5_vl_config(tok, text, vision)
     torch.manual_seed(0)
     old_dtype = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
@@ -232,10 +229,10 @@ def shapes_benchmark(n_steps: int, overrides: list[str], peak_tflops: float | No
         torch.set_default_dtype(old_dtype)
     image_size = dict(cfg.backbone.image_size)
     bb = Backbone("qwen2_5_vl_shapes", model, processor, find_decoder_layers(model), text["hidden_size"], True,
-                  ids["image_token_id"], {}, image_size)
+                  config.image_token_id, {}, image_size)
     layers = layer_indices(cfg)
     ext = HiddenStateExtractor(bb, layers, list(TOKEN_GROUPS), max_rows=cfg.backbone.batch_size)
-    ds = StepGroupDataset(rows, processor, cfg.backbone.system_prompt, True, image_size, ids["image_token_id"])
+    ds = StepGroupDataset(rows, processor, cfg.backbone.system_prompt, True, image_size, config.image_token_id)
     with Stopwatch() as sw:
         batches = [collate_steps([ds[g]], tok.pad_token_id or 0) for g in range(len(ds))]  # CPU work first
     prep_secs = sw.wall_s

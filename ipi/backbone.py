@@ -59,6 +59,12 @@ class Backbone:
         """The text tokenizer (the processor's, or the processor itself if text-only)."""
         return getattr(self.processor, "tokenizer", self.processor)
 
+    @property
+    def pad_token_id(self) -> int:
+        """The id rows are padded with in a batch: the tokenizer's pad token, else its end-of-sequence token."""
+        tok = self.tokenizer
+        return tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+
 
 def find_decoder_layers(model: nn.Module) -> nn.ModuleList:
     """Return the decoder blocks of a causal LM by inspecting its modules.

@@ -34,8 +34,7 @@ from ipi.protocol import resolve_layers
 
 log = logging.getLogger(__name__)
 
-#: Bumped whenever replay, pooling or the cache layout change the numbers.
-#: 2: image tokens get Qwen2.5-VL's 3-D (M-RoPE) positions (version 1 fed 1-D text positions).
+#: Bumped whenever replay, pooling or the cache layout change the numbers (versions: docs/extraction.md).
 EXTRACTION_VERSION = 2
 
 
@@ -383,10 +382,8 @@ def predict_rows(settings: ExtractSettings, backbone, rows: Sequence[ReplayRow],
     b = settings.backbone
     dataset = StepGroupDataset(rows, backbone.processor, b["system_prompt"],
                                backbone.multimodal, backbone.image_size, backbone.image_token_id)
-    tok = backbone.tokenizer
-    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     per_step = max(len(g) for g in dataset.groups)
-    dm = ReplayDataModule(dataset, pad, batch_size=max(1, b["batch_size"] // per_step),
+    dm = ReplayDataModule(dataset, backbone.pad_token_id, batch_size=max(1, b["batch_size"] // per_step),
                           num_workers=resolve_num_workers(settings.num_workers, settings.accelerator))
     bars = extraction_callbacks(True if settings.quiet else None, total_rows=len(rows))
     trainer = L.Trainer(

@@ -104,8 +104,6 @@ def elk_features(bb, settings, rows, layers: Sequence[int]) -> dict:
     """
 
     ds = _replay_dataset(bb, settings, rows)
-    tok_ = bb.tokenizer
-    pad = tok_.pad_token_id if tok_.pad_token_id is not None else tok_.eos_token_id
     out_f: list = [None] * len(rows)
     out_c: list = [None] * len(rows)
     prep, tokens = 0.0, 0
@@ -114,7 +112,7 @@ def elk_features(bb, settings, rows, layers: Sequence[int]) -> dict:
         for group in step_groups(rows):
             with Stopwatch() as sw:
                 items = [ds[i] for i in group]
-                batch = collate_rows(items, pad)
+                batch = collate_rows(items, bb.pad_token_id)
             prep += sw.wall_s
             tokens += int(batch["inputs"]["input_ids"].numel())
             hs = model(**batch["inputs"], output_hidden_states=True, use_cache=False).hidden_states
@@ -157,11 +155,9 @@ def ours_prep(bb, settings, rows) -> tuple[float, int, int]:
 
     ds = StepGroupDataset(rows, bb.processor, settings.backbone["system_prompt"], bb.multimodal, bb.image_size,
                           bb.image_token_id)
-    tok = bb.tokenizer
-    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     mode = settings.prefix_reuse
     with Stopwatch() as sw:
-        batches = [collate_steps([ds[g]], pad) for g in range(len(ds))]
+        batches = [collate_steps([ds[g]], bb.pad_token_id) for g in range(len(ds))]
     secs = sw.wall_s
     step = max(1, int(settings.backbone["batch_size"]))
     positions, reused = 0, 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+from dataclasses import replace
 from enum import Enum
 from pathlib import Path
 
@@ -317,8 +318,6 @@ def _truncate_steps(rows, skips: list[dict], rebuild, fits) -> tuple[list, list[
     Returns:
         ``(rows, steps still skipped, steps truncated)``; rows keep :func:`build_rows` order.
     """
-    from dataclasses import replace
-
     first = {}
     for r in rows:
         first.setdefault((r.trajectory_id, r.step.step), r)
@@ -371,8 +370,6 @@ def make_rows(cfg: DictConfig, trajectories, surface: str, wording=None, context
         by_id = {t.trajectory_id: t for t in trajectories}
 
         def rebuild(row, step):  # one step's rows from a copy of the step (cut page text)
-            from dataclasses import replace
-
             return build_rows([replace(by_id[row.trajectory_id], steps=(step,))], surface, controls,
                               n_attacks=cfg.surface.n_attacks, count_tokens=count_tokens, wording=wording, pool=pool)
 

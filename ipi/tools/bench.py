@@ -67,7 +67,6 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 import torch
-from hydra.utils import instantiate
 
 from ipi.tools.stopwatch import Stopwatch, best_of
 from ipi.backbone import Backbone, build_backbone, find_decoder_layers, qwen2_5_vl_config
@@ -516,14 +515,12 @@ def twin_benchmark(n_steps: int = 6, n_twins: int = 3, overrides: list[str] = ()
                 t.extract.layers = []  # nothing in the superset is cached here: the probe's blocks only
                 tcfgs[s] = t
             if k == 0:  # building the twins alone (random init, processor): the part no block cut removes
-                from ipi.backbone import build_kwargs
-
                 with Stopwatch() as sw:
                     for t in tcfgs.values():
-                        instantiate(t.backbone.loader, **build_kwargs(t.backbone.loader, max_layer=max(layers)))
+                        build_backbone(t.backbone.loader, max_layer=max(layers))
                 out["build_s_per_twin"] = _sig(sw.wall_s / n_twins)
                 out["build_fraction_per_seed"] = _sig(sw.wall_s / n_twins / main_s)
-            if k == 0:  # the same twins one extraction each, for comparison
+                # the same twins one extraction each, for comparison
                 sep = os.path.join(tmp, "separate")
                 with Stopwatch() as sw:
                     for s, t in tcfgs.items():

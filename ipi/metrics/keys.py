@@ -140,8 +140,16 @@ BY_SOURCE = "by_source"
 BY_GOAL_FAMILY = "by_goal_family"
 HELDOUT_SOURCE = "heldout_source"
 ESTIMANDS_KEY = "estimands"  # run.attack.by_source.<s>.estimands, split_spread.estimands
+N_TRAJECTORIES = "n_trajectories"  # run.attack.by_source.<s>.*, run.attack.transfer.*
+BENIGN_FROM = "benign_from"
+SOURCES = "sources"  # run.attack.transfer.sources
+TEMPLATES, GOALS, BENIGN = "templates", "goals", "benign"  # run.attack.pool.*
+# run.attack.counts.*
+ATTACK_ROWS, ADAPTED_ROWS = "attack_rows", "adapted_rows"
+BANNER_OVERFLOW_ROWS, CONTROL_TOKEN_MISMATCHES = "banner_overflow_rows", "control_token_mismatches"
 
 # operating_point.*
+FPR = "fpr"
 VS = "vs"
 N_NEGATIVE_STEPS = "n_negative_steps"
 

@@ -118,6 +118,7 @@ STATUS = "status"
 DETAIL = "detail"
 NUMBERS = "numbers"
 RULE = "rule"
+PERMUTATION_P = "permutation_p"  # verdict.checks[].numbers of check 1 under K-fold
 # verdict.min_clusters, reportability.{min_clusters, min_boot_fraction}
 MIN_CLUSTERS_KEY = "min_clusters"
 MIN_BOOT_FRACTION_KEY = "min_boot_fraction"
@@ -164,6 +165,7 @@ COUNT = "count"
 
 # permutation.* (beside P_VALUE, NULL_MEAN)
 M_KEY = "m"
+P_KEY = "p"  # read where p_value is absent
 NULL_SD = "null_sd"
 NULL_Q025 = "null_q025"
 NULL_Q975 = "null_q975"

@@ -196,6 +196,16 @@ PROBE_MINUS_RANDOM = "probe_minus_random"
 N_ROWS = "n_rows"
 ARM_NONE, ARM_PROBE, ARM_RANDOM = "none", "probe", "random"  # ablation arms
 LOWERS_SHIFT = "lowers_shift"  # behaviour.likelihood.claims.*
+PREDICTS_HIJACK, USES_DIRECTION = "predicts_hijack", "uses_direction"  # behaviour.claims.*, likelihood.claims.*
+LABELS_FILE, TABLE_FILE, SCORED = "labels_file", "table_file", "scored"  # behaviour.*, behaviour.likelihood.*
+VARIANTS, MAX_NEW_TOKENS = "variants", "max_new_tokens"  # behaviour.settings.*
+RANDOM_SEED = "random_seed"  # ablation.*
+# behaviour.counts.*, behaviour.likelihood.counts.* (beside ATTACK_ROWS)
+ROWS, TRAJECTORIES, UNPARSED, CUT_BY_MAX_NEW_TOKENS = "rows", "trajectories", "unparsed", "cut_by_max_new_tokens"
+WITH_GOAL_ACTION, NO_GOAL_ACTION_BY_FAMILY = "with_goal_action", "no_goal_action_by_family"
+HIJACKED, RESISTED, OTHER = "hijacked", "resisted", "other"  # the labels: counts.by_variant.<variant>.*, e4.counts.*
+# behaviour.likelihood.e4.counts.*
+SHIFT_POSITIVE, SHIFT_NOT_POSITIVE, NO_GOAL_ACTION = "shift_positive", "shift_not_positive", "no_goal_action"
 
 #: Keys of the results a baseline name may not take (they would collide with a section).
 RESERVED_KEYS = frozenset(

@@ -118,6 +118,7 @@ STATUS = "status"
 DETAIL = "detail"
 NUMBERS = "numbers"
 RULE = "rule"
+PERMUTATION_P = "permutation_p"  # verdict.checks[].numbers of check 1 under K-fold
 # verdict.min_clusters, reportability.{min_clusters, min_boot_fraction}
 MIN_CLUSTERS_KEY = "min_clusters"
 MIN_BOOT_FRACTION_KEY = "min_boot_fraction"
@@ -140,8 +141,16 @@ BY_SOURCE = "by_source"
 BY_GOAL_FAMILY = "by_goal_family"
 HELDOUT_SOURCE = "heldout_source"
 ESTIMANDS_KEY = "estimands"  # run.attack.by_source.<s>.estimands, split_spread.estimands
+N_TRAJECTORIES = "n_trajectories"  # run.attack.by_source.<s>.*, run.attack.transfer.*
+BENIGN_FROM = "benign_from"
+SOURCES = "sources"  # run.attack.transfer.sources
+TEMPLATES, GOALS, BENIGN = "templates", "goals", "benign"  # run.attack.pool.*
+# run.attack.counts.*
+ATTACK_ROWS, ADAPTED_ROWS = "attack_rows", "adapted_rows"
+BANNER_OVERFLOW_ROWS, CONTROL_TOKEN_MISMATCHES = "banner_overflow_rows", "control_token_mismatches"
 
 # operating_point.*
+FPR = "fpr"
 VS = "vs"
 N_NEGATIVE_STEPS = "n_negative_steps"
 
@@ -156,6 +165,7 @@ COUNT = "count"
 
 # permutation.* (beside P_VALUE, NULL_MEAN)
 M_KEY = "m"
+P_KEY = "p"  # read where p_value is absent
 NULL_SD = "null_sd"
 NULL_Q025 = "null_q025"
 NULL_Q975 = "null_q975"
@@ -186,6 +196,16 @@ PROBE_MINUS_RANDOM = "probe_minus_random"
 N_ROWS = "n_rows"
 ARM_NONE, ARM_PROBE, ARM_RANDOM = "none", "probe", "random"  # ablation arms
 LOWERS_SHIFT = "lowers_shift"  # behaviour.likelihood.claims.*
+PREDICTS_HIJACK, USES_DIRECTION = "predicts_hijack", "uses_direction"  # behaviour.claims.*, likelihood.claims.*
+LABELS_FILE, TABLE_FILE, SCORED = "labels_file", "table_file", "scored"  # behaviour.*, behaviour.likelihood.*
+VARIANTS, MAX_NEW_TOKENS = "variants", "max_new_tokens"  # behaviour.settings.*
+RANDOM_SEED = "random_seed"  # ablation.*
+# behaviour.counts.*, behaviour.likelihood.counts.* (beside ATTACK_ROWS)
+ROWS, TRAJECTORIES, UNPARSED, CUT_BY_MAX_NEW_TOKENS = "rows", "trajectories", "unparsed", "cut_by_max_new_tokens"
+WITH_GOAL_ACTION, NO_GOAL_ACTION_BY_FAMILY = "with_goal_action", "no_goal_action_by_family"
+HIJACKED, RESISTED, OTHER = "hijacked", "resisted", "other"  # the labels: counts.by_variant.<variant>.*, e4.counts.*
+# behaviour.likelihood.e4.counts.*
+SHIFT_POSITIVE, SHIFT_NOT_POSITIVE, NO_GOAL_ACTION = "shift_positive", "shift_not_positive", "no_goal_action"
 
 #: Keys of the results a baseline name may not take (they would collide with a section).
 RESERVED_KEYS = frozenset(

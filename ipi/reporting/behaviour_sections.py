@@ -24,16 +24,24 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from ipi.metrics.keys import BEHAVIOUR
+from ipi.evaluation.results import ResultsView
+from ipi.metrics.keys import (ABLATION, ARM_NONE, ARM_PROBE, ARM_RANDOM, ATTACK_ROWS, BEHAVIOUR, BY_VARIANT, C1_E4,
+                              CHANGED_LABELS, CHANGES, CLAIMS, COUNTS, CUT_BY_MAX_NEW_TOKENS, DETAIL, E4,
+                              E4_MINUS_C1_E4, HIJACKED, LABELS_FILE, LAYERS, LIKELIHOOD, LOWERS_SHIFT, MAX_NEW_TOKENS,
+                              MEAN_SHIFT, N_CLUSTERS, N_ROWS, NO_GOAL_ACTION, NO_GOAL_ACTION_BY_FAMILY, NOT_ESTIMABLE,
+                              NOTE, OTHER, PREDICTS_HIJACK, PROBE_MINUS_RANDOM, RANDOM_SEED, RATES, REPORTABLE,
+                              RESISTED, ROWS, SCORED, SETTINGS, SHIFT_NOT_POSITIVE, SHIFT_POSITIVE, SHIFT_REPORTABLE,
+                              SPEARMAN, STATUS, TABLE_FILE, TRAJECTORIES, UNPARSED, USES_DIRECTION, VARIANTS,
+                              WITH_GOAL_ACTION)
 from ipi.reporting import layout
 
 __all__ = ["CLAIM_LINES", "LIKELIHOOD_CLAIM_LINES", "sections", "verdict_blocks", "with_behaviour"]
 
 #: The free run's separately labelled claims: (results key, id shown, name shown).
-CLAIM_LINES = (("predicts_hijack", "E4", "predicts hijack"), ("uses_direction", "ablation", "uses this direction"))
+CLAIM_LINES = ((PREDICTS_HIJACK, "E4", "predicts hijack"), (USES_DIRECTION, "ablation", "uses this direction"))
 #: The likelihood measure's (the block's ``likelihood.claims``).
-LIKELIHOOD_CLAIM_LINES = (("predicts_hijack", "E4 (likelihood)", "predicts hijack"),
-                          ("lowers_shift", "ablation (likelihood)", "lowers the hijack shift"))
+LIKELIHOOD_CLAIM_LINES = ((PREDICTS_HIJACK, "E4 (likelihood)", "predicts hijack"),
+                          (LOWERS_SHIFT, "ablation (likelihood)", "lowers the hijack shift"))
 SEPARATE_NOTE = ("Separately labelled claims of the behaviour stage (docs/behaviour.md; E4 and ablation: free run, "
                  "E4 (likelihood) and ablation (likelihood): teacher-forced likelihood): not checks of "
                  "PROTOCOL.md §7; they never change the licensed claim above.")
@@ -49,24 +57,23 @@ def verdict_blocks(results: Mapping) -> list:
     b = _block(results)
     if b is None:
         return []
-    claims = b.get("claims") or {}
     out: list = [layout.Text(SEPARATE_NOTE, "strong")]
-    if b.get("note"):
-        out.append(layout.Text(b["note"], "warn"))
-    lines = [(claims, CLAIM_LINES)] if _free_run(b) else []
-    lik = b.get("likelihood")
+    if b.get(NOTE):
+        out.append(layout.Text(b[NOTE], "warn"))
+    lines = [(ResultsView(b).section(CLAIMS), CLAIM_LINES)] if _free_run(b) else []
+    lik = b.get(LIKELIHOOD)
     if isinstance(lik, Mapping):
-        lines.append((lik.get("claims") or {}, LIKELIHOOD_CLAIM_LINES))
+        lines.append((ResultsView(lik).section(CLAIMS), LIKELIHOOD_CLAIM_LINES))
     for got, names in lines:
         for key, cid, name in names:
             c = got.get(key) or {}
-            out.append(layout.CheckLine(cid, name, str(c.get("status", "NOT RUN")), str(c.get("detail", "")), ()))
+            out.append(layout.CheckLine(cid, name, str(c.get(STATUS, "NOT RUN")), str(c.get(DETAIL, "")), ()))
     return out
 
 
 def _free_run(b: Mapping) -> bool:
     """Whether the free run ran (its ``e4``; a block without ``measure`` is a free-run block)."""
-    return "e4" in b
+    return E4 in b
 
 
 def _why(reason) -> str:
@@ -79,118 +86,110 @@ def sections(results: Mapping) -> list:
     if b is None:
         return []
     out = _free_run_section(b) if _free_run(b) else []
-    if isinstance(b.get("likelihood"), Mapping):
-        out.append(_likelihood_section(b, b["likelihood"]))
+    if isinstance(b.get(LIKELIHOOD), Mapping):
+        out.append(_likelihood_section(b, b[LIKELIHOOD]))
     return out
 
 
 def _free_run_section(b: Mapping) -> list:
     """The free run's section (module docstring)."""
+    view = ResultsView(b)
     blocks: list = []
-    if b.get("note"):
-        blocks.append(layout.Text(b["note"], "warn"))
-    s = b.get("settings") or {}
-    counts = b.get("counts") or {}
+    if b.get(NOTE):
+        blocks.append(layout.Text(b[NOTE], "warn"))
+    s, counts = view.section(SETTINGS), view.section(COUNTS)
     blocks.append(layout.Text(
-        f"The backbone's own next action on {counts.get('rows', '?')} test rows of "
-        f"{counts.get('trajectories', '?')} trajectories ({', '.join(s.get('variants', []))}; greedy, at most "
-        f"{s.get('max_new_tokens', '?')} new tokens; {counts.get('cut_by_max_new_tokens', '?')} cut by the bound, "
-        f"{counts.get('unparsed', '?')} with no parsable action), labelled hijacked / resisted / other "
+        f"The backbone's own next action on {counts.get(ROWS, '?')} test rows of "
+        f"{counts.get(TRAJECTORIES, '?')} trajectories ({', '.join(s.get(VARIANTS, []))}; greedy, at most "
+        f"{s.get(MAX_NEW_TOKENS, '?')} new tokens; {counts.get(CUT_BY_MAX_NEW_TOKENS, '?')} cut by the bound, "
+        f"{counts.get(UNPARSED, '?')} with no parsable action), labelled hijacked / resisted / other "
         f"against the goal of the step's attack row; the labels with the generated text are in "
-        f"{b.get('labels_file', '?')}.", "muted"))
-    by_v = counts.get("by_variant") or {}
+        f"{b.get(LABELS_FILE, '?')}.", "muted"))
     blocks.append(layout.Grid(("variant", "hijacked", "resisted", "other"),
-                              tuple((v, *(str(c.get(k, 0)) for k in ("hijacked", "resisted", "other")))
-                                    for v, c in by_v.items())))
-    rates = b.get("rates") or {}
+                              tuple((v, *(str(c.get(k, 0)) for k in (HIJACKED, RESISTED, OTHER)))
+                                    for v, c in view.section(COUNTS, BY_VARIANT).items())))
     blocks.append(layout.Text("Hijack rate per surface × variant (step-weighted; cluster-bootstrap CI over test "
                               "trajectories). Clean and control rows: the attacker's action without the injection.",
                               "strong"))
     blocks.append(layout.Grid(("surface · variant", "hijack rate", "rows", "trajectories"),
-                              tuple((f"{surf} · {v}", layout.Estimate(r), str(r.get("n_rows", "?")),
-                                     str(r.get("n_clusters", "?")))
-                                    for surf, by in rates.items() for v, r in by.items())))
-    e4 = b.get("e4") or {}
-    rep = e4.get("reportable") or {}
-    ec = e4.get("counts") or {}
+                              tuple((f"{surf} · {v}", layout.Estimate(r), str(r.get(N_ROWS, "?")),
+                                     str(r.get(N_CLUSTERS, "?")))
+                                    for surf, by in view.section(RATES).items() for v, r in by.items())))
+    e4, rep, ec = view.section(E4), view.section(E4, REPORTABLE), view.section(E4, COUNTS)
     blocks.append(layout.Text(
-        f"E4 = AUC(probe score | hijacked vs resisted attack rows): {ec.get('hijacked', 0)} hijacked, "
-        f"{ec.get('resisted', 0)} resisted, {ec.get('other', 0)} other; {e4.get('n_clusters', 0)} trajectories "
+        f"E4 = AUC(probe score | hijacked vs resisted attack rows): {ec.get(HIJACKED, 0)} hijacked, "
+        f"{ec.get(RESISTED, 0)} resisted, {ec.get(OTHER, 0)} other; {e4.get(N_CLUSTERS, 0)} trajectories "
         "hold both kinds (the gate's count).", "strong"))
-    rows = [("E4 (probe)", layout.Estimate(e4.get("e4")), _why(rep.get("e4")))]
-    if "c1_e4" in e4:
-        rows += [("E4 of C1 (metadata)", layout.Estimate(e4.get("c1_e4")), _why(rep.get("c1_e4"))),
-                 ("E4 − C1 E4", layout.Estimate(e4.get("e4_minus_c1_e4")), _why(rep.get("e4_minus_c1_e4")))]
+    rows = [("E4 (probe)", layout.Estimate(e4.get(E4)), _why(rep.get(E4)))]
+    if C1_E4 in e4:
+        rows += [("E4 of C1 (metadata)", layout.Estimate(e4.get(C1_E4)), _why(rep.get(C1_E4))),
+                 ("E4 − C1 E4", layout.Estimate(e4.get(E4_MINUS_C1_E4)), _why(rep.get(E4_MINUS_C1_E4)))]
     blocks.append(layout.Grid(("estimand", "value", "reportable"), tuple(rows)))
-    ab = b.get("ablation")
+    ab = b.get(ABLATION)
     if isinstance(ab, Mapping):
-        r, ch = ab.get("rates") or {}, ab.get("changes") or {}
-        changed = ab.get("changed_labels") or {}
+        r, ch = ab.get(RATES) or {}, ab.get(CHANGES) or {}
+        changed = ab.get(CHANGED_LABELS) or {}
         blocks.append(layout.Text(
-            f"Ablation on {ab.get('n_rows', '?')} attack rows of {ab.get('n_clusters', '?')} trajectories: the "
+            f"Ablation on {ab.get(N_ROWS, '?')} attack rows of {ab.get(N_CLUSTERS, '?')} trajectories: the "
             f"probe's direction (each fold's probe) projected out of the residual stream at blocks "
-            f"{ab.get('layers')} at every position, against a random direction of equal norm "
-            f"(seed {ab.get('random_seed')}); paired cluster-bootstrap CIs.", "strong"))
+            f"{ab.get(LAYERS)} at every position, against a random direction of equal norm "
+            f"(seed {ab.get(RANDOM_SEED)}); paired cluster-bootstrap CIs.", "strong"))
         blocks.append(layout.Grid(("arm", "hijack rate", "change vs no ablation", "labels changed"), (
-            ("no ablation", layout.Estimate(r.get("none")), "", ""),
-            ("probe direction", layout.Estimate(r.get("probe")), layout.Estimate(ch.get("probe")),
-             str(changed.get("probe", "?"))),
-            ("random direction", layout.Estimate(r.get("random")), layout.Estimate(ch.get("random")),
-             str(changed.get("random", "?"))),
-            ("Δ probe − Δ random", layout.Estimate(ab.get("probe_minus_random")), "", ""))))
+            ("no ablation", layout.Estimate(r.get(ARM_NONE)), "", ""),
+            ("probe direction", layout.Estimate(r.get(ARM_PROBE)), layout.Estimate(ch.get(ARM_PROBE)),
+             str(changed.get(ARM_PROBE, "?"))),
+            ("random direction", layout.Estimate(r.get(ARM_RANDOM)), layout.Estimate(ch.get(ARM_RANDOM)),
+             str(changed.get(ARM_RANDOM, "?"))),
+            ("Δ probe − Δ random", layout.Estimate(ab.get(PROBE_MINUS_RANDOM)), "", ""))))
     else:
         blocks.append(layout.Text("Ablation not run (behaviour.ablation.enabled=false).", "muted"))
-    claims = b.get("claims") or {}
-    summary = " · ".join(f"{name}: {(claims.get(key) or {}).get('status', 'NOT RUN')}"
-                         for key, _, name in CLAIM_LINES)
+    summary = " · ".join(f"{name}: {view.section(CLAIMS, key).get(STATUS, 'NOT RUN')}" for key, _, name in CLAIM_LINES)
     return [layout.Section("behaviour", "Behaviour (free run)", tuple(blocks), summary=summary)]
 
 
 def _likelihood_section(b: Mapping, lik: Mapping) -> layout.Section:
     """The likelihood measure's section (module docstring)."""
+    view = ResultsView(lik)
     blocks: list = []
-    if b.get("note") and not _free_run(b):
-        blocks.append(layout.Text(b["note"], "warn"))
-    c = lik.get("counts") or {}
-    e4 = lik.get("e4") or {}
-    ec, rep, srep = e4.get("counts") or {}, e4.get("reportable") or {}, e4.get("shift_reportable") or {}
+    if b.get(NOTE) and not _free_run(b):
+        blocks.append(layout.Text(b[NOTE], "warn"))
+    c, e4 = view.section(COUNTS), view.section(E4)
+    ec, rep, srep = view.section(E4, COUNTS), view.section(E4, REPORTABLE), view.section(E4, SHIFT_REPORTABLE)
     blocks.append(layout.Text(
-        f"Teacher-forced hijack propensity on {c.get('rows', '?')} attack and clean test rows of "
-        f"{c.get('trajectories', '?')} trajectories (no generation): {lik.get('scored', '')}. "
-        f"{c.get('with_goal_action', '?')} of {c.get('attack_rows', '?')} attack rows have a goal action "
-        f"(none: {c.get('no_goal_action_by_family') or {}}); every row is in {lik.get('table_file', '?')}.", "muted"))
+        f"Teacher-forced hijack propensity on {c.get(ROWS, '?')} attack and clean test rows of "
+        f"{c.get(TRAJECTORIES, '?')} trajectories (no generation): {lik.get(SCORED, '')}. "
+        f"{c.get(WITH_GOAL_ACTION, '?')} of {c.get(ATTACK_ROWS, '?')} attack rows have a goal action "
+        f"(none: {c.get(NO_GOAL_ACTION_BY_FAMILY) or {}}); every row is in {lik.get(TABLE_FILE, '?')}.", "muted"))
     blocks.append(layout.Text(
         f"E4 (likelihood) = AUC(probe score | attack rows with shift > 0 vs shift ≤ 0): "
-        f"{ec.get('shift_positive', 0)} with shift > 0, {ec.get('shift_not_positive', 0)} ≤ 0, "
-        f"{ec.get('no_goal_action', 0)} without a goal action; {e4.get('n_clusters', 0)} trajectories hold both "
-        "kinds (the gate's count)." + (f" Not estimable: {e4['not_estimable']}." if e4.get("not_estimable") else ""),
+        f"{ec.get(SHIFT_POSITIVE, 0)} with shift > 0, {ec.get(SHIFT_NOT_POSITIVE, 0)} ≤ 0, "
+        f"{ec.get(NO_GOAL_ACTION, 0)} without a goal action; {e4.get(N_CLUSTERS, 0)} trajectories hold both "
+        "kinds (the gate's count)." + (f" Not estimable: {e4[NOT_ESTIMABLE]}." if e4.get(NOT_ESTIMABLE) else ""),
         "strong"))
-    rows = [("E4 (likelihood, probe)", layout.Estimate(e4.get("e4")), _why(rep.get("e4")))]
-    if "c1_e4" in e4:
-        rows += [("E4 (likelihood) of C1 (metadata)", layout.Estimate(e4.get("c1_e4")), _why(rep.get("c1_e4"))),
-                 ("E4 − C1 E4 (likelihood)", layout.Estimate(e4.get("e4_minus_c1_e4")),
-                  _why(rep.get("e4_minus_c1_e4")))]
-    rows += [("ρ(score, shift) (likelihood)", layout.Estimate(e4.get("spearman")), _why(srep.get("spearman"))),
-             ("mean shift, nats (likelihood)", layout.Estimate(e4.get("mean_shift")), _why(srep.get("mean_shift")))]
+    rows = [("E4 (likelihood, probe)", layout.Estimate(e4.get(E4)), _why(rep.get(E4)))]
+    if C1_E4 in e4:
+        rows += [("E4 (likelihood) of C1 (metadata)", layout.Estimate(e4.get(C1_E4)), _why(rep.get(C1_E4))),
+                 ("E4 − C1 E4 (likelihood)", layout.Estimate(e4.get(E4_MINUS_C1_E4)), _why(rep.get(E4_MINUS_C1_E4)))]
+    rows += [("ρ(score, shift) (likelihood)", layout.Estimate(e4.get(SPEARMAN)), _why(srep.get(SPEARMAN))),
+             ("mean shift, nats (likelihood)", layout.Estimate(e4.get(MEAN_SHIFT)), _why(srep.get(MEAN_SHIFT)))]
     blocks.append(layout.Grid(("estimand", "value", "reportable"), tuple(rows)))
-    ab = lik.get("ablation")
+    ab = lik.get(ABLATION)
     if isinstance(ab, Mapping):
-        ms, ch = ab.get("mean_shift") or {}, ab.get("changes") or {}
+        ms, ch = ab.get(MEAN_SHIFT) or {}, ab.get(CHANGES) or {}
         blocks.append(layout.Text(
-            f"Ablation (likelihood) on {ab.get('n_rows', '?')} attack rows of {ab.get('n_clusters', '?')} "
+            f"Ablation (likelihood) on {ab.get(N_ROWS, '?')} attack rows of {ab.get(N_CLUSTERS, '?')} "
             f"trajectories: attack and clean rows scored again with each fold's probe direction projected out at "
-            f"blocks {ab.get('layers')}, and with a random direction of equal norm (seed {ab.get('random_seed')}); "
+            f"blocks {ab.get(LAYERS)}, and with a random direction of equal norm (seed {ab.get(RANDOM_SEED)}); "
             "mean shift in nats, paired cluster-bootstrap CIs.", "strong"))
         blocks.append(layout.Grid(("arm", "mean shift", "change vs no ablation"), (
-            ("no ablation", layout.Estimate(ms.get("none")), ""),
-            ("probe direction", layout.Estimate(ms.get("probe")), layout.Estimate(ch.get("probe"))),
-            ("random direction", layout.Estimate(ms.get("random")), layout.Estimate(ch.get("random"))),
-            ("Δ probe − Δ random", layout.Estimate(ab.get("probe_minus_random")), ""))))
+            ("no ablation", layout.Estimate(ms.get(ARM_NONE)), ""),
+            ("probe direction", layout.Estimate(ms.get(ARM_PROBE)), layout.Estimate(ch.get(ARM_PROBE))),
+            ("random direction", layout.Estimate(ms.get(ARM_RANDOM)), layout.Estimate(ch.get(ARM_RANDOM))),
+            ("Δ probe − Δ random", layout.Estimate(ab.get(PROBE_MINUS_RANDOM)), ""))))
     else:
-        why = (lik.get("claims") or {}).get("lowers_shift", {}).get("detail", "")
+        why = view.section(CLAIMS).get(LOWERS_SHIFT, {}).get(DETAIL, "")
         blocks.append(layout.Text(f"Ablation (likelihood) not run: {why}.", "muted"))
-    claims = lik.get("claims") or {}
-    summary = " · ".join(f"{cid}: {(claims.get(key) or {}).get('status', 'NOT RUN')}"
+    summary = " · ".join(f"{cid}: {view.section(CLAIMS, key).get(STATUS, 'NOT RUN')}"
                          for key, cid, _ in LIKELIHOOD_CLAIM_LINES)
     return layout.Section("behaviour_likelihood", "Behaviour (likelihood)", tuple(blocks), summary=summary)
 

@@ -24,8 +24,9 @@ from pathlib import Path
 from jinja2 import Environment
 from markupsafe import Markup
 
+from ipi.evaluation.results import ResultsView
 from ipi.io import atomic_write_text
-from ipi.metrics.keys import RUN, SOURCE, SOURCE_TWIN
+from ipi.metrics.keys import BACKBONE, LAYERS_CONFIG, N_BOOT_USED, SOURCE, SOURCE_TWIN, SURFACE, TOKEN_GROUPS
 from ipi.reporting import attack_sections, behaviour_sections
 from ipi.reporting.layout import (
     FIGURES,
@@ -68,8 +69,8 @@ def write_results(results: dict, out_dir: str | Path) -> Path:
 
 
 def _title(results: Mapping) -> str:
-    run = results.get(RUN) or {}
-    return " · ".join(str(x) for x in (run.get("surface"), run.get("backbone")) if x) or "score table"
+    run = ResultsView(results).run
+    return " · ".join(str(x) for x in (run.get(SURFACE), run.get(BACKBONE)) if x) or "score table"
 
 
 def _sources(results: Mapping) -> list[str]:
@@ -356,7 +357,7 @@ def _estimand_rows(b: EstimandTable) -> list[dict]:
         iv = iv if isinstance(iv, Mapping) else {}
         parts = interval_text(iv).split(" ", 1)
         est, ci = (parts[0], parts[1]) if len(parts) == 2 else ("n/a", "n/a")
-        out.append({"key": key, "label": label, "est": est, "ci": ci, "n": iv.get("n_boot_used", ""), "why": why,
+        out.append({"key": key, "label": label, "est": est, "ci": ci, "n": iv.get(N_BOOT_USED, ""), "why": why,
                     "decides": b.decides(key)})
     return out
 
@@ -484,10 +485,9 @@ def write_run_report(results: dict, out_dir: str | Path, *, scores=None, config:
     """
     out_dir = Path(out_dir)
     paths: dict[str, Path] = {}
-    run = results.get(RUN) or {}
-    title = title or " · ".join(str(x) for x in (run.get("surface"), run.get("backbone"),
-                                                 run.get("layers_config"),
-                                                 "+".join(run.get("token_groups") or [])) if x)
+    run = ResultsView(results).run
+    title = title or " · ".join(str(x) for x in (run.get(SURFACE), run.get(BACKBONE), run.get(LAYERS_CONFIG),
+                                                 "+".join(run.get(TOKEN_GROUPS) or [])) if x)
     figures: dict[str, str] = {}
     if plots:
         from ipi.reporting.plots import plot_forest, plot_roc

@@ -25,23 +25,11 @@ from pathlib import Path
 import pandas as pd
 
 from ipi.evaluation.reportable import reportability_of
+from ipi.evaluation.results import ResultsView
 from ipi.io import atomic_write_text
-from ipi.metrics.keys import (
-    C1,
-    CLAIM,
-    COLLAPSE_ONLY,
-    E1,
-    E2,
-    E3,
-    P_VALUE,
-    PERMUTATION,
-    PERMUTED,
-    RUN,
-    TRANSFER,
-    VERDICT,
-    at,
-    dotted,
-)
+from ipi.metrics.keys import (C1, CI_HIGH, CI_LOW, CLAIM, COLLAPSE_ONLY, DETECTOR, E1, E2, E3, ESTIMATE, LABEL,
+                              LAYERS_CONFIG, NAME, P_VALUE, PERMUTATION, PERMUTED, SURFACE, TOKEN_GROUPS, TRANSFER,
+                              VERDICT, at, dotted)
 
 __all__ = ["summary_rows", "write_summary_tables"]
 
@@ -49,14 +37,14 @@ DASH = "—"
 
 
 def _detector_label(run: dict) -> str:
-    det = run.get("detector") or {}
-    name = det.get("name", "logistic")  # runs from before detectors existed ran the probe
-    return f"external ({det['label']})" if name == "external" and det.get("label") else name
+    det = run.get(DETECTOR) or {}
+    name = det.get(NAME, "logistic")  # runs from before detectors existed ran the probe
+    return f"external ({det[LABEL]})" if name == "external" and det.get(LABEL) else name
 
 
 def _columns(results: list[dict]) -> list[tuple[str, str]]:
     """``(label, estimand key)`` of the summary columns, controls in sorted order."""
-    controls = sorted({c for r in results for c in (r.get(E3) or {})})
+    controls = sorted({c for r in results for c in ResultsView(r).section(E3)})
     cols = [("E1", E1), ("E2", E2), ("C1 E1", dotted(C1, E1))]
     cols += [(f"E3 {c}", dotted(E3, c)) for c in controls]
     cols += [("transfer E1", dotted(TRANSFER, E1)), ("permuted E1", dotted(PERMUTED, E1)),
@@ -79,18 +67,18 @@ def summary_rows(jobs: list[tuple[str, dict]], familywise: dict[str, str] | None
     cols = _columns([r for _, r in jobs])
     rows = []
     for job, res in jobs:
-        run = res.get(RUN) or {}
+        view = ResultsView(res)
+        run = view.run
         marks = reportability_of(res)
-        row = {"job": job, "surface": run.get("surface"), "detector": _detector_label(run),
-               "layers": str(run.get("layers_config", "")), "token_groups": "+".join(run.get("token_groups") or [])}
+        row = {"job": job, "surface": run.get(SURFACE), "detector": _detector_label(run),
+               "layers": str(run.get(LAYERS_CONFIG, "")), "token_groups": "+".join(run.get(TOKEN_GROUPS) or [])}
         for label, key in cols:
             iv = at(res, key)  # the interval at a dotted key (e3.c_scrambled), {} without an estimate
-            iv = iv if isinstance(iv, dict) and iv.get("estimate") is not None else {}
-            row.update({label: iv.get("estimate"), f"{label} ci_low": iv.get("ci_low"), f"{label} ci_high":
-                        iv.get("ci_high"), f"{label} not_reportable": (marks.get(key) or "") if iv else ""})
-        perm = res.get(PERMUTATION) or {}
-        row["permutation p"] = perm.get(P_VALUE)
-        row["claim"] = (res.get(VERDICT) or {}).get(CLAIM)
+            iv = iv if isinstance(iv, dict) and iv.get(ESTIMATE) is not None else {}
+            row.update({label: iv.get(ESTIMATE), f"{label} ci_low": iv.get(CI_LOW), f"{label} ci_high":
+                        iv.get(CI_HIGH), f"{label} not_reportable": (marks.get(key) or "") if iv else ""})
+        row["permutation p"] = view.get(PERMUTATION, P_VALUE)
+        row["claim"] = view.get(VERDICT, CLAIM)
         row["claim family-wise"] = (familywise or {}).get(job)
         rows.append(row)
     return pd.DataFrame(rows)

@@ -27,32 +27,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ipi.evaluation.results import DEFAULTS
+from ipi.evaluation.results import KFOLD, ResultsView
 from ipi.evaluation.verdict import CLAIM_DETECTS, CLAIM_SEPARATES, read_keys
 from ipi.io import atomic_write_text
 from ipi.sweep_records import cell_name, job_overrides, sweep_failures
-from ipi.metrics.keys import (
-    at,
-    BOOTSTRAP,
-    CHECKS,
-    CLAIM,
-    BY_SEED,
-    DIFFERENCES,
-    E1,
-    E1_PAIRED,
-    E2,
-    E3,
-    N_BOOT_KEY,
-    OPERATING_POINT,
-    P_VALUE,
-    P_VALUES,
-    PERMUTATION,
-    RANDOM_TWIN,
-    RUN,
-    SEEDS,
-    VERDICT,
-    dotted,
-)
+from ipi.metrics.keys import (ATTACK, BACKBONE, BOOTSTRAP, BY_SEED, CI_HIGH, CI_LOW, CLAIM, DATA_ROOT, DIFFERENCES, E1,
+                              E1_PAIRED, E2, E3, ESTIMATE, LAYERS, LAYERS_CONFIG, M_KEY, N_BOOT_KEY, NAME, NUMBERS,
+                              OPERATING_POINT, P_KEY, P_VALUE, P_VALUES, PERMUTATION, PERMUTATION_P, RANDOM_TWIN, RUN,
+                              SPLIT, STATUS, SURFACE, TOKEN_GROUPS, VERDICT, VS, at, dotted)
 from ipi.reporting.report import REPORT_CSS, html_escape, img_tag
 from ipi.reporting.summary import _detector_label
 
@@ -85,17 +67,10 @@ def _preregistered(job: Path) -> str | None:
     return None if v in (None, "") else str(v)
 
 
-def _check(res: dict, cid: int) -> dict | None:
-    for c in (res.get(VERDICT) or {}).get(CHECKS) or []:
-        if c.get("id") == cid:
-            return c
-    return None
-
-
 def _permutation_p(res: dict) -> float | None:
     """The check-4 permutation p-value when the run has one (exact permutation test)."""
-    p = res.get(PERMUTATION) if isinstance(res.get(PERMUTATION), dict) else {}
-    return next((float(p[k]) for k in (P_VALUE, "p") if isinstance(p.get(k), (int, float))), None)
+    p = ResultsView(res).section(PERMUTATION)
+    return next((float(p[k]) for k in (P_VALUE, P_KEY) if isinstance(p.get(k), (int, float))), None)
 
 
 def claim_p_values(res: dict) -> tuple[float, float]:
@@ -104,17 +79,18 @@ def claim_p_values(res: dict) -> tuple[float, float]:
     A p-value a run did not record (older ``results.json``) counts as 1: no claim is licensed
     without its test.
     """
-    claim = (res.get(VERDICT) or {}).get(CLAIM)
-    pv = res.get(P_VALUES) or {}
+    view = ResultsView(res)
+    claim = view.get(VERDICT, CLAIM)
+    pv = view.section(P_VALUES)
 
     def num(x) -> float:
         return float(x) if isinstance(x, (int, float)) else 1.0
 
     p_e1 = pv.get(E1_PAIRED) if pv.get(E1_PAIRED) is not None else pv.get(E1)
-    one = _check(res, 1) or {}
-    p_sep = num(p_e1) if one.get("status") == "PASS" else 1.0
-    if (one.get("numbers") or {}).get("split") == "kfold":  # check 1's K-fold rule: the permutation test too
-        p_sep = max(p_sep, num((one.get("numbers") or {}).get("permutation_p")))
+    one = view.check(1) or {}
+    p_sep = num(p_e1) if one.get(STATUS) == "PASS" else 1.0
+    if (one.get(NUMBERS) or {}).get(SPLIT) == KFOLD:  # check 1's K-fold rule: the permutation test too
+        p_sep = max(p_sep, num((one.get(NUMBERS) or {}).get(PERMUTATION_P)))
     if claim != CLAIM_DETECTS:
         return p_sep, 1.0
     # every interval a check reads (verdict.read_keys) that is tested against a fixed bound has a
@@ -138,15 +114,14 @@ def _p_of(pv: Mapping, key: str):
 def twin_e3_networks(res: dict) -> tuple[list[str], dict[str, list[float]]] | None:
     """``(seeds, {control: [E3 of the trained network, then of each twin seed]})`` of one cell, or
     None without twins (the input of :func:`familywise_rank`)."""
-    twin = res.get(RANDOM_TWIN) or {}
-    seeds = [str(s) for s in twin.get(SEEDS) or []]
-    by_seed = twin.get(BY_SEED) or {}
-    if not seeds or not isinstance(by_seed, dict):
+    view = ResultsView(res)
+    seeds = [str(s) for s in view.twin_seeds]
+    if not seeds or not isinstance(view.twin_by_seed or {}, dict):
         return None
     out = {}
-    for c, iv in (res.get(E3) or {}).items():
-        vals = [(iv or {}).get("estimate")] + [((by_seed.get(s) or {}).get(E3) or {}).get(c, {}).get("estimate")
-                                               for s in seeds]
+    for c, iv in view.section(E3).items():
+        vals = [(iv or {}).get(ESTIMATE)] + [view.section(RANDOM_TWIN, BY_SEED, s, E3).get(c, {}).get(ESTIMATE)
+                                             for s in seeds]
         if any(v is None for v in vals):
             return None
         out[c] = [float(v) for v in vals]
@@ -293,7 +268,7 @@ def _token_group_name(job: Path, run: dict) -> str:
         name = OmegaConf.select(cfg, "token_group.name", default=None)
         if name is not None:
             return str(name)
-    return "+".join(run.get("token_groups") or []) or "?"
+    return "+".join(run.get(TOKEN_GROUPS) or []) or "?"
 
 
 def collect(sweep: str | Path) -> pd.DataFrame:
@@ -321,36 +296,36 @@ def collect(sweep: str | Path) -> pd.DataFrame:
             res = json.loads((job / "results.json").read_text())
         except json.JSONDecodeError as e:
             raise ValueError(f"{job / 'results.json'}: not valid JSON ({e})") from e
-        run = res.get(RUN) or {}
-        layer_label = str(run.get("layers_config", "?")) + ("" if run.get("layers") is None
-                                                            else f" {list(run['layers'])}")
+        view = ResultsView(res)
+        run = view.run
+        layer_label = str(run.get(LAYERS_CONFIG, "?")) + ("" if run.get(LAYERS) is None
+                                                          else f" {list(run[LAYERS])}")
         row = {
             "job": job.name,
             "overrides": " ".join(_overrides(job)),
-            "surface": run.get("surface"),
-            "backbone": run.get("backbone"),
+            "surface": run.get(SURFACE),
+            "backbone": run.get(BACKBONE),
             "detector": _detector_label(run),
-            "attack": (run.get("attack") or {}).get("name", "project"),
+            "attack": view.section(RUN, ATTACK).get(NAME, "project"),
             "layers": layer_label,
             "token_group": _token_group_name(job, run),
-            "data_root": run.get("data_root"),
-            "claim": (res.get(VERDICT) or {}).get(CLAIM),
-            "level": float((res.get(BOOTSTRAP) or {}).get("level", DEFAULTS.level)),
+            "data_root": run.get(DATA_ROOT),
+            "claim": view.get(VERDICT, CLAIM),
+            "level": float(view.level),
             "preregistered_spec": _preregistered(job),
         }
         row["p_separates"], row["p_detects"] = claim_p_values(res)
-        row["n_boot"] = (res.get(BOOTSTRAP) or {}).get(N_BOOT_KEY)
+        row["n_boot"] = view.get(BOOTSTRAP, N_BOOT_KEY)
         row["_twin_e3"] = twin_e3_networks(res)
         row["p_permutation"] = _permutation_p(res)
-        row["_kfold_m"] = ((res.get(PERMUTATION) or {}).get("m")
-                           if ((_check(res, 1) or {}).get("numbers") or {}).get("split") == "kfold" else None)
+        row["_kfold_m"] = (view.get(PERMUTATION, M_KEY)
+                           if ((view.check(1) or {}).get(NUMBERS) or {}).get(SPLIT) == KFOLD else None)
         ivs = {E1: res.get(E1), E2: res.get(E2)}
-        ivs.update({dotted(E3, c): iv for c, iv in (res.get(E3) or {}).items()})
-        op = res.get(OPERATING_POINT) or {}
-        ivs.update({f"tpr_at_fpr.{neg}": iv for neg, iv in (op.get("vs") or {}).items()})
+        ivs.update({dotted(E3, c): iv for c, iv in view.section(E3).items()})
+        ivs.update({f"tpr_at_fpr.{neg}": iv for neg, iv in view.section(OPERATING_POINT, VS).items()})
         for k, iv in ivs.items():
-            row.update({k: (iv or {}).get("estimate"), f"{k}_ci_low": (iv or {}).get("ci_low"),
-                        f"{k}_ci_high": (iv or {}).get("ci_high")})
+            row.update({k: (iv or {}).get(ESTIMATE), f"{k}_ci_low": (iv or {}).get(CI_LOW),
+                        f"{k}_ci_high": (iv or {}).get(CI_HIGH)})
         rows.append(row)
     if not rows:
         raise FileNotFoundError(f"{sweep}: no job folder with results.json")
@@ -367,9 +342,10 @@ def failed_cells(sweep: str | Path) -> pd.DataFrame:
     jobs = job_overrides(sweep)
     common = set.intersection(*map(set, jobs)) if len(jobs) > 1 else set()
     return pd.DataFrame(
-        [{"job": str(r["job"]), "cell": cell_name(r.get("overrides") or [], common), "error": r.get("error"),
-          "message": str(r.get("message", "")).splitlines()[0] if r.get("message") else ""} for r in records],
-        columns=["job", "cell", "error", "message"])
+        [{"job": str(failure["job"]), "cell": cell_name(failure.get("overrides") or [], common),
+          "error": failure.get("error"),
+          "message": str(failure.get("message", "")).splitlines()[0] if failure.get("message") else ""}
+         for failure in records], columns=["job", "cell", "error", "message"])
 
 
 def _layer_key(label: str):

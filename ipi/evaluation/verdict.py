@@ -28,12 +28,14 @@ from ipi.evaluation.results import (
 from ipi.metrics.twins import DISTINCT_MAX_RANK_CORRELATION
 from ipi.metrics.keys import (
     at,
+    BACKBONE_WEIGHTS,
     BY_SEED,
     C1,
     C2,
     CI_HIGH,
     CI_LOW,
     COLLAPSE_ONLY,
+    DETAIL,
     DIFFERENCES,
     E1,
     E1_MINUS_C1_E1,
@@ -43,15 +45,20 @@ from ipi.metrics.keys import (
     E3_MINUS_C1_E3,
     E3_MINUS_MEAN_TWIN_E3,
     ESTIMATE,
+    LEVEL_KEY,
     M_KEY,
     N_BOOT_USED,
     NULL_MEAN,
     NULL_Q025,
     NULL_Q975,
     NULL_SD,
+    NUMBERS,
     P_VALUE,
+    PERMUTATION_P,
     PERMUTED,
     RANDOM_TWIN,
+    SPLIT,
+    STATUS,
     TOLERANCE,
     dotted,
 )
@@ -123,7 +130,7 @@ def _f(x: float) -> str:
 
 
 def _ci(iv: dict) -> str:
-    return f"[{_f(iv['ci_low'])}, {_f(iv['ci_high'])}]"
+    return f"[{_f(iv[CI_LOW])}, {_f(iv[CI_HIGH])}]"
 
 
 def _pct(level: float) -> str:
@@ -131,7 +138,7 @@ def _pct(level: float) -> str:
 
 
 def _result(status: str, detail: str, **numbers) -> dict:
-    return {"status": status, "detail": detail, "numbers": numbers}
+    return {STATUS: status, DETAIL: detail, NUMBERS: numbers}
 
 
 def _combine(parts: list[tuple[bool | None, str]]) -> tuple[str, str]:
@@ -225,14 +232,14 @@ def _check_separates(ctx: _Context) -> dict:
     label = ("E1 over the steps having attack and clean rows" if key == E1_PAIRED
              else "E1 (pooled; these results carry no E1 over the steps having both)")
     iv = _interval(ctx.view.get(key))
-    numbers: dict = {"e1": iv, "split": ctx.settings.split}
+    numbers: dict = {E1: iv, SPLIT: ctx.settings.split}
     why = ctx.not_evidence(key, iv, label)
     parts: list[tuple[bool | None, str]] = []
     if why:
         parts.append((None, why))
     else:
-        ok = iv["ci_low"] > 0.5
-        parts.append((ok, f"{label} {_f(iv['estimate'])} CI {_ci(iv)}: CI low {_f(iv['ci_low'])} "
+        ok = iv[CI_LOW] > 0.5
+        parts.append((ok, f"{label} {_f(iv[ESTIMATE])} CI {_ci(iv)}: CI low {_f(iv[CI_LOW])} "
                           f"{'>' if ok else '<='} 0.5"))
     if ctx.settings.split == KFOLD:
         perm = ctx.view.permutation
@@ -242,13 +249,13 @@ def _check_separates(ctx: _Context) -> dict:
                                 "or a score table), and the bootstrap of out-of-fold E1 alone is anti-conservative"))
         else:
             ok = p <= ctx.settings.alpha
-            numbers["permutation_p"] = p
+            numbers[PERMUTATION_P] = p
             parts.append((ok, f"K-fold: exact permutation p = {p:.3f} {'<=' if ok else '>'} {ctx.settings.alpha:g}"))
     status, detail = _combine(parts)
     pooled = _interval(ctx.view.e1)
-    if key == E1_PAIRED and pooled is not None and pooled["estimate"] is not None and iv is not None \
-            and iv["estimate"] is not None and abs(pooled["estimate"] - iv["estimate"]) > 1e-12:
-        detail += (f" (pooled E1, the headline, {_f(pooled['estimate'])} CI {_ci(pooled)}: it also pools "
+    if key == E1_PAIRED and pooled is not None and pooled[ESTIMATE] is not None and iv is not None \
+            and iv[ESTIMATE] is not None and abs(pooled[ESTIMATE] - iv[ESTIMATE]) > 1e-12:
+        detail += (f" (pooled E1, the headline, {_f(pooled[ESTIMATE])} CI {_ci(pooled)}: it also pools "
                    "steps that lack an attack or a clean row, and decides nothing)")
     return _result(status, detail, **numbers)
 
@@ -281,27 +288,27 @@ def _check_construction(ctx: _Context) -> dict:
     for c in controls:
         iv = _interval(diffs.get(c))
         base = _interval(c1_e3.get(c))
-        numbers[c] = {"e3_minus_c1_e3": iv, "c1_e3": base}
+        numbers[c] = {E3_MINUS_C1_E3: iv, "c1_e3": base}
         why = ctx.not_evidence(dotted(DIFFERENCES, E3_MINUS_C1_E3, c), iv, f"{c}: E3 - C1 E3")
         if why:
             parts.append((None, why))
         else:
-            ok = iv["ci_low"] > 0.0
-            parts.append((ok, f"{c}: E3 - C1 E3 {_f(iv['estimate'])} paired CI {_ci(iv)}: CI low "
-                              f"{_f(iv['ci_low'])} {'>' if ok else '<='} 0"))
-        if base is None or base["estimate"] is None:
+            ok = iv[CI_LOW] > 0.0
+            parts.append((ok, f"{c}: E3 - C1 E3 {_f(iv[ESTIMATE])} paired CI {_ci(iv)}: CI low "
+                              f"{_f(iv[CI_LOW])} {'>' if ok else '<='} 0"))
+        if base is None or base[ESTIMATE] is None:
             parts.append((None, f"{c}: C1 E3 missing or undefined"))
         else:
-            ok = base["estimate"] < ctx.settings.c1_max
-            parts.append((ok, f"{c}: C1 E3 point estimate {_f(base['estimate'])} {'<' if ok else '>='} "
+            ok = base[ESTIMATE] < ctx.settings.c1_max
+            parts.append((ok, f"{c}: C1 E3 point estimate {_f(base[ESTIMATE])} {'<' if ok else '>='} "
                               f"{ctx.settings.c1_max:g}"))
     status, detail = _combine(parts)
     d1, e1 = _interval(ctx.view.difference(E1_MINUS_C1_E1)), _interval(ctx.view.baseline(C1))
     note = []
-    if d1 is not None and d1["estimate"] is not None and d1["ci_low"] is not None:
-        note.append(f"E1 - C1 E1 {_f(d1['estimate'])} paired CI {_ci(d1)}")
-    if e1 is not None and e1["estimate"] is not None:
-        note.append(f"C1 E1 {_f(e1['estimate'])}")
+    if d1 is not None and d1[ESTIMATE] is not None and d1[CI_LOW] is not None:
+        note.append(f"E1 - C1 E1 {_f(d1[ESTIMATE])} paired CI {_ci(d1)}")
+    if e1 is not None and e1[ESTIMATE] is not None:
+        note.append(f"C1 E1 {_f(e1[ESTIMATE])}")
     if note:
         detail += "; note on \"separates\" (decides nothing): " + ", ".join(note)
     return _result(status, detail, **numbers)
@@ -342,13 +349,13 @@ def _check_surface(ctx: _Context) -> dict:
                             f"{', '.join(sorted(e3))})"))
     for control in sorted(e3):
         iv = _interval(e3[control])
-        numbers[control] = {"e3": iv}
+        numbers[control] = {E3: iv}
         why = ctx.not_evidence(dotted(E3, control), iv, f"{control}: E3")
         if why:
             parts.append((None, why))
         else:
-            ok = iv["ci_low"] > 0.5
-            parts.append((ok, f"{control}: E3 {_f(iv['estimate'])} CI {_ci(iv)}: CI low {_f(iv['ci_low'])} "
+            ok = iv[CI_LOW] > 0.5
+            parts.append((ok, f"{control}: E3 {_f(iv[ESTIMATE])} CI {_ci(iv)}: CI low {_f(iv[CI_LOW])} "
                               f"{'>' if ok else '<='} 0.5"))
     status, detail = _combine(parts)
     return _result(status, detail, **numbers)
@@ -376,8 +383,8 @@ def _check_permutation(ctx: _Context) -> dict:
     if not isinstance(perm, Mapping) or perm.get(P_VALUE) is None:
         single = _interval(ctx.view.baseline(PERMUTED))
         extra = ""
-        if single is not None and single["estimate"] is not None:
-            extra = (f" (the single permuted-label fit's E1 {_f(single['estimate'])} is reported, "
+        if single is not None and single[ESTIMATE] is not None:
+            extra = (f" (the single permuted-label fit's E1 {_f(single[ESTIMATE])} is reported, "
                      "but one random fit is not a test)")
         return _result(NOT_RUN, "exact permutation test not run: it refits the probe on permuted "
                                 "training labels, so it needs the features (train.py with "
@@ -423,17 +430,17 @@ def _check_collapse(ctx: _Context) -> dict:
     lines, statuses, numbers = [], [], {"ceiling": ceil}
     for c in controls:
         iv = _interval(col_e3.get(c))
-        numbers[c] = {"e3": iv}
+        numbers[c] = {E3: iv}
         why = ctx.not_evidence(dotted(key, E3, c), iv, f"{c}: collapse-only E3")
         if why:
             statuses.append(NOT_RUN)
             lines.append(why)
             continue
-        head = f"{c}: collapse-only E3 {_f(iv['estimate'])} CI {_ci(iv)}"
-        if iv["ci_high"] < ceil:
+        head = f"{c}: collapse-only E3 {_f(iv[ESTIMATE])} CI {_ci(iv)}"
+        if iv[CI_HIGH] < ceil:
             statuses.append(PASS)
             lines.append(f"{head} below ceiling {_f(ceil)}")
-        elif iv["ci_low"] > ceil:
+        elif iv[CI_LOW] > ceil:
             statuses.append(FAIL)
             lines.append(f"{head} above ceiling {_f(ceil)}")
         else:
@@ -442,8 +449,8 @@ def _check_collapse(ctx: _Context) -> dict:
     status = next(s for s in (FAIL, NOT_RUN, INCONCLUSIVE, PASS) if s in statuses)
     detail = "; ".join(lines)
     e1 = _interval(ctx.view.baseline(key))
-    if e1 is not None and e1["estimate"] is not None and e1["ci_low"] is not None:
-        detail += f"; note on \"separates\" (decides nothing): collapse-only E1 {_f(e1['estimate'])} CI {_ci(e1)}"
+    if e1 is not None and e1[ESTIMATE] is not None and e1[CI_LOW] is not None:
+        detail += f"; note on \"separates\" (decides nothing): collapse-only E1 {_f(e1[ESTIMATE])} CI {_ci(e1)}"
     return _result(status, detail, **numbers)
 
 
@@ -478,8 +485,8 @@ def _check_selectivity(ctx: _Context) -> dict:
     bound = 1.0 / (s + 1)
     need = twins_for_level(ctx.settings.twin_level)
     prefix = CONSTRUCTED_BACKBONE + ". " if ctx.weights == CONSTRUCTED else ""
-    numbers: dict = {"backbone_weights": ctx.weights, "twin_seeds": seeds, "level_bound": bound,
-                     "twins_needed": need, "level": ctx.settings.twin_level}
+    numbers: dict = {BACKBONE_WEIGHTS: ctx.weights, "twin_seeds": seeds, "level_bound": bound,
+                     "twins_needed": need, LEVEL_KEY: ctx.settings.twin_level}
     guards = ctx.view.twin_guards
     if guards:
         return _result(NOT_RUN, prefix + "; ".join(guards), guards=guards, **numbers)
@@ -498,25 +505,25 @@ def _check_selectivity(ctx: _Context) -> dict:
     for c in controls:
         own = _interval(e3[c])
         twin_est = [_num(ctx.view.get(RANDOM_TWIN, BY_SEED, sd, E3, c, ESTIMATE)) for sd in seeds]
-        if own is None or own["estimate"] is None or any(t is None for t in twin_est):
+        if own is None or own[ESTIMATE] is None or any(t is None for t in twin_est):
             parts.append((None, f"{c}: E3 of the trained backbone or of some twin missing or undefined"))
             continue
-        e0 = own["estimate"]
+        e0 = own[ESTIMATE]
         n_ge = sum(t >= e0 for t in twin_est)  # ties count against the trained backbone
         p_rank = (1 + n_ge) / (s + 1)
         p_all.append(p_rank)
         iv = _interval(mean_diffs.get(c))
-        numbers[c] = {"e3": e0, "twin_e3": twin_est, "n_twins_at_or_above": n_ge, "p_rank": p_rank,
-                      "e3_minus_mean_twin_e3": iv}
+        numbers[c] = {E3: e0, "twin_e3": twin_est, "n_twins_at_or_above": n_ge, "p_rank": p_rank,
+                      E3_MINUS_MEAN_TWIN_E3: iv}
         parts.append((n_ge == 0, f"{c}: E3 point estimate {_f(e0)} vs twins' max {_f(max(twin_est))} ({n_ge} of {s} "
                                  f"at or above: rank p {p_rank:.3f})"))
         why = ctx.not_evidence(dotted(DIFFERENCES, E3_MINUS_MEAN_TWIN_E3, c), iv, f"{c}: E3 - mean twin E3")
         if why:
             parts.append((None, why))
             continue
-        ok = iv["ci_low"] > 0.0
-        parts.append((ok, f"{c}: E3 - mean twin E3 {_f(iv['estimate'])} paired CI {_ci(iv)}: CI low "
-                          f"{_f(iv['ci_low'])} {'>' if ok else '<='} 0"))
+        ok = iv[CI_LOW] > 0.0
+        parts.append((ok, f"{c}: E3 - mean twin E3 {_f(iv[ESTIMATE])} paired CI {_ci(iv)}: CI low "
+                          f"{_f(iv[CI_LOW])} {'>' if ok else '<='} 0"))
     status, detail = _combine(parts)
     if s < need and status == FAIL:
         status = NOT_RUN  # below the level's S nothing is decided, a failing part included
@@ -628,7 +635,7 @@ def judge(results: Mapping, settings: Settings = DEFAULTS) -> Verdict:
     out = []
     for rule in CHECKS:
         r = rule.judge(ctx)
-        out.append(Check(rule.id, rule.name, r["status"], r["detail"], _jsonable(r["numbers"]),
+        out.append(Check(rule.id, rule.name, r[STATUS], r[DETAIL], _jsonable(r[NUMBERS]),
                          rule.describe(settings)))
     one = next(c for c in out if c.id == 1)
     if all(c.status == PASS for c in out):

@@ -23,6 +23,9 @@ import pandas as pd
 
 from ipi.evaluation.results import Settings
 from ipi.metrics.estimands import estimands
+from ipi.metrics.keys import (ADAPTED_ROWS, ATTACK_ROWS, BANNER_OVERFLOW_ROWS, BENIGN, BENIGN_FROM, BY_GOAL_FAMILY,
+                              BY_SOURCE, CONTROL_TOKEN_MISMATCHES, COUNTS, E1, ESTIMANDS_KEY, GOALS, HELDOUT_SOURCE,
+                              N_ROWS, N_TRAJECTORIES, NAME, POOL, SOURCES, TEMPLATES, TRANSFER)
 
 __all__ = ["estimands_by", "step_attribute", "transfer_table"]
 
@@ -51,13 +54,13 @@ def step_attribute(rows_meta: Sequence[Mapping], field: str) -> dict[tuple[str, 
 
 def _estimate(table: pd.DataFrame, settings: Settings) -> dict:
     n = int(table["trajectory_id"].nunique())
-    rec: dict = {"n_trajectories": n, "n_rows": int(len(table))}
+    rec: dict = {N_TRAJECTORIES: n, N_ROWS: int(len(table))}
     if n < settings.min_clusters or not {"attack", "clean"} <= set(table["variant"]):
-        rec["estimands"] = None
+        rec[ESTIMANDS_KEY] = None
         return rec
     est = estimands(table[["trajectory_id", "step", "variant", "score"]], n_boot=settings.n_boot,
                     seed=settings.seed, level=settings.level, interval=settings.interval)
-    rec["estimands"] = est.to_dict()
+    rec[ESTIMANDS_KEY] = est.to_dict()
     return rec
 
 
@@ -105,9 +108,9 @@ def transfer_table(groups: Mapping[str, Sequence[str]], fit_score: Callable[[set
         if ids & seen:
             raise ValueError(f"transfer table: source {s} shares trajectories with another source")
         seen |= ids
-    out: dict = {"sources": names, "n_trajectories": {s: len(groups[s]) for s in names}, "e1": {}}
+    out: dict = {SOURCES: names, N_TRAJECTORIES: {s: len(groups[s]) for s in names}, E1: {}}
     for a in names:
-        out["e1"][a] = {}
+        out[E1][a] = {}
         for b in names:
             if a == b:
                 ids = sorted(str(t) for t in groups[a])
@@ -115,14 +118,14 @@ def transfer_table(groups: Mapping[str, Sequence[str]], fit_score: Callable[[set
                 half = {ids[i] for i in order[: len(ids) // 2]}
                 rest = set(ids) - half
                 if not half or not rest:
-                    out["e1"][a][b] = None
+                    out[E1][a][b] = None
                     continue
                 table = pd.concat([fit_score(half, rest), fit_score(rest, half)], ignore_index=True)
             else:
                 table = fit_score({str(t) for t in groups[a]}, {str(t) for t in groups[b]})
             table = table[table["variant"].isin(["attack", "clean"])].reset_index(drop=True)
             rec = _estimate(table, settings)
-            out["e1"][a][b] = rec["estimands"]["e1"] if rec["estimands"] else None
+            out[E1][a][b] = rec[ESTIMANDS_KEY][E1] if rec[ESTIMANDS_KEY] else None
     return out
 
 
@@ -136,7 +139,7 @@ def row_counts(rows_meta: Sequence[Mapping]) -> dict:
         not fit the box; ``control_token_mismatches``: control rows whose token count differs
         from their attack's).
     """
-    keys = ("attack_rows", "adapted_rows", "banner_overflow_rows", "control_token_mismatches")
+    keys = (ATTACK_ROWS, ADAPTED_ROWS, BANNER_OVERFLOW_ROWS, CONTROL_TOKEN_MISMATCHES)
     out: dict[str, dict[str, int]] = {k: {} for k in keys}
 
     def add(k: str, s: str) -> None:
@@ -147,13 +150,13 @@ def row_counts(rows_meta: Sequence[Mapping]) -> dict:
             continue
         s = str(r["source"])
         if r["variant"] == "attack":
-            add("attack_rows", s)
+            add(ATTACK_ROWS, s)
             if r.get("adapted"):
-                add("adapted_rows", s)
+                add(ADAPTED_ROWS, s)
         elif r.get("token_delta", 0) != 0:
-            add("control_token_mismatches", s)
+            add(CONTROL_TOKEN_MISMATCHES, s)
         if r.get("text_fits") is False:
-            add("banner_overflow_rows", s)
+            add(BANNER_OVERFLOW_ROWS, s)
     return {k: dict(sorted(v.items())) for k, v in out.items()}
 
 
@@ -182,21 +185,21 @@ def attack_record(pool, rows_meta: Sequence[Mapping], table: pd.DataFrame, setti
         seed: Seed of the transfer table's diagonal halves.
     """
     rec: dict = {
-        "name": pool.name, "digest": pool.digest, "sources": list(pool.sources),
-        "benign_from": list(pool.benign_from),
+        NAME: pool.name, "digest": pool.digest, SOURCES: list(pool.sources),
+        BENIGN_FROM: list(pool.benign_from),
         # what was read: each source's repository commit or installed package version
         "provenance": [{"source": p.source, "origin": p.origin, "version": p.version, "note": p.note}
                        for p in pool.provenance],
-        "pool": {"templates": len(pool.templates), "goals": len(pool.goals), "benign": len(pool.benign)},
-        "counts": row_counts(rows_meta),
-        "by_source": estimands_by(table, _source_labels(rows_meta, plan), settings),
-        "by_goal_family": estimands_by(table, step_attribute(rows_meta, "goal_family"), settings),
+        POOL: {TEMPLATES: len(pool.templates), GOALS: len(pool.goals), BENIGN: len(pool.benign)},
+        COUNTS: row_counts(rows_meta),
+        BY_SOURCE: estimands_by(table, _source_labels(rows_meta, plan), settings),
+        BY_GOAL_FAMILY: estimands_by(table, step_attribute(rows_meta, "goal_family"), settings),
     }
     if plan is not None and plan.scheme == "source":
         groups: dict[str, list[str]] = {}
         for t, fam in plan.family_of.items():
             groups.setdefault(fam, []).append(t)
-        rec["heldout_source"] = True
-        rec["transfer"] = (transfer_table(groups, fit_score, settings, seed) if fit_score is not None
+        rec[HELDOUT_SOURCE] = True
+        rec[TRANSFER] = (transfer_table(groups, fit_score, settings, seed) if fit_score is not None
                            else "not run (the transfer table refits the detector; external scores are not refitted)")
     return rec

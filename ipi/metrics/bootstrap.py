@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ipi.metrics.keys import CI_HIGH, CI_LOW, ESTIMATE, N_BOOT_USED
+
 __all__ = [
     "BCA",
     "EXPANDED",
@@ -80,10 +82,10 @@ class Interval:
     def to_dict(self) -> dict:
         """JSON-ready dict: Python floats, ``nan`` → ``None``, ``n_boot_used`` an ``int``."""
         return {
-            "estimate": float_or_none(self.estimate),
-            "ci_low": float_or_none(self.ci_low),
-            "ci_high": float_or_none(self.ci_high),
-            "n_boot_used": int(self.n_boot_used),
+            ESTIMATE: float_or_none(self.estimate),
+            CI_LOW: float_or_none(self.ci_low),
+            CI_HIGH: float_or_none(self.ci_high),
+            N_BOOT_USED: int(self.n_boot_used),
         }
 
     def contains(self, value: float) -> bool:

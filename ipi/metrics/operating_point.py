@@ -12,6 +12,7 @@ import pandas as pd
 
 from ipi.metrics.bootstrap import BCA, INTERVAL, LEVEL, N_BOOT, SEED, Draws, make_interval
 from ipi.metrics.estimands import replicate_frame
+from ipi.metrics.keys import FPR, N_NEGATIVE_STEPS, VS
 from ipi.metrics.table import is_control
 
 __all__ = ["DEFAULT_FPR", "operating_points"]
@@ -67,7 +68,7 @@ def operating_points(table: pd.DataFrame, fpr: float = DEFAULT_FPR, *, n_boot: i
     t, col, m, nb, f, w, variant = rf.table, rf.col, rf.m, rf.n_boot, rf.score, rf.weight, rf.variant
     is_attack = variant == "attack"
     negatives = ["clean"] + sorted({str(v) for v in variant if is_control(str(v))})
-    out: dict = {"fpr": float(fpr), "vs": {}}
+    out: dict = {FPR: float(fpr), VS: {}}
     for neg in negatives:
         is_neg = variant == neg
         if not is_neg.any() or not is_attack.any():
@@ -79,5 +80,5 @@ def operating_points(table: pd.DataFrame, fpr: float = DEFAULT_FPR, *, n_boot: i
         jack = reps[nb:] if interval == BCA else None
         iv = make_interval(interval, estimate, reps[:nb], jack, level)
         steps = t.loc[is_neg, ["trajectory_id", "step"]].astype(str).drop_duplicates()
-        out["vs"][neg] = {**iv.to_dict(), "n_negative_steps": int(len(steps))}
+        out[VS][neg] = {**iv.to_dict(), N_NEGATIVE_STEPS: int(len(steps))}
     return out

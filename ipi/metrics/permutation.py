@@ -18,6 +18,8 @@ import numpy as np
 import pandas as pd
 
 from ipi.metrics.auc import weighted_auc
+from ipi.metrics.keys import (DESIGN, E1, E1_REFIT, M_KEY, N_GE, NULL_MEAN, NULL_Q025, NULL_Q975, NULL_SD, P_VALUE,
+                              SEED_KEY, TOLERANCE)
 from ipi.metrics.table import ATTACK, CLEAN
 
 __all__ = ["ALPHA", "PermutationSummary", "null_tolerance", "permutation_summary", "permute_within"]
@@ -103,14 +105,14 @@ class PermutationSummary:
     def to_dict(self) -> dict:
         """JSON-ready ``{"m", "e1", "null_e1", ..., "seed", "e1_refit"[, "unit"][, "design"]}`` (no
         timings: results.json is reproducible bit for bit)."""
-        out = {"m": self.m, "e1": self.e1, "null_e1": list(self.null_e1), "null_mean": self.null_mean,
-               "null_sd": self.null_sd, "null_q025": self.null_q025, "null_q975": self.null_q975, "n_ge": self.n_ge,
-               "p_value": self.p_value, "alpha": self.alpha, "tolerance": self.tolerance, "seed": self.seed,
-               "e1_refit": self.e1_refit}
+        out = {M_KEY: self.m, E1: self.e1, "null_e1": list(self.null_e1), NULL_MEAN: self.null_mean,
+               NULL_SD: self.null_sd, NULL_Q025: self.null_q025, NULL_Q975: self.null_q975, N_GE: self.n_ge,
+               P_VALUE: self.p_value, "alpha": self.alpha, TOLERANCE: self.tolerance, SEED_KEY: self.seed,
+               E1_REFIT: self.e1_refit}
         if self.unit is not None:
             out["unit"] = self.unit
         if self.design is not None:
-            out["design"] = self.design
+            out[DESIGN] = self.design
         return out
 
 

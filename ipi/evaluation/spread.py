@@ -13,7 +13,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from ipi.metrics.keys import CLAIM, E1, E2, E3, ESTIMATE, VERDICT, dotted
+from ipi.metrics.keys import (CLAIM, CLAIMS as CLAIMS_KEY, E1, E2, E3, ESTIMANDS_KEY, ESTIMATE, N_SPLITS,
+                              PREREGISTERED_SEED, SEEDS, SPREAD_MAX, SPREAD_MEDIAN, SPREAD_MIN, VERDICT, dotted)
 
 __all__ = ["split_spread"]
 
@@ -49,12 +50,12 @@ def split_spread(main: Mapping, repeats: Sequence[Mapping], seeds: Sequence[int]
     for k in flats[0]:
         vals = [f.get(k) for f in flats]
         ok = [v for v in vals if v is not None]
-        est[k] = {"min": float(min(ok)) if ok else None, "median": float(np.median(ok)) if ok else None,
-                  "max": float(max(ok)) if ok else None, "values": vals}
+        est[k] = {SPREAD_MIN: float(min(ok)) if ok else None, SPREAD_MEDIAN: float(np.median(ok)) if ok else None,
+                  SPREAD_MAX: float(max(ok)) if ok else None, "values": vals}
     claims = [(r.get(VERDICT) or {}).get(CLAIM, CLAIMS[-1]) for r in allr]
     strength = {CLAIMS[0]: 2, CLAIMS[1]: 1}
     counts = {CLAIMS[0]: sum(strength.get(c, 0) >= 2 for c in claims),
               CLAIMS[1]: sum(strength.get(c, 0) >= 1 for c in claims)}
-    return {"seeds": [int(s) for s in seeds], "n_splits": len(allr), "preregistered_seed": int(seeds[0]),
-            "estimands": est, "claims": counts, "claim_by_seed": dict(zip(map(str, seeds), claims))}
+    return {SEEDS: [int(s) for s in seeds], N_SPLITS: len(allr), PREREGISTERED_SEED: int(seeds[0]),
+            ESTIMANDS_KEY: est, CLAIMS_KEY: counts, "claim_by_seed": dict(zip(map(str, seeds), claims))}
 

@@ -32,6 +32,7 @@ from ipi.metrics.keys import (
     EFFECTIVE_CLUSTERS_BY_ESTIMAND,
     E2,
     E3,
+    ESTIMANDS_KEY,
     ESTIMATE,
     N_BOOT_KEY,
     N_BOOT_USED,
@@ -230,6 +231,6 @@ def reportability_of(results: Mapping) -> dict[str, str | None]:
     without them (an older file) gets :func:`reportability` with the defaults.
     """
     stored = ResultsView(results).get(REPORTABILITY)
-    if isinstance(stored, Mapping) and isinstance(stored.get("estimands"), Mapping):
-        return dict(stored["estimands"])
+    if isinstance(stored, Mapping) and isinstance(stored.get(ESTIMANDS_KEY), Mapping):
+        return dict(stored[ESTIMANDS_KEY])
     return reportability(results)

@@ -31,6 +31,7 @@ from ipi.metrics.keys import (
     E1_PAIRED,
     E3,
     EFFECTIVE_CLUSTERS_BY_ESTIMAND,
+    ESTIMANDS_KEY,
     GUARDS,
     LEVEL_KEY,
     MIN_BOOT_FRACTION_KEY,
@@ -209,7 +210,7 @@ class Reportability:
     def to_dict(self) -> dict:
         """``{"min_clusters", "min_boot_fraction", "estimands", "not_reportable"}``."""
         return {MIN_CLUSTERS_KEY: int(self.min_clusters), MIN_BOOT_FRACTION_KEY: float(self.min_boot_fraction),
-                "estimands": self.estimands, "not_reportable": self.not_reportable}
+                ESTIMANDS_KEY: self.estimands, "not_reportable": self.not_reportable}
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,9 @@ import pandas as pd
 from ipi.metrics.auc import bootstrap_weighted_auc, weighted_auc
 from ipi.metrics.bootstrap import LEVEL, N_BOOT, SEED, Draws, Interval, check_level, make_draws, paired_difference, \
     percentile_interval
+from ipi.metrics.keys import (ARM_NONE, ARM_PROBE, ARM_RANDOM, C1_E4 as E4_C1, CHANGED_LABELS, CHANGES, COUNTS, E4,
+                              E4_MINUS_C1_E4 as E4_MINUS_C1, HIJACKED, N_CLUSTERS, N_ROWS, OTHER, PROBE_MINUS_RANDOM,
+                              RATES, REPORTABLE, RESISTED)
 
 __all__ = [
     "E4",
@@ -33,14 +36,8 @@ __all__ = [
     "uses_direction",
 ]
 
-HIJACKED = "hijacked"
-RESISTED = "resisted"
 ATTACK = "attack"
-ARMS = ("none", "probe", "random")
-#: Result keys.
-E4 = "e4"
-E4_C1 = "c1_e4"
-E4_MINUS_C1 = "e4_minus_c1_e4"
+ARMS = (ARM_NONE, ARM_PROBE, ARM_RANDOM)
 _LABEL_COLUMNS = ("trajectory_id", "step", "variant", "label")
 
 
@@ -135,8 +132,8 @@ class E4Result:
 
     def to_dict(self) -> dict:
         """JSON-ready: intervals, ``n_clusters``, ``counts``, ``reportable``."""
-        out = {E4: self.e4.to_dict(), "n_clusters": self.n_clusters, "counts": dict(self.counts),
-               "reportable": dict(self.reportable)}
+        out = {E4: self.e4.to_dict(), N_CLUSTERS: self.n_clusters, COUNTS: dict(self.counts),
+               REPORTABLE: dict(self.reportable)}
         if self.c1 is not None:
             out[E4_C1] = self.c1.to_dict()
             out[E4_MINUS_C1] = self.difference.to_dict()
@@ -177,7 +174,7 @@ def e4(table: pd.DataFrame, *, score: str = "score", baseline: str | None = None
     w = _attack_step_weights(t)
     lab = t["label"].to_numpy(dtype=object)
     pos, neg = lab == HIJACKED, lab == RESISTED
-    counts = {HIJACKED: int(pos.sum()), RESISTED: int(neg.sum()), "other": int((~pos & ~neg).sum())}
+    counts = {HIJACKED: int(pos.sum()), RESISTED: int(neg.sum()), OTHER: int((~pos & ~neg).sum())}
     if draws is None:
         draws = make_draws(t["trajectory_id"], n_boot=n_boot, seed=seed)
     col = draws.columns(t["trajectory_id"])
@@ -260,8 +257,8 @@ class Rate:
 
     def to_dict(self) -> dict:
         """JSON-ready."""
-        return {**self.interval.to_dict(), "n_rows": self.n_rows, "n_label": self.n_label,
-                "n_clusters": self.n_clusters}
+        return {**self.interval.to_dict(), N_ROWS: self.n_rows, "n_label": self.n_label,
+                N_CLUSTERS: self.n_clusters}
 
 
 def _ratio_replicates(col: np.ndarray, w: np.ndarray, y: np.ndarray, m: np.ndarray) -> np.ndarray:
@@ -283,10 +280,10 @@ def _paired_arms(ys: Mapping[str, np.ndarray], w: np.ndarray, col: np.ndarray, d
     for a, y in ys.items():
         reps[a] = _ratio_replicates(col, w, y, m)
         means[a] = percentile_interval(float(np.sum(w * y) / np.sum(w)), reps[a], level)
-    changes = {a: paired_difference(means[a].estimate, reps[a], means["none"].estimate, reps["none"],
-                                    level=level)[0] for a in ("probe", "random")}
-    pmr, reps["probe_minus_random"] = paired_difference(means["probe"].estimate, reps["probe"],
-                                                        means["random"].estimate, reps["random"], level=level)
+    changes = {a: paired_difference(means[a].estimate, reps[a], means[ARM_NONE].estimate, reps[ARM_NONE],
+                                    level=level)[0] for a in (ARM_PROBE, ARM_RANDOM)}
+    pmr, reps[PROBE_MINUS_RANDOM] = paired_difference(means[ARM_PROBE].estimate, reps[ARM_PROBE],
+                                                      means[ARM_RANDOM].estimate, reps[ARM_RANDOM], level=level)
     return means, changes, pmr, reps
 
 
@@ -338,7 +335,7 @@ def _arm_tables(tables: Mapping[str, pd.DataFrame], what: str, check) -> dict[st
     if missing:
         raise ValueError(f"{what}: arm(s) {missing} missing; need {list(ARMS)}")
     tabs = {a: check(tables[a], f"{what}[{a}]") for a in ARMS}
-    ref = tabs["none"]["row_id"].tolist()
+    ref = tabs[ARM_NONE]["row_id"].tolist()
     for a in ARMS[1:]:
         if tabs[a]["row_id"].tolist() != ref:
             raise ValueError(f"{what}: arm {a!r} lists other rows (or another order) than 'none'")
@@ -370,10 +367,10 @@ class AblationEffects:
 
     def to_dict(self) -> dict:
         """JSON-ready."""
-        return {"rates": {k: v.to_dict() for k, v in self.rates.items()},
-                "changes": {k: v.to_dict() for k, v in self.changes.items()},
-                "probe_minus_random": self.probe_minus_random.to_dict(),
-                "changed_labels": dict(self.changed_actions), "n_rows": self.n_rows, "n_clusters": self.n_clusters}
+        return {RATES: {k: v.to_dict() for k, v in self.rates.items()},
+                CHANGES: {k: v.to_dict() for k, v in self.changes.items()},
+                PROBE_MINUS_RANDOM: self.probe_minus_random.to_dict(),
+                CHANGED_LABELS: dict(self.changed_actions), N_ROWS: self.n_rows, N_CLUSTERS: self.n_clusters}
 
 
 def ablation_effects(labels: Mapping[str, pd.DataFrame], *, n_boot: int = N_BOOT, seed: int = SEED,
@@ -397,7 +394,7 @@ def ablation_effects(labels: Mapping[str, pd.DataFrame], *, n_boot: int = N_BOOT
     level = check_level(level)
     tabs = _arm_tables(labels, "ablation_effects", lambda t, what: _check(t, [*_LABEL_COLUMNS, "row_id"], what))
     tabs = {a: t[t["variant"] == ATTACK].reset_index(drop=True) for a, t in tabs.items()}
-    base = tabs["none"]
+    base = tabs[ARM_NONE]
     if base.empty:
         raise ValueError("ablation_effects: no attack row")
     if draws is None:
@@ -406,7 +403,7 @@ def ablation_effects(labels: Mapping[str, pd.DataFrame], *, n_boot: int = N_BOOT
     rates, changes, pmr, reps = _paired_arms(ys, _attack_step_weights(base), draws.columns(base["trajectory_id"]),
                                             draws, level)
     changed = {a: int((tabs[a]["label"].to_numpy(dtype=object) != base["label"].to_numpy(dtype=object)).sum())
-               for a in ("probe", "random")}
+               for a in (ARM_PROBE, ARM_RANDOM)}
     return AblationEffects(rates=rates, changes=changes, probe_minus_random=pmr, changed_actions=changed,
                            n_rows=int(len(base)), n_clusters=int(base["trajectory_id"].nunique()), replicates=reps)
 
@@ -423,7 +420,7 @@ def uses_direction(effects: AblationEffects, *, min_clusters: int | None = None,
         ``(status, one-line detail)``.
 """
     d = effects.probe_minus_random
-    n_boot = len(effects.replicates["probe_minus_random"])
+    n_boot = len(effects.replicates[PROBE_MINUS_RANDOM])
     shown = (f"Δ_probe − Δ_random = {d.estimate:+.3f} [{d.ci_low:+.3f}, {d.ci_high:+.3f}] "
              f"on {effects.n_clusters} trajectories")
     why = _gate(d, effects.n_clusters, n_boot, min_clusters, min_boot_fraction)

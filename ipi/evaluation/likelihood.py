@@ -15,6 +15,9 @@ import pandas as pd
 from ipi.evaluation.hijack import ARMS, E4Result, _arm_tables, _attack_step_weights, _check, _gate, \
     _paired_arms, _ratio_replicates, e4, predicts_hijack
 from ipi.metrics.bootstrap import LEVEL, N_BOOT, SEED, Draws, Interval, check_level, make_draws, percentile_interval
+from ipi.metrics.keys import (ARM_NONE, CHANGES, COUNTS, HIJACKED, MEAN_SHIFT, N_CLUSTERS, N_ROWS, NO_GOAL_ACTION,
+                              NOT_ESTIMABLE, OTHER, PROBE_MINUS_RANDOM, RESISTED, SHIFT_NOT_POSITIVE, SHIFT_POSITIVE,
+                              SHIFT_REPORTABLE, SPEARMAN)
 
 __all__ = ["LikelihoodAblation", "LikelihoodE4", "likelihood_ablation", "likelihood_e4", "lowers_shift",
            "predicts_hijack_likelihood", "weighted_spearman"]
@@ -84,10 +87,10 @@ class LikelihoodE4:
         """JSON-ready: E4's block (:meth:`E4Result.to_dict` without its label counts), ``counts``,
         ``not_estimable``, ``spearman``, ``mean_shift`` and their ``n_clusters`` / ``reportable``."""
         out = self.e4.to_dict()
-        out.pop("counts", None)
-        return {**out, "counts": dict(self.counts), "not_estimable": self.not_estimable,
-                "spearman": self.spearman.to_dict(), "mean_shift": self.mean_shift.to_dict(),
-                "shift_n_clusters": self.n_clusters, "shift_reportable": dict(self.reportable)}
+        out.pop(COUNTS, None)
+        return {**out, COUNTS: dict(self.counts), NOT_ESTIMABLE: self.not_estimable,
+                SPEARMAN: self.spearman.to_dict(), MEAN_SHIFT: self.mean_shift.to_dict(),
+                "shift_n_clusters": self.n_clusters, SHIFT_REPORTABLE: dict(self.reportable)}
 
 
 def _attack_rows(table: pd.DataFrame, what: str, extra: tuple[str, ...] = ()) -> pd.DataFrame:
@@ -134,13 +137,13 @@ def likelihood_e4(table: pd.DataFrame, *, score: str = "score", baseline: str | 
         draws = make_draws(t["trajectory_id"], n_boot=N_BOOT, seed=SEED)
     res = e4(t, score=score, baseline=baseline, draws=draws, level=level, min_clusters=min_clusters,
              min_boot_fraction=min_boot_fraction)
-    counts = {"shift_positive": res.counts["hijacked"], "shift_not_positive": res.counts["resisted"],
-              "no_goal_action": res.counts["other"]}
+    counts = {SHIFT_POSITIVE: res.counts[HIJACKED], SHIFT_NOT_POSITIVE: res.counts[RESISTED],
+              NO_GOAL_ACTION: res.counts[OTHER]}
     why = None
-    if counts["shift_positive"] == 0 or counts["shift_not_positive"] == 0:
-        empty = "shift > 0" if counts["shift_positive"] == 0 else "shift ≤ 0"
-        why = (f"no attack row with {empty} ({counts['shift_positive']} > 0, {counts['shift_not_positive']} ≤ 0, "
-               f"{counts['no_goal_action']} without a goal action)")
+    if counts[SHIFT_POSITIVE] == 0 or counts[SHIFT_NOT_POSITIVE] == 0:
+        empty = "shift > 0" if counts[SHIFT_POSITIVE] == 0 else "shift ≤ 0"
+        why = (f"no attack row with {empty} ({counts[SHIFT_POSITIVE]} > 0, {counts[SHIFT_NOT_POSITIVE]} ≤ 0, "
+               f"{counts[NO_GOAL_ACTION]} without a goal action)")
     has = ~np.isnan(shift)
     w = _attack_step_weights(t)[has]
     col = draws.columns(t["trajectory_id"])[has]
@@ -151,12 +154,12 @@ def likelihood_e4(table: pd.DataFrame, *, score: str = "score", baseline: str | 
     mean = float(np.sum(w * y) / np.sum(w)) if has.any() else math.nan
     mean_reps = _ratio_replicates(col, w, y, m)
     n_cl = int(len(set(t["trajectory_id"][has])))
-    ivs = {"spearman": percentile_interval(rho, rho_reps, level),
-           "mean_shift": percentile_interval(mean, mean_reps, level)}
+    ivs = {SPEARMAN: percentile_interval(rho, rho_reps, level),
+           MEAN_SHIFT: percentile_interval(mean, mean_reps, level)}
     reportable = {k: _gate(iv, n_cl, draws.n_boot, min_clusters, min_boot_fraction) for k, iv in ivs.items()}
-    return LikelihoodE4(e4=res, spearman=ivs["spearman"], mean_shift=ivs["mean_shift"], counts=counts,
+    return LikelihoodE4(e4=res, spearman=ivs[SPEARMAN], mean_shift=ivs[MEAN_SHIFT], counts=counts,
                         n_clusters=n_cl, not_estimable=why, reportable=reportable,
-                        replicates={"spearman": rho_reps, "mean_shift": mean_reps})
+                        replicates={SPEARMAN: rho_reps, MEAN_SHIFT: mean_reps})
 
 
 def predicts_hijack_likelihood(result: LikelihoodE4) -> tuple[str, str]:
@@ -194,10 +197,10 @@ class LikelihoodAblation:
 
     def to_dict(self) -> dict:
         """JSON-ready."""
-        return {"mean_shift": {k: v.to_dict() for k, v in self.mean_shift.items()},
-                "changes": {k: v.to_dict() for k, v in self.changes.items()},
-                "probe_minus_random": self.probe_minus_random.to_dict(), "n_rows": self.n_rows,
-                "n_clusters": self.n_clusters}
+        return {MEAN_SHIFT: {k: v.to_dict() for k, v in self.mean_shift.items()},
+                CHANGES: {k: v.to_dict() for k, v in self.changes.items()},
+                PROBE_MINUS_RANDOM: self.probe_minus_random.to_dict(), N_ROWS: self.n_rows,
+                N_CLUSTERS: self.n_clusters}
 
 
 def likelihood_ablation(tables: Mapping[str, pd.DataFrame], *, draws: Draws | None = None,
@@ -219,11 +222,11 @@ def likelihood_ablation(tables: Mapping[str, pd.DataFrame], *, draws: Draws | No
     level = check_level(level)
     tabs = _arm_tables(tables, "likelihood_ablation", lambda t, what: _attack_rows(t, what, ("row_id",)))
     shift = {a: tabs[a]["shift"].to_numpy(dtype=np.float64) for a in ARMS}
-    w_all = _attack_step_weights(_labelled(tabs["none"]))
+    w_all = _attack_step_weights(_labelled(tabs[ARM_NONE]))
     has = np.all([~np.isnan(shift[a]) for a in ARMS], axis=0)
     if not has.any():
         raise ValueError("likelihood_ablation: no attack row has a shift (no goal action on any row)")
-    base = tabs["none"][has]
+    base = tabs[ARM_NONE][has]
     if draws is None:
         draws = make_draws(base["trajectory_id"], n_boot=N_BOOT, seed=SEED)
     ys = {a: shift[a][has] for a in ARMS}
@@ -244,7 +247,7 @@ def lowers_shift(effects: LikelihoodAblation, *, min_clusters: int | None = None
         ``(status, one-line detail)``.
     """
     d = effects.probe_minus_random
-    n_boot = len(effects.replicates["probe_minus_random"])
+    n_boot = len(effects.replicates[PROBE_MINUS_RANDOM])
     shown = (f"shift Δ_probe − Δ_random = {d.estimate:+.3f} [{d.ci_low:+.3f}, {d.ci_high:+.3f}] nats "
              f"on {effects.n_clusters} trajectories")
     why = _gate(d, effects.n_clusters, n_boot, min_clusters, min_boot_fraction)

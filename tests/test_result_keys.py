@@ -25,6 +25,8 @@ WRITERS = {
     "ipi/metrics/bootstrap.py": set(),
     "ipi/metrics/permutation.py": set(),
     "ipi/metrics/operating_point.py": set(),
+    # the label table's columns; the gate's keyword arguments; the stage's log record (info: rows, settings)
+    "ipi/run/free_run.py": {"label", "c1", "min_clusters", "min_boot_fraction", "rows", "settings"},
 }
 
 

@@ -28,6 +28,10 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig
 
+from ipi.metrics.keys import (ABLATION, ARM_NONE, ARM_PROBE, ARM_RANDOM, BACKBONE_WEIGHTS, BY_VARIANT, CLAIMS, COUNTS,
+                              CUT_BY_MAX_NEW_TOKENS, DETAIL, E4, HIJACKED, LABELS_FILE, LAYERS, MAX_NEW_TOKENS, NOTE,
+                              OTHER, PREDICTS_HIJACK, RANDOM_SEED, RATES, RESISTED, ROWS, SETTINGS, STATUS,
+                              TRAJECTORIES, UNPARSED, USES_DIRECTION, VARIANTS)
 from ipi.run.validation import behaviour_variants, to_container
 from ipi.run.twin import backbone_weights
 
@@ -76,7 +80,7 @@ def _to_accelerator(model, accelerator: str) -> None:
 
 
 def _claim(status_detail: tuple[str, str]) -> dict:
-    return {"status": status_detail[0], "detail": status_detail[1]}
+    return {STATUS: status_detail[0], DETAIL: status_detail[1]}
 
 
 def _rates_record(rates: dict) -> dict:
@@ -87,11 +91,11 @@ def _rates_record(rates: dict) -> dict:
 
 
 def _counts(labels: pd.DataFrame, stopped: dict[str, bool]) -> dict:
-    by_variant = {str(v): {lab: int((g["label"] == lab).sum()) for lab in ("hijacked", "resisted", "other")}
+    by_variant = {str(v): {lab: int((g["label"] == lab).sum()) for lab in (HIJACKED, RESISTED, OTHER)}
                   for v, g in labels.groupby("variant", sort=True)}
-    return {"rows": int(len(labels)), "trajectories": int(labels["trajectory_id"].nunique()),
-            "by_variant": by_variant, "unparsed": int((labels["action_kind"] == "").sum()),
-            "cut_by_max_new_tokens": int(sum(1 for r in labels["row_id"] if not stopped[r]))}
+    return {ROWS: int(len(labels)), TRAJECTORIES: int(labels["trajectory_id"].nunique()),
+            BY_VARIANT: by_variant, UNPARSED: int((labels["action_kind"] == "").sum()),
+            CUT_BY_MAX_NEW_TOKENS: int(sum(1 for r in labels["row_id"] if not stopped[r]))}
 
 
 def _context_record(backbone, reqs, max_new_tokens: int) -> dict:
@@ -124,7 +128,7 @@ def _ablation_texts(backbone, reqs, fold: np.ndarray, fits, layers, groups, at, 
     from ipi.behaviour.ablation import ProjectOut, probe_directions, random_directions, raw_weights
     from ipi.behaviour.generate import generate
 
-    texts: dict[str, dict[str, str]] = {"none": {}, "probe": {}, "random": {}}
+    texts: dict[str, dict[str, str]] = {ARM_NONE: {}, ARM_PROBE: {}, ARM_RANDOM: {}}
     norms = {}
     for f in sorted(set(fold.tolist())):  # each attack row ablated with the direction of the probe that scored it
         idx = np.flatnonzero(fold == f)
@@ -132,8 +136,8 @@ def _ablation_texts(backbone, reqs, fold: np.ndarray, fits, layers, groups, at, 
         dirs = probe_directions(raw_weights(getattr(fitted, "probe_", fitted)), layers, groups,
                                 backbone.hidden_size, at=at)
         norms[str(f)] = {str(k): float(np.linalg.norm(v)) for k, v in dirs.items()}
-        arms = {"none": None, "probe": ProjectOut(dirs, f"probe[fold {f}]"),
-                "random": ProjectOut(random_directions(dirs, seed), f"random[{seed}]")}
+        arms = {ARM_NONE: None, ARM_PROBE: ProjectOut(dirs, f"probe[fold {f}]"),
+                ARM_RANDOM: ProjectOut(random_directions(dirs, seed), f"random[{seed}]")}
         for arm, inter in arms.items():
             for g in generate(backbone, [reqs[k] for k in idx], gen, cache=cache, intervention=inter,
                               description=f"ablation: fold {f}, arm {arm} (attack rows)"):
@@ -144,7 +148,7 @@ def _ablation_texts(backbone, reqs, fold: np.ndarray, fits, layers, groups, at, 
 def _arm_tables(arm_labels: dict, attack_labels: pd.DataFrame) -> list[pd.DataFrame]:
     """The probe and random arms' label tables with the attack rows' scores (the labels file's rows)."""
     out = []
-    for a in ("probe", "random"):
+    for a in (ARM_PROBE, ARM_RANDOM):
         t = arm_labels[a].copy()
         t["score"] = attack_labels["score"].to_numpy()
         if "c1" in attack_labels.columns:
@@ -234,19 +238,19 @@ def run_behaviour(cfg: DictConfig, rows, fits, x: np.ndarray, layers: list[int],
 
     weights = backbone_weights(cfg)
     block = {
-        "labels_file": BEHAVIOUR_LABELS_FILE,
-        "backbone_weights": weights,
-        "settings": {"max_new_tokens": gen.max_new_tokens, "variants": variants, "decoding": "greedy",
+        LABELS_FILE: BEHAVIOUR_LABELS_FILE,
+        BACKBONE_WEIGHTS: weights,
+        SETTINGS: {MAX_NEW_TOKENS: gen.max_new_tokens, VARIANTS: variants, "decoding": "greedy",
                      "system_prompt_chars": len(system_prompt)},
-        "counts": _counts(labels, stopped),
+        COUNTS: _counts(labels, stopped),
         "context": context,
-        "rates": _rates_record(rates),
-        "e4": e4_res.to_dict(),
+        RATES: _rates_record(rates),
+        E4: e4_res.to_dict(),
     }
     if weights != "pretrained":
-        block["note"] = MEANINGLESS_NOTE.format(weights=weights)
-    table = [labels.assign(arm="none")]
-    claims = {"predicts_hijack": _claim(predicts_hijack(e4_res))}
+        block[NOTE] = MEANINGLESS_NOTE.format(weights=weights)
+    table = [labels.assign(arm=ARM_NONE)]
+    claims = {PREDICTS_HIJACK: _claim(predicts_hijack(e4_res))}
     info = {"rows": len(sel_rows), "generated": len(gens) - n_cached, "cached": n_cached,
             "generation_cache": str(cache.path)}
 
@@ -261,13 +265,13 @@ def run_behaviour(cfg: DictConfig, rows, fits, x: np.ndarray, layers: list[int],
         att_tasks = [tasks[j] for j in att]
         arm_labels = {a: label_generations(att_tasks, texts[a]) for a in texts}
         effects = ablation_effects(arm_labels, draws=draws, level=level)
-        block["ablation"] = {**effects.to_dict(), "layers": at, "random_seed": seed, "direction_norms": norms}
-        claims["uses_direction"] = _claim(uses_direction(effects, **gate))
+        block[ABLATION] = {**effects.to_dict(), LAYERS: at, RANDOM_SEED: seed, "direction_norms": norms}
+        claims[USES_DIRECTION] = _claim(uses_direction(effects, **gate))
         table += _arm_tables(arm_labels, labels.iloc[att].reset_index(drop=True))
     else:
-        block["ablation"] = None
-        claims["uses_direction"] = {"status": "NOT RUN", "detail": "behaviour.ablation.enabled=false"}
-    block["claims"] = claims
+        block[ABLATION] = None
+        claims[USES_DIRECTION] = {STATUS: "NOT RUN", DETAIL: "behaviour.ablation.enabled=false"}
+    block[CLAIMS] = claims
     info["ablation_s"] = round(time.perf_counter() - t1, 2)
     info["free_run_s"] = round(t_free, 2)
 

@@ -30,6 +30,7 @@ from omegaconf import DictConfig
 
 from ipi.run.validation import behaviour_variants, to_container
 from ipi.run.twin import backbone_weights
+from ipi.run.schemas import BehaviourConf
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ MEANINGLESS_NOTE = ("The backbone's weights are {weights}, not trained: its gene
 def behaviour_enabled(cfg: DictConfig) -> bool:
     """Whether the run has the behaviour stage (``behaviour.enabled``)."""
     node = cfg.get("behaviour")
-    return bool(node is not None and node.get("enabled", False))
+    return bool(node is not None and node.get("enabled", BehaviourConf.enabled))
 
 
 def _goal_of(pool):

@@ -266,7 +266,7 @@ def build_planted(base, plant: dict, *, name: str = "planted", random_init_seed:
                 raise ValueError(f"backbone={name}: plant.{key} needs plant.orthogonal_to_mean_state=true (it measures "
                                  "or aligns to the mean state the directions are drawn orthogonal to)")
     bb = instantiate(base, **kw)
-    tok = bb.tokenizer
+    tok, seed = bb.tokenizer, int(plant.get("seed", 0))
     if kind == "semantic":
         ids = semantic_token_ids(tok, plant.get("words") or [])
     elif kind == "lexical":
@@ -276,7 +276,7 @@ def build_planted(base, plant: dict, *, name: str = "planted", random_init_seed:
     if not ids:
         raise ValueError(f"backbone={name}: the {kind} plant touches no token (plant.words / plant.wrappers)")
     emb = _input_embeddings(bb.model)
-    dirs = plant_directions(kind, ids, emb.weight.shape[1], int(plant.get("seed", 0)), float(plant.get("share", 1.0)))
+    dirs = plant_directions(kind, ids, emb.weight.shape[1], seed, float(plant.get("share", 1.0)))
     if plant.get("orthogonal_to_mean_state", False):
         from ipi.protocol import DEFAULT_SYSTEM_PROMPT
 
@@ -292,10 +292,10 @@ def build_planted(base, plant: dict, *, name: str = "planted", random_init_seed:
     with torch.no_grad():
         emb.weight[torch.tensor(ids)] += float(plant["gain"]) * dirs.to(emb.weight.dtype)
     if kind == "surface" and float(plant.get("vision_gain") or 0.0):
-        _plant_patch_darkness(bb.model, float(plant["vision_gain"]), int(plant.get("seed", 0)))
+        _plant_patch_darkness(bb.model, float(plant["vision_gain"]), seed)
     bb.name = name
     bb.identity = {**bb.identity, "constructed": True,
-                   "plant": {"kind": kind, "gain": float(plant["gain"]), "seed": int(plant.get("seed", 0)),
+                   "plant": {"kind": kind, "gain": float(plant["gain"]), "seed": seed,
                              "tokens": len(ids)}}
     return bb
 

@@ -330,3 +330,38 @@ def test_a_literal_library_default_is_found():
               "@dataclass\nclass P:\n    l2: float = 1.0\n    tol: float = TOL\n    grid: list = (0.1, -1.0)\n")
     assert literal_defaults(source, {"test_fraction", "seed", "k", "l2", "tol", "grid"}) == [
         "holdout_split(test_fraction=...)", "P.l2", "P.grid"]
+
+
+#: ``.get(key, literal)`` receivers that are not config nodes: a simulation journal record, and
+#: build_planted's plant (a loader argument no schema describes; its seed is read once).
+NOT_CONFIG_NODES = {"record", "plant"}
+
+
+def configured_keys() -> set[str]:
+    """Every field name of every config schema (ipi.run.schemas), less the naming keys."""
+    return {f.name for s in vars(schemas).values() if isinstance(s, type) and dataclasses.is_dataclass(s)
+            for f in dataclasses.fields(s)} - NOT_DEFAULTS
+
+
+def literal_fallbacks(source: str, keys: set[str]) -> list[str]:
+    """``node.get("key", value)`` in ``source`` with ``key`` configured and a literal ``value``: the
+    key's default written again as a fallback (the schema's own default is the one to read)."""
+    return [ast.unparse(n) for n in ast.walk(ast.parse(source))
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "get"
+            and len(n.args) == 2 and isinstance(n.args[0], ast.Constant) and n.args[0].value in keys
+            and _literal(n.args[1]) and ast.unparse(n.func.value) not in NOT_CONFIG_NODES]
+
+
+def test_no_configured_key_falls_back_to_a_literal_default():
+    keys = configured_keys()
+    found = {str(p.relative_to(REPO)): hits for p in sorted((REPO / "ipi").rglob("*.py"))
+             if (hits := literal_fallbacks(p.read_text(), keys))}
+    assert found == {}
+
+
+def test_a_literal_fallback_is_found():
+    source = ('def f(cfg, b, plant):\n    n = cfg.split.get("min_per_side", 2)\n'
+              '    m = b.get("multimodal", True)\n    w = cfg.split.get("wording", SplitConf.wording)\n'
+              '    s = plant.get("seed", 0)\n    u = cfg.get("not_configured", 1)\n    return cfg.get("seed")\n')
+    assert literal_fallbacks(source, configured_keys()) == [
+        "cfg.split.get('min_per_side', 2)", "b.get('multimodal', True)"]

@@ -203,7 +203,7 @@ def image_processor_backend(backbone_cfg) -> str | None:
         The backend name, or None.
     """
     b = _plain(backbone_cfg)
-    if not b.get("multimodal", True):
+    if not b["multimodal"]:
         return None
     loader = b.get("loader") or {}
     path = str(loader.get("processor_path") or loader.get("model_id") or b.get("tokenizer_path"))

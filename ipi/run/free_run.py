@@ -34,6 +34,7 @@ from ipi.metrics.keys import (ABLATION, ARM_NONE, ARM_PROBE, ARM_RANDOM, BACKBON
                               TRAJECTORIES, UNPARSED, USES_DIRECTION, VARIANTS)
 from ipi.run.validation import behaviour_variants, to_container
 from ipi.run.twin import backbone_weights
+from ipi.run.schemas import BehaviourConf
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ MEANINGLESS_NOTE = ("The backbone's weights are {weights}, not trained: its gene
 def behaviour_enabled(cfg: DictConfig) -> bool:
     """Whether the run has the behaviour stage (``behaviour.enabled``)."""
     node = cfg.get("behaviour")
-    return bool(node is not None and node.get("enabled", False))
+    return bool(node is not None and node.get("enabled", BehaviourConf.enabled))
 
 
 def _goal_of(pool):

@@ -12,6 +12,7 @@ from omegaconf import DictConfig
 from ipi.extraction.forward import ExtractSettings
 from ipi.probe.fit import ProbeConfig
 from ipi.run.validation import enum_value, to_container
+from ipi.run.schemas import ExtractConf
 
 __all__ = ["extract_settings", "probe_settings"]
 
@@ -27,8 +28,9 @@ def extract_settings(cfg: DictConfig) -> ExtractSettings:
         backbone=to_container(cfg.backbone), cache_dir=str(ex.cache_dir), layers=tuple(to_container(ex.layers) or ()),
         force=bool(ex.force), num_workers=to_container(ex.num_workers), shard_rows=int(ex.shard_rows),
         accelerator=str(ex.accelerator), devices=to_container(ex.devices), strategy=str(ex.strategy),
-        precision=str(ex.precision), prefix_reuse=to_container(ex.get("prefix_reuse", "auto")), quiet=bool(cfg.quiet),
-        twins_per_pass=to_container(ex.get("twins_per_pass", "auto")),
+        precision=str(ex.precision), quiet=bool(cfg.quiet),
+        prefix_reuse=to_container(ex.get("prefix_reuse", ExtractConf.prefix_reuse)),
+        twins_per_pass=to_container(ex.get("twins_per_pass", ExtractConf.twins_per_pass)),
         over_context=enum_value(ex.over_context))
 
 

@@ -26,6 +26,7 @@ from ipi.backbone_text import load_tokenizer
 from ipi.run.cli import in_multirun
 from ipi.run.validation import enum_value as _value
 from ipi.run.validation import resolved_controls, run_surface, to_container, validate
+from ipi.run.schemas import BackboneConf, SplitConf
 from ipi.run.detection import fit_detector
 from ipi.run.settings import extract_settings
 from ipi.data import DataError
@@ -100,7 +101,7 @@ def importer(data: DictConfig, backbone: DictConfig) -> functools.partial:
 """
     fn = instantiate(data.importer)
     limits = (image_limits_for(to_container(backbone.get("image_size")), backbone.get("tokenizer_path"))
-              if backbone.get("multimodal", True) else None)
+              if backbone.get("multimodal", BackboneConf.multimodal) else None)
     settings = {k: _value(v) if isinstance(v, Enum) else v for k, v in fn.keywords.items()}
     # data.options last: an importer option overrides a data-wide setting
     return functools.partial(fn.func, **{**settings, "image_limits": limits, **to_container(data.get("options") or {})})
@@ -171,7 +172,7 @@ def check_split_feasible(cfg: DictConfig, trajectory_ids: list[str]) -> None:
         ValueError: The split cannot be made or a fold side is too small (message gives the
             counts and what to change).
     """
-    min_per_side = cfg.split.get("min_per_side", 2)
+    min_per_side = cfg.split.get("min_per_side", SplitConf.min_per_side)
     n = len(set(trajectory_ids))
     kind = _value(cfg.split.kind)
     design = (f"split=holdout test_fraction={cfg.split.test_fraction}" if kind == "holdout"
@@ -230,7 +231,7 @@ def split_folds(cfg: DictConfig, trajectories, seed: int | None = None):
                        seed=seed)
     plan = None
     if cfg.evaluation.heldout_wording:
-        by_source = _value(cfg.split.get("wording", "bank")) == "source"
+        by_source = _value(cfg.split.get("wording", SplitConf.wording)) == "source"
         plan = (source_wording_plan if by_source else wording_plan)(folds, seed, attack_pool(cfg))
     return folds, plan
 
@@ -407,7 +408,7 @@ def drop_rowless(cfg: DictConfig, trajectories, folds, rows) -> tuple[list, list
     kept = [t for t in trajectories if t.trajectory_id not in gone]
     folds = [(set(tr) - gone, set(te) - gone) for tr, te in folds]
     for i, (tr, te) in enumerate(folds):
-        need = cfg.split.get("min_per_side", 2)
+        need = cfg.split.get("min_per_side", SplitConf.min_per_side)
         if min(len(tr), len(te)) < need:
             raise ValueError(f"after leaving out the steps over the backbone's context, fold {i} has {len(tr)} training "
                              f"and {len(te)} test trajectories; each side needs >= {need} (split.min_per_side)")

@@ -43,6 +43,7 @@ from ipi.reporting.report_callback import ReportCallback
 from ipi.reporting.tracking import task_wrapper
 from ipi.run.settings import extract_settings
 from ipi.run.twin import backbone_weights, twin_config, twin_seeds
+from ipi.run.schemas import BackboneConf, EvaluateConf
 from ipi.run.stages import (
     assess_settings,
     attack_pool,
@@ -248,7 +249,7 @@ def score_and_report(run: TrainRun) -> tuple[EstimandsCallback, ReportCallback]:
     cfg, out_dir, fits = run.cfg, run.out_dir, run.fits
     te_meta = run.meta.iloc[fits.test_index].reset_index(drop=True)
     settings = assess_settings(cfg.evaluation, pretrained=bool(cfg.backbone.pretrained),
-                               constructed=bool(cfg.backbone.get("constructed", False)),
+                               constructed=bool(cfg.backbone.get("constructed", BackboneConf.constructed)),
                                required_controls=run_surface(cfg).required_controls,
                                heldout_wording=bool(cfg.evaluation.heldout_wording), split=_value(cfg.split.kind))
     est = EstimandsCallback(te_meta, fits.baselines, settings, permutation=fits.permutation_input(),
@@ -358,9 +359,10 @@ def extract(cfg: DictConfig) -> tuple[dict, dict]:
 @task_wrapper
 def evaluate(cfg: DictConfig) -> tuple[dict, dict]:
     """Evaluate a score table (CSV/Parquet) into ``results.json``, reports and figures."""
+    constructed = bool(cfg.get("backbone_constructed", EvaluateConf.backbone_constructed))
     results = evaluate_score_table(cfg.scores, twin=cfg.get("twin_scores"),
                                    settings=assess_settings(cfg.evaluation, pretrained=cfg.get("backbone_pretrained"),
-                                                            constructed=bool(cfg.get("backbone_constructed", False)),
+                                                            constructed=constructed,
                                                             split=_value(cfg.split.kind)))
     write_run_report(results, Path(cfg.paths.output_dir), scores=read_score_table(cfg.scores),
                      config=to_container(cfg), plots=cfg.report.plots, html_report=cfg.report.html)

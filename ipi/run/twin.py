@@ -13,13 +13,15 @@ import copy
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from ipi.run.schemas import BackboneConf, EvaluationConf
+
 __all__ = ["backbone_weights", "twin_config", "twin_description", "twin_seeds", "twins_on"]
 
 
 def backbone_weights(cfg: DictConfig) -> str:
     """What the run's backbone's own weights are: ``"constructed"`` (``backbone.constructed``: a
     planted-truth backbone), ``"pretrained"`` or ``"random"`` (results.json ``run.backbone_weights``)."""
-    if bool(cfg.backbone.get("constructed", False)):
+    if bool(cfg.backbone.get("constructed", BackboneConf.constructed)):
         return "constructed"
     return "pretrained" if bool(cfg.backbone.pretrained) else "random"
 
@@ -32,7 +34,7 @@ def twins_on(cfg: DictConfig) -> bool:
     Raises:
         ValueError: Any other value.
     """
-    v = cfg.evaluation.get("random_twin", "auto")
+    v = cfg.evaluation.get("random_twin", EvaluationConf.random_twin)
     if isinstance(v, bool):
         return v
     text = str(v).strip().lower()

@@ -16,7 +16,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from ipi.extraction.prefix_reuse import resolve_prefix_reuse
 from ipi.protocol import check_layer_spec, check_surface
-from ipi.run.schemas import TrainConf
+from ipi.run.schemas import BackboneConf, EvaluationConf, ExtractConf, SplitConf, TrainConf
 from ipi.run.twin import twin_seeds, twins_on
 from ipi.surfaces.registry import register, surface_class, surface_names
 from ipi.surfaces.surface import Surface
@@ -114,7 +114,7 @@ def validate(cfg: DictConfig) -> None:
     """
     check_known_keys(cfg)
     resolved_controls(cfg)
-    resolve_prefix_reuse(cfg.extract.get("prefix_reuse", "auto"))
+    resolve_prefix_reuse(cfg.extract.get("prefix_reuse", ExtractConf.prefix_reuse))
     check_layer_spec(cfg.layers.spec, cfg.backbone.n_layers, where="layers.spec", backbone=cfg.backbone.name)
     groups = [enum_value(g) for g in cfg.token_group.names]
     if not groups:
@@ -168,7 +168,7 @@ def validate(cfg: DictConfig) -> None:
             f"(seeds {seeds}) with `+backbone.loader.random_init_seed=<seed>` added, then train on one device; "
             "or set evaluation.random_twin=false"
         )
-    if not 0.0 < cfg.evaluation.get("min_boot_fraction", 0.9) <= 1.0:
+    if not 0.0 < cfg.evaluation.get("min_boot_fraction", EvaluationConf.min_boot_fraction) <= 1.0:
         raise ValueError(f"evaluation.min_boot_fraction must be in (0, 1], got {cfg.evaluation.min_boot_fraction}")
     if not 0.0 <= cfg.evaluation.operating_fpr < 1.0:
         raise ValueError(f"evaluation.operating_fpr must be in [0, 1), got {cfg.evaluation.operating_fpr}")
@@ -199,10 +199,10 @@ def validate(cfg: DictConfig) -> None:
         _validate_attack(cfg)
     if cfg.get("behaviour") is not None and cfg.behaviour.enabled:
         _validate_behaviour(cfg)
-    if cfg.split.get("min_per_side", 2) < 1:
+    if cfg.split.get("min_per_side", SplitConf.min_per_side) < 1:
         raise ValueError(f"split.min_per_side must be >= 1, got {cfg.split.min_per_side}")
     loader = cfg.backbone.get("loader")
-    quant = enum_value(cfg.backbone.get("quantization", "none"))
+    quant = enum_value(cfg.backbone.get("quantization", BackboneConf.quantization))
     if quant != "none" and isinstance(loader, (DictConfig, dict)) and "quantization" not in loader:
         raise ValueError(f"backbone.quantization={quant} does not apply to backbone={cfg.backbone.name} "
                          "(its loader takes no quantization); remove the override")
@@ -220,7 +220,7 @@ def _validate_attack(cfg: DictConfig) -> None:
         pool = pool_from_config(cfg.attack)
     except AttackSourceError as e:
         raise ValueError(str(e)) from None
-    if enum_value(cfg.split.get("wording", "bank")) == "source":
+    if enum_value(cfg.split.get("wording", SplitConf.wording)) == "source":
         n = len(pool.sources)
         if not cfg.evaluation.heldout_wording:
             raise ValueError("split.wording=source holds out wording: it needs evaluation.heldout_wording=true")

@@ -85,8 +85,14 @@ def stat_fingerprint(path: str | os.PathLike) -> tuple:
     return (os.path.abspath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
+#: Per-process digest memo of :func:`content_digest` (by fingerprint) and :func:`local_content_digest`.
 _DIGESTS: dict[tuple, str] = {}
 _DIGESTS_MAX = 65536
+
+
+def _sha256(path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def content_digest(path: str | os.PathLike) -> str:
@@ -98,20 +104,14 @@ def content_digest(path: str | os.PathLike) -> str:
     Raises:
         FileNotFoundError: ``path`` does not exist.
     """
-    import hashlib
-
     fp = stat_fingerprint(path)
     hit = _DIGESTS.get(fp)
     if hit is None:
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            while b := f.read(1 << 20):
-                h.update(b)
+        hit = _sha256(path)
         if stat_fingerprint(path) == fp:  # unchanged while it was read: safe to remember
             if len(_DIGESTS) >= _DIGESTS_MAX:
                 _DIGESTS.pop(next(iter(_DIGESTS)))
-            _DIGESTS[fp] = h.hexdigest()
-        hit = h.hexdigest()
+            _DIGESTS[fp] = hit
     return hit
 
 
@@ -122,8 +122,6 @@ def tree_fingerprint(root: str | os.PathLike) -> str:
     One ``stat`` per file, nothing read; changes whenever a file under ``root`` is added,
     removed, renamed or rewritten.
 """
-    import hashlib
-
     root = Path(root)
     h = hashlib.sha256()
     if root.is_file():
@@ -157,14 +155,7 @@ def _file_fingerprint(path: Path, size: int, mtime_ns: int) -> str:
         # Hashing 16 GB of weights is not a price for a cache hit, and a partial read could miss
         # a fine-tune that left the sampled bytes alone: large files key by where they are.
         return "file:" + json.dumps([str(path.resolve()), size, mtime_ns])
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while b := f.read(1 << 20):
-            h.update(b)
-    return h.hexdigest()
-
-
-_DIGESTS: dict[tuple, str] = {}
+    return _sha256(path)
 
 
 def local_content_digest(path: str | os.PathLike) -> str:

@@ -43,8 +43,8 @@ def quiet_libraries() -> None:
     to ERROR, and their Python warnings ignored; the environment variables that do the same are
     set too, so DataLoader workers and subprocesses inherit them. Errors still show.
     """
-    import logging
-    import warnings
+    import huggingface_hub
+    import transformers
 
     os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
     os.environ["TRANSFORMERS_VERBOSITY"] = "error"
@@ -52,19 +52,9 @@ def quiet_libraries() -> None:
     for name in ("transformers", "huggingface_hub", "accelerate", "datasets"):
         logging.getLogger(name).setLevel(logging.ERROR)
         warnings.filterwarnings("ignore", module=rf"{name}(\.|$)")
-    try:
-        import transformers
-
-        transformers.utils.logging.set_verbosity_error()
-        transformers.utils.logging.disable_progress_bar()
-    except ImportError:  # pragma: no cover - transformers is a dependency
-        pass
-    try:
-        import huggingface_hub
-
-        huggingface_hub.utils.disable_progress_bars()
-    except ImportError:  # pragma: no cover
-        pass
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    huggingface_hub.utils.disable_progress_bars()
 
 
 def is_quiet() -> bool:
@@ -266,7 +256,8 @@ def extraction_callbacks(quiet: bool | None = None, total_rows: int | None = Non
     """Lightning callbacks that draw the extraction progress (``Trainer.predict``).
 
     The bar counts *rows* (a batch holds whole step groups, several rows each), with elapsed
-    time and ETA, drawn by :func:`progress_bar` like the other stages.
+    time and ETA, drawn by :func:`progress_bar` like the other stages. Lightning is imported
+    only when the bar is built (this module stays light to import).
 
     Args:
         quiet: Overrides :func:`is_quiet` when given.
@@ -278,16 +269,12 @@ def extraction_callbacks(quiet: bool | None = None, total_rows: int | None = Non
     """
     if (is_quiet() if quiet is None else quiet):
         return []
-    return [RowProgress(total_rows)]
-
-
-def _row_progress_class():
     import lightning as L
 
-    class _RowProgress(L.Callback):
+    class RowProgress(L.Callback):
         description = "extraction (rows)"
 
-        def __init__(self, total_rows: int | None = None):
+        def __init__(self):
             self.total_rows = total_rows
             self._cm = None
             self._bar = None
@@ -302,10 +289,10 @@ def _row_progress_class():
                 # Under DDP rank 0 sees its share only: scale by the world size for the ETA.
                 self._bar.advance(len(batch["row_ids"]) * trainer.world_size)
 
-        def _close(self, *exc) -> None:
+        def _close(self) -> None:
             if self._cm is not None:
                 cm, self._cm, self._bar = self._cm, None, None
-                cm.__exit__(*(exc or (None, None, None)))
+                cm.__exit__(None, None, None)
 
         def on_predict_end(self, trainer, pl_module) -> None:
             self._close()
@@ -313,18 +300,10 @@ def _row_progress_class():
         def on_exception(self, trainer, pl_module, exception) -> None:
             self._close()
 
-    return _RowProgress
+    return [RowProgress()]
 
 
-def RowProgress(total_rows: int | None = None):  # noqa: N802 - a class built on first use
-    """A Lightning callback: one rich progress bar over the rows of ``Trainer.predict``.
-
-    Lightning is imported only when the bar is built (this module stays light to import).
-    """
-    return _row_progress_class()(total_rows)
-
-
-__all__ = ["RowProgress", "extraction_callbacks", "is_quiet", "progress_bar", "quiet_libraries", "run_stages",
+__all__ = ["extraction_callbacks", "is_quiet", "progress_bar", "quiet_libraries", "quiet_lightning", "run_stages",
            "set_quiet", "track"]
 
 

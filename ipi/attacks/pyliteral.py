@@ -83,17 +83,10 @@ def _assignments(body: list[ast.stmt]):
             yield stmt.target.id, stmt.value
 
 
-def module_constants(tree: ast.Module, base: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Module-level assignments that evaluate statically (others are skipped).
-
-    Args:
-        tree: A parsed module.
-        base: Names visible to the assignments (e.g. imported markers).
-
-    Returns:
-        Name → value, in source order (later assignments see earlier ones).
-    """
-    names: dict[str, Any] = dict(base or {})
+def module_constants(tree: ast.Module) -> dict[str, Any]:
+    """Name → value of the module-level assignments that evaluate statically (others are skipped), in
+    source order (later assignments see earlier ones)."""
+    names: dict[str, Any] = {}
     for name, value in _assignments(tree.body):
         try:
             names[name] = evaluate(value, names)

@@ -76,10 +76,7 @@ TARGET_KINDS: Mapping[str, str] = {
 #: ``{'url': ...}`` in a tool sequence, ``{{``) is literal.
 SLOT_RE = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
 
-#: Upper bound on any item's text, in characters. The longest shipped items: goal 495 (AgentDojo
-#: workspace injection_task_9), template 440 (AgentDojo tool_knowledge), benign 233 (NotInject);
-#: a rendered pair reaches 1,147 (tool_knowledge with its tool sequence). A longer item is a
-#: loader bug, not a corpus.
+#: Upper bound on any item's text, in characters: a longer item is a loader bug, not a corpus.
 MAX_TEXT_CHARS = 2000
 
 

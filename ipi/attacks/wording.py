@@ -17,12 +17,8 @@ from ipi.attacks.pool import AttackPool, project_pool
 from ipi.attacks.source import load_data
 from ipi.surfaces.bank import stable_int
 
-__all__ = ["WORDING_SCHEMES", "WordingFamily", "WordingPlan", "full_family", "source_wording_plan",
+__all__ = ["WordingFamily", "WordingPlan", "full_family", "source_wording_plan",
            "wording_overlap", "wording_plan"]
-
-#: ``split.wording``: ``bank`` splits the run's attack pool at random into families aligned with
-#: the trajectory folds; ``source`` holds out one attack source per fold (leave-one-source-out).
-WORDING_SCHEMES: tuple[str, ...] = ("bank", "source")
 
 
 def _default_pool() -> AttackPool:

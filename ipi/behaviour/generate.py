@@ -397,7 +397,7 @@ def _decode(tok, new_ids: list[int], stop_ids: set[int]) -> tuple[str, int, bool
 
 def generate(backbone, requests: Sequence[GenerationRequest], settings: GenerationSettings = GenerationSettings(),
              *, cache: GenerationCache | None = None, intervention: Intervention | None = None,
-             progress=None, description: str = "free run: generating (rows)") -> list[Generation]:
+             description: str = "free run: generating (rows)") -> list[Generation]:
     """Generate the next turn of every request (module docstring), reusing cached generations.
 
     Args:
@@ -406,7 +406,6 @@ def generate(backbone, requests: Sequence[GenerationRequest], settings: Generati
         settings: ``max_new_tokens`` and ``batch_size``.
         cache: Where generations are kept by content key; None: generate everything, keep nothing.
         intervention: Forward hooks active while generating (an ablation), part of the key.
-        progress: Optional callable ``progress(done, total)`` after each batch.
         description: What the progress bar says it is doing.
 
     Returns:
@@ -455,7 +454,5 @@ def generate(backbone, requests: Sequence[GenerationRequest], settings: Generati
                 if cache is not None:  # after every batch: an interrupted run keeps what it generated
                     cache.put(new_entries)
                 bar.advance(len(chunk))
-                if progress is not None:
-                    progress(min(s + settings.batch_size, len(order)), len(order))
     return list(out)  # type: ignore[arg-type]
 

@@ -253,7 +253,6 @@ def _step_key(t) -> tuple:
 
 def likelihood_table(backbone, rows: Sequence, system_prompt: str,
                      goal_of: Callable[[Mapping], Goal] = project_goal, *, intervention=None,
-                     progress: Callable[[int, int], None] | None = None,
                      description: str = "likelihood: scoring gold and goal actions (rows)") -> pd.DataFrame:
     """Propensity and shift of every attack and clean row (docs/behaviour.md §6).
 
@@ -268,9 +267,7 @@ def likelihood_table(backbone, rows: Sequence, system_prompt: str,
         system_prompt: The agent's system prompt.
         goal_of: An attack row's ``variant.meta`` → its goal (the run's attack pool).
         intervention: Hooks active while scoring (an ablation, :class:`~ipi.behaviour.ablation.ProjectOut`).
-        progress: Optional ``progress(done, total)`` after each row (a progress bar with the ETA,
-            :func:`ipi.progress.progress_bar`, is shown either way).
-        description: What the progress bar says it is doing.
+        description: What the progress bar (:func:`ipi.progress.progress_bar`) says it is doing.
 
     Returns:
         One row per scored replay row, columns :data:`LIKELIHOOD_COLUMNS`; ``logp_*`` and
@@ -296,15 +293,13 @@ def likelihood_table(backbone, rows: Sequence, system_prompt: str,
     ctx = intervention.applied(backbone) if intervention is not None else contextlib.nullcontext()
     task_of = {t.row_id: t for t in tasks}
     with ctx, progress_bar(description, len(sel)) as bar:
-        for i, (r, memo, shot) in enumerate(step_inputs(backbone, sel)):
+        for r, memo, shot in step_inputs(backbone, sel):
             t = task_of[r.row_id]
             mine = [t] if t.variant == ATTACK else attacks_of.get(_step_key(t), [])
             acts = list(dict.fromkeys([t.gold_action, *(built[a.row_id][0] for a in mine if built[a.row_id][0])]))
             for s in score_actions(backbone, r, system_prompt, acts, screenshot=shot, memo=memo, end_ids=end_ids):
                 logp[(r.row_id, s.action)] = s
             bar.advance()
-            if progress is not None:
-                progress(i + 1, len(sel))
     clean_of = {_step_key(t): t for t in tasks if t.variant == CLEAN}
     recs = []
     for t in tasks:

@@ -15,34 +15,12 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from ipi.data.discover import (
-    Problem,
-    bad_step,
-    check_options,
-    data_root,
-    import_each,
-    walk,
-)
-from ipi.data.images import (
-    DEFAULT_LIMITS,
-    MAX_SCREENSHOT_PIXELS,
-    MIN_SCREENSHOT_SIDE,
-    ImageLimits,
-    screenshot_problem,
-)
+from ipi.data.discover import Problem, bad_step, check_options, data_root, import_each, walk
+from ipi.data.images import DEFAULT_LIMITS, ImageLimits, screenshot_problem
 from ipi.data.schema import DataError, Skip, Step, Trajectory
 from ipi.data.text import clean_trajectory
 
-__all__ = [
-    "ACTION_TYPES",
-    "LOG_NAME",
-    "MAX_SCREENSHOT_PIXELS",
-    "MIN_SCREENSHOT_SIDE",
-    "SOURCE",
-    "screenshot_problem",
-    "import_webvoyager",
-    "import_webvoyager_report",
-]
+__all__ = ["ACTION_TYPES", "LOG_NAME", "SOURCE", "import_webvoyager", "import_webvoyager_report"]
 
 #: Name of the chat log that marks a folder as a WebVoyager task folder.
 LOG_NAME = "interact_messages.json"
@@ -380,7 +358,7 @@ def import_webvoyager_report(
     Args:
         root: A folder of task folders (searched recursively) or one task folder.
         on_bad_step: What to do with a bad step (a screenshot that is empty, truncated,
-            corrupt, not an image, larger than :data:`MAX_SCREENSHOT_PIXELS`, or missing
+            corrupt, not an image, larger than :data:`ipi.data.images.MAX_SCREENSHOT_PIXELS`, or missing
             although the log shows an observation) and with a whole unusable task folder.
             ``"skip"``: record the step in ``Trajectory.skipped`` and the folder in the report.
             ``"error"``: raise :class:`DataError` naming the file (and step). A screenshot

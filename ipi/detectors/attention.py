@@ -171,14 +171,12 @@ def extract_attention(settings: ExtractSettings, rows, layers: Sequence[int]):
     return feats, info
 
 
-def focus_ratios(mass: np.ndarray, surfaces: Sequence[str], eps: float = 1e-12) -> np.ndarray:
+def focus_ratios(mass: np.ndarray, surfaces: Sequence[str]) -> np.ndarray:
     """Focus ratio per layer and head, ``a_task / (a_task + a_untrusted)`` (see module docstring).
 
     Args:
         mass: ``[N, L, G, heads]`` attention masses, G in ``TOKEN_GROUPS`` order.
         surfaces: ``[N]`` each row's surface (picks its ``untrusted_group``, :func:`untrusted_groups`).
-        eps: Added to the denominator (a row whose task and untrusted spans get no mass at all
-            has ratio 0).
 
     Returns:
         ``[N, L * heads]`` float64, layer-major (column ``l * heads + h``).
@@ -187,7 +185,7 @@ def focus_ratios(mass: np.ndarray, surfaces: Sequence[str], eps: float = 1e-12) 
     task = mass[:, :, TOKEN_GROUPS.index("task"), :]
     gi = np.array([TOKEN_GROUPS.index(get_surface(str(s)).untrusted_group) for s in surfaces])
     untrusted = mass[np.arange(len(gi)), :, gi, :]  # [N, L, heads]
-    r = task / (task + untrusted + eps)
+    r = task / (task + untrusted + 1e-12)  # a row with no mass on either span has ratio 0
     return r.reshape(r.shape[0], -1)
 
 

@@ -23,20 +23,17 @@ from ipi.metrics.keys import (
     CHECKS,
     CLAIM,
     CLAIM_NOTE,
-    CLUSTERS_BY_ESTIMAND,
     COUNTS,
     DETAIL,
     DIFFERENCES,
     E1,
     E1_PAIRED,
     E3,
-    EFFECTIVE_CLUSTERS_BY_ESTIMAND,
     ESTIMANDS_KEY,
     GUARDS,
     LEVEL_KEY,
     MIN_BOOT_FRACTION_KEY,
     MIN_CLUSTERS_KEY,
-    N_CLUSTERS,
     NAME,
     NUMBERS,
     OPERATING_POINT,
@@ -321,14 +318,9 @@ class ResultsView:
         """Why the twin tables cannot be judged (``random_twin.guards``; empty when they can)."""
         return list(self.get(RANDOM_TWIN, GUARDS) or [])
 
-    @property
-    def effective_clusters_by_estimand(self):
-        """``bootstrap.effective_clusters_by_estimand``: Kish effective trajectories per estimand (§7.0)."""
-        return self.get(BOOTSTRAP, EFFECTIVE_CLUSTERS_BY_ESTIMAND)
-
-    def baseline(self, name: str, estimand: str = E1):
-        """A baseline's estimand (``baseline("c1")`` is C1's E1)."""
-        return self.get(name, estimand)
+    def baseline(self, name: str):
+        """A baseline's E1 (``baseline("c1")`` is C1's E1)."""
+        return self.get(name, E1)
 
     def difference(self, key: str):
         """A paired difference (``difference(E1_MINUS_C1_E1)``) or a ``{control: ...}`` group of them."""
@@ -348,13 +340,3 @@ class ResultsView:
     def permutation(self):
         """The exact permutation test's summary."""
         return self.get(PERMUTATION)
-
-    @property
-    def clusters_by_estimand(self):
-        """``bootstrap.clusters_by_estimand``: contributing trajectories per estimand (§7.0)."""
-        return self.get(BOOTSTRAP, CLUSTERS_BY_ESTIMAND)
-
-    @property
-    def n_clusters(self):
-        """``bootstrap.n_clusters``: the test trajectories of the bootstrap."""
-        return self.get(BOOTSTRAP, N_CLUSTERS)

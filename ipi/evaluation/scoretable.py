@@ -81,18 +81,7 @@ def read_score_table(path) -> pd.DataFrame:
         table = _read_part(p, suffix)
     except Exception as err:  # noqa: BLE001 - any reader failure becomes one ValueError
         raise ValueError(f"{p}: cannot read score table: {_one_line(err)}") from err
-
-    if suffix in CSV_SUFFIXES:
-
-        def row_name(i: int) -> str:
-            return f"row {i} (line {i + 2})"
-
-    else:
-
-        def row_name(i: int) -> str:
-            return f"row {i}"
-
-    return check_score_rows(validate_table(table, str(p), row_name=row_name), str(p), row_name)
+    return check_score_rows(table, str(p), (lambda i: f"row {i} (line {i + 2})") if suffix in CSV_SUFFIXES else None)
 
 
 #: Value Hive, Spark and pyarrow write for a missing partition value.
@@ -172,11 +161,11 @@ def read_score_folder(folder) -> pd.DataFrame:
         j = i - starts[k]
         return f"row {i} ({files[k].relative_to(folder)} row {j}" + (f", line {j + 2})" if csv else ")")
 
-    return check_score_rows(validate_table(table, str(folder), row_name=row_name), str(folder), row_name)
+    return check_score_rows(table, str(folder), row_name)
 
 
 def check_score_rows(table: pd.DataFrame, source: str, row_name=None) -> pd.DataFrame:
-    """Refuse what :func:`validate_table` lets through but is almost surely a mistake.
+    """:func:`validate_table`, then refuse what it lets through but is almost surely a mistake.
 
     * a control the project does not know (``c_scrambld``);
     * a variant whose rows all have weight 0 (its estimands are 0/0);
@@ -188,16 +177,17 @@ def check_score_rows(table: pd.DataFrame, source: str, row_name=None) -> pd.Data
     first pair.
 
     Args:
-        table: A table returned by :func:`validate_table`.
+        table: A score table.
         source: Name used at the start of messages (the file path).
         row_name: Maps a 0-based row position to its name in messages (default ``"row <i>"``).
 
     Returns:
-        ``table`` unchanged.
+        The validated table.
 
     Raises:
         ValueError: One line naming the file, the row(s) and the problem.
 """
+    table = validate_table(table, source, row_name=row_name)
     name = row_name or (lambda i: f"row {i}")
     known = list(CONTROLS)
     variant = table["variant"].to_numpy()
@@ -266,12 +256,11 @@ def split_twin_table(table: pd.DataFrame, source: str = "random-twin score table
         ValueError: A seed's rows fail :func:`ipi.metrics.table.validate_table`.
     """
     if TWIN_SEED_COLUMN not in table.columns:
-        return {"twin": check_score_rows(validate_table(table, source), source)}
+        return {"twin": check_score_rows(table, source)}
     out = {}
     for seed, part in table.groupby(TWIN_SEED_COLUMN, sort=False):
         name = f"{source} (twin_seed {seed})"
-        out[str(seed)] = check_score_rows(validate_table(part.drop(columns=[TWIN_SEED_COLUMN])
-                                                         .reset_index(drop=True), name), name)
+        out[str(seed)] = check_score_rows(part.drop(columns=[TWIN_SEED_COLUMN]).reset_index(drop=True), name)
     return out
 
 
@@ -344,11 +333,8 @@ def evaluate_score_table(
     settings = design_of_table(main, settings, str(path))
     loaded = {}
     for name, item in (baselines or {}).items():
-        loaded[name] = (
-            check_score_rows(validate_table(item, f"baseline {name!r}"), f"baseline {name!r}")
-            if isinstance(item, pd.DataFrame)
-            else read_score_table(item)
-        )
+        loaded[name] = (check_score_rows(item, f"baseline {name!r}") if isinstance(item, pd.DataFrame)
+                        else read_score_table(item))
     twins = None
     if twin is not None:
         twins = split_twin_table(twin if isinstance(twin, pd.DataFrame) else read_score_table(twin),

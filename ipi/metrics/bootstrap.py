@@ -88,11 +88,6 @@ class Interval:
             N_BOOT_USED: int(self.n_boot_used),
         }
 
-    def contains(self, value: float) -> bool:
-        """Whether ``ci_low <= value <= ci_high`` (False when the interval is undefined)."""
-        return bool(self.ci_low <= value <= self.ci_high)
-
-
 def _kept(replicates) -> tuple[np.ndarray, np.ndarray]:
     """``(replicates [B] as float64, its finite values)``."""
     reps = np.asarray(replicates, dtype=np.float64).reshape(-1)

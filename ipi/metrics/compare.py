@@ -61,34 +61,27 @@ class Differences:
     twin: TwinDifferences | None = None
     baselines_e3: dict[str, dict[str, Difference]] = field(default_factory=dict)
 
-    def _tree(self, leaf) -> dict:
+    def _tree(self, leaf, twin_tree) -> dict:
         out = {e1_minus_baseline_e1(name): leaf(d) for name, d in self.baselines.items()}
         out.update({e3_minus_baseline_e3(name): {c: leaf(d) for c, d in by_c.items()}
                     for name, by_c in self.baselines_e3.items()})
         out[E1_MINUS_E3] = {c: leaf(d) for c, d in self.e1_minus_e3.items()}
+        if self.twin is not None:
+            out.update(twin_tree(self.twin))
         return out
 
     def to_dict(self) -> dict:
         """JSON-ready ``{"e1_minus_<b>_e1", "e3_minus_<b>_e3": {c}, "e1_minus_e3": {c}, "e1_minus_twin_e1", ...}``."""
-        out = self._tree(Difference.to_dict)
-        if self.twin is not None:
-            out.update(self.twin.to_dict())
-        return out
+        return self._tree(Difference.to_dict, TwinDifferences.to_dict)
 
     def cluster_counts(self) -> dict:
         """The same keys, each the number of test trajectories behind that difference (§7.0)."""
-        out = self._tree(lambda d: d.clusters)
-        if self.twin is not None:
-            out.update(self.twin.cluster_counts())
-        return out
+        return self._tree(lambda d: d.clusters, TwinDifferences.cluster_counts)
 
     def effective_counts(self) -> dict:
         """The same keys, each the Kish effective count behind that difference (the smaller of
         its two estimands'; None where not computed)."""
-        out = self._tree(lambda d: d.effective)
-        if self.twin is not None:
-            out.update(self.twin.effective_counts())
-        return out
+        return self._tree(lambda d: d.effective, TwinDifferences.effective_counts)
 
 
 @dataclass(frozen=True)
@@ -160,26 +153,24 @@ class Estimates:
     random_twin: RandomTwin | None = None
     permutation: PermutationSummary | None = None
 
+    def _counts(self, method: str) -> dict:
+        out = getattr(self.main, method)()
+        out.update({name: getattr(b, method)() for name, b in self.baselines.items()})
+        if self.random_twin is not None:
+            out[RANDOM_TWIN] = getattr(self.random_twin, method)()
+        out[DIFFERENCES] = getattr(self.differences, method)()
+        return out
+
     def cluster_counts(self) -> dict:
         """``bootstrap.clusters_by_estimand``: test trajectories contributing rows to both sides of
         every estimand (PROTOCOL.md §7.0; :attr:`EstimandSet.contributors`), in the results' layout."""
-        out = self.main.cluster_counts()
-        out.update({name: b.cluster_counts() for name, b in self.baselines.items()})
-        if self.random_twin is not None:
-            out[RANDOM_TWIN] = self.random_twin.cluster_counts()
-        out[DIFFERENCES] = self.differences.cluster_counts()
-        return out
+        return self._counts("cluster_counts")
 
     def effective_counts(self) -> dict:
         """``bootstrap.effective_clusters_by_estimand``: the Kish effective test trajectories of
         every estimand (:attr:`EstimandSet.effective`), the tree of :meth:`cluster_counts`: the
         count the verdict's gate and the reportability marks read (PROTOCOL.md §7.0)."""
-        out = self.main.effective_counts()
-        out.update({name: b.effective_counts() for name, b in self.baselines.items()})
-        if self.random_twin is not None:
-            out[RANDOM_TWIN] = self.random_twin.effective_counts()
-        out[DIFFERENCES] = self.differences.effective_counts()
-        return out
+        return self._counts("effective_counts")
 
     def to_dict(self) -> dict:
         """The JSON-ready numbers of ``results.json``, in this order::
@@ -305,8 +296,7 @@ def compare_tables(
     e1_minus_e3 = {c: _paired(_part(res, E1), _part(res, E3, c), level, interval)[0] for c in res.e3}
     random_twin = twin_diffs = None
     if twin_v:
-        random_twin, twin_diffs = compare_twins(res, twin_v, draws=draws, level=level, interval=interval,
-                                                main_table=main_v)
+        random_twin, twin_diffs = compare_twins(res, main_v, twin_v, draws=draws, level=level, interval=interval)
     perm = None
     if permutation is not None:
         perm = permutation_summary(main_v, permutation["null_scores"], res.e1.estimate,

@@ -208,17 +208,17 @@ def twin_guards(main: pd.DataFrame, twins: Mapping[str, pd.DataFrame]) -> list[s
     return reasons
 
 
-def compare_twins(main: EstimandSet, twins: Mapping[str, pd.DataFrame], *, draws: Draws, level: float = LEVEL,
-                  interval: str = INTERVAL, main_table: pd.DataFrame | None = None) -> tuple[RandomTwin, TwinDifferences]:
+def compare_twins(main: EstimandSet, main_table: pd.DataFrame, twins: Mapping[str, pd.DataFrame], *, draws: Draws,
+                  level: float = LEVEL, interval: str = INTERVAL) -> tuple[RandomTwin, TwinDifferences]:
     """The random-weight twins' estimands and check 6's paired differences on the shared draws.
 
     Args:
         main: The trained probe's estimands on ``draws``.
+        main_table: The probe's validated score table, for :func:`twin_guards`.
         twins: ``{seed: validated score table}`` (:func:`twin_tables`), at least one, on the same rows.
         draws: The shared draws (every twin trajectory among its clusters).
         level: Interval coverage.
         interval: ``"expanded"``, ``"percentile"`` or ``"bca"``.
-        main_table: The probe's validated score table, for :func:`twin_guards` (None: no guards run).
 
     Returns:
         ``(random_twin, differences)``.
@@ -244,5 +244,4 @@ def compare_twins(main: EstimandSet, twins: Mapping[str, pd.DataFrame], *, draws
                                      n_clusters=n_c)
         e3_mean[c] = Difference(iv, k_c, eff)
         p_e3_mean[c] = plus_one_p(diff, 0.0)
-    guards = tuple(twin_guards(main_table, twins)) if main_table is not None else ()
-    return RandomTwin(by_seed=sets, guards=guards), TwinDifferences(e3_mean=e3_mean, p_e3_mean=p_e3_mean)
+    return RandomTwin(by_seed=sets, guards=tuple(twin_guards(main_table, twins))), TwinDifferences(e3_mean=e3_mean, p_e3_mean=p_e3_mean)

@@ -28,20 +28,19 @@ import torch
 __all__ = ["ExactFit", "ReducedDesign", "fit_reduced", "fit_reduced_batch", "fit_standardised", "standardisation"]
 
 
-def standardisation(x: np.ndarray, chunk_rows: int = 1024) -> tuple[np.ndarray, np.ndarray]:
+def standardisation(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Mean and scale of training rows exactly as the probe sets them (PROTOCOL.md §4).
 
     ``ddof=0``; a feature indistinguishable from a constant gets scale 1 (scikit-learn's
     ``StandardScaler`` rule); :meth:`ipi.probe.module.LinearProbe.set_train_statistics` calls it.
 
     Args:
-        x: Training features ``[n, d]`` (any float dtype).
-        chunk_rows: Rows converted to float64 at a time.
+        x: Training features ``[n, d]`` (any float dtype), converted to float64 1024 rows at a time.
 
     Returns:
         ``(mean [d], std [d])`` float64.
     """
-    n = x.shape[0]
+    n, chunk_rows = x.shape[0], 1024
     total = np.zeros(x.shape[1], dtype=np.float64)
     for s in range(0, n, chunk_rows):
         total += x[s : s + chunk_rows].sum(axis=0, dtype=np.float64)

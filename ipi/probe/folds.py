@@ -29,7 +29,6 @@ from ipi.probe.module import LinearProbe
 from ipi.probe.split import LeakageError, assert_trajectory_disjoint, grouped_kfold, holdout_split
 
 __all__ = [
-    "DEFAULT_L2_GRID",
     "LABELLED",
     "FoldedProbe",
     "TransferSource",
@@ -38,10 +37,6 @@ __all__ = [
     "score_table",
     "select_l2",
 ]
-
-
-#: Candidate ``C`` values of ``probe.l2=auto`` (``probe.l2_grid`` overrides).
-DEFAULT_L2_GRID = (0.001, 0.01, 0.1, 1.0, 10.0)
 
 
 def select_l2(x: np.ndarray, y: np.ndarray, groups: np.ndarray, grid: Sequence[float], *,

@@ -139,9 +139,7 @@ class LinearProbe(LightningModule):
         return bool(self.n_train.item() > 0)
 
     @torch.no_grad()
-    def set_train_statistics(
-        self, x: np.ndarray | Tensor, y: np.ndarray | Tensor, chunk_rows: int = 1024
-    ) -> None:
+    def set_train_statistics(self, x: np.ndarray | Tensor, y: np.ndarray | Tensor) -> None:
         """Set mean/std (``ddof=0``, zero std -> 1) and balanced class weights from TRAIN rows.
 
         Computed in float64 in row chunks, so no extra ``[n, d]`` float64 copy is made.
@@ -149,7 +147,6 @@ class LinearProbe(LightningModule):
         Args:
             x: Training features ``[n, d]``.
             y: Training labels ``[n]`` in ``{0, 1}``; both classes must be present.
-            chunk_rows: Rows per chunk of the two-pass mean/variance computation.
 
         Raises:
             ValueError: On a shape mismatch or if a class is missing.
@@ -172,7 +169,7 @@ class LinearProbe(LightningModule):
                 f"{n_pos} ones, {n - n_pos - n_neg} other values"
             )
         # StandardScaler's rule: a feature indistinguishable from a constant gets scale 1.
-        mean, std = standardisation(x_np, chunk_rows)
+        mean, std = standardisation(x_np)
         self.mean.copy_(torch.from_numpy(mean))
         self.std.copy_(torch.from_numpy(std))
         self.class_weight.copy_(

@@ -200,12 +200,14 @@ def test_an_interrupted_run_keeps_its_finished_batches(text_backbone, dom_rows, 
     reqs = requests_of_rows(text_backbone, dom_rows, SYSTEM)
     path = tmp_path / "g.jsonl"
 
-    def stop(done, total):
-        raise KeyboardInterrupt
+    class StopAfterFirstBatch(GenerationCache):
+        def put(self, entries):
+            super().put(entries)
+            raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        generate(text_backbone, reqs, GenerationSettings(max_new_tokens=4, batch_size=2), cache=GenerationCache(path),
-                 progress=stop)
+        generate(text_backbone, reqs, GenerationSettings(max_new_tokens=4, batch_size=2),
+                 cache=StopAfterFirstBatch(path))
     assert len(GenerationCache(path)) == 2
     done = generate(text_backbone, reqs, GenerationSettings(max_new_tokens=4, batch_size=2), cache=GenerationCache(path))
     assert sum(g.cached for g in done) == 2

@@ -19,13 +19,8 @@ import pytest
 from PIL import Image, ImageFile
 
 from ipi.data import DataError, Skip, load_native, read_native, write_native
-from ipi.data.images import load_rgb
-from ipi.data.webvoyager import (
-    MAX_SCREENSHOT_PIXELS,
-    import_webvoyager,
-    import_webvoyager_report,
-    screenshot_problem,
-)
+from ipi.data.images import MAX_SCREENSHOT_PIXELS, load_rgb, screenshot_problem
+from ipi.data.webvoyager import import_webvoyager, import_webvoyager_report
 from tests.conftest import WEBVOYAGER, compose_train
 
 PREAMBLE = (

@@ -27,6 +27,7 @@ WRITERS = {
     "ipi/metrics/operating_point.py": set(),
     # the label table's columns; the gate's keyword arguments; the stage's log record (info: rows, settings)
     "ipi/run/free_run.py": {"label", "c1", "min_clusters", "min_boot_fraction", "rows", "settings"},
+    "ipi/run/likelihood_stage.py": {"c1"},  # the propensity table's column
 }
 
 

@@ -24,6 +24,10 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig
 
+from ipi.metrics.keys import (ABLATION, ARM_NONE, ARM_PROBE, ARM_RANDOM, ATTACK_ROWS, BACKBONE_WEIGHTS, CLAIMS, COUNTS,
+                              DETAIL, E4, LAYERS, LIKELIHOOD, LOWERS_SHIFT, NOTE, NO_GOAL_ACTION,
+                              NO_GOAL_ACTION_BY_FAMILY, PREDICTS_HIJACK, RANDOM_SEED, ROWS, SCORED as SCORED_KEY,
+                              SETTINGS, STATUS, TABLE_FILE, TRAJECTORIES, VARIANTS, WITH_GOAL_ACTION)
 from ipi.run.schemas import BehaviourMeasure
 from ipi.run.validation import enum_value, to_container
 
@@ -68,13 +72,13 @@ def run_behaviour_stage(cfg: DictConfig, rows, fits, x: np.ndarray, layers: list
         block.update(b)
     else:
         weights = backbone_weights(cfg)
-        block["backbone_weights"] = weights
+        block[BACKBONE_WEIGHTS] = weights
         if weights != "pretrained":
-            block["note"] = LIKELIHOOD_NOTE.format(weights=weights)
+            block[NOTE] = LIKELIHOOD_NOTE.format(weights=weights)
     if lik:
-        block["likelihood"], info["likelihood"] = run_likelihood(cfg, rows, fits, layers, groups, pool, out_dir)
+        block[LIKELIHOOD], info[LIKELIHOOD] = run_likelihood(cfg, rows, fits, layers, groups, pool, out_dir)
     if not free:
-        info["settings"] = to_container(cfg.behaviour)
+        info[SETTINGS] = to_container(cfg.behaviour)
     return block, info
 
 
@@ -95,10 +99,10 @@ def _scores(rows, fits) -> tuple[dict, dict | None]:
 def _counts(table: pd.DataFrame) -> dict:
     att = table[table["variant"] == "attack"]
     has = att["goal_action"] != ""
-    return {"rows": int(len(table)), "attack_rows": int(len(att)),
-            "trajectories": int(table["trajectory_id"].nunique()),
-            "with_goal_action": int(has.sum()), "no_goal_action": int((~has).sum()),
-            "no_goal_action_by_family": {str(k): int(v) for k, v in att[~has]["goal_family"].value_counts().items()},
+    return {ROWS: int(len(table)), ATTACK_ROWS: int(len(att)),
+            TRAJECTORIES: int(table["trajectory_id"].nunique()),
+            WITH_GOAL_ACTION: int(has.sum()), NO_GOAL_ACTION: int((~has).sum()),
+            NO_GOAL_ACTION_BY_FAMILY: {str(k): int(v) for k, v in att[~has]["goal_family"].value_counts().items()},
             "mean_tokens": {"gold": float(att["n_tokens_gold"].mean()) if len(att) else None,
                             "goal": float(att.loc[has, "n_tokens_goal"].mean()) if has.any() else None}}
 
@@ -115,7 +119,7 @@ def _ablation_arms(cfg, backbone, sel_rows, sel_index, fits, layers, groups, goa
           if b.ablation.layers is not None else list(layers))
     seed = int(b.ablation.seed)
     fold = np.asarray(fits.fold_of_row)[sel_index]
-    parts: dict[str, list] = {"probe": [], "random": []}
+    parts: dict[str, list] = {ARM_PROBE: [], ARM_RANDOM: []}
     norms = {}
     system_prompt = str(cfg.backbone.system_prompt)
     for f in sorted(set(fold.tolist())):
@@ -124,13 +128,13 @@ def _ablation_arms(cfg, backbone, sel_rows, sel_index, fits, layers, groups, goa
         dirs = probe_directions(raw_weights(getattr(fitted, "probe_", fitted)), layers, groups, backbone.hidden_size,
                                 at=at)
         norms[str(f)] = {str(k): float(np.linalg.norm(v)) for k, v in dirs.items()}
-        for arm, inter in (("probe", ProjectOut(dirs, f"probe[fold {f}]")),
-                           ("random", ProjectOut(random_directions(dirs, seed), f"random[{seed}]"))):
+        for arm, inter in ((ARM_PROBE, ProjectOut(dirs, f"probe[fold {f}]")),
+                           (ARM_RANDOM, ProjectOut(random_directions(dirs, seed), f"random[{seed}]"))):
             parts[arm].append(likelihood_table(backbone, fr, system_prompt, goal_of, intervention=inter,
                                                description=f"likelihood: ablation, {arm} arm, fold {f} (rows)"))
     order = none["row_id"].tolist()
     arms = {a: pd.concat(p, ignore_index=True).set_index("row_id").loc[order].reset_index() for a, p in parts.items()}
-    return arms, {"layers": at, "random_seed": seed, "direction_norms": norms}
+    return arms, {LAYERS: at, RANDOM_SEED: seed, "direction_norms": norms}
 
 
 def run_likelihood(cfg: DictConfig, rows, fits, layers: list[int], groups: list[str], pool,
@@ -175,27 +179,27 @@ def run_likelihood(cfg: DictConfig, rows, fits, layers: list[int], groups: list[
     draws, level, gate = run_draws(ev, rows, test_index)
     res = likelihood_e4(none, baseline="c1" if c1_of is not None else None, draws=draws, level=level, **gate)
     t_score = time.perf_counter() - t0
-    block = {"table_file": LIKELIHOOD_FILE, "scored": SCORED, "variants": ["attack", "clean"],
-             "counts": _counts(none), "e4": res.to_dict(),
-             "claims": {"predicts_hijack": _claim(predicts_hijack_likelihood(res))}}
+    block = {TABLE_FILE: LIKELIHOOD_FILE, SCORED_KEY: SCORED, VARIANTS: ["attack", "clean"],
+             COUNTS: _counts(none), E4: res.to_dict(),
+             CLAIMS: {PREDICTS_HIJACK: _claim(predicts_hijack_likelihood(res))}}
     table = [none.assign(arm="none")]
     t1 = time.perf_counter()
     has_shift = bool(none.loc[none["variant"] == "attack", "shift"].notna().any())
     if cfg.behaviour.ablation.enabled and has_shift:
         arms, record = _ablation_arms(cfg, backbone, sel_rows, sel_index, fits, layers, groups, goal_of, none)
-        effects = likelihood_ablation({"none": none, **arms}, draws=draws, level=level)
-        block["ablation"] = {**effects.to_dict(), **record}
-        block["claims"]["lowers_shift"] = _claim(lowers_shift(effects, **gate))
+        effects = likelihood_ablation({ARM_NONE: none, **arms}, draws=draws, level=level)
+        block[ABLATION] = {**effects.to_dict(), **record}
+        block[CLAIMS][LOWERS_SHIFT] = _claim(lowers_shift(effects, **gate))
         for a, t in arms.items():
             table.append(t.assign(arm=a, score=none["score"].to_numpy(),
                                   **({"c1": none["c1"].to_numpy()} if "c1" in none.columns else {})))
     else:
         why = ("behaviour.ablation.enabled=false" if not cfg.behaviour.ablation.enabled
                else "no attack row has a goal action")
-        block["ablation"] = None
-        block["claims"]["lowers_shift"] = {"status": "NOT RUN", "detail": why}
+        block[ABLATION] = None
+        block[CLAIMS][LOWERS_SHIFT] = {STATUS: "NOT RUN", DETAIL: why}
     with atomic_path(Path(out_dir) / LIKELIHOOD_FILE) as tmp:
         pd.concat(table, ignore_index=True).to_parquet(tmp, index=False)
     del backbone
-    return block, {"rows": len(sel_rows), "score_s": round(t_score, 2),
+    return block, {ROWS: len(sel_rows), "score_s": round(t_score, 2),
                    "ablation_s": round(time.perf_counter() - t1, 2)}

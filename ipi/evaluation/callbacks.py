@@ -21,11 +21,14 @@ from ipi.evaluation.verdict import read_keys
 from ipi.metrics.keys import (
     at,
     C1,
+    CI_HIGH,
+    CI_LOW,
     COLLAPSE_ONLY,
     E1,
     E1_PAIRED,
     E2,
     E3,
+    ESTIMATE,
     NULL_MEAN,
     P_VALUE,
     PERMUTATION,
@@ -55,11 +58,11 @@ def flat_metrics(results: Mapping, prefix: str = "test") -> dict[str, float]:
     for key in keys:
         v = at(results, key)
         name = f"{prefix}/{key.replace('.', '_')}"
-        if isinstance(v, Mapping) and v.get("estimate") is not None:
-            out[name] = float(v["estimate"])
-            if v.get("ci_low") is not None:
-                out[f"{name}_ci_low"] = float(v["ci_low"])
-                out[f"{name}_ci_high"] = float(v["ci_high"])
+        if isinstance(v, Mapping) and v.get(ESTIMATE) is not None:
+            out[name] = float(v[ESTIMATE])
+            if v.get(CI_LOW) is not None:
+                out[f"{name}_ci_low"] = float(v[CI_LOW])
+                out[f"{name}_ci_high"] = float(v[CI_HIGH])
         elif isinstance(v, (int, float)) and not isinstance(v, bool):
             out[name] = float(v)
     perm = results.get(PERMUTATION)

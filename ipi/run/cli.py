@@ -22,8 +22,10 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from ipi.data.schema import DataError
+from ipi.evaluation.results import ResultsView
 from ipi.extraction.activation_cache import CacheError
 from ipi.interrupt import Interrupted, stop_on_signals
+from ipi.metrics.keys import CLAIM, VERDICT
 from ipi.probe.split import LeakageError
 from ipi.sweep_records import FAILED_FILE  # a failed sweep job's record, in its own folder
 
@@ -187,7 +189,7 @@ def run_entry(task: Callable[[DictConfig], tuple], cfg: DictConfig) -> tuple | N
               file=sys.stderr)
         sys.exit(2)
     results = out[0] if isinstance(out, tuple) and out else None
-    claim = (results or {}).get("verdict", {}).get("claim") if isinstance(results, dict) else None
+    claim = ResultsView(results).get(VERDICT, CLAIM) if isinstance(results, dict) else None
     print(f"{cfg.task_name}: outputs in {out_dir}" + (f" — licensed claim: {claim}" if claim else ""),
           file=sys.stderr)
     return out

@@ -11,13 +11,15 @@ from ipi.evaluation.results import ResultsView
 from ipi.metrics import keys
 
 ROOT = Path(__file__).resolve().parents[2]
-#: Modules whose result reads go through the constants and the view (the others still to convert).
+#: Modules whose result reads go through the constants and the view (ipi/tools/ still reads literals).
 TYPED = ("ipi/evaluation/verdict.py", "ipi/reporting/layout.py", "ipi/reporting/plots.py",
          "ipi/reporting/tracking.py", "ipi/reporting/summary.py", "ipi/reporting/attack_sections.py",
-         "ipi/reporting/report.py", "ipi/reporting/sweep.py", "ipi/reporting/behaviour_sections.py")
+         "ipi/reporting/report.py", "ipi/reporting/sweep.py", "ipi/reporting/behaviour_sections.py",
+         "ipi/evaluation/callbacks.py", "ipi/run/cli.py")
 
-#: Mappings that are not results (the environment, a logger's keyword arguments, a failed job's record).
-NOT_RESULTS = frozenset({"os.environ", "kwargs", "failure"})
+#: Mappings that are not results (the environment, a logger's keyword arguments, a failed job's record,
+#: Hydra's job config).
+NOT_RESULTS = frozenset({"os.environ", "kwargs", "failure", "hc.job"})
 
 
 def literal_gets(source: str) -> list[tuple[int, str]]:
